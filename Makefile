@@ -1,0 +1,41 @@
+# Two entry points for a fresh Debian machine: `make run` and `make test`.
+# Both create .venv themselves; `make test` also installs the system packages the tests need.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SYSTEM_PACKAGES := mosquitto mosquitto-clients systemd iproute2 openjdk-17-jre-headless
+PYTEST_ARGS ?=
+
+.PHONY: run test venv system-deps bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,firmware,pipeline]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/appliance run
+
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+test: system-deps $(STAMP)
+	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/broker.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

@@ -1,0 +1,1 @@
+"""The gateway's MQTT 5 / 3.1.1 broker."""

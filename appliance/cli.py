@@ -1,0 +1,79 @@
+"""Command line: ``appliance run | check-config | ...``.
+
+Each subsystem contributes its own subcommands through a ``register(subparsers)`` function so this module
+stays a table of contents rather than a second home for subsystem logic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from appliance.config import ConfigError, load_config
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``--listen`` and ``--data-dir`` override the file so several gateways can run side by side."""
+    overrides: dict[str, Any] = {}
+    if getattr(args, "listen", None):
+        host, port = args.listen
+        overrides["broker"] = {"listeners": [{"type": "tcp", "host": host, "port": port}]}
+    if getattr(args, "data_dir", None):
+        overrides["gateway"] = {"data_dir": str(args.data_dir)}
+    return overrides
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", help="configuration file (TOML or JSON); default: the embedded one")
+    parser.add_argument("--listen", type=parse_listen, metavar="HOST:PORT", help="replace the listeners with one TCP listener")
+    parser.add_argument("--data-dir", help="where the gateway keeps its databases (default ./var)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from appliance.gateway import run_gateway
+
+    config = load_config(args.config, overrides_from_args(args))
+    return run_gateway(config)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = load_config(args.config, overrides_from_args(args))
+    json.dump(config.to_dict(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="appliance", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the gateway")
+    add_config_arguments(run)
+    run.set_defaults(handler=cmd_run)
+
+    check = sub.add_parser("check-config", help="validate a configuration file and print the result")
+    add_config_arguments(check)
+    check.set_defaults(handler=cmd_check_config)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except ConfigError as exc:
+        print(f"appliance: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

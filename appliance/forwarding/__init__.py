@@ -1,0 +1,1 @@
+"""Priority / time-to-live store-and-forward: Edge Hub-style routes, durable queues, an upstream pump."""

@@ -1,0 +1,1 @@
+"""Gateway hardware: status LEDs, button and modem power relay (gpiozero), cellular modem (pyserial AT)."""
