@@ -5,10 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SYSTEM_PACKAGES := mosquitto mosquitto-clients systemd iproute2 openjdk-17-jre-headless
+SYSTEM_PACKAGES := mosquitto mosquitto-clients systemd iproute2 nftables openjdk-17-jre-headless
 PYTEST_ARGS ?=
 
-.PHONY: run test venv system-deps bench clean
+.PHONY: run test venv system-deps bench clean image-tree
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,14 @@ test: system-deps $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/broker.py
+
+# The gateway wheel and the staged root filesystem the pi-gen stage copies (images/gateway/README.md).
+IMAGE_TREE ?= build/image-tree
+WHEEL_DIR ?= build/wheels
+image-tree: $(STAMP)
+	rm -rf $(WHEEL_DIR) build/lib
+	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(WHEEL_DIR) .
+	$(BIN)/python images/gateway/build_tree.py --host-venv --wheel $(WHEEL_DIR)/appliance-*.whl --out $(IMAGE_TREE)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -12,7 +12,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from appliance import doctor
+from appliance.broker import passwd_cli
 from appliance.config import ConfigError, load_config
+from appliance.forwarding import cli as forwarding_cli
+from appliance.statestore import cli as statestore_cli
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -65,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(check)
     check.set_defaults(handler=cmd_check_config)
 
+    doctor.register(sub)
+    forwarding_cli.register(sub)
+    passwd_cli.register(sub)
+    statestore_cli.register(sub)
     return parser
 
 

@@ -30,9 +30,35 @@ class AuthConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """Per-client limits (docs/broker.md). ``max_queued_messages`` bounds the QoS 0 messages queued for
+    one client (QoS 1/2 are never dropped); ``outbound_buffer_bytes`` is the write-buffer high-water mark
+    past which the publishers feeding a client are held back (and, for a stuck client, its QoS 0 dropped);
+    ``sys_interval`` is how often ``$SYS`` is republished (0: never)."""
+
+    max_packet_size: int = 4 * 1024 * 1024
+    receive_maximum: int = 1024
+    max_queued_messages: int = 1000
+    max_keepalive: int = 65535
+    topic_alias_maximum: int = 64
+    max_session_expiry: int = 0xFFFFFFFF
+    outbound_buffer_bytes: int = 1024 * 1024
+    sys_interval: int = 10
+
+
+@dataclass(frozen=True, slots=True)
+class PersistenceConfig:
+    """``synchronous``: "normal" survives a killed process, "full" also power loss (an fsync per commit)."""
+
+    synchronous: str = "normal"
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     listeners: tuple[ListenerConfig, ...]
     auth: AuthConfig = field(default_factory=AuthConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
 
 
 def _path(raw: Mapping[str, Any], key: str, path: str, base_dir: Path) -> Path | None:
@@ -62,7 +88,7 @@ def parse_listener(raw: Any, path: str, base_dir: Path) -> ListenerConfig:
 
 
 def parse(raw: Mapping[str, Any], path: str, base_dir: Path) -> BrokerConfig:
-    reject_unknown(raw, path, ("listeners", "auth"))
+    reject_unknown(raw, path, ("listeners", "auth", "limits", "persistence"))
     listeners_raw = raw.get("listeners", [{"type": "tcp", "host": "127.0.0.1", "port": 1883}])
     if not isinstance(listeners_raw, list) or not listeners_raw:
         raise ConfigError(join(path, "listeners"), "expected a non-empty list of listeners")
@@ -77,4 +103,31 @@ def parse(raw: Mapping[str, Any], path: str, base_dir: Path) -> BrokerConfig:
         password_file=_path(auth_raw, "password_file", auth_path, base_dir),
         acl_file=_path(auth_raw, "acl_file", auth_path, base_dir),
     )
-    return BrokerConfig(listeners=listeners, auth=auth)
+    return BrokerConfig(
+        listeners=listeners,
+        auth=auth,
+        limits=parse_limits(raw.get("limits", {}), join(path, "limits")),
+        persistence=parse_persistence(raw.get("persistence", {}), join(path, "persistence")),
+    )
+
+
+def parse_persistence(raw: Any, path: str) -> PersistenceConfig:
+    table = require_table(raw, path)
+    reject_unknown(table, path, ("synchronous",))
+    return PersistenceConfig(synchronous=get_choice(table, "synchronous", path, ("normal", "full"), "normal"))
+
+
+def parse_limits(raw: Any, path: str) -> LimitsConfig:
+    table = require_table(raw, path)
+    defaults = LimitsConfig()
+    reject_unknown(table, path, LimitsConfig.__slots__)
+    return LimitsConfig(
+        max_packet_size=get_int(table, "max_packet_size", path, defaults.max_packet_size, minimum=64, maximum=268_435_460),
+        receive_maximum=get_int(table, "receive_maximum", path, defaults.receive_maximum, minimum=1, maximum=65535),
+        max_queued_messages=get_int(table, "max_queued_messages", path, defaults.max_queued_messages, minimum=0),
+        max_keepalive=get_int(table, "max_keepalive", path, defaults.max_keepalive, minimum=1, maximum=65535),
+        topic_alias_maximum=get_int(table, "topic_alias_maximum", path, defaults.topic_alias_maximum, minimum=0, maximum=65535),
+        max_session_expiry=get_int(table, "max_session_expiry", path, defaults.max_session_expiry, minimum=0, maximum=0xFFFFFFFF),
+        outbound_buffer_bytes=get_int(table, "outbound_buffer_bytes", path, defaults.outbound_buffer_bytes, minimum=1024),
+        sys_interval=get_int(table, "sys_interval", path, defaults.sys_interval, minimum=0),
+    )

@@ -1,0 +1,193 @@
+"""The only socket code: one ``asyncio.Protocol`` per client connection, and the TCP/TLS listeners.
+
+Kept thin on purpose (uvicorn's ``h11_impl`` is the model): bytes go to the broker as they arrive, the
+broker writes back through ``write``. What lives here is what needs the transport:
+
+* flow control: ``pause_writing`` marks the connection congested and stops reading from that client
+  until ``resume_writing``, so a client that does not read cannot make us buffer without bound. The
+  broker then holds back the publishers whose messages go to it (TCP backpressure, lossless), but only
+  for ``SLOW_CONSUMER_GRACE`` seconds: a consumer congested that long is overloaded, its QoS 0 messages
+  are dropped and counted, and the publishers run free again, so one stuck client cannot stall others;
+* reading is also held while the broker awaits something for the connection (password check, a
+  service's ``on_publish``) so its packets stay in order; each reason to hold is kept separately;
+* keep-alive: one ``loop.call_at`` timer per connection at 1.5x the keep-alive, which re-arms itself
+  if traffic arrived meanwhile instead of being rescheduled on every read; a connection that sends no
+  CONNECT within ``CONNECT_TIMEOUT`` is dropped;
+* WebSocket listeners unwrap frames here (``websocket.WebSocketServer``), so the broker only ever sees
+  the MQTT byte stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from appliance.broker.broker import SLOW_CONSUMER_GRACE, Broker
+from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.config import ListenerConfig
+from appliance.broker.session import AWAITING_CONNECT, Connection
+from appliance.broker.websocket import WebSocketServer, frame
+
+log = logging.getLogger("appliance.broker.server")
+
+CONNECT_TIMEOUT = 10.0
+
+
+class ClientProtocol(asyncio.Protocol):
+    def __init__(self, broker: Broker, websocket: bool = False) -> None:
+        self.broker = broker
+        limits = broker.limits
+        self._websocket = WebSocketServer(limits.max_packet_size + 16) if websocket else None
+        self.connection = Connection(limits.max_packet_size, limits.topic_alias_maximum, "?")
+        self.connection.link = self
+        self.transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._keepalive = 0.0
+        self._holds: set[str] = set()
+        self._slow_timer: asyncio.TimerHandle | None = None
+        self._reading = True
+
+    # -- asyncio.Protocol -----------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        peer = transport.get_extra_info("peername")
+        self.connection.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.connection.last_received = self._loop.time()
+        high = self.broker.limits.outbound_buffer_bytes
+        transport.set_write_buffer_limits(high=high, low=high // 4)
+        self._timer = self._loop.call_at(self._loop.time() + CONNECT_TIMEOUT, self._check_connect)
+        self.broker.connection_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        websocket = self._websocket
+        if websocket is not None:
+            try:
+                data, reply = websocket.receive(data)
+            except ProtocolError as exc:
+                log.info("client %s: bad WebSocket input: %s; closing", self.connection.client_id or self.connection.peer, exc)
+                self.close()
+                return
+            if reply and self.transport is not None:
+                self.transport.write(reply)
+            if websocket.closed:
+                self.close()
+            if not data:
+                return
+        self.broker.data_received(self, data, self._loop.time())
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._slow_timer is not None:
+            self._slow_timer.cancel()
+            self._slow_timer = None
+        self.broker.connection_lost(self)
+
+    def pause_writing(self) -> None:
+        self.connection.congested = True
+        self.hold_reading("writing", True)
+        self._slow_timer = self._loop.call_later(SLOW_CONSUMER_GRACE, self._overloaded)
+        self.broker.congestion_changed(self, True)
+
+    def resume_writing(self) -> None:
+        if self._slow_timer is not None:
+            self._slow_timer.cancel()
+            self._slow_timer = None
+        self.connection.congested = False
+        self.connection.overloaded = False
+        self.hold_reading("writing", False)
+        self.broker.congestion_changed(self, False)
+
+    # -- what the broker calls ------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(frame(data) if self._websocket is not None else data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def hold_reading(self, reason: str, held: bool) -> None:
+        """Stop (or resume) reading for one ``reason``; reading resumes when no reason is left."""
+        if held:
+            self._holds.add(reason)
+        else:
+            self._holds.discard(reason)
+        self._update_reading()
+
+    def start_keepalive(self, seconds: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._keepalive = seconds
+        self._timer = self._loop.call_at(self.connection.last_received + seconds, self._check_keepalive)
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    def _update_reading(self) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        want = not self._holds
+        if want != self._reading:
+            self._reading = want
+            if want:
+                transport.resume_reading()
+            else:
+                transport.pause_reading()
+
+    def _overloaded(self) -> None:
+        self._slow_timer = None
+        log.info("client %s: slow consumer, dropping its QoS 0 messages", self.connection.client_id or self.connection.peer)
+        self.connection.overloaded = True
+        self.broker.congestion_changed(self, False)
+
+    def _check_connect(self) -> None:
+        self._timer = None
+        if self.connection.state == AWAITING_CONNECT:
+            log.info("client %s: no CONNECT within %.0fs; closing", self.connection.peer, CONNECT_TIMEOUT)
+            self.close()
+
+    def _check_keepalive(self) -> None:
+        due = self.connection.last_received + self._keepalive
+        now = self._loop.time()
+        if now < due:
+            self._timer = self._loop.call_at(due, self._check_keepalive)
+            return
+        self._timer = None
+        self.broker.keepalive_expired(self)
+
+
+def tls_context(listener: ListenerConfig) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    assert listener.certfile is not None
+    context.load_cert_chain(str(listener.certfile), str(listener.keyfile) if listener.keyfile else None)
+    if listener.cafile is not None:
+        context.load_verify_locations(cafile=str(listener.cafile))
+    context.verify_mode = ssl.CERT_REQUIRED if listener.require_certificate else ssl.CERT_NONE
+    return context
+
+
+async def start_listener(broker: Broker, listener: ListenerConfig) -> tuple[asyncio.Server, str]:
+    """Start one listener; returns the server and its URL with the port actually bound.
+
+    A websocket listener with a ``certfile`` speaks ``wss``; the HTTP path is not checked."""
+    loop = asyncio.get_running_loop()
+    websocket = listener.type == "websocket"
+    secure = listener.type == "tls" or (websocket and listener.certfile is not None)
+    context = tls_context(listener) if secure else None
+    server = await loop.create_server(
+        lambda: ClientProtocol(broker, websocket), listener.host, listener.port, ssl=context, backlog=4096,
+        reuse_address=True,
+    )
+    sockname = server.sockets[0].getsockname()
+    scheme = ("wss" if secure else "ws") if websocket else ("tls" if secure else "tcp")
+    host = sockname[0] if ":" not in sockname[0] else f"[{sockname[0]}]"
+    return server, f"{scheme}://{host}:{sockname[1]}"

@@ -1,0 +1,372 @@
+"""Per-client protocol state, without I/O: what a connection has agreed, and what a session still owes.
+
+Two objects, because MQTT separates them:
+
+* ``Connection`` lives as long as one network connection: the reader, the negotiated limits (the client's
+  Receive Maximum, Maximum Packet Size and Topic Alias Maximum), topic aliases both ways, keep-alive
+  bookkeeping, and ``out``, the bytes waiting to be written. It never touches a socket: the server feeds
+  it bytes and writes ``out`` once per loop turn.
+* ``Session`` outlives connections (clean start off, session expiry): outbound deliveries in flight
+  (keyed by packet id, in send order), the queue behind the Receive Maximum window, and the inbound QoS 2
+  packet ids already acknowledged with PUBREC. Its methods are the QoS 1/2 flows: they write PUBLISH and
+  PUBREL bytes into the attached connection and return what finished so the broker can update the store.
+
+``ALLOWED_PACKETS`` is the connection's state table: which packet types a client may send in each state.
+Anything else is a protocol error, mapped to a reason code by the caller in one place.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Protocol
+
+from appliance.broker.codec import packets as pk
+from appliance.broker.codec.properties import TOPIC_ALIAS
+from appliance.broker.codec.reader import PacketReader
+from appliance.broker.codec.reasons import PROTOCOL_ERROR, TOPIC_ALIAS_INVALID, TOPIC_NAME_INVALID, ProtocolError
+from appliance.broker.codec.writer import encode_ack
+from appliance.broker.message import Message
+
+AWAITING_CONNECT, AUTHENTICATING, CONNECTED, CLOSED = "awaiting-connect", "authenticating", "connected", "closed"
+
+#: State table: the packet types a client may send in each connection state. AUTHENTICATING (the CONNECT
+#: is being checked in an executor) buffers packets instead of handling them, so it allows them all.
+ALLOWED_PACKETS: dict[str, frozenset[int]] = {
+    AWAITING_CONNECT: frozenset({pk.CONNECT}),
+    AUTHENTICATING: frozenset(
+        {pk.PUBLISH, pk.PUBACK, pk.PUBREC, pk.PUBREL, pk.PUBCOMP, pk.SUBSCRIBE, pk.UNSUBSCRIBE, pk.PINGREQ,
+         pk.DISCONNECT, pk.AUTH}
+    ),
+    CONNECTED: frozenset(
+        {pk.PUBLISH, pk.PUBACK, pk.PUBREC, pk.PUBREL, pk.PUBCOMP, pk.SUBSCRIBE, pk.UNSUBSCRIBE, pk.PINGREQ,
+         pk.DISCONNECT, pk.AUTH}
+    ),
+    CLOSED: frozenset(),
+}
+
+NEVER_EXPIRES = 0xFFFFFFFF
+
+
+class Connection:
+    """The protocol state of one network connection (see the module docstring)."""
+
+    __slots__ = (
+        "reader", "out", "state", "protocol_level", "v5", "client_id", "username", "keep_alive", "last_received",
+        "send_quota", "max_outbound_packet", "alias_maximum_out", "aliases_out", "alias_maximum_in", "aliases_in",
+        "session", "peer", "request_problem_info", "clean_disconnect", "congested", "overloaded", "link", "flush_pending",
+    )
+
+    def __init__(self, max_packet_size: int, topic_alias_maximum: int, peer: str) -> None:
+        self.reader = PacketReader(max_packet_size)
+        self.out = bytearray()
+        self.state = AWAITING_CONNECT
+        self.protocol_level = pk.MQTT_311
+        self.v5 = False
+        self.client_id = ""
+        self.username: str | None = None
+        self.keep_alive = 0
+        self.last_received = 0.0
+        self.send_quota = 65535
+        self.max_outbound_packet = 268_435_460
+        self.alias_maximum_out = 0
+        self.aliases_out: dict[str, int] = {}
+        self.alias_maximum_in = topic_alias_maximum
+        self.aliases_in: dict[int, str] = {}
+        self.session: Session | None = None
+        self.peer = peer
+        self.request_problem_info = True
+        self.clean_disconnect = False
+        #: Set by the socket layer while the transport's write buffer is over its high-water mark: the
+        #: broker holds back the publishers feeding this connection.
+        self.congested = False
+        #: Congested for longer than the socket layer's grace period: a slow consumer, so QoS 0 messages
+        #: for it are dropped (and counted) instead of holding publishers back any longer.
+        self.overloaded = False
+        #: Whether the broker has this connection in its list of buffers to write this loop turn.
+        self.flush_pending = False
+        #: The socket layer's handle for this connection, opaque here.
+        self.link: Any = None
+
+    def receive(self, data: bytes, now: float) -> list[pk.Packet]:
+        """Parse every complete packet in ``data``; raises ``ProtocolError`` for bad input."""
+        self.last_received = now
+        return self.reader.feed(data)
+
+    def accept_connect(self, connect: pk.Connect, client_id: str, keep_alive: int) -> None:
+        """Adopt the limits a CONNECT asked for (MQTT 5 3.1.2.11)."""
+        self.protocol_level = connect.protocol_level
+        self.v5 = connect.protocol_level == pk.MQTT_5
+        self.client_id = client_id
+        self.username = connect.username
+        self.keep_alive = keep_alive
+        properties = connect.properties
+        self.send_quota = properties.get(0x21, 65535)
+        self.max_outbound_packet = properties.get(0x27, 268_435_460)
+        self.alias_maximum_out = properties.get(0x22, 0)
+        self.request_problem_info = properties.get(0x17, 1) == 1
+
+    def resolve_topic(self, publish: pk.Publish) -> bool:
+        """Replace an inbound topic alias by its topic (MQTT 5 3.3.2.3.4) and check the topic name.
+        Returns whether an alias was involved (then the received frame cannot be forwarded as is)."""
+        aliased = False
+        if self.v5:
+            properties = publish.properties
+            alias = properties.pop(TOPIC_ALIAS, None) if properties else None
+            if alias is not None:
+                aliased = True
+                if alias > self.alias_maximum_in:
+                    raise ProtocolError(TOPIC_ALIAS_INVALID, f"topic alias {alias} above the maximum")
+                if publish.topic:
+                    self.aliases_in[alias] = publish.topic
+                else:
+                    topic = self.aliases_in.get(alias)
+                    if topic is None:
+                        raise ProtocolError(PROTOCOL_ERROR, f"unknown topic alias {alias}")
+                    publish.topic = topic
+        topic = publish.topic
+        if not topic or "+" in topic or "#" in topic:
+            raise ProtocolError(TOPIC_NAME_INVALID, f"invalid topic name {topic!r}")
+        return aliased
+
+    def alias_for(self, topic: str) -> tuple[int, bool]:
+        """Our outbound alias for ``topic``: (alias or 0, whether the client already knows it)."""
+        alias = self.aliases_out.get(topic)
+        if alias is not None:
+            return alias, True
+        if len(self.aliases_out) < self.alias_maximum_out:
+            alias = len(self.aliases_out) + 1
+            self.aliases_out[topic] = alias
+            return alias, False
+        return 0, False
+
+
+class Delivery:
+    """One message on its way to one session: the QoS and retain flag it is delivered with, the
+    subscription identifiers it carries, and, once sent, its packet id. ``released`` means PUBREC
+    arrived and PUBREL was sent (QoS 2, waiting for PUBCOMP)."""
+
+    __slots__ = ("message", "qos", "retain", "subscription_ids", "packet_id", "released", "sent", "seq")
+
+    def __init__(self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None) -> None:
+        self.message = message
+        self.qos = qos
+        self.retain = retain
+        self.subscription_ids = subscription_ids
+        self.packet_id = 0
+        self.released = False
+        self.sent = False
+        #: The store's sequence number for a delivery to a durable session (0: not stored).
+        self.seq = 0
+
+
+class DeliveryJournal(Protocol):
+    """Where a durable session records its outbound progress (``persistence.BrokerStore`` fits): it only
+    buffers, so calling it keeps this module free of I/O."""
+
+    def mark_publish_sent(self, seq: int, packet_id: int) -> None: ...
+
+    def mark_pubrel_sent(self, seq: int, packet_id: int) -> None: ...
+
+    def remove_delivery(self, seq: int) -> None: ...
+
+
+class Session:
+    """What the broker owes one client id across connections (see the module docstring).
+
+    ``queue_limit`` bounds QoS 0 messages waiting while the client is away or its window is full; QoS 1/2
+    deliveries are never dropped here (they are in the store for durable sessions).
+    """
+
+    __slots__ = (
+        "client_id", "username", "expiry_interval", "inflight", "queue", "inbound_qos2", "connection", "will",
+        "disconnected_at", "dropped", "queue_limit", "journal", "completed", "_next_packet_id", "_queued_qos0",
+    )
+
+    def __init__(self, client_id: str, queue_limit: int) -> None:
+        self.client_id = client_id
+        #: The user name of the latest connection: ACL checks for deliveries and wills made while the
+        #: client is away use it.
+        self.username: str | None = None
+        self.expiry_interval = 0
+        self.inflight: dict[int, Delivery] = {}
+        self.queue: deque[Delivery] = deque()
+        self.inbound_qos2: set[int] = set()
+        self.connection: Connection | None = None
+        self.will: pk.Will | None = None
+        self.disconnected_at: float | None = None
+        self.dropped = 0
+        self.queue_limit = queue_limit
+        #: Set while the session is durable; records stored deliveries' progress.
+        self.journal: DeliveryJournal | None = None
+        #: QoS 1/2 deliveries the client has acknowledged: tells a slow reader from a stuck one.
+        self.completed = 0
+        self._next_packet_id = 1
+        self._queued_qos0 = 0
+
+    @property
+    def durable(self) -> bool:
+        """Whether the session outlives its connection, so QoS 1/2 deliveries must go to the store."""
+        return self.expiry_interval > 0
+
+    def deliver(self, delivery: Delivery, now: float) -> bool:
+        """Send now if connected and the window allows, else queue. False if dropped (QoS 0 over the bound)."""
+        connection = self.connection
+        if delivery.qos == 0:
+            if connection is not None and not self.queue:
+                if connection.overloaded:
+                    self.dropped += 1
+                    return False
+                self._write_publish(connection, delivery, now)
+                return True
+            if self._queued_qos0 >= self.queue_limit:
+                self.dropped += 1
+                return False
+            self._queued_qos0 += 1
+            self.queue.append(delivery)
+            return True
+        if connection is not None and len(self.inflight) < connection.send_quota and not self.queue:
+            self._send_new(connection, delivery, now)
+        else:
+            self.queue.append(delivery)
+        return True
+
+    def on_puback(self, packet_id: int, now: float) -> Delivery | None:
+        """A QoS 1 delivery is done; returns it (None for an unknown id, which is ignored)."""
+        delivery = self.inflight.get(packet_id)
+        if delivery is None or delivery.qos != 1:
+            return None
+        del self.inflight[packet_id]
+        self._finished(delivery)
+        self.fill_window(now)
+        return delivery
+
+    def on_pubrec(self, packet_id: int, reason_code: int, now: float) -> Delivery | None:
+        """QoS 2 step two: reply PUBREL; returns the delivery whose state changed. A failure reason code
+        (MQTT 5) ends the exchange instead (4.3.3)."""
+        delivery = self.inflight.get(packet_id)
+        connection = self.connection
+        if delivery is None or delivery.qos != 2:
+            if connection is not None:
+                connection.out += encode_ack(pk.PUBREL, packet_id, 0x92 if connection.v5 else 0)
+            return None
+        if reason_code >= 0x80:
+            del self.inflight[packet_id]
+            self._finished(delivery)
+            self.fill_window(now)
+            return delivery
+        delivery.released = True
+        if delivery.seq and self.journal is not None:
+            self.journal.mark_pubrel_sent(delivery.seq, packet_id)
+        if connection is not None:
+            connection.out += encode_ack(pk.PUBREL, packet_id)
+        return delivery
+
+    def on_pubcomp(self, packet_id: int, now: float) -> Delivery | None:
+        delivery = self.inflight.get(packet_id)
+        if delivery is None or not delivery.released:
+            return None
+        del self.inflight[packet_id]
+        self._finished(delivery)
+        self.fill_window(now)
+        return delivery
+
+    def resume(self, connection: Connection, now: float) -> list[Delivery]:
+        """Attach a new connection and redeliver: unacknowledged PUBLISHes again with DUP, PUBRELs again,
+        then the queue up to the window (MQTT 5 4.4). Returns deliveries that expired while waiting."""
+        self.connection = connection
+        self.disconnected_at = None
+        expired: list[Delivery] = []
+        for packet_id, delivery in list(self.inflight.items()):
+            if delivery.released:
+                connection.out += encode_ack(pk.PUBREL, packet_id)
+            elif delivery.message.expired(now):
+                del self.inflight[packet_id]
+                self._finished(delivery)
+                expired.append(delivery)
+            else:
+                self._write_publish(connection, delivery, now, dup=delivery.sent)
+        expired += self.fill_window(now)
+        return expired
+
+    def detach(self, now: float) -> None:
+        self.connection = None
+        self.disconnected_at = now
+
+    def fill_window(self, now: float) -> list[Delivery]:
+        """Move queued deliveries into flight while the client's Receive Maximum allows."""
+        connection = self.connection
+        expired: list[Delivery] = []
+        if connection is None:
+            return expired
+        queue = self.queue
+        inflight = self.inflight
+        quota = connection.send_quota
+        while queue:
+            delivery = queue[0]
+            if delivery.qos and len(inflight) >= quota:
+                break
+            queue.popleft()
+            if delivery.message.expired(now):
+                expired.append(delivery)
+                self._finished(delivery)
+                if not delivery.qos:
+                    self._queued_qos0 -= 1
+                continue
+            if delivery.qos:
+                self._send_new(connection, delivery, now)
+            else:
+                self._queued_qos0 -= 1
+                self._write_publish(connection, delivery, now)
+        return expired
+
+    def restore(self, delivery: Delivery) -> None:
+        """Put back a delivery loaded from the store: in flight if it had a packet id, else queued."""
+        if delivery.packet_id:
+            self.inflight[delivery.packet_id] = delivery
+            self._next_packet_id = delivery.packet_id % 65535 + 1
+        else:
+            self.queue.append(delivery)
+
+    def clear(self) -> None:
+        """Clean start: forget everything owed (subscriptions live in the topic tree)."""
+        self.inflight.clear()
+        self.queue.clear()
+        self.inbound_qos2.clear()
+        self._queued_qos0 = 0
+
+    def _send_new(self, connection: Connection, delivery: Delivery, now: float) -> None:
+        packet_id = self._next_packet_id
+        inflight = self.inflight
+        while packet_id in inflight:
+            packet_id = packet_id % 65535 + 1
+        self._next_packet_id = packet_id % 65535 + 1
+        delivery.packet_id = packet_id
+        inflight[packet_id] = delivery
+        if delivery.seq and self.journal is not None:
+            self.journal.mark_publish_sent(delivery.seq, packet_id)
+        self._write_publish(connection, delivery, now)
+
+    def _finished(self, delivery: Delivery) -> None:
+        self.completed += 1
+        if delivery.seq and self.journal is not None:
+            self.journal.remove_delivery(delivery.seq)
+            delivery.seq = 0
+
+    def _write_publish(self, connection: Connection, delivery: Delivery, now: float, dup: bool = False) -> None:
+        message = delivery.message
+        if connection.v5 and connection.alias_maximum_out:
+            alias, known = connection.alias_for(message.topic)
+            frame = message.frame(True, delivery.qos, delivery.retain, dup, delivery.packet_id or None,
+                                  delivery.subscription_ids, now, alias, known)
+        else:
+            frame = message.frame(connection.v5, delivery.qos, delivery.retain, dup, delivery.packet_id or None,
+                                  delivery.subscription_ids, now)
+        if len(frame) > connection.max_outbound_packet:
+            # MQTT 5 3.1.2.25: never send a packet larger than the client accepts; treat it as delivered.
+            if delivery.packet_id:
+                self.inflight.pop(delivery.packet_id, None)
+                self._finished(delivery)
+            self.dropped += 1
+            return
+        delivery.sent = True
+        connection.out += frame

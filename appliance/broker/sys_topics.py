@@ -1,0 +1,37 @@
+"""``$SYS/broker/...`` statistics, named as mosquitto names them so existing dashboards keep working.
+
+The counters are plain integers bumped on the hot path; ``snapshot`` turns them into (topic, payload)
+pairs that the broker publishes as retained messages every ``interval`` seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class BrokerStats:
+    started_at: float
+    clients_connected: int = 0
+    clients_total: int = 0
+    messages_received: int = 0
+    messages_sent: int = 0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    publish_dropped: int = 0
+    retained_count: int = 0
+
+    def snapshot(self, now: float) -> list[tuple[str, bytes]]:
+        values = {
+            "$SYS/broker/version": "appliance 0.1.0",
+            "$SYS/broker/uptime": f"{int(now - self.started_at)} seconds",
+            "$SYS/broker/clients/connected": self.clients_connected,
+            "$SYS/broker/clients/total": self.clients_total,
+            "$SYS/broker/messages/received": self.messages_received,
+            "$SYS/broker/messages/sent": self.messages_sent,
+            "$SYS/broker/bytes/received": self.bytes_received,
+            "$SYS/broker/bytes/sent": self.bytes_sent,
+            "$SYS/broker/publish/messages/dropped": self.publish_dropped,
+            "$SYS/broker/retained messages/count": self.retained_count,
+        }
+        return [(topic, str(value).encode("ascii")) for topic, value in values.items()]

@@ -1,0 +1,172 @@
+"""``appliance doctor``: look at a running gateway's machine and say what is wrong in plain words.
+
+Written for the person on site with a laptop and a serial console, not for a developer: each line is one
+finding with a verdict (``ok``, ``PROBLEM``, ``unknown``), and the exit status is 1 if anything is a
+problem. "unknown" is not a problem: a machine without ``timedatectl`` cannot prove its clock is wrong.
+
+Each check is a plain function returning findings, so tests run them against real sockets, directories
+and serial ptys. The modem check only opens the serial port with ``--probe-modem``: while the gateway
+runs it owns the port (opened exclusively), and a second reader would steal its replies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import enum
+import os
+import shutil
+import socket
+import stat
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from appliance.broker.config import ListenerConfig
+from appliance.config import GatewayConfig, load_config
+from appliance.hardware.config import ModemConfig
+from appliance.hardware.factory_reset import DATABASE_FILES
+from appliance.hardware.modem import ModemClosed, ModemMonitor, ModemTimeout
+
+MIN_FREE_BYTES = 200 * 1024 * 1024
+MIN_FREE_FRACTION = 0.05
+
+
+class Verdict(enum.Enum):
+    OK = "ok"
+    PROBLEM = "PROBLEM"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    check: str
+    verdict: Verdict
+    message: str
+
+
+def check_ports(listeners: Iterable[ListenerConfig], timeout: float = 1.0) -> list[Finding]:
+    findings = []
+    for listener in listeners:
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(listener.host, listener.host)
+        where = f"{listener.type} listener {listener.host}:{listener.port}"
+        try:
+            with socket.create_connection((host, listener.port), timeout=timeout):
+                findings.append(Finding("ports", Verdict.OK, f"{where} accepts connections"))
+        except OSError as exc:
+            findings.append(
+                Finding("ports", Verdict.PROBLEM, f"nothing accepts connections on {where} ({exc.strerror or exc}): is the gateway running?")
+            )
+    return findings
+
+
+def check_data_dir(data_dir: Path) -> list[Finding]:
+    if not data_dir.exists():
+        return [Finding("data dir", Verdict.PROBLEM, f"{data_dir} does not exist: the gateway creates it on first start, or check gateway.data_dir")]
+    if not data_dir.is_dir():
+        return [Finding("data dir", Verdict.PROBLEM, f"{data_dir} is not a directory")]
+    findings = []
+    if not os.access(data_dir, os.R_OK | os.W_OK | os.X_OK):
+        findings.append(Finding("data dir", Verdict.PROBLEM, f"{data_dir} is not writable by this user (uid {os.getuid()})"))
+    if data_dir.stat().st_mode & stat.S_IWOTH:
+        findings.append(Finding("data dir", Verdict.PROBLEM, f"{data_dir} is writable by every user: run chmod o-w {data_dir}"))
+    for name in DATABASE_FILES:
+        database = data_dir / name
+        if database.exists() and not os.access(database, os.R_OK | os.W_OK):
+            findings.append(Finding("data dir", Verdict.PROBLEM, f"{database} cannot be read and written by this user"))
+    if not findings:
+        findings.append(Finding("data dir", Verdict.OK, f"{data_dir} is writable and not open to other users"))
+    return findings
+
+
+def check_clock(run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> Finding:
+    """Trusts systemd-timesyncd/chrony via ``timedatectl``; anything else is honestly "unknown"."""
+    if shutil.which("timedatectl") is None:
+        return Finding("clock", Verdict.UNKNOWN, "cannot tell whether the clock is synchronised (no timedatectl)")
+    try:
+        result = run(["timedatectl", "show", "--property=NTPSynchronized", "--value"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Finding("clock", Verdict.UNKNOWN, f"cannot tell whether the clock is synchronised ({exc})")
+    answer = result.stdout.strip()
+    if result.returncode != 0 or answer not in ("yes", "no"):
+        reason = (result.stderr.strip().splitlines() or ["no answer"])[0]
+        return Finding("clock", Verdict.UNKNOWN, f"cannot tell whether the clock is synchronised ({reason})")
+    if answer == "no":
+        return Finding(
+            "clock",
+            Verdict.PROBLEM,
+            "the clock is not synchronised by NTP: the state store needs it within a minute of true time",
+        )
+    return Finding("clock", Verdict.OK, "the clock is synchronised by NTP")
+
+
+def check_disk(data_dir: Path, min_free_bytes: int = MIN_FREE_BYTES, min_free_fraction: float = MIN_FREE_FRACTION) -> Finding:
+    existing = data_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    usage = shutil.disk_usage(existing)
+    free_mb = usage.free // (1024 * 1024)
+    if usage.free < min_free_bytes or usage.free < usage.total * min_free_fraction:
+        return Finding("disk", Verdict.PROBLEM, f"only {free_mb} MB free under {existing}: queued messages will soon be refused")
+    return Finding("disk", Verdict.OK, f"{free_mb} MB free under {existing}")
+
+
+def check_modem(config: ModemConfig, probe: bool) -> list[Finding]:
+    if not config.enabled:
+        return [Finding("modem", Verdict.OK, "no modem configured")]
+    device = Path(config.port)
+    if not device.exists():
+        return [Finding("modem", Verdict.PROBLEM, f"{device} does not exist: is the modem plugged in and powered?")]
+    if not os.access(device, os.R_OK | os.W_OK):
+        return [Finding("modem", Verdict.PROBLEM, f"{device} is not readable and writable by this user: add it to the dialout group")]
+    if not probe:
+        return [Finding("modem", Verdict.OK, f"{device} is present (add --probe-modem to talk to it when the gateway is stopped)")]
+    return [asyncio.run(_probe_modem(config))]
+
+
+async def _probe_modem(config: ModemConfig) -> Finding:
+    monitor = ModemMonitor(config)
+    try:
+        status = await monitor.read_once()
+    except (ModemTimeout, ModemClosed, OSError) as exc:
+        return Finding("modem", Verdict.PROBLEM, f"the modem on {config.port} does not answer AT commands ({exc})")
+    metrics = status.as_metrics()
+    summary = f"signal {metrics['rssi_dbm']} dBm, operator {metrics['operator']}, {metrics['technology']}"
+    if not status.registered:
+        return Finding("modem", Verdict.PROBLEM, f"the modem answers but is not registered on a network ({metrics['registration']}; {summary})")
+    return Finding("modem", Verdict.OK, f"registered ({metrics['registration']}); {summary}")
+
+
+def run_checks(config: GatewayConfig, probe_modem: bool = False) -> list[Finding]:
+    return [
+        *check_ports(config.broker.listeners),
+        *check_data_dir(config.data_dir),
+        check_clock(),
+        *check_modem(config.hardware.modem, probe_modem),
+        check_disk(config.data_dir),
+    ]
+
+
+def format_findings(findings: Iterable[Finding]) -> str:
+    return "\n".join(f"{finding.verdict.value:<8} {finding.check:<9} {finding.message}" for finding in findings)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from appliance.cli import overrides_from_args
+
+    config = load_config(args.config, overrides_from_args(args))
+    findings = run_checks(config, probe_modem=args.probe_modem)
+    print(format_findings(findings))
+    problems = sum(finding.verdict is Verdict.PROBLEM for finding in findings)
+    print(f"\n{problems} problem(s) found" if problems else "\nno problems found")
+    return 1 if problems else 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from appliance.cli import add_config_arguments
+
+    parser = subparsers.add_parser("doctor", help="check this machine for what would stop the gateway working")
+    add_config_arguments(parser)
+    parser.add_argument("--probe-modem", action="store_true", help="send AT commands to the modem (stop the gateway first)")
+    parser.set_defaults(handler=cmd_doctor)

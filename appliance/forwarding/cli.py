@@ -1,0 +1,106 @@
+"""``appliance routes check | reload | show``.
+
+``check`` validates a manifest offline (and, with ``--message``, shows which routes a sample message
+takes). ``reload`` asks the running gateway - found through ``forwarding.pid`` in its data dir - to reload
+its manifest (SIGHUP) and reports the outcome the gateway writes to ``forwarding-routes.json``; ``show``
+prints that file: the routes actually running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from appliance.config import load_config
+from appliance.forwarding.conditions import DictMessage
+from appliance.forwarding.manifest import ManifestError, load_manifest
+from appliance.forwarding.service import PID_FILE, STATUS_FILE
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    if args.data_dir:
+        return Path(args.data_dir)
+    return load_config(args.config).data_dir
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        manifest = load_manifest(Path(args.manifest))
+    except ManifestError as exc:
+        print(f"appliance routes: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.manifest}: {len(manifest.routes)} routes, global TTL {manifest.global_ttl_s}s")
+    for route in manifest.routes:
+        ttl = route.ttl_s or manifest.global_ttl_s
+        print(f"  {route.name}: priority {route.priority}, TTL {ttl}s -> {route.endpoint.id}: {route.text}")
+    if args.message:
+        sample: dict[str, Any] = json.loads(args.message)
+        message = DictMessage(
+            sample.get("properties", {}),
+            {k.lstrip("$"): v for k, v in sample.get("system", {}).items()},
+            json.dumps(sample["body"]).encode() if "body" in sample else b"",
+            "application/json" if "body" in sample else None,
+            sample.get("source", "/messages/events"),
+        )
+        for result in manifest.evaluator().evaluate(message):
+            print(f"  routed: {result.endpoint.id} priority {result.priority} TTL {result.ttl_s}s")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    status_file = _data_dir(args) / STATUS_FILE
+    try:
+        sys.stdout.write(status_file.read_text())
+    except OSError as exc:
+        print(f"appliance routes: no running gateway status at {status_file}: {exc.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    data_dir = _data_dir(args)
+    status_file = data_dir / STATUS_FILE
+    try:
+        pid = int((data_dir / PID_FILE).read_text().strip())
+        before = json.loads(status_file.read_text())["updated_ms"]
+        os.kill(pid, signal.SIGHUP)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"appliance routes: no running gateway with forwarding in {data_dir}: {exc}", file=sys.stderr)
+        return 1
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        try:
+            status = json.loads(status_file.read_text())
+        except (OSError, ValueError):
+            status = {}
+        if status.get("updated_ms", before) != before:
+            if status.get("error"):
+                print(f"appliance routes: reload rejected, previous routes still running: {status['error']}", file=sys.stderr)
+                return 1
+            print(f"reloaded: {len(status['routes'])} routes")
+            return 0
+        time.sleep(0.05)
+    print(f"appliance routes: the gateway (pid {pid}) did not report a reload within {args.timeout}s", file=sys.stderr)
+    return 1
+
+
+def register(subparsers: Any) -> None:
+    routes = subparsers.add_parser("routes", help="store-and-forward routes: check, reload, show")
+    sub = routes.add_subparsers(dest="routes_command", required=True)
+    check = sub.add_parser("check", help="validate a $edgeHub manifest")
+    check.add_argument("manifest")
+    check.add_argument("--message", help='JSON sample: {"source": ..., "properties": {...}, "system": {...}, "body": ...}')
+    check.set_defaults(handler=cmd_check)
+    for name, handler, text in (("reload", cmd_reload, "reload the running gateway's manifest"), ("show", cmd_show, "print the running routes")):
+        command = sub.add_parser(name, help=text)
+        command.add_argument("--data-dir", help="the gateway's data dir")
+        command.add_argument("--config", "-c", help="the gateway's configuration file (for its data dir)")
+        if name == "reload":
+            command.add_argument("--timeout", type=float, default=10.0)
+        command.set_defaults(handler=handler)

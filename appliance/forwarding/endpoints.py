@@ -1,0 +1,86 @@
+"""What the pump sends batches to: an ``EndpointSender``; and the brokered (module input) endpoint.
+
+Every endpoint - the upstream bridge or a local module input - goes through the same queues and pump;
+only ``send`` differs. ``send`` returns how many messages of the batch - a prefix - are acknowledged: all of
+them, or fewer when ``preempt`` was set (a message of higher priority arrived) and the sender stopped
+handing out the rest. On failure it raises ``SendFailed`` and the pump sends the batch again later
+(at-least-once: the stable ``gw-message-id`` lets the receiver drop duplicates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+from appliance.broker.api import BrokerHandle
+from appliance.forwarding.queues import QueuedMessage
+from appliance.forwarding.routes import Endpoint
+from appliance.forwarding.window import LinkEstimate
+
+
+class SendFailed(Exception):
+    """The batch was not (entirely) acknowledged; none of it is taken off the queue."""
+
+
+class EndpointSender(Protocol):
+    id: str
+    estimate: LinkEstimate
+
+    async def wait_ready(self) -> None:
+        """Return once a batch can be attempted (the link is up)."""
+
+    async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
+        """Deliver a prefix of the batch (all of it unless ``preempt`` is set); return its length once
+        all of it is acknowledged, else raise ``SendFailed``."""
+
+
+def identity_properties(item: QueuedMessage, gateway_id: str, sent_ms: int) -> list[tuple[str, str]]:
+    """The ``gw-*`` user properties of docs/message-format.md, then the device's own."""
+    message = item.message
+    props = [
+        ("gw-message-id", f"{gateway_id}:{item.seq}"),
+        ("gw-gateway-id", gateway_id),
+        ("gw-device-id", message.device_id),
+    ]
+    if message.module_id:
+        props.append(("gw-module-id", message.module_id))
+    if message.output:
+        props.append(("gw-output", message.output))
+    props += [
+        ("gw-priority", str(item.priority)),
+        ("gw-enqueued-ms", str(item.enqueued_ms)),
+        ("gw-sent-ms", str(sent_ms)),
+        ("gw-ttl-s", str(item.ttl_s)),
+    ]
+    return props + list(message.properties)
+
+
+class BrokeredSender:
+    """``BrokeredEndpoint("/modules/{m}/inputs/{i}")``: delivered on ``devices/{gateway}/modules/{m}/inputs/{i}``.
+
+    ``BrokerHandle.publish`` only enqueues towards local subscribers, so a batch is "acknowledged" as soon
+    as the broker has it.
+    """
+
+    def __init__(self, endpoint: Endpoint, broker: BrokerHandle, gateway_id: str) -> None:
+        self.id = endpoint.id
+        self.topic = f"devices/{gateway_id}/modules/{endpoint.module}/inputs/{endpoint.input}"
+        self.broker = broker
+        self.gateway_id = gateway_id
+        self.estimate = LinkEstimate(initial_messages=100)
+
+    async def wait_ready(self) -> None:
+        return None
+
+    async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
+        sent_ms = int(time.time() * 1000)
+        for item in batch:
+            self.broker.publish(
+                self.topic,
+                item.message.payload,
+                qos=1,
+                user_properties=identity_properties(item, self.gateway_id, sent_ms),
+                content_type=item.message.content_type,
+            )
+        return len(batch)

@@ -1,0 +1,130 @@
+"""The ``$edgeHub`` deployment manifest: validation with JSON Schema, then route compilation.
+
+A manifest is either the whole ``{"$edgeHub": {"properties.desired": {...}}}`` document or just the
+desired-properties object. Loading is all-or-nothing: the first bad field raises ``ManifestError`` naming
+its JSON path (``$.routes.alerts.priority``) - and for a route, the column in the route string - so the
+caller keeps the routes it is running. The schema is the spec's ``routes`` schema plus the fields of
+schemaVersion 1.1.0 that this gateway reads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from appliance.forwarding.lexer import RouteSyntaxError
+from appliance.forwarding.routes import DEFAULT_PRIORITY, DEFAULT_TTL_S, Evaluator, Route, parse_route
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "required": ["schemaVersion", "routes"],
+    "properties": {
+        "schemaVersion": {"type": "string", "enum": ["1.0", "1.1", "1.1.0"]},
+        "routes": {
+            "type": "object",
+            "patternProperties": {
+                "^[^\\.\\$# ]+$": {
+                    "anyOf": [
+                        {"type": "string", "pattern": "^.+$"},
+                        {
+                            "type": "object",
+                            "required": ["route"],
+                            "properties": {
+                                "route": {"type": "string", "pattern": "^.+$"},
+                                "priority": {"type": "integer", "minimum": 0, "maximum": 9},
+                                "timeToLiveSecs": {"type": "integer", "minimum": 0, "maximum": 4294967295},
+                            },
+                            "additionalProperties": False,
+                        },
+                    ]
+                }
+            },
+            "additionalProperties": False,
+        },
+        "storeAndForwardConfiguration": {
+            "type": "object",
+            "properties": {"timeToLiveSecs": {"type": "integer", "minimum": 0, "maximum": 4294967295}},
+        },
+    },
+}
+
+_VALIDATOR = jsonschema.Draft7Validator(SCHEMA)
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot replace the running routes; ``path`` is a JSON path like ``$.routes.r1``."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    routes: tuple[Route, ...]
+    global_ttl_s: int
+    source: str
+
+    def evaluator(self) -> Evaluator:
+        return Evaluator(self.routes, self.global_ttl_s)
+
+
+def _json_path(parts: Any) -> str:
+    path = "$"
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def _deepest_error(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """For ``anyOf`` failures, report the branch that got furthest, so the path names the bad field."""
+    while error.context:
+        error = max(error.context, key=lambda e: (len(e.absolute_path), e.validator != "type"))
+    return error
+
+
+def parse_manifest(document: Any, source: str = "<manifest>") -> Manifest:
+    """Validate and compile; raises ``ManifestError`` and changes nothing on the first problem."""
+    prefix: list[str] = []
+    desired = document
+    if isinstance(document, dict) and "$edgeHub" in document:
+        prefix = ["$edgeHub", "properties.desired"]
+        desired = document.get("$edgeHub", {}).get("properties.desired") if isinstance(document["$edgeHub"], dict) else None
+        if desired is None:
+            raise ManifestError("$.$edgeHub", "missing 'properties.desired'")
+    errors = sorted(_VALIDATOR.iter_errors(desired), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        error = _deepest_error(errors[0])
+        raise ManifestError(_json_path(prefix + list(error.absolute_path)), error.message)
+    routes: list[Route] = []
+    for name, spec in desired["routes"].items():
+        text, priority, ttl = (spec, DEFAULT_PRIORITY, 0) if isinstance(spec, str) else (
+            spec["route"],
+            spec.get("priority", DEFAULT_PRIORITY),
+            spec.get("timeToLiveSecs", 0),
+        )
+        path = prefix + ["routes", name] + ([] if isinstance(spec, str) else ["route"])
+        try:
+            routes.append(parse_route(name, text, priority, ttl))
+        except RouteSyntaxError as exc:
+            raise ManifestError(_json_path(path), f"{exc} in {text!r}") from exc
+    global_ttl = desired.get("storeAndForwardConfiguration", {}).get("timeToLiveSecs", DEFAULT_TTL_S)
+    return Manifest(tuple(routes), global_ttl, source)
+
+
+def load_manifest(path: Path) -> Manifest:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ManifestError("$", f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError("$", f"{path}: not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+    return parse_manifest(document, str(path))

@@ -1,0 +1,87 @@
+"""Forwarding counters per endpoint and priority, and their two renderings: JSON for ``$SYS`` / the
+cloud, Prometheus text for a scraper.
+
+Counters live in memory and restart at zero with the process, as Prometheus counters may; depths and
+oldest ages are read from the store when rendered, so they are right after a restart too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+from appliance.forwarding.queues import QueueDepth, QueueKey
+
+COUNTERS = ("sent", "expired", "dropped", "retries")
+
+
+@dataclass(slots=True)
+class LinkStats:
+    bytes_sent: int = 0
+    rate_bps: float | None = None  # measured bottleneck, bytes per second
+    rtt_s: float | None = None
+    connected: bool = False
+
+
+@dataclass(slots=True)
+class ForwardingMetrics:
+    counters: dict[str, Counter[QueueKey]] = field(default_factory=lambda: {name: Counter() for name in COUNTERS})
+    links: dict[str, LinkStats] = field(default_factory=dict)
+
+    def add(self, name: str, counts: Counter[QueueKey] | dict[QueueKey, int]) -> None:
+        self.counters[name].update(counts)
+
+    def count(self, name: str, endpoint: str, priority: int, n: int = 1) -> None:
+        if n:
+            self.counters[name][(endpoint, priority)] += n
+
+    def snapshot(self, depths: list[QueueDepth], now_ms: int) -> dict[str, dict[str, dict[str, float]]]:
+        """``{endpoint: {priority: {depth, oldest_age_s, sent, expired, dropped, retries}}}``."""
+        keys = set().union(*(set(c) for c in self.counters.values())) | {(d.endpoint, d.priority) for d in depths}
+        by_key = {(d.endpoint, d.priority): d for d in depths}
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for endpoint, priority in sorted(keys):
+            depth = by_key.get((endpoint, priority))
+            row: dict[str, float] = {
+                "depth": depth.depth if depth else 0,
+                "oldest_age_s": round((now_ms - depth.oldest_enqueued_ms) / 1000, 3) if depth and depth.oldest_enqueued_ms else 0,
+            }
+            for name in COUNTERS:
+                row[name] = self.counters[name][(endpoint, priority)]
+            out.setdefault(endpoint, {})[str(priority)] = row
+        return out
+
+    def to_json(self, gateway_id: str, depths: list[QueueDepth], now_ms: int) -> bytes:
+        """The ``gateways/{id}/metrics`` document of docs/message-format.md, plus link figures."""
+        links = {
+            name: {"bytes_sent": s.bytes_sent, "rate_bps": s.rate_bps, "rtt_s": s.rtt_s, "connected": s.connected}
+            for name, s in self.links.items()
+        }
+        document = {"gateway_id": gateway_id, "ts_ms": now_ms, "endpoints": self.snapshot(depths, now_ms), "links": links}
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    def to_prometheus(self, depths: list[QueueDepth], now_ms: int) -> str:
+        lines: list[str] = []
+        snapshot = self.snapshot(depths, now_ms)
+        families = (
+            ("depth", "gauge", "messages waiting in the queue"),
+            ("oldest_age_s", "gauge", "age of the oldest waiting message in seconds"),
+            ("sent", "counter", "messages acknowledged by the endpoint"),
+            ("expired", "counter", "messages removed unsent because their TTL ran out"),
+            ("dropped", "counter", "messages dropped to keep the store under its size limit"),
+            ("retries", "counter", "messages sent again after a failed batch"),
+        )
+        for name, kind, help_text in families:
+            metric = f"gateway_forwarding_{name}" + ("_total" if kind == "counter" else "")
+            lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}"]
+            for endpoint, priorities in snapshot.items():
+                for priority, row in priorities.items():
+                    lines.append(f'{metric}{{endpoint="{endpoint}",priority="{priority}"}} {row[name]}')
+        lines += ["# HELP gateway_link_bytes_sent_total payload bytes acknowledged upstream", "# TYPE gateway_link_bytes_sent_total counter"]
+        lines += [f'gateway_link_bytes_sent_total{{endpoint="{n}"}} {s.bytes_sent}' for n, s in self.links.items()]
+        lines += ["# HELP gateway_link_rate_bytes measured bottleneck rate in bytes per second", "# TYPE gateway_link_rate_bytes gauge"]
+        lines += [f'gateway_link_rate_bytes{{endpoint="{n}"}} {s.rate_bps or 0}' for n, s in self.links.items()]
+        lines += ["# HELP gateway_link_connected 1 when the endpoint is connected", "# TYPE gateway_link_connected gauge"]
+        lines += [f'gateway_link_connected{{endpoint="{n}"}} {int(s.connected)}' for n, s in self.links.items()]
+        return "\n".join(lines) + "\n"

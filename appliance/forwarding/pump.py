@@ -1,0 +1,127 @@
+"""The pump of one endpoint: highest priority first, one priority per batch, start over after every batch.
+
+As in Edge Hub's ``StoringAsyncEndpointExecutor``: the endpoint has one queue per priority and a
+checkpointer per queue (here: the last offset done, kept in memory and in the store). After every batch
+the pump goes back to priority 0. Beyond Edge Hub, a batch is *preempted*: when a message of higher
+priority is stored, the sender stops handing out the rest of the batch, the acknowledged prefix is
+checkpointed and the pump starts over - so an alert waits for the messages already in flight, not for a
+whole batch sized for yesterday's link. Low priorities can starve on a link too slow for the high ones; that is the
+intended trade (the spec says so).
+
+Expired messages are never sent: the store skips them when reading, and a batch is filtered once more
+right before it goes out (it may have waited for the link). A failed batch is read and sent again after a
+backoff; it is not taken off its queue until the endpoint has acknowledged all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from appliance.forwarding.endpoints import EndpointSender, SendFailed
+from appliance.forwarding.metrics import ForwardingMetrics
+from appliance.forwarding.queues import MessageStore
+from appliance.forwarding.routes import DEFAULT_PRIORITY
+from appliance.forwarding.worker import StoreThread
+
+log = logging.getLogger(__name__)
+
+PRIORITIES = tuple(range(DEFAULT_PRIORITY + 1))
+
+
+class Pump:
+    def __init__(
+        self,
+        sender: EndpointSender,
+        store: MessageStore,
+        thread: StoreThread,
+        metrics: ForwardingMetrics,
+        retry_min_s: float = 0.05,
+        retry_max_s: float = 5.0,
+    ) -> None:
+        self.sender = sender
+        self.store = store
+        self.thread = thread
+        self.metrics = metrics
+        self.retry_min_s = retry_min_s
+        self.retry_max_s = retry_max_s
+        self.wake = asyncio.Event()
+        self.preempt = asyncio.Event()
+        self._sending_priority: int | None = None
+        self.batches = 0
+        self._batch_done = asyncio.Event()
+        self._checkpoints: dict[int, int] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.run(), name=f"forwarding-pump-{self.sender.id}")
+
+    def notify(self, priority: int) -> None:
+        """A message of ``priority`` was stored for this endpoint."""
+        self.wake.set()
+        if self._sending_priority is not None and priority < self._sending_priority:
+            self.preempt.set()
+
+    async def wait_batches(self, count: int) -> None:
+        """Until ``count`` batches have been sent and checkpointed (for tests and the benchmark)."""
+        while self.batches < count:
+            self._batch_done.clear()
+            await self._batch_done.wait()
+
+    async def _checkpoint_of(self, priority: int) -> int:
+        if priority not in self._checkpoints:
+            self._checkpoints[priority] = await self.thread.call(self.store.checkpoint_of, self.sender.id, priority)
+        return self._checkpoints[priority]
+
+    async def run(self) -> None:
+        failures = 0
+        last_done: float | None = None  # when the previous batch was checkpointed, if a backlog followed
+        while True:
+            await self.sender.wait_ready()
+            self.wake.clear()
+            window = self.sender.estimate.window()
+            batch = []
+            priority = -1
+            for priority in PRIORITIES:
+                after = await self._checkpoint_of(priority)
+                batch = await self.thread.call(self.store.read, self.sender.id, priority, after, window.messages, window.bytes)
+                if batch:
+                    break
+            if not batch:
+                last_done = None
+                await self.wake.wait()
+                continue
+            now_ms = int(time.time() * 1000)
+            live = [item for item in batch if item.expires_ms > now_ms]
+            if last_done is not None:
+                self.sender.estimate.note_gap(time.monotonic() - last_done)
+            self.preempt.clear()
+            self._sending_priority = priority
+            try:
+                count = await self.sender.send(live, self.preempt) if live else 0
+            except SendFailed as exc:
+                last_done = None
+                failures += 1
+                self.metrics.count("retries", self.sender.id, priority, len(live))
+                delay = min(self.retry_max_s, self.retry_min_s * 2 ** min(failures, 20))
+                log.info("endpoint %s: batch of %d failed (%s); retrying in %.2fs", self.sender.id, len(live), exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            finally:
+                self._sending_priority = None
+            failures = 0
+            # Done: everything up to the last acknowledged message (expired ones in between included).
+            done = live[:count]
+            offset = done[-1].seq if count < len(live) else batch[-1].seq
+            if not done and count < len(live):
+                continue
+            sent, expired = await self.thread.call(
+                self.store.checkpoint, self.sender.id, priority, offset, [item.seq for item in done]
+            )
+            self._checkpoints[priority] = offset
+            self.batches += 1
+            self._batch_done.set()
+            last_done = time.monotonic()
+            self.metrics.count("sent", self.sender.id, priority, sent)
+            self.metrics.count("expired", self.sender.id, priority, expired)

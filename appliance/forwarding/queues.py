@@ -1,0 +1,305 @@
+"""The durable store: one message body, referenced by every endpoint queue ``<endpoint>_Pri<n>`` it was routed to.
+
+Why it looks like this:
+
+* Edge Hub's ``MessageStore`` writes the body and each queue entry separately, so a crash in between leaves
+  a body no queue references, or an entry with no body. Here the body and all its entries go in ONE SQLite
+  transaction (WAL, ``synchronous=FULL``) before ``add`` returns, so "the device got its PUBACK" means
+  "every queue has it".
+* The priority and TTL are snapshotted into each entry when it is stored; a later manifest does not
+  change pending messages (the spec's "live deployment manifest changes").
+* The offset of an entry is the message's sequence number, which is monotonic, so every queue is ordered
+  by it and a checkpoint is just "everything up to offset N is done".
+* TTL is checked on read (expired entries are skipped, never returned) and again by ``cleanup``, which
+  deletes expired entries for every queue - whether or not its endpoint is up (Edge Hub issue #7509) - and
+  frees bodies that no queue references any more.
+* The store is bounded (``max_bytes`` of bodies and headers): to make room it drops whole messages, lowest
+  priority first and oldest first within a priority, and never a message of higher priority than the one
+  arriving; if that is not enough the new message is refused (``StoreFull``) and nothing is dropped.
+
+Used from one thread at a time (the service runs it on a dedicated worker thread).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from appliance.forwarding.messages import Message
+from appliance.forwarding.routes import RouteResult
+
+QueueKey = tuple[str, int]  # (endpoint id, priority)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    enqueued_ms INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    best_priority INTEGER NOT NULL,
+    envelope TEXT NOT NULL,
+    payload BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_priority ON messages (best_priority, seq);
+CREATE TABLE IF NOT EXISTS entries (
+    queue TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    endpoint TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    enqueued_ms INTEGER NOT NULL,
+    ttl_s INTEGER NOT NULL,
+    expires_ms INTEGER NOT NULL,
+    PRIMARY KEY (queue, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS entries_by_seq ON entries (seq);
+CREATE TABLE IF NOT EXISTS checkpoints (queue TEXT PRIMARY KEY, offset INTEGER NOT NULL);
+"""
+
+#: Bookkeeping bytes counted per message on top of body and envelope (rows, index entries).
+ROW_OVERHEAD = 64
+
+
+def queue_name(endpoint: str, priority: int) -> str:
+    """Edge Hub's ``MessageQueueIdHelper``: one queue per endpoint per priority."""
+    return f"{endpoint}_Pri{priority}"
+
+
+class StoreFull(Exception):
+    """The store is at ``max_bytes`` and only messages of higher priority than the new one are left."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    seq: int
+    endpoint: str
+    priority: int
+    enqueued_ms: int
+    ttl_s: int
+    expires_ms: int
+    message: Message
+
+    @property
+    def size(self) -> int:
+        return len(self.message.payload)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    endpoint: str
+    priority: int
+    depth: int
+    oldest_enqueued_ms: int | None
+
+
+def _envelope(message: Message) -> str:
+    return json.dumps(
+        {
+            "source": message.source,
+            "topic": message.topic,
+            "device": message.device_id,
+            "module": message.module_id,
+            "output": message.output,
+            "props": message.properties,
+            "ctype": message.content_type,
+            "cenc": message.content_encoding,
+            "mid": message.message_id,
+        },
+        separators=(",", ":"),
+    )
+
+
+def _message(envelope: str, payload: bytes) -> Message:
+    e = json.loads(envelope)
+    return Message(
+        e["source"], e["topic"], payload, e["device"], e["module"], e["output"],
+        [tuple(p) for p in e["props"]], e["ctype"], e["cenc"], e["mid"],
+    )
+
+
+class MessageStore:
+    def __init__(
+        self,
+        path: Path,
+        max_bytes: int | None = None,
+        check_entire_queue_on_cleanup: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.check_entire_queue_on_cleanup = check_entire_queue_on_cleanup
+        self.clock = clock
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(_SCHEMA)
+        self.stored_bytes = int(self.db.execute("SELECT COALESCE(SUM(size), 0) FROM messages").fetchone()[0])
+
+    def close(self) -> None:
+        self.db.close()
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # -- writing
+
+    def add(self, message: Message, results: Sequence[RouteResult]) -> tuple[int, Counter[QueueKey]]:
+        """Store the body once and one entry per result, atomically; returns (seq, dropped per queue).
+
+        Raises ``StoreFull`` (having changed nothing) when room can only be made by dropping messages of
+        higher priority than this one.
+        """
+        now = self.now_ms()
+        envelope = _envelope(message)
+        size = len(message.payload) + len(envelope) + ROW_OVERHEAD
+        best = min(r.priority for r in results)
+        dropped: Counter[QueueKey] = Counter()
+        freed = 0
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            if self.max_bytes is not None:
+                while self.stored_bytes - freed + size > self.max_bytes:
+                    victim = self.db.execute(
+                        "SELECT seq, size FROM messages WHERE best_priority >= ? ORDER BY best_priority DESC, seq LIMIT 1",
+                        (best,),
+                    ).fetchone()
+                    if victim is None:
+                        raise StoreFull(f"store full ({self.max_bytes} bytes) of messages with priority above {best}")
+                    for endpoint, priority in self.db.execute("SELECT endpoint, priority FROM entries WHERE seq = ?", (victim[0],)):
+                        dropped[(endpoint, priority)] += 1
+                    self.db.execute("DELETE FROM entries WHERE seq = ?", (victim[0],))
+                    self.db.execute("DELETE FROM messages WHERE seq = ?", (victim[0],))
+                    freed += victim[1]
+            seq = self.db.execute(
+                "INSERT INTO messages (enqueued_ms, size, best_priority, envelope, payload) VALUES (?, ?, ?, ?, ?)",
+                (now, size, best, envelope, message.payload),
+            ).lastrowid
+            assert seq is not None
+            self.db.executemany(
+                "INSERT INTO entries (queue, seq, endpoint, priority, enqueued_ms, ttl_s, expires_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (queue_name(r.endpoint.id, r.priority), seq, r.endpoint.id, r.priority, now, r.ttl_s, now + r.ttl_s * 1000)
+                    for r in results
+                ],
+            )
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.stored_bytes += size - freed
+        return seq, dropped
+
+    # -- reading
+
+    def read(self, endpoint: str, priority: int, after_seq: int, limit: int, max_bytes: int | None = None) -> list[QueuedMessage]:
+        """Up to ``limit`` unexpired entries after ``after_seq``, in order; at least one if any, then
+        stopping before ``max_bytes`` of payload."""
+        now = self.now_ms()
+        rows = self.db.execute(
+            "SELECT e.seq, e.enqueued_ms, e.ttl_s, e.expires_ms, m.envelope, m.payload FROM entries e "
+            "JOIN messages m ON m.seq = e.seq WHERE e.queue = ? AND e.seq > ? AND e.expires_ms > ? ORDER BY e.seq LIMIT ?",
+            (queue_name(endpoint, priority), after_seq, now, limit),
+        ).fetchall()
+        batch: list[QueuedMessage] = []
+        total = 0
+        for seq, enqueued, ttl, expires, envelope, payload in rows:
+            if batch and max_bytes is not None and total + len(payload) > max_bytes:
+                break
+            total += len(payload)
+            batch.append(QueuedMessage(seq, endpoint, priority, enqueued, ttl, expires, _message(envelope, payload)))
+        return batch
+
+    def endpoints(self) -> list[str]:
+        """Endpoints with pending entries - also those a newer manifest no longer routes to."""
+        return [r[0] for r in self.db.execute("SELECT DISTINCT endpoint FROM entries ORDER BY endpoint")]
+
+    def checkpoint_of(self, endpoint: str, priority: int) -> int:
+        row = self.db.execute("SELECT offset FROM checkpoints WHERE queue = ?", (queue_name(endpoint, priority),)).fetchone()
+        return row[0] if row else 0
+
+    # -- completing
+
+    def checkpoint(self, endpoint: str, priority: int, offset: int, sent: Iterable[int]) -> tuple[int, int]:
+        """Everything in the queue up to ``offset`` is done: ``sent`` were delivered, the rest had expired.
+
+        Deletes those entries, frees bodies nobody references and records the checkpoint, in one
+        transaction. Returns (sent, expired) counts.
+        """
+        queue = queue_name(endpoint, priority)
+        sent_set = set(sent)
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            seqs = [r[0] for r in self.db.execute("SELECT seq FROM entries WHERE queue = ? AND seq <= ?", (queue, offset))]
+            self.db.execute("DELETE FROM entries WHERE queue = ? AND seq <= ?", (queue, offset))
+            self.db.execute(
+                "INSERT INTO checkpoints (queue, offset) VALUES (?, ?) ON CONFLICT(queue) DO UPDATE SET offset = MAX(offset, excluded.offset)",
+                (queue, offset),
+            )
+            freed = self._free_orphans(seqs)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.stored_bytes -= freed
+        done = sum(1 for s in seqs if s in sent_set)
+        return done, len(seqs) - done
+
+    def cleanup(self) -> Counter[QueueKey]:
+        """Delete expired entries and the bodies they kept alive; returns expired counts per queue.
+
+        With ``check_entire_queue_on_cleanup`` every expired entry goes; without it only the expired
+        prefix of each queue (cheaper, and enough when one queue has one TTL), as in Edge Hub.
+        """
+        now = self.now_ms()
+        expired: Counter[QueueKey] = Counter()
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            if self.check_entire_queue_on_cleanup:
+                doomed = self.db.execute(
+                    "SELECT queue, seq, endpoint, priority FROM entries WHERE expires_ms <= ?", (now,)
+                ).fetchall()
+            else:
+                doomed = []
+                for (queue,) in self.db.execute("SELECT DISTINCT queue FROM entries").fetchall():
+                    head_alive = self.db.execute(
+                        "SELECT MIN(seq) FROM entries WHERE queue = ? AND expires_ms > ?", (queue, now)
+                    ).fetchone()[0]
+                    doomed += self.db.execute(
+                        "SELECT queue, seq, endpoint, priority FROM entries WHERE queue = ? AND seq < ?",
+                        (queue, head_alive if head_alive is not None else 1 << 62),
+                    ).fetchall()
+            self.db.executemany("DELETE FROM entries WHERE queue = ? AND seq = ?", [(q, s) for q, s, _, _ in doomed])
+            for _, _, endpoint, priority in doomed:
+                expired[(endpoint, priority)] += 1
+            freed = self._free_orphans([s for _, s, _, _ in doomed])
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.stored_bytes -= freed
+        return expired
+
+    def _free_orphans(self, seqs: Iterable[int]) -> int:
+        freed = 0
+        for seq in set(seqs):
+            row = self.db.execute(
+                "SELECT size FROM messages WHERE seq = ? AND NOT EXISTS (SELECT 1 FROM entries WHERE entries.seq = ?)", (seq, seq)
+            ).fetchone()
+            if row is not None:
+                self.db.execute("DELETE FROM messages WHERE seq = ?", (seq,))
+                freed += row[0]
+        return freed
+
+    # -- observing
+
+    def depths(self) -> list[QueueDepth]:
+        rows = self.db.execute(
+            "SELECT endpoint, priority, COUNT(*), MIN(enqueued_ms) FROM entries GROUP BY endpoint, priority ORDER BY endpoint, priority"
+        )
+        return [QueueDepth(*row) for row in rows]
+
+    def message_count(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM messages").fetchone()[0])

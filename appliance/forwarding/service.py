@@ -1,0 +1,255 @@
+"""``ForwardingService``: the store-and-forward pipeline as a ``BrokerService`` inside the broker.
+
+``on_publish`` runs the routes and commits the message with all its queue entries before it returns, so
+the device's PUBACK means "stored". Everything after that - pumps, the upstream bridge, cleanup, metrics,
+manifest reloads - runs as tasks next to the broker and never blocks a publisher.
+
+A reload (file change; SIGHUP, which the gateway's handler forwards to ``reload``; ``appliance routes
+reload``) swaps the evaluator only if the new manifest
+is valid in full; pending messages keep the priority and TTL they were stored with, and pumps of endpoints
+the new routes no longer mention keep draining what is queued for them. The outcome of the last load is
+written to ``forwarding-routes.json`` in the data dir for ``appliance routes show``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from appliance.broker.api import ACCEPTED, BrokerHandle, InboundPublish, PublishVerdict
+from appliance.forwarding.config import ForwardingConfig
+from appliance.forwarding.endpoints import BrokeredSender, EndpointSender
+from appliance.forwarding.manifest import Manifest, ManifestError, load_manifest
+from appliance.forwarding.messages import message_from_publish
+from appliance.forwarding.metrics import ForwardingMetrics, LinkStats
+from appliance.forwarding.pump import Pump
+from appliance.forwarding.queues import MessageStore, StoreFull
+from appliance.forwarding.routes import UPSTREAM, Endpoint, Evaluator
+from appliance.forwarding.upstream import UpstreamSender
+from appliance.forwarding.worker import StoreThread
+
+log = logging.getLogger("appliance.forwarding")
+
+STORE_FILE = "forwarding.db"
+STATUS_FILE = "forwarding-routes.json"
+PID_FILE = "forwarding.pid"
+QUOTA_EXCEEDED = 0x97
+
+
+def _brokered_endpoint(endpoint_id: str) -> Endpoint:
+    _, module, _, input_name = endpoint_id.split("/", 3)
+    return Endpoint(endpoint_id, module, input_name)
+
+
+class ForwardingService:
+    topic_filters = ("devices/#",)
+
+    def __init__(self, config: ForwardingConfig, data_dir: Path, gateway_id: str) -> None:
+        self.config = config
+        self.data_dir = Path(data_dir)
+        self.gateway_id = gateway_id
+        self.metrics = ForwardingMetrics()
+        self.evaluator = Evaluator(())
+        self.manifest: Manifest | None = None
+        self.store: MessageStore | None = None
+        self.thread = StoreThread()
+        self.pumps: dict[str, Pump] = {}
+        self.upstream: UpstreamSender | None = None
+        self.metrics_port: int | None = None
+        self._broker: BrokerHandle | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._manifest_mtime: float | None = None
+        self._http: asyncio.AbstractServer | None = None
+
+    # -- lifecycle
+
+    async def start(self, broker: BrokerHandle) -> None:
+        self._broker = broker
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = await self.thread.call(
+            MessageStore,
+            self.data_dir / STORE_FILE,
+            self.config.max_store_bytes,
+            self.config.check_entire_queue_on_cleanup,
+        )
+        (self.data_dir / PID_FILE).write_text(f"{os.getpid()}\n")
+        if self.config.upstream.host is not None:
+            stats = self.metrics.links.setdefault(UPSTREAM, LinkStats())
+            self.upstream = UpstreamSender(self.config.upstream, self.gateway_id, stats)
+            self.upstream.start()
+        self.reload()
+        for endpoint_id in await self.thread.call(self.store.endpoints):
+            self._pump_for(Endpoint(UPSTREAM) if endpoint_id == UPSTREAM else _brokered_endpoint(endpoint_id))
+        self._tasks += [
+            asyncio.create_task(self._cleanup_loop(), name="forwarding-cleanup"),
+            asyncio.create_task(self._metrics_loop(), name="forwarding-metrics"),
+        ]
+        if self.config.manifest is not None:
+            self._tasks.append(asyncio.create_task(self._watch_manifest(), name="forwarding-watch"))
+        if self.config.metrics_port is not None:
+            self._http = await asyncio.start_server(self._serve_metrics, self.config.metrics_host, self.config.metrics_port)
+            self.metrics_port = self._http.sockets[0].getsockname()[1]
+            log.info("forwarding: metrics on http://%s:%d/metrics", self.config.metrics_host, self.metrics_port)
+            self._write_status()
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            self._http.close()
+        for task in self._tasks + [p.task for p in self.pumps.values() if p.task is not None]:
+            task.cancel()
+        for task in self._tasks + [p.task for p in self.pumps.values() if p.task is not None]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.upstream is not None:
+            await self.upstream.stop()
+        if self.store is not None:
+            await self.thread.call(self.store.close)
+        self.thread.shutdown()
+
+    def on_client_disconnected(self, client_id: str) -> None:
+        return None
+
+    # -- ingest
+
+    async def on_publish(self, message: InboundPublish) -> PublishVerdict:
+        parsed = message_from_publish(message.topic, message.payload, message.user_properties, message.content_type)
+        if parsed is None or self.store is None:
+            return ACCEPTED
+        results = self.evaluator.evaluate(parsed)
+        if not results:
+            return ACCEPTED
+        try:
+            _, dropped = await self.thread.call(self.store.add, parsed, results)
+        except StoreFull as exc:
+            for result in results:
+                self.metrics.count("dropped", result.endpoint.id, result.priority)
+            log.warning("forwarding: refused a message from %s: %s", message.client_id, exc)
+            return PublishVerdict(reason_code=QUOTA_EXCEEDED, reason_string="gateway store full")
+        self.metrics.add("dropped", dropped)
+        for result in results:
+            pump = self._pump_for(result.endpoint)
+            if pump is not None:
+                pump.notify(result.priority)
+        return ACCEPTED
+
+    def _pump_for(self, endpoint: Endpoint) -> Pump | None:
+        """The endpoint's pump, started on first use; None for $upstream when no upstream is configured
+        (its messages wait in their queues until one is)."""
+        pump = self.pumps.get(endpoint.id)
+        if pump is None:
+            assert self.store is not None
+            sender: EndpointSender | None
+            if endpoint.is_upstream:
+                sender = self.upstream
+            else:
+                assert self._broker is not None
+                sender = BrokeredSender(endpoint, self._broker, self.gateway_id)
+            if sender is None:
+                return None
+            pump = Pump(sender, self.store, self.thread, self.metrics)
+            self.pumps[endpoint.id] = pump
+            pump.start()
+        return pump
+
+    # -- routes
+
+    def reload(self) -> bool:
+        """Load the manifest file; on any error keep the running routes. Returns True if swapped."""
+        path = self.config.manifest
+        if path is None:
+            self._write_status()
+            return False
+        with contextlib.suppress(OSError):
+            self._manifest_mtime = path.stat().st_mtime
+        try:
+            manifest = load_manifest(path)
+        except ManifestError as exc:
+            log.error("forwarding: manifest %s rejected, keeping %d running routes: %s", path, len(self.evaluator.routes), exc)
+            self._write_status(error=str(exc))
+            return False
+        self.manifest = manifest
+        self.evaluator = manifest.evaluator()
+        log.info("forwarding: routes loaded from %s: %d routes, global TTL %ds", path, len(manifest.routes), manifest.global_ttl_s)
+        self._write_status()
+        return True
+
+    def _write_status(self, error: str | None = None) -> None:
+        status = {
+            "pid": os.getpid(),
+            "updated_ms": int(time.time() * 1000),
+            "manifest": str(self.config.manifest) if self.config.manifest else None,
+            "error": error,
+            "metrics_port": self.metrics_port,
+            "global_ttl_s": self.evaluator.global_ttl_s,
+            "routes": [
+                {"name": r.name, "route": r.text, "priority": r.priority, "timeToLiveSecs": r.ttl_s, "endpoint": r.endpoint.id}
+                for r in self.evaluator.routes
+            ],
+        }
+        target = self.data_dir / STATUS_FILE
+        temporary = target.with_suffix(".new")
+        temporary.write_text(json.dumps(status, indent=2) + "\n")
+        temporary.replace(target)
+
+    async def _watch_manifest(self) -> None:
+        """Reload when the manifest's modification time changes (checked every ``watch_interval_s``)."""
+        assert self.config.manifest is not None
+        while True:
+            await asyncio.sleep(self.config.watch_interval_s)
+            try:
+                mtime = self.config.manifest.stat().st_mtime
+            except OSError:
+                continue
+            if mtime != self._manifest_mtime:
+                self.reload()
+
+    # -- housekeeping
+
+    async def _cleanup_loop(self) -> None:
+        assert self.store is not None
+        while True:
+            expired: Counter[tuple[str, int]] = await self.thread.call(self.store.cleanup)
+            if expired:
+                self.metrics.add("expired", expired)
+                log.info("forwarding: cleanup removed %d expired messages: %s", sum(expired.values()),
+                         ", ".join(f"{e}_Pri{p}={n}" for (e, p), n in sorted(expired.items())))
+            await asyncio.sleep(self.config.cleanup_interval_s)
+
+    async def metrics_document(self) -> bytes:
+        assert self.store is not None
+        depths = await self.thread.call(self.store.depths)
+        return self.metrics.to_json(self.gateway_id, depths, int(time.time() * 1000))
+
+    async def _metrics_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.metrics_interval_s)
+            document = await self.metrics_document()
+            assert self._broker is not None
+            self._broker.publish("$SYS/gateway/forwarding/metrics", document, qos=0, retain=True)
+            if self.upstream is not None:
+                self.upstream.publish_direct(f"gateways/{self.gateway_id}/metrics", document)
+
+    async def _serve_metrics(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
+            if path == b"/metrics":
+                assert self.store is not None
+                depths = await self.thread.call(self.store.depths)
+                body = self.metrics.to_prometheus(depths, int(time.time() * 1000)).encode()
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+            else:
+                body, head = b"not found\n", b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
+            writer.write(head + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()

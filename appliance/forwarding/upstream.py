@@ -1,0 +1,248 @@
+"""The ``$upstream`` endpoint: an MQTT bridge (paho-mqtt, MQTT 5 or 3.1.1) to the cloud broker.
+
+* QoS 1, and a batch counts as sent only when every PUBACK is in: the pump takes messages off their
+  queue after that, never before (at-least-once; ``gw-message-id`` is stable across retries).
+* One network thread per bridge runs the paho client by hand (``client.loop``) so that reconnecting is
+  ours: exponential backoff with jitter, and a *fresh* client per connection - paho would otherwise replay
+  its own in-flight copies on reconnect while the pump resends the batch too.
+* Acknowledgements are timestamped on the network thread and resolved on the event loop (via
+  ``call_soon_threadsafe``), so a future is always registered before its PUBACK is looked at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import ssl
+import threading
+import time
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from appliance.forwarding.config import UpstreamConfig
+from appliance.forwarding.endpoints import SendFailed, identity_properties
+from appliance.forwarding.metrics import LinkStats
+from appliance.forwarding.queues import QueuedMessage
+from appliance.forwarding.routes import UPSTREAM
+from appliance.forwarding.window import LinkEstimate
+
+log = logging.getLogger(__name__)
+
+
+def backoff_delay(attempt: int, minimum: float, maximum: float, rng: random.Random) -> float:
+    """Exponential backoff with "equal jitter": half fixed, half random, so a fleet does not reconnect in step."""
+    ceiling = min(maximum, minimum * (2**min(attempt, 30)))
+    return ceiling / 2 + rng.uniform(0, ceiling / 2)
+
+
+def wire_size(item: QueuedMessage, properties: Properties | None) -> int:
+    """Roughly the PUBLISH packet's size: what the link actually carries for this message."""
+    size = 2 + 2 + 2 + len(item.message.topic) + 8 + len(item.message.payload)
+    for key, value in getattr(properties, "UserProperty", None) or ():
+        size += 5 + len(key) + len(value)
+    return size
+
+
+class UpstreamSender:
+    def __init__(self, settings: UpstreamConfig, gateway_id: str, stats: LinkStats) -> None:
+        assert settings.host is not None
+        self.id = UPSTREAM
+        self.settings = settings
+        self.gateway_id = gateway_id
+        self.stats = stats
+        self.estimate = LinkEstimate()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = asyncio.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._client: mqtt.Client | None = None
+        self._pending: dict[int, asyncio.Future[float]] = {}
+        self._acks: dict[int, tuple[float, bool]] = {}
+        self._rng = random.Random()
+        self._ready_flag = False
+        self.connects = 0
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._network_main, name="forwarding-upstream", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10)
+
+    # -- network thread
+
+    def _new_client(self) -> mqtt.Client:
+        s = self.settings
+        v5 = s.protocol == "5"
+        client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=s.client_id or self.gateway_id,
+            protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+            clean_session=None if v5 else True,
+        )
+        client.max_inflight_messages_set(65535)
+        client.max_queued_messages_set(0)
+        if s.username is not None:
+            client.username_pw_set(s.username, s.password)
+        if s.tls:
+            client.tls_set(
+                ca_certs=str(s.ca_file) if s.ca_file else None,
+                certfile=str(s.cert_file) if s.cert_file else None,
+                keyfile=str(s.key_file) if s.key_file else None,
+                cert_reqs=ssl.CERT_NONE if s.tls_insecure else ssl.CERT_REQUIRED,
+            )
+            client.tls_insecure_set(s.tls_insecure)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_publish = self._on_publish
+        return client
+
+    def _network_main(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            client = self._new_client()
+            self._client = client
+            try:
+                client.connect(self.settings.host, self.settings.port, keepalive=self.settings.keepalive_s)
+            except (OSError, ssl.SSLError) as exc:
+                log.info("upstream %s:%s: connect failed: %s", self.settings.host, self.settings.port, exc)
+            else:
+                while not self._stop.is_set():
+                    if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
+                        break
+                    if self._ready_flag:
+                        attempt = 0
+                if self._stop.is_set():
+                    client.disconnect()
+                    client.loop(timeout=0.1)
+            self._set_ready(False)
+            self._client = None
+            if not self._stop.is_set():
+                delay = backoff_delay(attempt, self.settings.backoff_min_s, self.settings.backoff_max_s, self._rng)
+                attempt += 1
+                self._stop.wait(delay)
+
+    def _set_ready(self, ready: bool) -> None:
+        if ready == self._ready_flag:
+            return
+        self._ready_flag = ready
+        self.stats.connected = ready
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._apply_ready, ready)
+
+    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        if reason.is_failure:
+            log.warning("upstream refused the connection: %s", reason)
+            client.disconnect()
+            return
+        self.connects += 1
+        log.info("upstream connected to %s:%s", self.settings.host, self.settings.port)
+        self._set_ready(True)
+
+    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        log.info("upstream disconnected: %s", reason)
+        self._set_ready(False)
+
+    def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
+        ok = not (hasattr(reason, "is_failure") and reason.is_failure)
+        self._acks[mid] = (time.monotonic(), ok)
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._resolve, mid)
+
+    # -- event loop side
+
+    def _apply_ready(self, ready: bool) -> None:
+        if ready:
+            self.estimate.reset()
+            self._ready.set()
+            return
+        self._ready.clear()
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(SendFailed("upstream connection lost"))
+        self._pending.clear()
+        self._acks.clear()
+
+    def _resolve(self, mid: int) -> None:
+        future = self._pending.pop(mid, None)
+        ack = self._acks.pop(mid, None)
+        if future is None or ack is None or future.done():
+            return
+        at, ok = ack
+        if ok:
+            future.set_result(at)
+        else:
+            future.set_exception(SendFailed("upstream refused a message"))
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    def topic_for(self, item: QueuedMessage) -> str:
+        m = item.message
+        return self.settings.topic_template.format(
+            gateway_id=self.gateway_id, device_id=m.device_id, module_id=m.module_id or "", output=m.output or ""
+        )
+
+    def publish_direct(self, topic: str, payload: bytes) -> None:
+        """Fire-and-forget QoS 1 (gateway metrics): skipped while disconnected, never queued."""
+        client = self._client
+        if client is not None and self._ready.is_set():
+            client.publish(topic, payload, qos=1)
+
+    async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
+        """Publish with at most ``in_flight`` unacknowledged (the window, re-read after every ack so it
+        follows the link while the batch runs); stop handing out messages once ``preempt`` is set."""
+        client = self._client
+        if client is None or not self._ready.is_set():
+            raise SendFailed("upstream not connected")
+        assert self._loop is not None
+        v5 = self.settings.protocol == "5"
+        sent_at = time.monotonic()
+        sent_ms = int(time.time() * 1000)
+        futures: list[asyncio.Future[float]] = []
+        sizes: list[int] = []
+        ack_times: list[float] = []
+        try:
+            for item in batch:
+                while len(futures) - len(ack_times) >= self.estimate.window().messages:
+                    ack_times.append(await futures[len(ack_times)])
+                    self.estimate.record_progress(sizes[: len(ack_times)], ack_times)
+                if preempt.is_set():
+                    break
+                properties = None
+                if v5:
+                    properties = Properties(PacketTypes.PUBLISH)
+                    properties.UserProperty = identity_properties(item, self.gateway_id, sent_ms)
+                    if item.message.content_type:
+                        properties.ContentType = item.message.content_type
+                info = client.publish(self.topic_for(item), item.message.payload, qos=1, properties=properties)
+                if info.rc != mqtt.MQTT_ERR_SUCCESS:
+                    raise SendFailed(f"publish failed: {mqtt.error_string(info.rc)}")
+                # Registered before control returns to the loop, so the _resolve queued by the PUBACK finds it.
+                future: asyncio.Future[float] = self._loop.create_future()
+                self._pending[info.mid] = future
+                futures.append(future)
+                sizes.append(wire_size(item, properties))
+            while len(ack_times) < len(futures):
+                ack_times.append(await futures[len(ack_times)])
+        except SendFailed:
+            for f in futures:
+                if not f.done():
+                    f.cancel()
+                elif not f.cancelled():
+                    f.exception()
+            raise
+        self.estimate.record(sizes, ack_times, sent_at)
+        self.stats.bytes_sent += sum(len(item.message.payload) for item in batch[: len(futures)])
+        self.stats.rate_bps = self.estimate.rate_bps
+        self.stats.rtt_s = self.estimate.rtt_s
+        return len(futures)

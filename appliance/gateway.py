@@ -1,0 +1,149 @@
+"""``appliance run``: open the stores, start the services and the broker, serve until SIGTERM.
+
+The order matters and is the contract with the services: the broker's store is loaded and every service
+has started (``BrokerService.start``) before any listener accepts a client, and listeners close before
+services stop. One log line containing ``appliance ready`` and every listener URL with its real port
+(``tcp://127.0.0.1:34567``) tells tests, benchmarks and operators that clients may connect.
+
+Services are listed in ONE place, ``build_services``: a subsystem adds itself there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+import sys
+from collections.abc import Callable
+
+from appliance.broker.acl import Acl, AclFileError
+from appliance.broker.api import BrokerService
+from appliance.broker.auth import Authenticator, PasswordFileError
+from appliance.broker.broker import Broker
+from appliance.broker.persistence import DB_FILENAME, BrokerStore, PersistenceError
+from appliance.broker.server import start_listener
+from appliance.config import GatewayConfig
+from appliance.hardware.factory_reset import FACTORY_RESET_EXIT_STATUS, reset_after_shutdown
+from appliance.sdnotify import Notifier
+
+log = logging.getLogger("appliance")
+
+
+def build_services(config: GatewayConfig, on_factory_reset: Callable[[], None] = lambda: None) -> list[BrokerService]:
+    """Every in-process service the broker hosts, in start order. Subsystems add themselves here.
+
+    ``on_factory_reset`` is the hardware button's long press; ``serve`` stops, resets and exits for a restart."""
+    services: list[BrokerService] = []
+    if config.statestore.enabled:
+        from appliance.statestore.service import StateStoreService
+
+        services.append(StateStoreService(config.statestore, config.data_dir))
+    if config.forwarding.enabled:
+        from appliance.forwarding.service import ForwardingService
+
+        services.append(ForwardingService(config.forwarding, config.data_dir, config.gateway_id))
+    if config.hardware.enabled:
+        from appliance.hardware.service import HardwareService
+
+        services.append(HardwareService(config.hardware, on_factory_reset))
+    return services
+
+
+def load_security(config: GatewayConfig) -> tuple[Authenticator, Acl | None]:
+    """Build the authenticator and ACL from their files (raises on a bad file)."""
+    auth = config.broker.auth
+    authenticator = Authenticator.load(auth.password_file, auth.allow_anonymous)
+    acl = Acl.load(auth.acl_file) if auth.acl_file is not None else None
+    return authenticator, acl
+
+
+def run_gateway(config: GatewayConfig) -> int:
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+    )
+    try:
+        import uvloop
+    except ImportError:
+        runner = asyncio.run
+    else:
+        runner = uvloop.run
+    try:
+        return runner(serve(config))
+    except (PersistenceError, PasswordFileError, AclFileError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+
+
+async def serve(config: GatewayConfig) -> int:
+    loop = asyncio.get_running_loop()
+    authenticator, acl = load_security(config)
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    store = BrokerStore.open(config.data_dir / DB_FILENAME, synchronous=config.broker.persistence.synchronous)
+    stop = asyncio.Event()
+    exit_status = 0
+
+    def restart_after_factory_reset() -> None:
+        """Stop; the reset runs once every store is closed, then exit with the status systemd restarts on."""
+        nonlocal exit_status
+        exit_status = FACTORY_RESET_EXIT_STATUS
+        stop.set()
+
+    broker = Broker(config.broker, store, authenticator, acl, build_services(config, restart_after_factory_reset))
+    notifier = Notifier()  # systemd: READY=1 and watchdog pings; a no-op outside systemd
+    watchdog: asyncio.Task[None] | None = None
+    servers: list[asyncio.Server] = []
+    try:
+        await broker.start()
+        # What is loaded by now (modules, restored sessions) lives as long as the process: move it out of
+        # the cyclic collector's way so full collections stay short on the message path (p99 latency).
+        gc.freeze()
+        urls = []
+        for listener in config.broker.listeners:
+            server, url = await start_listener(broker, listener)
+            servers.append(server)
+            urls.append(url)
+
+        def reload_security() -> None:
+            for service in broker.services:
+                reload_routes = getattr(service, "reload", None)
+                if callable(reload_routes):
+                    reload_routes()
+            try:
+                new_authenticator, new_acl = load_security(config)
+            except (PasswordFileError, AclFileError, OSError) as exc:
+                log.error("SIGHUP: keeping the old password file and ACL: %s", exc)
+                return
+            broker.reload_security(new_authenticator, new_acl)
+            log.info("SIGHUP: password file and ACL reloaded")
+
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, reload_security)
+        log.info("appliance ready: gateway %s listening on %s, data in %s", config.gateway_id, " ".join(urls),
+                 config.data_dir)
+        notifier.ready(f"listening on {' '.join(urls)}")
+        # Pings come from this loop, so a stuck loop stops them and systemd restarts the gateway.
+        watchdog = asyncio.create_task(notifier.ping_watchdog_forever(), name="systemd-watchdog")
+        for service in broker.services:
+            show_ready = getattr(service, "show_ready", None)  # the hardware's power LED
+            if callable(show_ready):
+                show_ready()
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        notifier.stopping()
+        if watchdog is not None:
+            watchdog.cancel()
+        for server in servers:
+            server.close()
+        await broker.stop()
+        for server in servers:
+            await server.wait_closed()
+        store.close()
+    if exit_status == FACTORY_RESET_EXIT_STATUS:
+        reset_after_shutdown(config.data_dir)
+    log.info("stopped")
+    return exit_status

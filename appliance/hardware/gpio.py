@@ -1,0 +1,131 @@
+"""Status LEDs, the service button and the modem power relay, through gpiozero.
+
+gpiozero does the pin work (blink threads, button hold timing, debouncing) and runs its callbacks on its own
+threads; this module only decides *what* the pins show and calls plain callables. It never touches asyncio:
+the caller (``HardwareService``) hands in callbacks that hop onto the event loop with
+``call_soon_threadsafe``. Tests use gpiozero's own ``MockFactory``, so the code under test is real gpiozero.
+
+What the LEDs mean:
+
+* power/ready: slow blink while the gateway starts, steady once listeners and stores are up;
+* uplink: steady while the modem (or other uplink) is registered, off when the link is down;
+* backlog: off when nothing waits to be forwarded, slow blink for a backlog, fast blink for a large one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+
+from gpiozero import LED, Button, OutputDevice
+
+from appliance.hardware.config import GpioConfig
+
+#: (on seconds, off seconds) of the two blink rates; far enough apart to tell at a glance.
+SLOW_BLINK = (0.5, 0.5)
+FAST_BLINK = (0.1, 0.1)
+
+
+class BacklogLevel(enum.Enum):
+    EMPTY = "empty"
+    BACKLOG = "backlog"
+    LARGE = "large"
+
+
+def backlog_level(queued: int, slow_from: int, fast_from: int) -> BacklogLevel:
+    if queued >= fast_from:
+        return BacklogLevel.LARGE
+    if queued >= slow_from:
+        return BacklogLevel.BACKLOG
+    return BacklogLevel.EMPTY
+
+
+class ModemPowerRelay:
+    """The relay in the modem's supply line. Energised (``on``) means the modem has power."""
+
+    def __init__(self, pin: int, active_high: bool) -> None:
+        self._device = OutputDevice(pin, active_high=active_high, initial_value=True)
+
+    @property
+    def powered(self) -> bool:
+        return bool(self._device.value)
+
+    async def power_cycle(self, off_seconds: float) -> None:
+        """Cut the supply, wait ``off_seconds`` so the modem's capacitors drain, restore it."""
+        self._device.off()
+        try:
+            await asyncio.sleep(off_seconds)
+        finally:
+            self._device.on()
+
+    def close(self) -> None:
+        self._device.close()
+
+
+class StatusPanel:
+    """The pins of ``[hardware.gpio]``; a pin left out of the config is simply not driven."""
+
+    def __init__(
+        self,
+        config: GpioConfig,
+        on_short_press: Callable[[], None],
+        on_long_press: Callable[[], None],
+    ) -> None:
+        self._config = config
+        self._on_short_press = on_short_press
+        self._on_long_press = on_long_press
+        self._power = LED(config.power_led) if config.power_led is not None else None
+        self._uplink = LED(config.uplink_led) if config.uplink_led is not None else None
+        self._backlog = LED(config.backlog_led) if config.backlog_led is not None else None
+        self._backlog_shown: BacklogLevel | None = None
+        self.relay = (
+            ModemPowerRelay(config.modem_relay, config.relay_active_high) if config.modem_relay is not None else None
+        )
+        self._button: Button | None = None
+        self._held = False
+        if config.button is not None:
+            # pull_up: the button shorts the pin to ground, the usual wiring on Pi HATs.
+            self._button = Button(config.button, pull_up=True, hold_time=config.long_press_seconds)
+            self._button.when_pressed = self._pressed
+            self._button.when_held = self._long_press
+            self._button.when_released = self._released
+        if self._power is not None:
+            self._power.blink(*SLOW_BLINK)
+
+    def show_ready(self) -> None:
+        if self._power is not None:
+            self._power.on()
+
+    def show_uplink(self, up: bool) -> None:
+        if self._uplink is not None:
+            self._uplink.value = up
+
+    def show_backlog(self, queued: int) -> None:
+        """Called on every queue change; only a change of level touches the pin, so blinks stay even."""
+        level = backlog_level(queued, self._config.backlog_slow_from, self._config.backlog_fast_from)
+        if self._backlog is None or level is self._backlog_shown:
+            return
+        self._backlog_shown = level
+        if level is BacklogLevel.EMPTY:
+            self._backlog.off()
+        elif level is BacklogLevel.BACKLOG:
+            self._backlog.blink(*SLOW_BLINK)
+        else:
+            self._backlog.blink(*FAST_BLINK)
+
+    def _pressed(self) -> None:
+        self._held = False
+
+    def _long_press(self) -> None:
+        self._held = True
+        self._on_long_press()
+
+    def _released(self) -> None:
+        if not self._held:
+            self._on_short_press()
+
+    def close(self) -> None:
+        for device in (self._power, self._uplink, self._backlog, self._button, self.relay):
+            if device is not None:
+                device.close()

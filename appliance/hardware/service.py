@@ -1,0 +1,121 @@
+"""The hardware as one broker service: the gateway starts and stops it like the state store, and it
+publishes the modem's readings as retained ``$SYS/gateway/modem/<name>`` messages through the broker.
+
+It claims no topics; it only publishes. gpiozero calls the button callbacks on its own threads, so they hop
+onto the event loop with ``call_soon_threadsafe`` before touching anything. Both parts are optional: with
+``[hardware.gpio]`` and ``[hardware.modem]`` disabled (the default) ``start`` opens nothing, the LED methods
+do nothing, and ``link_up`` stays True so forwarding is never held back by a modem that does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from appliance.broker.api import ACCEPTED, BrokerHandle, InboundPublish, PublishVerdict
+from appliance.hardware.config import HardwareConfig
+from appliance.hardware.gpio import StatusPanel
+from appliance.hardware.modem import LinkListener, ModemMonitor
+from appliance.hardware.modem_status import ModemStatus
+
+log = logging.getLogger(__name__)
+
+MODEM_TOPIC = "$SYS/gateway/modem/"
+
+
+class HardwareService:
+    topic_filters: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        config: HardwareConfig,
+        on_factory_reset: Callable[[], None],
+        status_report: Callable[[], Mapping[str, object]] = dict,
+    ) -> None:
+        """``on_factory_reset`` is the long press: the gateway stops, resets (``factory_reset.py``) and
+        exits to be restarted. ``status_report`` gives what a short press logs (clients, backlog...)."""
+        self._config = config
+        self._status_report = status_report
+        self._on_factory_reset = on_factory_reset
+        self._broker: BrokerHandle | None = None
+        self._published: dict[str, str] = {}
+        self._reset_requested = False
+        self._modem_task: asyncio.Task[None] | None = None
+        self.panel: StatusPanel | None = None
+        self.modem: ModemMonitor | None = None
+
+    @property
+    def link_up(self) -> bool:
+        return self.modem.link_up if self.modem is not None else True
+
+    def on_link_change(self, listener: LinkListener) -> Callable[[], None]:
+        """For the forwarding pump: ``listener(up)`` on every modem link change. No modem: never called."""
+        if self.modem is None:
+            return lambda: None
+        return self.modem.on_link_change(listener)
+
+    async def start(self, broker: BrokerHandle) -> None:
+        self._broker = broker
+        loop = asyncio.get_running_loop()
+        if self._config.gpio.enabled:
+            self.panel = StatusPanel(
+                self._config.gpio,
+                on_short_press=lambda: loop.call_soon_threadsafe(self.log_status),
+                on_long_press=lambda: loop.call_soon_threadsafe(self.request_factory_reset),
+            )
+        if self._config.modem.enabled:
+            self.modem = ModemMonitor(self._config.modem, self.panel.relay if self.panel else None)
+            self.modem.on_status(self._publish_modem)
+            self.modem.on_link_change(self.show_uplink)
+            self._modem_task = asyncio.create_task(self.modem.run(), name="modem-monitor")
+
+    def show_ready(self) -> None:
+        if self.panel is not None:
+            self.panel.show_ready()
+
+    def show_uplink(self, up: bool) -> None:
+        if self.panel is not None:
+            self.panel.show_uplink(up)
+
+    def show_backlog(self, queued: int) -> None:
+        if self.panel is not None:
+            self.panel.show_backlog(queued)
+
+    def log_status(self) -> None:
+        report: dict[str, object] = dict(self._status_report())
+        if self.modem is not None:
+            report.update({f"modem_{name}": value for name, value in self.modem.status.as_metrics().items()})
+        log.info("status: %s", ", ".join(f"{name}={value}" for name, value in report.items()) or "no status sources")
+
+    def request_factory_reset(self) -> None:
+        if self._reset_requested:
+            return
+        self._reset_requested = True
+        log.warning("factory reset requested by a long button press: stopping to back up and clear the databases")
+        self._on_factory_reset()
+
+    def _publish_modem(self, status: ModemStatus) -> None:
+        if self._broker is None:
+            return
+        for name, value in status.as_metrics().items():
+            text = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+            if self._published.get(name) != text:
+                self._published[name] = text
+                self._broker.publish(MODEM_TOPIC + name, text.encode(), qos=0, retain=True)
+
+    async def on_publish(self, message: InboundPublish) -> PublishVerdict:
+        return ACCEPTED  # claims no topics, so the broker never calls this
+
+    def on_client_disconnected(self, client_id: str) -> None:
+        """No per-client state."""
+
+    async def stop(self) -> None:
+        if self._modem_task is not None and not self._modem_task.done():
+            self._modem_task.cancel()
+            try:
+                await self._modem_task
+            except asyncio.CancelledError:
+                pass
+        if self.panel is not None:
+            self.panel.close()

@@ -1,0 +1,1 @@
+"""Benchmarks, side by side with mosquitto (``bench/broker.py``)."""

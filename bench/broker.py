@@ -1,0 +1,398 @@
+"""Benchmark our gateway's broker side by side with Debian's mosquitto, and print the ratios.
+
+    .venv/bin/python bench/broker.py                 # every scenario, 5 s windows, 3 rounds
+    .venv/bin/python bench/broker.py --quick         # small counts, 1 s windows, one round
+    .venv/bin/python bench/broker.py --only qos1,qos1_latency --duration 10
+
+Both brokers run for the whole invocation, each under the same load from ``bench/mqtt_load.py``. The
+rounds alternate which broker goes first, so a slow drift in what else the machine is doing hits both.
+Every scenario line also prints the CPU the broker, the generator and everything else used during the
+measuring window: a broker near 100% of a core is the bottleneck (both are single-threaded), and a big
+"other" share means the figures are noisy.
+
+The scenarios (issue 2, "Benchmark"):
+
+* ``connections``: 2,000 clients connect at once; seconds until the last CONNACK, broker RSS while all
+  are connected. It runs first, so the RSS is that of a fresh broker, not one that has been flooded.
+* ``qos0_fanin``: 4 publishers flood QoS 0, 64-byte payloads, to 1 subscriber; messages/s received.
+* ``qos1``: the same with QoS 1 end to end: each publisher keeps 64 messages unacknowledged, the
+  subscriber announces Receive Maximum 64 and acknowledges everything; messages/s received.
+* ``qos1_latency``: one publisher paced at 2,000 messages/s, QoS 1 as above; p50/p99 from the send
+  time stamped in the payload to the subscriber's read.
+* ``fanout``: one publisher floods QoS 0 to 100 subscribers of the same topic; deliveries/s received.
+* ``qos1_latency_flood`` (not in the issue, no target): ``qos1_latency`` while 4 more publishers flood
+  QoS 0 to another subscriber: does one busy client starve the others?
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import psutil
+
+if __package__ in (None, ""):  # run by path (``make bench``): make ``bench`` and ``tests`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.mqtt_load import MQTT_5, MQTT_311, Schedule, WorkerResult, WorkerSpec, raise_fd_limit, run_load  # noqa: E402
+from tests.support.processes import GatewayProcess, MosquittoProcess  # noqa: E402
+
+#: mosquitto as the issue measures it: unlimited queues (``max_queued_messages 0``), the same 64-message
+#: outbound window our QoS 1 clients ask for (its default, 20, is also what it would grant publishers as
+#: Receive Maximum), and Nagle off, as asyncio does for our broker.
+MOSQUITTO_CONFIG = "max_queued_messages 0\nmax_inflight_messages 64\nset_tcp_nodelay true\n"
+
+SCENARIOS = ("connections", "qos0_fanin", "qos1", "qos1_latency", "fanout", "qos1_latency_flood")
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """How big each load is (``--quick`` shrinks the counts that cost setup time), and the protocol level
+    every client speaks."""
+
+    connections: int
+    fanout_subscribers: int
+    version: int = MQTT_5
+    latency_rate: float = 2000.0
+    fanin_publishers: int = 4
+    window: int = 64
+    payload: int = 64
+
+    @classmethod
+    def full(cls) -> "Sizes":
+        return cls(connections=2000, fanout_subscribers=100)
+
+    @classmethod
+    def quick(cls) -> "Sizes":
+        return cls(connections=200, fanout_subscribers=10)
+
+
+@dataclass(slots=True)
+class Target:
+    """One broker under test."""
+
+    name: str
+    host: str
+    port: int
+    process: psutil.Process
+
+
+@dataclass(slots=True)
+class Usage:
+    """CPU used during a measuring window, in percent of one core, and the broker's RSS at its end (queues
+    that grow during a flood show up there)."""
+
+    broker: float
+    generator: float
+    other: float
+    broker_rss: int
+
+    def __str__(self) -> str:
+        cores = psutil.cpu_count() or 1
+        return (f"cpu % of a core: broker {self.broker:.0f}, generator {self.generator:.0f}, other {self.other:.0f} "
+                f"(of {cores * 100}); broker RSS {self.broker_rss / 2**20:.0f} MB")
+
+
+class Sampler:
+    """Samples the broker and the whole machine at the moments ``run_load`` reports (``on_event``):
+    ``rss`` is taken with every connection open, or at the end of the measuring window."""
+
+    def __init__(self, process: psutil.Process) -> None:
+        self.process = process
+        self.rss = 0
+        self._start: tuple[float, float, float] | None = None
+        self.broker_cpu = 0.0
+        self.busy_cpu = 0.0
+        self.seconds = 0.0
+
+    def __call__(self, event: str) -> None:
+        if event == "connected":
+            self.rss = self.process.memory_info().rss
+        elif event == "window-start":
+            self._start = (self._broker_cpu(), self._busy_cpu(), time.monotonic())
+        elif event == "window-end" and self._start is not None:
+            self.rss = self.process.memory_info().rss
+            broker, busy, started = self._start
+            self.broker_cpu = self._broker_cpu() - broker
+            self.busy_cpu = self._busy_cpu() - busy
+            self.seconds = time.monotonic() - started
+
+    def usage(self, results: list[WorkerResult]) -> Usage:
+        seconds = self.seconds or 1.0
+        generator = sum(result.cpu_seconds for result in results)
+        other = max(0.0, self.busy_cpu - self.broker_cpu - generator)
+        return Usage(100 * self.broker_cpu / seconds, 100 * generator / seconds, 100 * other / seconds, self.rss)
+
+    def _broker_cpu(self) -> float:
+        times = self.process.cpu_times()
+        return times.user + times.system
+
+    @staticmethod
+    def _busy_cpu() -> float:
+        times = psutil.cpu_times()
+        return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+@dataclass(slots=True)
+class Measurement:
+    """One scenario on one broker: its figures by metric key, and how busy the machine was."""
+
+    values: dict[str, float]
+    note: str
+    errors: list[str] = field(default_factory=list)
+
+
+# -- scenarios -------------------------------------------------------------------------------------------
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """``total`` clients over ``parts`` processes, as evenly as possible, no empty process."""
+    parts = max(1, min(parts, total))
+    return [total // parts + (1 if index < total % parts else 0) for index in range(parts)]
+
+
+def _load(target: Target, schedule: Schedule, specs: list[WorkerSpec]) -> tuple[list[WorkerResult], Sampler]:
+    sampler = Sampler(target.process)
+    results = run_load(specs, schedule, sampler)
+    return results, sampler
+
+
+def _errors(results: list[WorkerResult]) -> list[str]:
+    return [f"worker {result.index} ({result.role}): {error}" for result in results for error in result.errors]
+
+
+def fan_in(target: Target, sizes: Sizes, schedule: Schedule, qos: int, tag: str) -> Measurement:
+    """``sizes.fanin_publishers`` publishers (two processes) to one subscriber (its own process)."""
+    subscriber = WorkerSpec("subscriber", target.host, target.port, 1, f"{tag}-sub", topic=f"bench/{tag}", qos=qos,
+                            version=sizes.version, receive_maximum=sizes.window if qos else None)
+    publishers = [
+        WorkerSpec("publisher", target.host, target.port, count, f"{tag}-pub{index}", topic=f"bench/{tag}", qos=qos,
+                   version=sizes.version, payload_size=sizes.payload, window=sizes.window)
+        for index, count in enumerate(_split(sizes.fanin_publishers, 2))
+    ]
+    results, sampler = _load(target, schedule, [subscriber, *publishers])
+    received = results[0].received / schedule.duration
+    sent = sum(r.sent for r in results[1:]) / schedule.duration
+    note = f"published {sent:,.0f}/s; {sampler.usage(results)}"
+    return Measurement({tag: received}, note, _errors(results))
+
+
+def qos1_latency(target: Target, sizes: Sizes, schedule: Schedule, flood: bool = False) -> Measurement:
+    """QoS 1 at a paced 2,000 msgs/s, one publisher to one subscriber. With ``flood``, four more
+    publishers flood QoS 0 to another subscriber meanwhile: what a control message sees while telemetry
+    saturates the broker (a broker that serves its clients fairly keeps this latency low)."""
+    topic = "bench/latency"
+    prefix = "latf" if flood else "lat"
+    specs = [
+        WorkerSpec("subscriber", target.host, target.port, 1, f"{prefix}-sub", topic=topic, qos=1,
+                   version=sizes.version, receive_maximum=sizes.window, stamp=True),
+        WorkerSpec("publisher", target.host, target.port, 1, f"{prefix}-pub", topic=topic, qos=1,
+                   version=sizes.version, payload_size=sizes.payload, window=sizes.window, rate=sizes.latency_rate,
+                   stamp=True),
+    ]
+    if flood:
+        specs += [
+            WorkerSpec("subscriber", target.host, target.port, 1, "flood-sub", topic="bench/flood", qos=0,
+                       version=sizes.version),
+            WorkerSpec("publisher", target.host, target.port, sizes.fanin_publishers, "flood-pub", topic="bench/flood",
+                       qos=0, version=sizes.version, payload_size=sizes.payload),
+        ]
+    results, sampler = _load(target, schedule, specs)
+    samples = sorted(results[0].latencies_us)
+    if not samples:
+        return Measurement({}, "no message arrived", _errors(results))
+    key = "latency_flood" if flood else "latency"
+    p50 = samples[len(samples) // 2] / 1000
+    p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))] / 1000
+    note = (f"{len(samples):,} samples at {results[0].received / schedule.duration:,.0f}/s, max {samples[-1] / 1000:.1f} ms, "
+            f"window full for {results[1].window_full_ms} ms")
+    if flood:
+        note += f", flood delivered {results[2].received / schedule.duration:,.0f}/s"
+    note += f"; {sampler.usage(results)}"
+    return Measurement({f"{key}_p50": p50, f"{key}_p99": p99}, note, _errors(results))
+
+
+def fanout(target: Target, sizes: Sizes, schedule: Schedule) -> Measurement:
+    topic = "bench/fanout"
+    subscribers = [
+        WorkerSpec("subscriber", target.host, target.port, count, f"fan-sub{index}", topic=topic, qos=0,
+                   version=sizes.version)
+        for index, count in enumerate(_split(sizes.fanout_subscribers, 2))
+    ]
+    publisher = WorkerSpec("publisher", target.host, target.port, 1, "fan-pub", topic=topic, qos=0,
+                           version=sizes.version, payload_size=sizes.payload)
+    results, sampler = _load(target, schedule, [*subscribers, publisher])
+    delivered = sum(r.received for r in results[:-1]) / schedule.duration
+    sent = results[-1].sent / schedule.duration
+    note = f"published {sent:,.0f}/s to {sizes.fanout_subscribers} subscribers; {sampler.usage(results)}"
+    return Measurement({"fanout": delivered}, note, _errors(results))
+
+
+def connections(target: Target, sizes: Sizes, schedule: Schedule) -> Measurement:
+    before = target.process.memory_info().rss
+    specs = [
+        WorkerSpec("connector", target.host, target.port, count, f"conn{index}-{time.monotonic_ns()}",
+                   version=sizes.version)
+        for index, count in enumerate(_split(sizes.connections, 2))
+    ]
+    results, sampler = _load(target, schedule, specs)
+    connected = sum(r.connected for r in results)
+    seconds = max(r.connect_seconds for r in results)
+    values = {"connect_seconds": seconds, "connect_rss_mb": sampler.rss / 2**20}
+    note = f"{connected} of {sizes.connections} connected; RSS before {before / 2**20:.1f} MB"
+    errors = _errors(results)
+    if connected < sizes.connections:
+        errors.append(f"only {connected} of {sizes.connections} connections were accepted")
+    return Measurement(values, note, errors[:5])
+
+
+RUNNERS: dict[str, Callable[[Target, Sizes, Schedule], Measurement]] = {
+    "connections": connections,
+    "qos0_fanin": lambda t, s, sch: fan_in(t, s, sch, 0, "qos0_fanin"),
+    "qos1": lambda t, s, sch: fan_in(t, s, sch, 1, "qos1"),
+    "qos1_latency": qos1_latency,
+    "fanout": fanout,
+    "qos1_latency_flood": lambda t, s, sch: qos1_latency(t, s, sch, flood=True),
+}
+
+
+# -- the report ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """A row of the table. ``higher_is_better`` orients the ratio check; ``ratio_target`` is the issue's
+    bound on ours/mosquitto, ``absolute_target`` a bound on our own figure."""
+
+    key: str
+    label: str
+    fmt: str
+    higher_is_better: bool
+    ratio_target: float | None = None
+    absolute_target: float | None = None
+
+
+METRICS = (
+    Metric("qos0_fanin", "QoS 0 fan-in 4->1, msgs/s", "{:,.0f}", True, ratio_target=0.5),
+    Metric("qos1", "QoS 1 4->1 window 64, msgs/s", "{:,.0f}", True, ratio_target=0.5),
+    Metric("latency_p50", "QoS 1 latency p50 at 2,000/s, ms", "{:.2f}", False),
+    Metric("latency_p99", "QoS 1 latency p99 at 2,000/s, ms", "{:.2f}", False, ratio_target=2.0),
+    Metric("fanout", "fan-out 1->100, deliveries/s", "{:,.0f}", True),
+    Metric("latency_flood_p50", "QoS 1 latency p50 at 2,000/s during a QoS 0 flood, ms", "{:.2f}", False),
+    Metric("latency_flood_p99", "QoS 1 latency p99 at 2,000/s during a QoS 0 flood, ms", "{:.2f}", False),
+    Metric("connect_seconds", "2,000 connections: seconds to connect", "{:.2f}", False),
+    Metric("connect_rss_mb", "2,000 connections: broker RSS, MB", "{:.1f}", False, absolute_target=150.0),
+)
+
+
+def _cell(metric: Metric, values: list[float]) -> str:
+    if not values:
+        return "-"
+    text = metric.fmt.format(statistics.median(values))
+    if len(values) > 1:
+        text += f" ({metric.fmt.format(min(values))}-{metric.fmt.format(max(values))})"
+    return text
+
+
+def _verdict(metric: Metric, ours: float, ratio: float | None) -> str:
+    if metric.absolute_target is not None:
+        return f"< {metric.absolute_target:g}: {'ok' if ours < metric.absolute_target else 'MISSED'}"
+    if metric.ratio_target is None or ratio is None:
+        return ""
+    sign = ">=" if metric.higher_is_better else "<="
+    met = ratio >= metric.ratio_target if metric.higher_is_better else ratio <= metric.ratio_target
+    return f"ratio {sign} {metric.ratio_target:g}: {'ok' if met else 'MISSED'}"
+
+
+def table(collected: dict[str, dict[str, list[float]]], sizes: Sizes) -> str:
+    """A Markdown table: median per broker (min-max over rounds), ours/mosquitto, the issue's target."""
+    lines = [
+        "| metric | ours | mosquitto | ratio ours/mosquitto | target |",
+        "|---|---|---|---|---|",
+    ]
+    for metric in METRICS:
+        ours = collected["ours"].get(metric.key, [])
+        theirs = collected["mosquitto"].get(metric.key, [])
+        if not ours and not theirs:
+            continue
+        ratio = statistics.median(ours) / statistics.median(theirs) if ours and theirs and statistics.median(theirs) else None
+        label = metric.label.replace("2,000 connections", f"{sizes.connections:,} connections")
+        label = label.replace("1->100", f"1->{sizes.fanout_subscribers}")
+        ratio_text = f"{ratio:.2f}" if ratio is not None else "-"
+        verdict = _verdict(metric, statistics.median(ours), ratio) if ours else ""
+        lines.append(f"| {label} | {_cell(metric, ours)} | {_cell(metric, theirs)} | {ratio_text} | {verdict} |")
+    return "\n".join(lines)
+
+
+# -- running ---------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def brokers(work_dir: Path) -> Iterator[list[Target]]:
+    """Start our gateway and mosquitto, both on OS-chosen ports, and stop them at the end."""
+    with ExitStack() as stack:
+        gateway = stack.enter_context(GatewayProcess(data_dir=work_dir / "gateway", port=0))
+        mosquitto = stack.enter_context(MosquittoProcess(work_dir / "mosquitto", extra_config=MOSQUITTO_CONFIG))
+        assert gateway.process is not None and mosquitto.process is not None
+        yield [
+            Target("ours", gateway.host, gateway.port, psutil.Process(gateway.process.pid)),
+            Target("mosquitto", mosquitto.host, mosquitto.port, psutil.Process(mosquitto.process.pid)),
+        ]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="small counts, 1 s windows, one round (a smoke run)")
+    parser.add_argument("--only", default=",".join(SCENARIOS),
+                        help=f"comma-separated scenarios to run (default: all of {', '.join(SCENARIOS)})")
+    parser.add_argument("--duration", type=float, help="seconds of each measuring window (default 5, quick 1)")
+    parser.add_argument("--rounds", type=int, help="rounds per scenario and broker (default 3, quick 1)")
+    parser.add_argument("--mqtt", choices=("3.1.1", "5"), default="5", help="protocol level of every client")
+    args = parser.parse_args(argv)
+    args.only = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = sorted(set(args.only) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = Sizes.quick() if args.quick else Sizes.full()
+    sizes = replace(sizes, version=MQTT_5 if args.mqtt == "5" else MQTT_311)
+    duration = args.duration or (1.0 if args.quick else 5.0)
+    schedule = Schedule(warmup=0.3 if args.quick else 1.0, duration=duration)
+    rounds = args.rounds or (1 if args.quick else 3)
+    raise_fd_limit()  # before the brokers start: they inherit it, and mosquitto needs it for 2,000 clients
+    collected: dict[str, dict[str, list[float]]] = {"ours": {}, "mosquitto": {}}
+    failed = False
+    print(f"bench: {', '.join(args.only)}; MQTT {args.mqtt}; {duration:g} s windows after {schedule.warmup:g} s warm-up, "
+          f"{rounds} round(s); {psutil.cpu_count()} cores, load average {psutil.getloadavg()[0]:.1f}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp, brokers(Path(tmp)) as targets:
+        for name in [scenario for scenario in SCENARIOS if scenario in args.only]:
+            for round_number in range(rounds):
+                order = targets if round_number % 2 == 0 else targets[::-1]
+                for target in order:
+                    measurement = RUNNERS[name](target, sizes, schedule)
+                    for key, value in measurement.values.items():
+                        collected[target.name].setdefault(key, []).append(value)
+                    figures = ", ".join(f"{key} {value:,.2f}" for key, value in measurement.values.items())
+                    print(f"{name} round {round_number + 1} {target.name}: {figures or 'no figures'}; {measurement.note}",
+                          flush=True)
+                    for error in measurement.errors:
+                        failed = True
+                        print(f"  error: {error}", flush=True)
+    print()
+    print(table(collected, sizes))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Benchmark store-and-forward (issue 4) next to mosquitto's bridge, and print a Markdown table.
+
+    .venv/bin/python bench/forward.py                  # 100,000-message backlog, 60 s of alerts
+    .venv/bin/python bench/forward.py --backlog 5000 --alerts 20
+
+Setup: devices -> gateway (ours, or mosquitto with a ``connection`` bridge) -> the HIL rig's throttling
+relay -> mosquitto as the cloud, where a collector subscribes to everything.
+
+* ``ingest``: the link is down; one device publishes the backlog QoS 1 with 64 messages in flight;
+  messages/s until the last PUBACK. Ours commits each message to SQLite (fsync) before its PUBACK;
+  mosquitto (``persistence false``) only queues it in memory - the figures are not equally durable.
+* ``drain``: the link comes up unthrottled; messages/s until the collector has the whole backlog.
+* ``priority``: the backlog again (P9), the link at 64 kbit/s, then one P0 alert per second; P0 latency
+  (device publish to collector) p50/p99, and how busy the link was: relay bytes over capacity, and the
+  payload bytes that arrived over capacity (goodput). mosquitto's bridge has one FIFO queue, so its alerts
+  wait for the whole backlog ahead of them: the run stops after the alerts plus 10 s and reports how many
+  alerts arrived at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hil_tests.rig.relay import RelayThread  # noqa: E402
+from tests.support.processes import GatewayProcess, MosquittoProcess  # noqa: E402
+
+LINK_BPS = 64_000
+#: mosquitto leaves Nagle on by default; with it every small PUBLISH can wait for a delayed ACK.
+NODELAY = "set_tcp_nodelay true\n"
+PAYLOAD = 200
+
+
+class Cloud:
+    """Counts what reaches the cloud broker and timestamps alerts."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.count = 0
+        self.payload_bytes = 0
+        self.alerts: dict[int, float] = {}
+        self.cond = threading.Condition()
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-cloud", protocol=mqtt.MQTTv5)
+        self.client.on_message = self.on_message
+        ready = threading.Event()
+        self.client.on_subscribe = lambda *a: ready.set()
+        self.client.on_connect = lambda c, *a: c.subscribe("#", qos=1)
+        self.client.connect(host, port)
+        self.client.loop_start()
+        ready.wait(10)
+
+    def on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
+        now = time.monotonic()
+        with self.cond:
+            if message.payload.startswith(b"ALERT"):
+                self.alerts[int(message.payload.split(b":")[1])] = now
+            elif not message.topic.endswith("/metrics"):
+                self.count += 1
+            self.payload_bytes += len(message.payload)
+            self.cond.notify_all()
+
+    def wait(self, predicate, timeout: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(predicate, timeout)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+class Publisher:
+    def __init__(self, host: str, port: int) -> None:
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="t1", protocol=mqtt.MQTTv5)
+        self.client.max_inflight_messages_set(64)
+        self.done = threading.Event()
+        self.last_mid = -1
+        self.client.on_publish = lambda c, u, mid, *a: self.done.set() if mid == self.last_mid else None
+        self.client.connect(host, port)
+        self.client.loop_start()
+
+    def publish(self, output: str, payload: bytes) -> int:
+        props = Properties(PacketTypes.PUBLISH)
+        props.ContentType = "application/octet-stream"
+        return self.client.publish(f"devices/t1/messages/events/{output}", payload, qos=1, properties=props).mid
+
+    def flood(self, count: int) -> float:
+        """Publish ``count`` messages; seconds until the last PUBACK."""
+        start = time.monotonic()
+        self.done.clear()
+        for n in range(count):
+            mid = self.publish("data", b"d" * PAYLOAD)
+            if n == count - 1:
+                self.last_mid = mid
+        if not self.done.wait(3600):
+            raise TimeoutError("no PUBACK for the last message")
+        return time.monotonic() - start
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def start_ours(stack: ExitStack, work: Path, relay: RelayThread) -> tuple[str, int]:
+    (work / "manifest.json").write_text(json.dumps({"schemaVersion": "1.1.0", "routes": {
+        "data": {"route": "FROM /messages/* WHERE $outputName = 'data' INTO $upstream", "priority": 9},
+        "alerts": {"route": "FROM /messages/* WHERE $outputName = 'alerts' INTO $upstream", "priority": 0},
+    }}))
+    (work / "gw.toml").write_text(f"""[gateway]
+id = "gw1"
+[forwarding]
+enabled = true
+manifest = "manifest.json"
+[forwarding.upstream]
+host = "127.0.0.1"
+port = {relay.port}
+keepalive_s = 10
+backoff_min_s = 0.1
+backoff_max_s = 1
+""")
+    gateway = GatewayProcess(work / "data", config=work / "gw.toml")
+    stack.callback(gateway.kill9)
+    gateway.start()
+    return gateway.host, gateway.port
+
+
+def start_mosquitto_bridge(stack: ExitStack, work: Path, relay: RelayThread) -> tuple[str, int]:
+    bridge = MosquittoProcess(work, extra_config=(
+        NODELAY + "max_queued_messages 0\nmax_inflight_messages 64\n"
+        f"connection cloud\naddress 127.0.0.1:{relay.port}\nbridge_protocol_version mqttv50\n"
+        "topic # out 1 devices/ gateways/gw1/devices/\ncleansession false\nrestart_timeout 1\n"
+    ))
+    stack.enter_context(bridge)
+    return bridge.host, bridge.port
+
+
+def run(kind: str, backlog: int, alerts: int, drain_timeout: float) -> dict[str, object]:
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        cloud_broker = stack.enter_context(MosquittoProcess(work / "cloud", extra_config=NODELAY))
+        relay = RelayThread(cloud_broker.host, cloud_broker.port)
+        relay.start()
+        stack.callback(relay.stop)
+        cloud = Cloud(cloud_broker.host, cloud_broker.port)
+        stack.callback(cloud.close)
+        host, port = (start_ours if kind == "ours" else start_mosquitto_bridge)(stack, work, relay)
+        device = Publisher(host, port)
+        stack.callback(device.close)
+        result: dict[str, object] = {}
+
+        # Warm up: the bridge (either) has connected and holds a session before the link goes down.
+        device.publish("alerts", b"ALERT:-1")
+        if not cloud.wait(lambda: -1 in cloud.alerts, 30):
+            raise TimeoutError("the upstream link never came up")
+        relay.cut()
+        relay.set(up=False)
+        seconds = device.flood(backlog)
+        result["ingest"] = backlog / seconds
+        start = time.monotonic()
+        relay.set(up=True)
+        complete = cloud.wait(lambda: cloud.count >= backlog, drain_timeout)
+        result["drain"] = cloud.count / (time.monotonic() - start)
+        if not complete:
+            result["drain_note"] = f"only {cloud.count}/{backlog} in {drain_timeout:.0f} s"
+        cloud.count = 0
+
+        # Priority: a new backlog behind a 64 kbit/s link, then one alert per second.
+        relay.cut()
+        relay.set(up=False)
+        device.flood(backlog)
+        relay.set(up=True, rate_bps=LINK_BPS)
+        cloud.wait(lambda: cloud.count > 0, 30)  # reconnected: the backlog flows (the alerts measure priority, not backoff)
+        stats_before, window_start, bytes_before = relay.stats(), time.monotonic(), cloud.payload_bytes
+        sent_at: dict[int, float] = {}
+        for n in range(alerts):
+            sent_at[n] = time.monotonic()
+            device.publish("alerts", f"ALERT:{n}".encode())
+            time.sleep(max(0.0, window_start + n + 1 - time.monotonic()))
+        cloud.wait(lambda: len(cloud.alerts) >= alerts + 1, 10)
+        cloud.alerts.pop(-1, None)
+        elapsed = time.monotonic() - window_start
+        stats = relay.stats()
+        link_bytes = stats.upstream.bytes_forwarded - stats_before.upstream.bytes_forwarded
+        capacity = LINK_BPS / 8 * elapsed
+        latencies = sorted(cloud.alerts[n] - sent_at[n] for n in cloud.alerts)
+        result["alerts_arrived"] = f"{len(latencies)}/{alerts}"
+        if latencies:
+            result["p0_p50_ms"] = statistics.median(latencies) * 1000
+            result["p0_p99_ms"] = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
+        result["link_busy"] = link_bytes / capacity
+        result["goodput"] = (cloud.payload_bytes - bytes_before) / capacity
+        return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backlog", type=int, default=100_000)
+    parser.add_argument("--alerts", type=int, default=60, help="seconds of one P0 alert per second")
+    parser.add_argument("--drain-timeout", type=float, default=600)
+    args = parser.parse_args()
+    rows = {}
+    for kind in ("ours", "mosquitto"):
+        rows[kind] = run(kind, args.backlog, args.alerts, args.drain_timeout)
+        print(kind, rows[kind], flush=True)
+    print(f"backlog {args.backlog} x {PAYLOAD} B, link {LINK_BPS // 1000} kbit/s for the priority run\n")
+    print("| figure | ours | mosquitto bridge |\n|---|---|---|")
+    for key, unit in (("ingest", "msg/s"), ("drain", "msg/s"), ("drain_note", ""), ("alerts_arrived", ""), ("p0_p50_ms", "ms"),
+                      ("p0_p99_ms", "ms"), ("link_busy", ""), ("goodput", "")):
+        cells = []
+        for kind in ("ours", "mosquitto"):
+            value = rows[kind].get(key, "-")
+            cells.append(f"{value:.2f} {unit}".strip() if isinstance(value, float) else str(value))
+        print(f"| {key} | {cells[0]} | {cells[1]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

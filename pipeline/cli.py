@@ -1,0 +1,145 @@
+"""Command line: ``python -m pipeline ingest | batch | stream | report``.
+
+Each subcommand is a thin wrapper: it turns arguments into the settings object of the module that does
+the work, so the same work is reachable from tests and the benchmark without going through argv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from pipeline.envelope import DEFAULT_METRICS_FILTER
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from pipeline.ingest import DEFAULT_EVENTS_FILTER, IngestConfig, run_ingest
+
+    config = IngestConfig(
+        host=args.host,
+        port=args.port,
+        landing=args.landing,
+        group=args.group,
+        topics=args.topic or (DEFAULT_EVENTS_FILTER, args.metrics_topic),
+        metrics_filter=args.metrics_topic,
+        username=args.username,
+        password=args.password,
+        session_expiry_s=args.session_expiry,
+        max_batch=args.max_batch,
+        max_delay_s=args.max_delay_ms / 1000,
+        roll_seconds=args.roll_seconds,
+    )
+    if args.client_id:
+        config.client_id = args.client_id
+    return run_ingest(config)
+
+
+def _settings(args: argparse.Namespace):
+    from pipeline.jobs.settings import JobSettings
+
+    return JobSettings(
+        landing=args.landing, out=args.out, window=args.window, lateness=args.lateness,
+        upstream_endpoint=args.upstream_endpoint, hil=getattr(args, "hil", None),
+    )
+
+
+def _spark(args: argparse.Namespace, app_name: str):
+    from pipeline.spark import session
+
+    return session(args.master, app_name, args.shuffle_partitions)
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from pipeline.jobs.batch import run_batch
+
+    spark = _spark(args, "pipeline-batch")
+    try:
+        run_batch(spark, _settings(args))
+    finally:
+        spark.stop()
+    return 0
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    from pipeline.jobs.source import StreamOptions
+    from pipeline.jobs.stream import run_stream
+
+    spark = _spark(args, "pipeline-stream")
+    try:
+        run_stream(spark, _settings(args), args.checkpoint, StreamOptions(args.max_files_per_trigger),
+                   once=args.once, trigger_seconds=args.trigger_seconds)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        spark.stop()
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pipeline.report import render_report
+
+    page = render_report(args.out, args.report_dir, max_plots=args.max_plots)
+    print(f"report: {page}")
+    return 0
+
+
+def _job_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--landing", required=True, help="landing zone folder or URI (what ingest writes)")
+    parser.add_argument("--out", required=True, help="folder or URI for the Parquet outputs")
+    parser.add_argument("--master", help="Spark master (default local[*]; under spark-submit, its --master)")
+    parser.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions (default 8 on local)")
+    parser.add_argument("--window", default="5 minutes", help="window of rollups and SLA tables")
+    parser.add_argument("--lateness", default="10 minutes", help="streaming watermark delay")
+    parser.add_argument("--upstream-endpoint", default="upstream", help="metrics endpoint that feeds the cloud")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default="INFO", help="of the pipeline's own messages")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ingest = sub.add_parser("ingest", help="land upstream MQTT messages in the landing zone")
+    ingest.add_argument("--host", default="127.0.0.1")
+    ingest.add_argument("--port", type=int, default=1883)
+    ingest.add_argument("--landing", required=True, help="landing zone folder")
+    ingest.add_argument("--client-id", help="MQTT client id, stable across restarts (default ingest-<hostname>)")
+    ingest.add_argument("--group", default="ingest", help="shared subscription group")
+    ingest.add_argument("--topic", action="append", help="topic filter (repeatable; default events and metrics)")
+    ingest.add_argument("--metrics-topic", default=DEFAULT_METRICS_FILTER, help="filter that marks metrics")
+    ingest.add_argument("--username")
+    ingest.add_argument("--password")
+    ingest.add_argument("--session-expiry", type=int, default=3600, help="seconds the broker keeps our session")
+    ingest.add_argument("--max-batch", type=int, default=500, help="messages per commit at most")
+    ingest.add_argument("--max-delay-ms", type=float, default=50, help="longest wait before a commit")
+    ingest.add_argument("--roll-seconds", type=float, default=60, help="seal landing files this old")
+    ingest.set_defaults(func=cmd_ingest)
+
+    batch = sub.add_parser("batch", help="recompute every output from the whole landing zone")
+    _job_arguments(batch)
+    batch.add_argument("--hil", help="folder of HIL timelines (*.jsonl) to analyse")
+    batch.set_defaults(func=cmd_batch)
+
+    stream = sub.add_parser("stream", help="update the outputs incrementally (Structured Streaming)")
+    _job_arguments(stream)
+    stream.add_argument("--checkpoint", required=True, help="checkpoint folder (one subfolder per output)")
+    stream.add_argument("--once", action="store_true", help="process what has landed, then stop")
+    stream.add_argument("--trigger-seconds", type=float, default=60, help="micro-batch interval")
+    stream.add_argument("--max-files-per-trigger", type=int, help="landing files per micro-batch at most")
+    stream.set_defaults(func=cmd_stream)
+
+    report = sub.add_parser("report", help="render an HTML page with plots of the outputs")
+    report.add_argument("--out", required=True, help="the jobs' output folder")
+    report.add_argument("--report-dir", required=True, help="where index.html and its images go")
+    report.add_argument("--max-plots", type=int, default=12, help="per kind of plot (thermostats, gateways, runs)")
+    report.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pipeline").setLevel(args.log_level.upper())  # not py4j's chatter
+    return args.func(args)

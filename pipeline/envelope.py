@@ -1,0 +1,191 @@
+"""From one upstream MQTT message to one landing-zone record, or to a quarantine record with the reason.
+
+No I/O here: the ingest feeds it what paho received and writes what it returns, so every rule about what
+the cloud accepts is in this file and is tested without a broker. The message format it reads is
+``docs/message-format.md`` (topic, ``gw-*`` user properties, metrics messages); the record it writes is
+``LANDING_FIELDS``, documented in ``docs/pipeline.md`` and mirrored by ``pipeline.jobs.schemas.LANDING``.
+
+The ingest only checks what it needs to land a message: the gateway's envelope (the ``gw-*`` properties)
+and, for JSON content, that the payload parses. Whether telemetry fits the thermostat schema is the Spark
+job's call (``pipeline.jobs.telemetry``), so one schema lives in one place.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+
+from paho.mqtt.client import topic_matches_sub
+
+EVENTS = "events"
+METRICS = "metrics"
+QUARANTINE = "quarantine"
+KINDS = (EVENTS, METRICS, QUARANTINE)
+
+# Every landing record has exactly these keys, in this order (None where a kind has no value).
+LANDING_FIELDS = (
+    "message_id",
+    "gateway_id",
+    "device_id",
+    "module_id",
+    "output",
+    "priority",
+    "enqueued_ms",
+    "sent_ms",
+    "ttl_s",
+    "received_ms",
+    "topic",
+    "content_type",
+    "payload",
+    "payload_base64",
+    "properties",
+    "redelivered",
+    "reason",
+)
+
+# gw-* user property -> (landing field, parser, required)
+GATEWAY_PROPERTIES = {
+    "gw-message-id": ("message_id", str, True),
+    "gw-gateway-id": ("gateway_id", str, True),
+    "gw-device-id": ("device_id", str, True),
+    "gw-module-id": ("module_id", str, False),
+    "gw-output": ("output", str, False),
+    "gw-priority": ("priority", int, True),
+    "gw-enqueued-ms": ("enqueued_ms", int, True),
+    "gw-sent-ms": ("sent_ms", int, True),
+    "gw-ttl-s": ("ttl_s", int, False),
+}
+DEFAULT_METRICS_FILTER = "gateways/+/metrics"
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """What the ingest knows about one received PUBLISH."""
+
+    topic: str
+    payload: bytes
+    received_ms: int
+    user_properties: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str | None = None
+    redelivered: bool = False
+
+
+@dataclass(frozen=True)
+class Landed:
+    kind: str  # one of KINDS
+    record: dict
+
+
+class Rejected(ValueError):
+    """A message that cannot be landed as what it claims to be; the text is the quarantine reason."""
+
+
+def land(message: Incoming, metrics_filter: str = DEFAULT_METRICS_FILTER) -> Landed:
+    """The landing record for ``message``; never raises: what cannot be landed goes to quarantine."""
+    try:
+        if topic_matches_sub(metrics_filter, message.topic):
+            return Landed(METRICS, _metrics_record(message))
+        return Landed(EVENTS, _event_record(message))
+    except Rejected as rejected:
+        return Landed(QUARANTINE, quarantine_record(message, str(rejected)))
+
+
+def quarantine_record(message: Incoming, reason: str) -> dict:
+    """Everything the message carried, raw, so it can be replayed once the reason is fixed."""
+    record = _blank(message)
+    props = dict(message.user_properties)
+    record["message_id"] = props.get("gw-message-id")
+    record["gateway_id"] = props.get("gw-gateway-id")
+    record["device_id"] = props.get("gw-device-id")
+    record["properties"] = props
+    record["payload"], record["payload_base64"] = _payload_fields(message.payload)
+    record["reason"] = reason
+    return record
+
+
+def decode_payload(record: dict) -> bytes:
+    """The exact bytes the device published, from a landing record."""
+    if record.get("payload_base64") is not None:
+        return base64.b64decode(record["payload_base64"])
+    return (record.get("payload") or "").encode("utf-8")
+
+
+def _blank(message: Incoming) -> dict:
+    record = dict.fromkeys(LANDING_FIELDS)
+    record["received_ms"] = message.received_ms
+    record["topic"] = message.topic
+    record["content_type"] = message.content_type
+    record["redelivered"] = message.redelivered
+    return record
+
+
+def _event_record(message: Incoming) -> dict:
+    record = _blank(message)
+    own: dict[str, str] = {}
+    seen: set[str] = set()
+    for name, value in message.user_properties:
+        spec = GATEWAY_PROPERTIES.get(name)
+        if spec is None:
+            own[name] = value  # the device's own application properties, kept as they came
+            continue
+        target, parse, _ = spec
+        try:
+            record[target] = parse(value)
+        except ValueError:
+            raise Rejected(f"user property {name} is not an integer: {value!r}") from None
+        seen.add(name)
+    missing = [name for name, (_, _, required) in GATEWAY_PROPERTIES.items() if required and name not in seen]
+    if missing:
+        raise Rejected("missing user properties: " + ", ".join(missing))
+    if not 0 <= record["priority"] <= 9:
+        raise Rejected(f"gw-priority out of range 0-9: {record['priority']}")
+    record["properties"] = own
+    record["payload"], record["payload_base64"] = _payload_fields(message.payload)
+    if _is_json(message.content_type):
+        _require_json(message.payload)
+    return record
+
+
+def _metrics_record(message: Incoming) -> dict:
+    document = _require_json(message.payload)
+    if not isinstance(document, dict):
+        raise Rejected("metrics payload is not a JSON object")
+    gateway_id, ts_ms = document.get("gateway_id"), document.get("ts_ms")
+    if not isinstance(gateway_id, str) or not gateway_id:
+        raise Rejected("metrics payload has no gateway_id")
+    if not isinstance(ts_ms, int) or isinstance(ts_ms, bool):
+        raise Rejected("metrics payload has no integer ts_ms")
+    if not isinstance(document.get("endpoints"), dict):
+        raise Rejected("metrics payload has no endpoints object")
+    record = _blank(message)
+    # A gateway sends one metrics message per interval: (gateway, ts_ms) names it across redeliveries.
+    record["message_id"] = f"{gateway_id}:metrics:{ts_ms}"
+    record["gateway_id"] = gateway_id
+    record["sent_ms"] = ts_ms
+    record["properties"] = dict(message.user_properties)
+    record["payload"] = message.payload.decode("utf-8")
+    return record
+
+
+def _payload_fields(payload: bytes) -> tuple[str | None, str | None]:
+    try:
+        return payload.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, base64.b64encode(payload).decode("ascii")
+
+
+def _is_json(content_type: str | None) -> bool:
+    if not content_type:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def _require_json(payload: bytes):
+    try:
+        return json.loads(payload.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise Rejected("payload is not UTF-8") from None
+    except json.JSONDecodeError as error:
+        raise Rejected(f"payload is not valid JSON: {error.msg} at char {error.pos}") from None

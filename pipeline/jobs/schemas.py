@@ -1,0 +1,87 @@
+"""Explicit schemas for everything the jobs read. Nothing is inferred: a field that does not fit is null,
+and the telemetry parser turns that into a quarantine reason.
+
+``LANDING`` mirrors ``pipeline.envelope.LANDING_FIELDS`` (a test keeps them equal). The payload schemas
+are the contract with the thermostat firmware and the gateway, documented in ``docs/pipeline.md``.
+"""
+
+from pyspark.sql import types as T
+
+LANDING = T.StructType(
+    [
+        T.StructField("message_id", T.StringType()),
+        T.StructField("gateway_id", T.StringType()),
+        T.StructField("device_id", T.StringType()),
+        T.StructField("module_id", T.StringType()),
+        T.StructField("output", T.StringType()),
+        T.StructField("priority", T.IntegerType()),
+        T.StructField("enqueued_ms", T.LongType()),
+        T.StructField("sent_ms", T.LongType()),
+        T.StructField("ttl_s", T.LongType()),
+        T.StructField("received_ms", T.LongType()),
+        T.StructField("topic", T.StringType()),
+        T.StructField("content_type", T.StringType()),
+        T.StructField("payload", T.StringType()),
+        T.StructField("payload_base64", T.StringType()),
+        T.StructField("properties", T.MapType(T.StringType(), T.StringType())),
+        T.StructField("redelivered", T.BooleanType()),
+        T.StructField("reason", T.StringType()),
+    ]
+)
+
+# Thermostat telemetry: output "data", content type application/json.
+TELEMETRY = T.StructType(
+    [
+        T.StructField("temperature", T.DoubleType()),  # measured, degrees Celsius
+        T.StructField("set_point", T.DoubleType()),  # target, degrees Celsius
+        T.StructField("heater", T.BooleanType()),  # relay on at the time of the reading
+        T.StructField("device", T.StringType()),  # the thermostat's own id; must equal gw-device-id
+        T.StructField("ts_ms", T.LongType()),  # reading time, Unix milliseconds (device clock)
+    ]
+)
+CORRUPT = "_corrupt"
+TELEMETRY_PARSE = T.StructType(TELEMETRY.fields + [T.StructField(CORRUPT, T.StringType())])
+
+# Gateway metrics (docs/message-format.md): counters per endpoint per priority.
+QUEUE_STATS = T.StructType(
+    [
+        T.StructField("depth", T.LongType()),
+        T.StructField("oldest_age_s", T.DoubleType()),
+        T.StructField("sent", T.LongType()),
+        T.StructField("expired", T.LongType()),
+        T.StructField("dropped", T.LongType()),
+        T.StructField("retries", T.LongType()),
+    ]
+)
+METRICS = T.StructType(
+    [
+        T.StructField("gateway_id", T.StringType()),
+        T.StructField("ts_ms", T.LongType()),
+        T.StructField(
+            "endpoints", T.MapType(T.StringType(), T.MapType(T.StringType(), QUEUE_STATS))
+        ),
+    ]
+)
+
+# HIL bench timelines (JSON lines, one event per line), defined in docs/pipeline.md.
+HIL_EVENTS = ("sent", "received", "expired", "rig")
+HIL_TIMELINE = T.StructType(
+    [
+        T.StructField("run_id", T.StringType()),
+        T.StructField("scenario", T.StringType()),
+        T.StructField("message_id", T.StringType()),
+        T.StructField("priority", T.IntegerType()),
+        T.StructField("device", T.StringType()),
+        T.StructField("event", T.StringType()),
+        T.StructField("t_ms", T.LongType()),
+        T.StructField("detail", T.StringType()),  # a JSON object; Spark keeps it as its JSON text
+    ]
+)
+RIG_DETAIL = T.StructType(
+    [
+        T.StructField("link", T.StringType()),  # "up" or "down"
+        T.StructField("rate_bps", T.LongType()),
+        T.StructField("loss_pct", T.DoubleType()),
+        T.StructField("delay_ms", T.LongType()),
+    ]
+)

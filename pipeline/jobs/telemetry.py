@@ -1,0 +1,70 @@
+"""Thermostat telemetry: parse the JSON payload with the explicit schema, and split readings from rejects.
+
+A reject is a row that parsed as an event at the ingest but is not a valid reading: not text, not a JSON
+object, a field missing or of the wrong type, or a ``device`` that disagrees with the gateway's
+``gw-device-id``. Rejects go to the quarantine output with the reason, beside what the ingest itself
+quarantined (bad envelopes), so one table answers "what did we not count, and why".
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from pipeline.jobs.schemas import CORRUPT, TELEMETRY, TELEMETRY_PARSE
+
+TELEMETRY_OUTPUT = "data"
+
+_FIELD_REASONS = [
+    ("temperature", "temperature is missing or not a number"),
+    ("set_point", "set_point is missing or not a number"),
+    ("heater", "heater is missing or not a boolean"),
+    ("ts_ms", "ts_ms is missing or not an integer"),
+    ("device", "device is missing or not a string"),
+]
+
+
+def parse(events: DataFrame) -> DataFrame:
+    """Telemetry events with the parsed fields and ``reason`` (null for a valid reading)."""
+    data = events.where(F.col("output") == TELEMETRY_OUTPUT)
+    parsed = data.withColumn("t", F.from_json("payload", TELEMETRY_PARSE, {"columnNameOfCorruptRecord": CORRUPT}))
+    return parsed.withColumn("reason", _reason(F.col("t"))).select(
+        "*", *[F.col(f"t.{field.name}").alias(f"t_{field.name}") for field in TELEMETRY.fields]
+    ).drop("t")
+
+
+def _reason(t: Column) -> Column:
+    not_an_object = F.from_json("payload", "map<string,string>").isNull()
+    reason = F.when(F.col("payload").isNull(), F.lit("payload is not UTF-8 text"))
+    reason = reason.when(t.isNull() | (t[CORRUPT].isNotNull() & not_an_object), F.lit("payload is not a JSON object"))
+    for field, text in _FIELD_REASONS:
+        reason = reason.when(t[field].isNull(), F.lit(text))
+    return reason.when(
+        t["device"] != F.col("device_id"),
+        F.concat(F.lit("device '"), t["device"], F.lit("' does not match gw-device-id '"), F.col("device_id"), F.lit("'")),
+    )
+
+
+def readings(parsed: DataFrame) -> DataFrame:
+    return parsed.where(F.col("reason").isNull()).select(
+        "message_id", "gateway_id", "device_id", "priority", "enqueued_ms", "received_ms", "sent_ms",
+        F.col("t_ts_ms").alias("reading_ms"),
+        F.timestamp_millis("t_ts_ms").alias("reading_at"),
+        F.col("t_temperature").alias("temperature"),
+        F.col("t_set_point").alias("set_point"),
+        F.col("t_heater").alias("heater"),
+    )
+
+
+def rejects(parsed: DataFrame) -> DataFrame:
+    """Telemetry rows that are not readings, in the quarantine layout."""
+    return as_quarantine(parsed.where(F.col("reason").isNotNull()), "telemetry")
+
+
+def as_quarantine(frame: DataFrame, stage: str) -> DataFrame:
+    """Landing-zone quarantine rows (``stage="ingest"``) or telemetry rejects, in one layout."""
+    return frame.select(
+        F.lit(stage).alias("stage"), "reason", "message_id", "gateway_id", "device_id", "topic", "received_ms",
+        F.timestamp_millis("received_ms").alias("received_at"), "payload", "payload_base64",
+        F.date_format(F.timestamp_millis("received_ms"), "yyyy-MM-dd").alias("date"),
+    )

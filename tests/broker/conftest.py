@@ -1,0 +1,29 @@
+"""Shared fixtures for the broker's integration tests: one real gateway process per test module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import GatewayProcess
+
+FAST_CONFIG = """
+[broker.limits]
+sys_interval = 1
+max_packet_size = 65536
+receive_maximum = 20
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """A gateway with a 1 s ``$SYS`` interval and a 64 KiB packet limit, shared by one test module."""
+    work: Path = tmp_path_factory.mktemp("gateway")
+    config = work / "gateway.toml"
+    config.write_text(FAST_CONFIG)
+    process = GatewayProcess(work / "data", config=config)
+    with process:
+        yield process
+    assert "Traceback" not in process.output(), process.output()

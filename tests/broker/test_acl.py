@@ -1,0 +1,284 @@
+"""The mosquitto ACL file format and decision rules; the same file is run through a real mosquitto."""
+
+from __future__ import annotations
+
+import getpass
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from appliance.broker.acl import Acl, AclFileError, filter_covers
+from tests.support.processes import MosquittoProcess
+
+ACL_TEXT = """\
+# Rules before any user line: clients without a username.
+topic read public/#
+topic write anon/out
+
+user alice
+topic readwrite alice/#
+topic deny alice/secret
+topic read shared/+/data
+topic write shared/in
+
+user bob
+topic read #
+topic read $app/#
+
+user carol
+topic #
+
+user root
+topic readwrite #
+topic readwrite $app/#
+
+pattern readwrite devices/%c/#
+pattern read users/%u/inbox
+pattern deny devices/%c/locked
+pattern read dev-%c/x
+"""
+
+# (username, client id, topic, action, allowed) - every row is also checked against mosquitto.
+CASES = [
+    (None, "anon1", "public/news", "read", True),
+    (None, "anon1", "public/news", "write", False),
+    (None, "anon1", "anon/out", "write", True),
+    (None, "anon1", "anon/out", "read", False),
+    (None, "anon1", "devices/anon1/temp", "read", True),
+    (None, "anon1", "devices/anon1/temp", "write", True),
+    (None, "anon1", "devices/other/temp", "read", False),
+    (None, "anon1", "devices/anon1/locked", "write", False),
+    (None, "anon1", "users/anon1/inbox", "read", False),
+    ("alice", "a1", "alice/x", "write", True),
+    ("alice", "a1", "alice/x/y", "read", True),
+    ("alice", "a1", "alice", "read", True),
+    ("alice", "a1", "alice/secret", "write", False),
+    ("alice", "a1", "alice/secret", "read", False),
+    ("alice", "a1", "shared/7/data", "read", True),
+    ("alice", "a1", "shared/7/8/data", "read", False),
+    ("alice", "a1", "shared/7/data", "write", False),
+    ("alice", "a1", "shared/in", "write", True),
+    ("alice", "a1", "public/news", "read", False),  # anonymous rules do not apply to users
+    ("alice", "a1", "users/alice/inbox", "read", True),
+    ("alice", "a1", "users/alice/inbox", "write", False),
+    ("alice", "a1", "users/bob/inbox", "read", False),
+    ("alice", "a1", "devices/a1/x", "write", True),
+    ("alice", "a1", "devices/a1/locked", "write", False),
+    ("bob", "b1", "anything/at/all", "read", True),
+    ("bob", "b1", "anything/at/all", "write", False),
+    ("bob", "b1", "$app/status", "read", True),
+    ("carol", "c1", "x/y", "read", True),
+    ("carol", "c1", "x/y", "write", True),
+    ("carol", "c1", "$app/status", "read", False),  # '#' does not reach $ topics
+    ("mallory", "m1", "public/news", "read", False),  # unknown user: only the patterns
+    ("mallory", "m1", "devices/m1/x", "read", True),
+]
+# Where we deliberately differ from Debian's mosquitto 2.0.11, which substitutes %c/%u anywhere in a level;
+# later mosquitto releases, and we, substitute only a level that is exactly %c or %u.
+NOT_LIKE_MOSQUITTO_2_0_11 = [(None, "anon1", "dev-anon1/x", "read", False)]
+
+
+@pytest.fixture(scope="module")
+def acl() -> Acl:
+    return Acl.parse(ACL_TEXT, "acl.txt")
+
+
+@pytest.mark.parametrize(("username", "client_id", "topic", "action", "allowed"), CASES + NOT_LIKE_MOSQUITTO_2_0_11)
+def test_decisions(acl: Acl, username: str | None, client_id: str, topic: str, action: str, allowed: bool) -> None:
+    check = acl.can_receive if action == "read" else acl.can_publish
+    assert check(client_id, username, topic) is allowed
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("topic\n", "acl.txt:1: 'topic' needs a topic filter"),
+        ("\n# c\ntopic reed a/b\n", "acl.txt:3: access must be read, write, readwrite or deny, got 'reed'"),
+        ("user\n", "acl.txt:1: 'user' needs a user name"),
+        ("topic read a/#/b\n", "acl.txt:1: topic filter 'a/#/b'"),
+        ("pattern write a+\n", "acl.txt:1: topic filter 'a+'"),
+        ("user a\ntopci read a\n", "acl.txt:2: expected 'user', 'topic' or 'pattern', got 'topci'"),
+        ("topic wrte a b\n", "acl.txt:1: access must be"),  # a topic with a space needs an access word
+    ],
+)
+def test_parse_errors_name_the_line(text: str, message: str) -> None:
+    with pytest.raises(AclFileError) as caught:
+        Acl.parse(text, "acl.txt")
+    assert message in str(caught.value)
+
+
+def test_format_details() -> None:
+    acl = Acl.parse("  topic read   with space/x  \ntopic read\nuser  two words \ntopic   write out\n", "f")
+    assert acl.can_receive("c", None, "with space/x")
+    assert acl.can_publish("c", None, "read")  # one word after 'topic' is the topic, with readwrite
+    assert acl.can_publish("c", "two words", "out")
+    assert not acl.can_receive("c", "two words", "out")
+
+
+def test_deny_wins_regardless_of_line_order() -> None:
+    acl = Acl.parse("user u\ntopic readwrite a/#\ntopic deny a/b\n")
+    assert not acl.can_publish("c", "u", "a/b") and acl.can_publish("c", "u", "a/c")
+
+
+def test_user_rules_are_decided_before_pattern_denials() -> None:
+    acl = Acl.parse("user u\ntopic readwrite x/#\npattern deny x/%c\n")
+    assert acl.can_publish("c", "u", "x/c")  # mosquitto: a matching user rule decides first
+    assert not acl.can_publish("c", "other", "x/c")
+
+
+def test_wildcards_in_ids_void_patterns() -> None:
+    acl = Acl.parse("topic read public\npattern readwrite devices/%c/#\npattern read users/%u\n")
+    assert not acl.can_publish("ev+il", None, "devices/ev+il/x")
+    assert not acl.can_receive("c", "u#", "users/u#")
+    assert acl.can_receive("ev+il", None, "public")  # the client's own rules still apply
+
+
+def test_client_id_with_a_slash_never_fills_a_level() -> None:
+    acl = Acl.parse("pattern readwrite devices/%c\n")
+    assert not acl.can_publish("a/b", None, "devices/a/b")
+    assert acl.can_publish("ab", None, "devices/ab")
+
+
+@pytest.mark.parametrize(
+    ("rule", "subscription", "covered"),
+    [
+        ("a/#", "a/#", True),
+        ("a/#", "a/b/+", True),
+        ("a/#", "a", True),
+        ("#", "+/x", True),
+        ("#", "$SYS/#", False),
+        ("a/+", "a/b", True),
+        ("a/+", "a/+", True),
+        ("a/+", "a/#", False),
+        ("a/b", "a/+", False),
+        ("a/+/c", "a/b/c/d", False),
+        ("$SYS/#", "$SYS/broker/+", True),
+        ("$SYS/broker/uptime", "$SYS/broker/#", False),
+    ],
+)
+def test_filter_covers(rule: str, subscription: str, covered: bool) -> None:
+    assert filter_covers(rule, subscription) is covered
+
+
+def test_subscribe_needs_a_read_rule_covering_the_filter(acl: Acl) -> None:
+    assert acl.can_subscribe("a1", "alice", "alice/#")
+    assert acl.can_subscribe("a1", "alice", "shared/+/data")
+    assert not acl.can_subscribe("a1", "alice", "shared/#")  # only partly readable
+    assert not acl.can_subscribe("a1", "alice", "alice/secret")  # covered by a deny rule
+    assert acl.can_subscribe("a1", "alice", "$share/group/alice/x")
+    assert not acl.can_subscribe("a1", "alice", "$share/group")
+    assert not acl.can_subscribe("anon1", None, "anon/out")  # write-only
+    assert acl.can_subscribe("anon1", None, "devices/anon1/#")
+    assert acl.can_subscribe("b1", "bob", "#") and not acl.can_subscribe("b1", "bob", "$SYS/#")
+
+
+def test_allow_all_and_empty_file() -> None:
+    everything = Acl.allow_all()
+    assert everything.can_publish("c", None, "x") and everything.can_receive("c", "u", "$SYS/x")
+    assert everything.can_subscribe("c", None, "#")
+    empty = Acl.parse("# nothing granted\n")
+    assert not empty.can_publish("c", None, "x") and not empty.can_subscribe("c", "u", "x")
+
+
+def test_cached_decisions_stay_per_client(acl: Acl) -> None:
+    assert acl.can_publish("a1", "alice", "alice/x")
+    assert not acl.can_publish("b1", "bob", "alice/x")
+    assert acl.can_publish("a1", "alice", "alice/x")
+
+
+def test_load_reports_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(AclFileError, match="cannot read"):
+        Acl.load(tmp_path / "missing.acl")
+    (tmp_path / "ok.acl").write_text(ACL_TEXT)
+    assert Acl.load(tmp_path / "ok.acl").can_receive("b1", "bob", "x")
+
+
+class Peer:
+    """A paho client whose callbacks set conditions, so tests wait on events rather than sleeps."""
+
+    def __init__(self, port: int, client_id: str, username: str | None) -> None:
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311)
+        if username is not None:
+            self.client.username_pw_set(username)
+        self.condition = threading.Condition()
+        self.connected = False
+        self.subacks: set[int] = set()
+        self.received: list[tuple[str, bytes]] = []
+        self.client.on_connect = self._on_connect
+        self.client.on_subscribe = self._on_subscribe
+        self.client.on_message = self._on_message
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        self._wait(lambda: self.connected)
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
+        with self.condition:
+            self.connected = not reason_code.is_failure
+            self.condition.notify_all()
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # noqa: ANN001
+        with self.condition:
+            self.subacks.add(mid)
+            self.condition.notify_all()
+
+    def _on_message(self, client, userdata, message) -> None:  # noqa: ANN001
+        with self.condition:
+            self.received.append((message.topic, message.payload))
+            self.condition.notify_all()
+
+    def _wait(self, predicate: Callable[[], bool]) -> None:
+        with self.condition:
+            assert self.condition.wait_for(predicate, timeout=10), "mosquitto did not answer in time"
+
+    def subscribe(self, topic: str) -> None:
+        _, mid = self.client.subscribe(topic, qos=1)
+        self._wait(lambda: mid in self.subacks)
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        self.client.publish(topic, payload, qos=1).wait_for_publish(10)
+
+    def barrier(self) -> None:
+        """A SUBACK round trip: anything mosquitto queued for us before it has arrived by now."""
+        self.subscribe(f"barrier/{uuid.uuid4().hex}")
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def mosquitto_allows(port: int, username: str | None, client_id: str, topic: str, action: str) -> bool:
+    payload = uuid.uuid4().bytes
+    root = Peer(port, f"root-{uuid.uuid4().hex[:8]}", "root")
+    peer = Peer(port, client_id, username)
+    try:
+        if action == "read":
+            peer.subscribe(topic)  # mosquitto 2.0 grants every SUBSCRIBE and checks read on delivery
+            root.publish(topic, payload)
+            peer.barrier()
+            return (topic, payload) in peer.received
+        root.subscribe(topic)
+        peer.publish(topic, payload)  # a 3.1.1 PUBACK comes back even when the publish was denied
+        root.barrier()
+        return (topic, payload) in root.received
+    finally:
+        peer.close()
+        root.close()
+
+
+def test_mosquitto_decides_the_same_for_the_same_file(tmp_path: Path, acl: Acl) -> None:
+    acl_path = tmp_path / "acl.txt"
+    acl_path.write_text(ACL_TEXT)
+    # As root, mosquitto would switch to the "mosquitto" user, which cannot read a file under tmp_path.
+    with MosquittoProcess(tmp_path / "mosquitto", extra_config=f"acl_file {acl_path}\nuser {getpass.getuser()}\n") as broker:
+        disagreements = []
+        for username, client_id, topic, action, allowed in CASES:
+            theirs = mosquitto_allows(broker.port, username, client_id, topic, action)
+            check = acl.can_receive if action == "read" else acl.can_publish
+            ours = check(client_id, username, topic)
+            if theirs != ours or ours != allowed:
+                disagreements.append((username, client_id, topic, action, f"mosquitto={theirs} ours={ours}"))
+        assert disagreements == []

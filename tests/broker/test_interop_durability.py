@@ -1,0 +1,186 @@
+"""kill -9 with QoS 1/2 traffic in flight, then restart on the same data dir: nothing acknowledged is lost
+and nothing QoS 2 is delivered twice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from appliance.broker.codec import packets as pk
+from appliance.broker.codec import properties as pr
+from appliance.broker.codec.writer import encode
+from tests.broker.clients import RawClient
+from tests.support.processes import GatewayProcess
+
+EXPIRY = {pr.SESSION_EXPIRY_INTERVAL: 3600}
+
+
+def drain(client: RawClient, idle: float = 1.5) -> list[pk.Publish]:
+    """Read and acknowledge publishes until none arrives for ``idle`` seconds."""
+    got: list[pk.Publish] = []
+    while True:
+        try:
+            packet = client.recv(timeout=idle)
+        except TimeoutError:
+            return got
+        if isinstance(packet, pk.Publish):
+            got.append(packet)
+            client.send(pk.PubAck(packet.packet_id))
+
+
+def test_acknowledged_qos1_messages_survive_kill9(tmp_path: Path) -> None:
+    gateway = GatewayProcess(tmp_path / "data")
+    with gateway:
+        offline = RawClient(gateway.port)
+        offline.connect("durable-offline", properties=EXPIRY)
+        offline.subscribe("load/#", 1)
+        offline.send(pk.Disconnect())
+        offline.expect_closed()
+        online = RawClient(gateway.port)
+        online.connect("durable-online", properties={**EXPIRY, pr.RECEIVE_MAXIMUM: 10})
+        online.subscribe("load/#", 1)
+
+        publisher = RawClient(gateway.port)
+        publisher.connect("publisher")
+        acked: set[int] = set()
+        sent = 0
+        killed = False
+        try:
+            while sent < 3000:
+                batch = b"".join(
+                    encode(
+                        pk.Publish(f"load/{index % 7}", str(index).encode(), 1, packet_id=index % 65535 + 1), 5
+                    )
+                    for index in range(sent, sent + 50)
+                )
+                publisher.sock.sendall(batch)
+                sent += 50
+                for _ in range(50):
+                    ack = publisher.expect(pk.PubAck)
+                    acked.add(ack.packet_id)
+                if len(acked) >= 400 and not killed:
+                    gateway.kill9()  # with the next batch possibly half-read by the broker
+                    killed = True
+        except (ConnectionError, OSError, TimeoutError):
+            pass
+        assert killed and len(acked) >= 400
+        # Packet ids equal index + 1 here (fewer than 65535 messages), so acked ids name the payloads.
+        acknowledged = {str(packet_id - 1).encode() for packet_id in acked}
+        received_before = set()
+        for packet in online.pending:
+            if isinstance(packet, pk.Publish):
+                received_before.add(packet.payload)
+        online.close()
+        publisher.close()
+
+        gateway.start()
+        for client_id in ("durable-offline", "durable-online"):
+            client = RawClient(gateway.port)
+            connack = client.connect(client_id, clean_start=False, properties=EXPIRY)
+            assert connack.session_present
+            payloads = {publish.payload for publish in drain(client)}
+            missing = acknowledged - payloads
+            if client_id == "durable-online":
+                missing -= received_before
+            assert not missing, f"{client_id}: {len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
+            client.send(pk.Disconnect())
+            client.close()
+
+
+def test_inbound_qos2_state_survives_kill9(tmp_path: Path) -> None:
+    gateway = GatewayProcess(tmp_path / "data")
+    with gateway:
+        subscriber = RawClient(gateway.port)
+        subscriber.connect("q2-sub", properties=EXPIRY)
+        subscriber.subscribe("q2/#", 2)
+        subscriber.send(pk.Disconnect())
+        subscriber.expect_closed()
+        publisher = RawClient(gateway.port)
+        publisher.connect("q2-pub", properties=EXPIRY)
+        publisher.send(pk.Publish("q2/x", b"exactly once", 2, packet_id=7))
+        publisher.expect(pk.PubRec)
+        gateway.kill9()
+        publisher.close()
+
+        gateway.start()
+        publisher = RawClient(gateway.port)
+        assert publisher.connect("q2-pub", clean_start=False, properties=EXPIRY).session_present
+        publisher.send(pk.Publish("q2/x", b"exactly once", 2, dup=True, packet_id=7))  # PUBREC was lost
+        publisher.expect(pk.PubRec)
+        publisher.send(pk.PubRel(7))
+        assert publisher.expect(pk.PubComp).reason_code == 0
+
+        subscriber = RawClient(gateway.port)
+        subscriber.connect("q2-sub", clean_start=False, properties=EXPIRY)
+        first = subscriber.expect(pk.Publish)
+        assert first.payload == b"exactly once"
+        subscriber.send(pk.PubRec(first.packet_id))
+        subscriber.expect(pk.PubRel)
+        subscriber.send(pk.PubComp(first.packet_id))
+        subscriber.send(pk.PingReq())
+        assert isinstance(subscriber.recv(), pk.PingResp)  # no second copy
+        subscriber.close()
+        publisher.close()
+
+
+def test_retained_messages_and_subscriptions_survive_kill9(tmp_path: Path) -> None:
+    gateway = GatewayProcess(tmp_path / "data")
+    with gateway:
+        client = RawClient(gateway.port)
+        client.connect("keeper", properties=EXPIRY)
+        client.subscribe("kept/#", 1)
+        client.send(pk.Publish("kept/state", b"on", 1, retain=True, packet_id=1))
+        # Its PUBACK and the copy for its own subscription, in either order.
+        assert {type(client.recv()), type(client.recv())} == {pk.PubAck, pk.Publish}
+        gateway.kill9()
+        client.close()
+        gateway.start()
+        fresh = RawClient(gateway.port)
+        fresh.connect("fresh")
+        fresh.subscribe("kept/#", 0)
+        retained = fresh.expect(pk.Publish)
+        assert (retained.topic, retained.payload, retained.retain) == ("kept/state", b"on", True)
+        again = RawClient(gateway.port)
+        assert again.connect("keeper", clean_start=False, properties=EXPIRY).session_present
+        fresh.send(pk.Publish("kept/new", b"live"))
+        publish = again.recv()
+        while isinstance(publish, pk.Publish) and publish.topic == "kept/state":
+            again.send(pk.PubAck(publish.packet_id))  # the unacknowledged own message, redelivered
+            publish = again.recv()
+        assert isinstance(publish, pk.Publish) and publish.payload == b"live"
+        for raw in (fresh, again):
+            raw.close()
+
+
+def test_sigterm_shuts_down_cleanly(tmp_path: Path) -> None:
+    gateway = GatewayProcess(tmp_path / "data").start()
+    try:
+        client = RawClient(gateway.port)
+        client.connect("bye")
+        assert gateway.terminate() == 0
+        seen = client.expect_closed()
+        assert seen and isinstance(seen[-1], pk.Disconnect) and seen[-1].reason_code == 0x8B
+        client.close()
+    finally:
+        gateway.kill9()
+
+
+def test_will_of_a_client_connected_during_kill9_is_sent_after_restart(tmp_path: Path) -> None:
+    gateway = GatewayProcess(tmp_path / "data")
+    with gateway:
+        watcher = RawClient(gateway.port)
+        watcher.connect("will-watcher", properties=EXPIRY)
+        watcher.subscribe("status/#", 1)
+        watcher.send(pk.Disconnect())
+        watcher.expect_closed()
+        device = RawClient(gateway.port)
+        device.connect("device", will=pk.Will("status/device", b"offline", 1), properties=EXPIRY)
+        device.send(pk.PingReq())
+        device.expect(pk.PingResp)  # the session (with its will) is committed by now
+        gateway.kill9()
+        device.close()
+        gateway.start()
+        watcher = RawClient(gateway.port)
+        watcher.connect("will-watcher", clean_start=False, properties=EXPIRY)
+        will = watcher.expect(pk.Publish)
+        assert (will.topic, will.payload) == ("status/device", b"offline")
+        watcher.close()

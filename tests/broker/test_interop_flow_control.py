@@ -1,0 +1,83 @@
+"""Slow and stuck consumers: publishers are held back while a subscriber catches up (nothing lost),
+and a subscriber that stops reading altogether costs only its own QoS 0 messages (dropped and counted),
+never the publishers' progress or the broker's memory."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from appliance.broker.codec import packets as pk
+from appliance.broker.codec.writer import encode
+from tests.broker.clients import RawClient
+from tests.support.processes import GatewayProcess
+
+CONFIG = "[broker.limits]\nsys_interval = 1\noutbound_buffer_bytes = 65536\n"
+
+
+@pytest.fixture
+def small_buffers(tmp_path: Path) -> Iterator[GatewayProcess]:
+    config = tmp_path / "gateway.toml"
+    config.write_text(CONFIG)
+    with GatewayProcess(tmp_path / "data", config=config) as gateway:
+        yield gateway
+
+
+def flood(port: int, topic: str, count: int, size: int, done: threading.Event) -> None:
+    client = RawClient(port)
+    client.connect(f"flooder-{topic}")
+    frame = encode(pk.Publish(topic, b"x" * size), 5)
+    batch = frame * 100
+    for _ in range(count // 100):
+        client.sock.sendall(batch)
+    client.send(pk.PingReq())
+    client.expect(pk.PingResp, timeout=30)  # everything before it was read by the broker
+    client.close()
+    done.set()
+
+
+def test_slow_subscriber_gets_every_qos0_message(small_buffers: GatewayProcess) -> None:
+    slow = RawClient(small_buffers.port)
+    slow.connect("slow")
+    slow.subscribe("steady/#", 0)
+    done = threading.Event()
+    threading.Thread(target=flood, args=(small_buffers.port, "steady/a", 20000, 200, done), daemon=True).start()
+    received = 0
+    while received < 20000:
+        packet = slow.recv(timeout=20)
+        if isinstance(packet, pk.Publish):
+            received += 1
+            if received % 2000 == 0:
+                time.sleep(0.05)  # a reader that keeps falling behind, briefly
+    assert done.wait(20)
+    slow.close()
+
+
+def test_stuck_subscriber_costs_only_its_own_qos0_messages(small_buffers: GatewayProcess) -> None:
+    stuck = RawClient(small_buffers.port)
+    stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.connect("stuck")
+    stuck.subscribe("flood/#", 0)  # and then never reads again
+    watcher = RawClient(small_buffers.port)
+    watcher.connect("watcher")
+    watcher.subscribe("$SYS/broker/publish/messages/dropped", 0)
+    done = threading.Event()
+    threading.Thread(target=flood, args=(small_buffers.port, "flood/a", 30000, 1000, done), daemon=True).start()
+    assert done.wait(30), "the publisher was held back for good by a client that does not read"
+    dropped = 0
+    deadline = time.monotonic() + 10
+    while dropped == 0 and time.monotonic() < deadline:
+        packet = watcher.recv(timeout=5)
+        if isinstance(packet, pk.Publish):
+            dropped = int(packet.payload)
+    assert dropped > 0
+    rss_mb = psutil.Process(small_buffers.process.pid).memory_info().rss / 2**20
+    assert rss_mb < 150, f"broker RSS {rss_mb:.0f} MB after 30 MB sent to a stuck client"
+    stuck.close()
+    watcher.close()

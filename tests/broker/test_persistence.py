@@ -1,0 +1,332 @@
+"""broker.db on real files: round trips, per-turn batching, crash safety (SIGKILL), bad and newer files."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from appliance.broker.persistence import (
+    SCHEMA_VERSION,
+    BrokerStore,
+    CorruptDatabaseError,
+    OutboundState,
+    PersistenceError,
+    RetainedMessage,
+    SchemaTooNewError,
+    StoredMessage,
+    StoredSession,
+    StoredWill,
+    decode_properties,
+    encode_properties,
+)
+from appliance.broker.topic_tree import SubscriptionOptions
+from appliance.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+PROPERTIES = {
+    "user_properties": [("k", "v"), ("k", "v2")],
+    "correlation_data": b"\x00\xff",
+    "content_type": "application/json",
+    "message_expiry_interval": 30,
+    "payload_format_indicator": 1,
+}
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "broker.db"
+
+
+def count(path: Path, table: str) -> int:
+    with sqlite3.connect(path) as connection:
+        return connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def test_everything_round_trips_through_a_reopen(db_path: Path) -> None:
+    store = BrokerStore.open(db_path)
+    will = StoredWill("dev/1/status", b"offline", qos=1, retain=True, properties={"content_type": "text/plain"}, delay_interval=5)
+    store.save_session(StoredSession("dev1", 5, 3600, username="alice", disconnected_at=1700000000.5, will=will))
+    store.save_session(StoredSession("dev2", 4, 0xFFFFFFFF))
+    store.save_subscription("dev1", "a/+", SubscriptionOptions(2, True, True, 1, 42))
+    store.save_subscription("dev1", "$share/g/b/#", SubscriptionOptions(1))
+    message_id = store.add_message(StoredMessage("a/b", b"payload", PROPERTIES, expires_at=1700000100.0))
+    first = store.enqueue("dev1", message_id, 1, retain=True, subscription_ids=[42, 7])
+    second = store.enqueue("dev2", message_id, 2)
+    store.add_inbound_qos2("dev1", 17)
+    store.set_retained(RetainedMessage("a/b", b"kept", 1, {"content_type": "x"}, expires_at=None))
+    store.commit()
+    store.mark_publish_sent(second, 9)
+    store.commit()
+    store.close()
+
+    state = BrokerStore.open(db_path).load()
+    dev1, dev2 = state.sessions["dev1"], state.sessions["dev2"]
+    assert dev1.session == StoredSession("dev1", 5, 3600, "alice", 1700000000.5, will)
+    assert dev2.session.expiry_interval == 0xFFFFFFFF and dev2.session.will is None
+    assert dev1.subscriptions == {
+        "a/+": SubscriptionOptions(2, True, True, 1, 42),
+        "$share/g/b/#": SubscriptionOptions(1),
+    }
+    (delivery,) = dev1.outbound
+    assert (delivery.seq, delivery.message_id, delivery.qos, delivery.retain, delivery.subscription_ids) == (
+        first,
+        message_id,
+        1,
+        True,
+        (42, 7),
+    )
+    assert delivery.state is OutboundState.QUEUED and delivery.packet_id is None
+    (sent,) = dev2.outbound
+    assert (sent.state, sent.packet_id) == (OutboundState.PUBLISH_SENT, 9)
+    assert dev1.inbound_qos2 == {17}
+    assert state.messages == {message_id: StoredMessage("a/b", b"payload", PROPERTIES, 1700000100.0)}
+    assert state.retained == {"a/b": RetainedMessage("a/b", b"kept", 1, {"content_type": "x"}, None)}
+
+
+def test_message_is_stored_once_and_freed_with_its_last_delivery(db_path: Path) -> None:
+    store = BrokerStore.open(db_path)
+    message_id = store.add_message(StoredMessage("t", b"x" * 1000))
+    seqs = [store.enqueue(f"c{i}", message_id, 1) for i in range(3)]
+    store.commit()
+    assert count(db_path, "messages") == 1 and count(db_path, "outbound") == 3
+    store.remove_delivery(seqs[0])
+    store.remove_delivery(seqs[1])
+    store.commit()
+    assert count(db_path, "messages") == 1
+    store.remove_delivery(seqs[2])
+    store.commit()
+    assert count(db_path, "messages") == 0 and count(db_path, "outbound") == 0
+
+
+def test_work_that_cancels_out_within_a_turn_is_never_written(db_path: Path) -> None:
+    store = BrokerStore.open(db_path)
+    unreferenced = store.add_message(StoredMessage("t", b"no subscribers"))
+    acked = store.add_message(StoredMessage("t", b"acked in the same turn"))
+    seq = store.enqueue("c", acked, 1)
+    store.mark_publish_sent(seq, 1)
+    store.remove_delivery(seq)
+    assert unreferenced != acked
+    assert not store.has_pending
+    store.commit()
+    assert count(db_path, "messages") == 0 and count(db_path, "outbound") == 0
+
+
+def test_state_changes_within_a_turn_update_the_buffered_row(db_path: Path) -> None:
+    store = BrokerStore.open(db_path)
+    store.save_session(StoredSession("c", 5, 60))
+    seq = store.enqueue("c", store.add_message(StoredMessage("t", b"x")), 2)
+    store.mark_publish_sent(seq, 5)
+    store.mark_pubrel_sent(seq, 5)
+    store.commit()
+    (delivery,) = store.load().sessions["c"].outbound
+    assert (delivery.seq, delivery.packet_id, delivery.state) == (seq, 5, OutboundState.PUBREL_SENT)
+
+
+def test_queue_order_is_enqueue_order_across_commits(db_path: Path) -> None:
+    store = BrokerStore.open(db_path)
+    store.save_session(StoredSession("c", 5, 60))
+    expected = []
+    for turn in range(5):
+        for index in range(4):
+            message_id = store.add_message(StoredMessage("t", f"{turn}.{index}".encode()))
+            expected.append(store.enqueue("c", message_id, 1))
+        store.commit()
+    store.close()
+    reopened = BrokerStore.open(db_path)
+    state = reopened.load()
+    assert [delivery.seq for delivery in state.sessions["c"].outbound] == expected
+    payloads = [state.messages[d.message_id].payload for d in state.sessions["c"].outbound]
+    assert payloads == [f"{t}.{i}".encode() for t in range(5) for i in range(4)]
+    # Ids keep increasing after a reopen, so new entries sort after the old ones.
+    assert reopened.enqueue("c", reopened.add_message(StoredMessage("t", b"new")), 1) > expected[-1]
+
+
+def test_delete_session_then_new_session_in_the_same_turn(db_path: Path) -> None:
+    store = BrokerStore.open(db_path)
+    store.save_session(StoredSession("c", 5, 60, username="old"))
+    store.save_subscription("c", "old/#", SubscriptionOptions(1))
+    old_message = store.add_message(StoredMessage("old", b"1"))
+    store.enqueue("c", old_message, 1)
+    store.add_inbound_qos2("c", 3)
+    store.commit()
+    buffered_old = store.enqueue("c", store.add_message(StoredMessage("old", b"2")), 1)
+    store.delete_session("c")  # clean start
+    store.save_session(StoredSession("c", 5, 60, username="new"))
+    store.save_subscription("c", "new/#", SubscriptionOptions(0))
+    new_seq = store.enqueue("c", store.add_message(StoredMessage("new", b"3")), 1)
+    store.commit()
+    loaded = store.load().sessions["c"]
+    assert loaded.session.username == "new"
+    assert list(loaded.subscriptions) == ["new/#"]
+    assert [d.seq for d in loaded.outbound] == [new_seq] and new_seq != buffered_old
+    assert loaded.inbound_qos2 == set()
+    assert count(db_path, "messages") == 1
+
+
+def test_sessions_subscriptions_inbound_and_retained_can_be_removed(db_path: Path) -> None:
+    store = BrokerStore.open(db_path)
+    store.save_session(StoredSession("c", 5, 60))
+    store.save_subscription("c", "a", SubscriptionOptions(1))
+    store.add_inbound_qos2("c", 1)
+    store.add_inbound_qos2("c", 1)  # a duplicate PUBLISH before PUBREL is harmless
+    store.set_retained(RetainedMessage("r", b"v", 0))
+    store.commit()
+    store.set_disconnected("c", 123.0)
+    store.delete_subscription("c", "a")
+    store.remove_inbound_qos2("c", 1)
+    store.delete_retained("r")
+    store.commit()
+    state = store.load()
+    assert state.sessions["c"].session.disconnected_at == 123.0
+    assert state.sessions["c"].subscriptions == {} and state.sessions["c"].inbound_qos2 == set()
+    assert state.retained == {}
+
+
+def test_unsupported_property_value_is_refused_before_buffering(db_path: Path) -> None:
+    store = BrokerStore.open(db_path)
+    with pytest.raises(TypeError, match="float"):
+        store.add_message(StoredMessage("t", b"x", {"weird": 1.5}))  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="pairs"):
+        encode_properties({"user_properties": [("only-one",)]})  # type: ignore[list-item]
+    assert not store.has_pending
+
+
+def test_property_encoding_is_self_describing_json() -> None:
+    blob = encode_properties(PROPERTIES)
+    assert blob is not None and blob.startswith(b"{")
+    assert decode_properties(blob) == PROPERTIES
+    assert encode_properties({}) is None and decode_properties(None) == {}
+
+
+@pytest.mark.parametrize(("level", "pragma_value"), [("normal", 1), ("full", 2)])
+def test_wal_and_synchronous_level(db_path: Path, level: str, pragma_value: int) -> None:
+    store = BrokerStore.open(db_path, synchronous=level)
+    assert store._db.execute("PRAGMA synchronous").fetchone()[0] == pragma_value
+    with sqlite3.connect(db_path) as other:
+        assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    with pytest.raises(ValueError):
+        BrokerStore.open(db_path, synchronous="off")
+
+
+def test_garbage_file_gives_a_clear_error_and_is_left_alone(db_path: Path) -> None:
+    db_path.parent.mkdir(parents=True)
+    garbage = b"this is not an SQLite database\n" * 200
+    db_path.write_bytes(garbage)
+    with pytest.raises(CorruptDatabaseError, match="not a readable broker database"):
+        BrokerStore.open(db_path)
+    assert db_path.read_bytes() == garbage
+
+
+def test_foreign_sqlite_file_is_refused(db_path: Path) -> None:
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as connection:
+        connection.execute("CREATE TABLE something (x)")
+    with pytest.raises(CorruptDatabaseError, match="no meta table"):
+        BrokerStore.open(db_path)
+
+
+def test_database_from_a_newer_gateway_is_refused(db_path: Path) -> None:
+    BrokerStore.open(db_path).close()
+    with sqlite3.connect(db_path) as connection:
+        connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    with pytest.raises(SchemaTooNewError, match=f"schema version {SCHEMA_VERSION + 1}"):
+        BrokerStore.open(db_path)
+
+
+def test_failed_commit_keeps_the_changes_for_the_next_commit(db_path: Path) -> None:
+    store = BrokerStore.open(db_path)
+    store._db.execute("PRAGMA busy_timeout = 0")
+    blocker = sqlite3.connect(db_path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+    store.set_retained(RetainedMessage("r", b"v", 1))
+    store.enqueue("c", store.add_message(StoredMessage("t", b"x")), 1)
+    with pytest.raises(PersistenceError, match="commit failed"):
+        store.commit()
+    assert store.has_pending
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    store.commit()
+    assert not store.has_pending
+    assert count(db_path, "retained") == 1 and count(db_path, "outbound") == 1 and count(db_path, "messages") == 1
+
+
+def test_batches_written_from_a_worker_thread_apply_in_order(db_path: Path) -> None:
+    store = BrokerStore.open(db_path)
+    store.set_retained(RetainedMessage("r", b"first", 0))
+    first = store.take_batch()
+    store.set_retained(RetainedMessage("r", b"second", 0))
+    second = store.take_batch()
+    assert first is not None and second is not None and store.take_batch() is None
+    worker = threading.Thread(target=lambda: (store.write_batch(first), store.write_batch(second)))
+    worker.start()
+    worker.join()
+    assert store.load().retained["r"].payload == b"second"
+
+
+CRASH_WRITER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from appliance.broker.persistence import BrokerStore, RetainedMessage, StoredMessage, StoredSession
+
+    store = BrokerStore.open(Path(sys.argv[1]))
+    store.save_session(StoredSession("a", 5, 3600))
+    store.save_session(StoredSession("b", 4, 3600))
+    store.commit()
+    turn = 0
+    while True:
+        turn += 1
+        for index in range(20):
+            message_id = store.add_message(StoredMessage("t", f"{turn}:{index}".encode()))
+            store.enqueue("a", message_id, 1)
+            store.enqueue("b", message_id, 2)
+        store.set_retained(RetainedMessage("last", str(turn).encode(), 1))
+        store.commit()
+        print(turn, flush=True)  # acknowledged only after the commit returned
+    """
+)
+
+
+def test_everything_committed_survives_sigkill(db_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CRASH_WRITER, str(db_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        acknowledged = 0
+        for line in child.stdout:
+            acknowledged = int(line)
+            if acknowledged >= 150:
+                break
+        child.send_signal(signal.SIGKILL)  # while it keeps writing
+        child.wait(10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+    assert child.returncode == -signal.SIGKILL and acknowledged >= 150
+    state = BrokerStore.open(db_path).load()
+    last = int(state.retained["last"].payload)
+    assert last >= acknowledged
+    for client_id in ("a", "b"):
+        payloads = [state.messages[d.message_id].payload.decode() for d in state.sessions[client_id].outbound]
+        assert payloads == [f"{turn}:{index}" for turn in range(1, last + 1) for index in range(20)]
+    with sqlite3.connect(db_path) as connection:
+        assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_synchronous_level_comes_from_the_config_with_field_path_errors() -> None:
+    assert load_config().broker.persistence.synchronous == "normal"
+    full = load_config(overrides={"broker": {"persistence": {"synchronous": "full"}}})
+    assert full.broker.persistence.synchronous == "full"
+    with pytest.raises(ConfigError, match=r"^broker\.persistence\.synchronous: must be one of normal, full"):
+        load_config(overrides={"broker": {"persistence": {"synchronous": "off"}}})
+    with pytest.raises(ConfigError, match=r"^broker\.persistence\.fsync: unknown setting"):
+        load_config(overrides={"broker": {"persistence": {"fsync": True}}})

@@ -1,0 +1,198 @@
+"""The service contract (``appliance/broker/api.py``) against the real broker on a real socket.
+
+The broker runs in-process on its own event loop thread (as the gateway runs it, with a real
+``broker.db``), hosting a small service written for this test: a genuine ``BrokerService``
+implementation with named behaviours per topic, in the spirit of Edge Hub's ``FailedEndpoint``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from appliance.broker.api import ACCEPTED, BrokerHandle, InboundPublish, PublishVerdict
+from appliance.broker.auth import Authenticator
+from appliance.broker.broker import Broker
+from appliance.broker.codec import packets as pk
+from appliance.broker.codec import properties as pr
+from appliance.broker.codec import reasons as rc
+from appliance.broker.config import BrokerConfig, ListenerConfig
+from appliance.broker.persistence import BrokerStore
+from appliance.broker.server import start_listener
+from tests.broker.clients import RawClient
+
+
+class ScriptedService:
+    """``svc/echo`` answers on the response topic, ``svc/reject`` refuses with 0x97, ``svc/consume`` keeps
+    the message from subscribers, ``svc/kick`` disconnects the publisher; everything is recorded."""
+
+    topic_filters = ("svc/#",)
+
+    def __init__(self) -> None:
+        self.broker: BrokerHandle | None = None
+        self.seen: list[InboundPublish] = []
+        self.disconnected: list[str] = []
+        self.stopped = False
+        self.release = asyncio.Event()
+
+    async def start(self, broker: BrokerHandle) -> None:
+        self.broker = broker
+
+    async def on_publish(self, message: InboundPublish) -> PublishVerdict:
+        self.seen.append(message)
+        if message.topic == "svc/slow":
+            await self.release.wait()
+        if message.topic == "svc/reject":
+            return PublishVerdict(rc.QUOTA_EXCEEDED, "quota exceeded")
+        if message.topic == "svc/consume":
+            return PublishVerdict(route=False)
+        if message.topic == "svc/kick":
+            return PublishVerdict(disconnect=rc.ADMINISTRATIVE_ACTION)
+        if message.topic == "svc/echo":
+            await asyncio.sleep(0)
+            assert self.broker is not None and message.response_topic is not None
+            self.broker.publish(
+                message.response_topic, b"echo:" + message.payload, 1,
+                correlation_data=message.correlation_data, user_properties=[("status", "ok")],
+                content_type="text/plain",
+            )
+        return ACCEPTED
+
+    def on_client_disconnected(self, client_id: str) -> None:
+        self.disconnected.append(client_id)
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+class BrokerThread:
+    def __init__(self, data: Path) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.service = ScriptedService()
+        self.data = data
+        self.port = 0
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        listener = ListenerConfig("tcp", "127.0.0.1", 0)
+        self.store = BrokerStore.open(self.data / "broker.db")
+        self.broker = Broker(BrokerConfig((listener,)), self.store, Authenticator(None, True), None, [self.service])
+        await self.broker.start()
+        self.server, url = await start_listener(self.broker, listener)
+        self.port = int(url.rsplit(":", 1)[1])
+
+    def call(self, function):  # run on the loop thread and wait
+        return asyncio.run_coroutine_threadsafe(function(), self.loop).result(10)
+
+    def stop(self) -> None:
+        async def shutdown() -> None:
+            self.server.close()
+            await self.broker.stop()
+            self.store.close()
+
+        self.call(shutdown)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def hosted(tmp_path: Path) -> Iterator[BrokerThread]:
+    runner = BrokerThread(tmp_path)
+    runner.thread.start()
+    assert runner.ready.wait(10)
+    yield runner
+    runner.stop()
+    assert runner.service.stopped
+
+
+def test_request_response_through_a_service(hosted: BrokerThread) -> None:
+    client = RawClient(hosted.port)
+    client.connect("requester")
+    client.subscribe("reply/requester", 1)
+    client.send(pk.Publish("svc/echo", b"ping", 1, packet_id=5, properties={
+        pr.RESPONSE_TOPIC: "reply/requester", pr.CORRELATION_DATA: b"\x01\x02", pr.USER_PROPERTY: [("a", "b")]}))
+    got = {type(packet): packet for packet in (client.recv(), client.recv())}
+    assert got[pk.PubAck].reason_code == 0
+    response = got[pk.Publish]
+    assert (response.topic, response.payload) == ("reply/requester", b"echo:ping")
+    assert response.properties[pr.CORRELATION_DATA] == b"\x01\x02"
+    assert response.properties[pr.USER_PROPERTY] == [("status", "ok")]
+    assert response.properties[pr.CONTENT_TYPE] == "text/plain"
+    seen = hosted.service.seen[0]
+    assert (seen.client_id, seen.protocol_level, seen.qos, seen.user_properties) == ("requester", 5, 1, [("a", "b")])
+    client.close()
+
+
+def test_puback_waits_for_the_service_and_packets_keep_their_order(hosted: BrokerThread) -> None:
+    watcher = RawClient(hosted.port)
+    watcher.connect("watcher")
+    watcher.subscribe("#", 0)
+    client = RawClient(hosted.port)
+    client.connect("orderly")
+    client.send(encode_all([pk.Publish("svc/slow", b"1", 1, packet_id=1), pk.Publish("plain/x", b"2", 1, packet_id=2)]))
+    with pytest.raises(TimeoutError):
+        client.recv(timeout=0.5)  # neither acknowledgement while the service holds the first message
+    hosted.loop.call_soon_threadsafe(hosted.service.release.set)
+    assert [client.expect(pk.PubAck).packet_id, client.expect(pk.PubAck).packet_id] == [1, 2]
+    assert [watcher.expect(pk.Publish).payload, watcher.expect(pk.Publish).payload] == [b"1", b"2"]
+    client.close()
+    watcher.close()
+
+
+def test_service_verdicts_reach_the_publisher(hosted: BrokerThread) -> None:
+    watcher = RawClient(hosted.port)
+    watcher.connect("watcher")
+    watcher.subscribe("svc/#", 0)
+    for level in (5, 4):
+        client = RawClient(hosted.port, level)
+        client.connect(f"verdicts-{level}")
+        client.send(pk.Publish("svc/reject", b"x", 1, packet_id=1))
+        ack = client.expect(pk.PubAck)
+        assert ack.reason_code == (rc.QUOTA_EXCEEDED if level == 5 else 0)
+        if level == 5:
+            assert ack.properties[pr.REASON_STRING] == "quota exceeded"
+        client.send(pk.Publish("svc/consume", b"kept by the service", 1, packet_id=2))
+        assert client.expect(pk.PubAck).reason_code == 0
+        client.send(pk.Publish("svc/other", b"routed", 0))
+        assert watcher.expect(pk.Publish).payload == b"routed"  # the refused and consumed ones never came
+        client.close()
+    kicked = RawClient(hosted.port)
+    kicked.connect("kicked")
+    kicked.send(pk.Publish("svc/kick", b"x", 1, packet_id=3))
+    seen = kicked.expect_closed()
+    assert isinstance(seen[-1], pk.Disconnect) and seen[-1].reason_code == rc.ADMINISTRATIVE_ACTION
+    watcher.close()
+
+
+def test_services_hear_about_disconnects_and_can_disconnect_clients(hosted: BrokerThread) -> None:
+    client = RawClient(hosted.port)
+    client.connect("leaver")
+    client.send(pk.Disconnect())
+    client.expect_closed()
+    target = RawClient(hosted.port)
+    target.connect("target")
+
+    async def kick() -> None:
+        hosted.broker.disconnect("target", rc.ADMINISTRATIVE_ACTION, "maintenance")
+
+    hosted.call(kick)
+    seen = target.expect_closed()
+    assert seen[-1] == pk.Disconnect(rc.ADMINISTRATIVE_ACTION, {pr.REASON_STRING: "maintenance"})
+    assert hosted.service.disconnected[:2] == ["leaver", "target"]
+
+
+def encode_all(packets: list[pk.Packet]) -> bytes:
+    from appliance.broker.codec.writer import encode
+
+    return b"".join(encode(packet, 5) for packet in packets)

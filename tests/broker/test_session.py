@@ -1,0 +1,205 @@
+"""The sans-I/O session and connection state: QoS flows, the Receive Maximum window, DUP redelivery, the
+QoS 0 bound, topic aliases and the journal calls a durable session makes. Bytes out are parsed back
+with our reader, the way h11's tests pair two state machines."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.broker.codec import packets as pk
+from appliance.broker.codec import properties as pr
+from appliance.broker.codec import reasons as rc
+from appliance.broker.codec.reader import PacketReader
+from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.message import Message
+from appliance.broker.session import Connection, Delivery, Session
+
+NOW = 1_000_000.0
+
+
+class Journal:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int | None]] = []
+
+    def mark_publish_sent(self, seq: int, packet_id: int) -> None:
+        self.calls.append(("publish_sent", seq, packet_id))
+
+    def mark_pubrel_sent(self, seq: int, packet_id: int) -> None:
+        self.calls.append(("pubrel_sent", seq, packet_id))
+
+    def remove_delivery(self, seq: int) -> None:
+        self.calls.append(("remove", seq, None))
+
+
+def connected(v5: bool = True, receive_maximum: int = 65535, alias_maximum: int = 0) -> tuple[Session, Connection]:
+    connection = Connection(1 << 20, 10, "test")
+    properties = {pr.RECEIVE_MAXIMUM: receive_maximum, pr.TOPIC_ALIAS_MAXIMUM: alias_maximum} if v5 else {}
+    connection.accept_connect(pk.Connect(5 if v5 else 4, "c", properties=properties), "c", 60)
+    session = Session("c", queue_limit=3)
+    session.resume(connection, NOW)
+    return session, connection
+
+
+def sent(connection: Connection) -> list[pk.Packet]:
+    packets = PacketReader(protocol_level=connection.protocol_level).feed(bytes(connection.out))
+    connection.out.clear()
+    return packets
+
+
+def delivery(payload: bytes = b"x", qos: int = 1, expires_at: float | None = None, topic: str = "t") -> Delivery:
+    return Delivery(Message(topic, payload, qos, False, {}, "origin", expires_at), qos, False, None)
+
+
+def test_qos1_window_follows_receive_maximum_and_refills_on_puback() -> None:
+    session, connection = connected(receive_maximum=2)
+    for index in range(4):
+        session.deliver(delivery(str(index).encode()), NOW)
+    first, second = sent(connection)
+    assert [first.payload, second.payload] == [b"0", b"1"]
+    assert len(session.queue) == 2
+    assert session.on_puback(first.packet_id, NOW) is not None
+    (third,) = sent(connection)
+    assert third.payload == b"2"
+    assert session.on_puback(first.packet_id, NOW) is None  # already done: ignored
+
+
+def test_packet_ids_skip_ids_still_in_flight() -> None:
+    session, connection = connected()
+    session.deliver(delivery(), NOW)
+    (first,) = sent(connection)
+    for _ in range(65534):
+        session.deliver(delivery(), NOW)
+        (packet,) = sent(connection)
+        session.on_puback(packet.packet_id, NOW)
+    session.deliver(delivery(), NOW)
+    (wrapped,) = sent(connection)
+    assert wrapped.packet_id != first.packet_id
+
+
+def test_reconnect_resends_publish_with_dup_and_pubrel_for_released_qos2() -> None:
+    session, connection = connected()
+    session.deliver(delivery(b"one", qos=1), NOW)
+    session.deliver(delivery(b"two", qos=2), NOW)
+    one, two = sent(connection)
+    session.on_pubrec(two.packet_id, 0, NOW)
+    assert sent(connection) == [pk.PubRel(two.packet_id)]
+    session.detach(NOW)
+    session.deliver(delivery(b"three", qos=1), NOW)  # queued while away
+    fresh = Connection(1 << 20, 10, "again")
+    fresh.accept_connect(pk.Connect(5, "c"), "c", 60)
+    session.resume(fresh, NOW)
+    again_one, pubrel, three = sent(fresh)
+    assert (again_one.dup, again_one.packet_id, again_one.payload) == (True, one.packet_id, b"one")
+    assert pubrel == pk.PubRel(two.packet_id)
+    assert (three.dup, three.payload) == (False, b"three")
+    assert session.on_pubcomp(two.packet_id, NOW) is not None
+
+
+def test_qos0_is_dropped_and_counted_past_the_queue_bound_or_when_overloaded() -> None:
+    session, connection = connected()
+    session.detach(NOW)
+    results = [session.deliver(delivery(qos=0), NOW) for _ in range(5)]
+    assert results == [True, True, True, False, False]
+    assert session.dropped == 2
+    session.resume(connection, NOW)
+    assert len(sent(connection)) == 3
+    connection.congested = True  # briefly congested: the broker holds publishers back, nothing is lost
+    assert session.deliver(delivery(qos=0), NOW)
+    connection.overloaded = True  # congested past the grace period: a slow consumer
+    assert not session.deliver(delivery(qos=0), NOW)
+    assert session.deliver(delivery(qos=1), NOW)  # QoS 1 is never dropped
+    assert session.dropped == 3
+    assert len(sent(connection)) == 2
+
+
+def test_expired_messages_are_not_sent_and_expiry_counts_down() -> None:
+    session, connection = connected()
+    session.detach(NOW)
+    session.deliver(delivery(b"old", expires_at=NOW + 5), NOW)
+    session.deliver(delivery(b"new", expires_at=NOW + 100), NOW)
+    expired = session.resume(connection, NOW + 10)
+    assert [d.message.payload for d in expired] == [b"old"]
+    (packet,) = sent(connection)
+    assert packet.payload == b"new"
+    assert packet.properties[pr.MESSAGE_EXPIRY_INTERVAL] == 90
+
+
+def test_journal_records_progress_of_stored_deliveries() -> None:
+    session, connection = connected()
+    journal = Journal()
+    session.journal = journal
+    stored = delivery(qos=2)
+    stored.seq = 41
+    session.detach(NOW)
+    session.deliver(stored, NOW)
+    session.resume(connection, NOW)
+    (publish,) = sent(connection)
+    session.on_pubrec(publish.packet_id, 0, NOW)
+    session.on_pubcomp(publish.packet_id, NOW)
+    assert journal.calls == [("publish_sent", 41, publish.packet_id), ("pubrel_sent", 41, publish.packet_id),
+                             ("remove", 41, None)]
+
+
+def test_pubrec_with_failure_ends_the_qos2_exchange() -> None:
+    session, connection = connected()
+    session.deliver(delivery(qos=2), NOW)
+    (publish,) = sent(connection)
+    assert session.on_pubrec(publish.packet_id, rc.QUOTA_EXCEEDED, NOW) is not None
+    assert sent(connection) == []
+    assert not session.inflight
+
+
+def test_pubrec_for_unknown_id_answers_pubrel_not_found() -> None:
+    session, connection = connected()
+    session.on_pubrec(77, 0, NOW)
+    assert sent(connection) == [pk.PubRel(77, rc.PACKET_IDENTIFIER_NOT_FOUND)]
+
+
+def test_outbound_topic_alias_is_set_once_then_used() -> None:
+    session, connection = connected(alias_maximum=1)
+    session.deliver(delivery(qos=0, topic="long/topic"), NOW)
+    session.deliver(delivery(qos=0, topic="long/topic"), NOW)
+    session.deliver(delivery(qos=0, topic="other"), NOW)
+    first, second, third = sent(connection)
+    assert (first.topic, first.properties[pr.TOPIC_ALIAS]) == ("long/topic", 1)
+    assert (second.topic, second.properties[pr.TOPIC_ALIAS]) == ("", 1)
+    assert (third.topic, pr.TOPIC_ALIAS in third.properties) == ("other", False)
+
+
+def test_inbound_topic_alias_resolution_and_errors() -> None:
+    _, connection = connected()
+    publish = pk.Publish("a/b", b"", properties={pr.TOPIC_ALIAS: 2})
+    connection.resolve_topic(publish)
+    assert publish.properties == {}
+    aliased = pk.Publish("", b"", properties={pr.TOPIC_ALIAS: 2})
+    connection.resolve_topic(aliased)
+    assert aliased.topic == "a/b"
+    with pytest.raises(ProtocolError) as too_big:
+        connection.resolve_topic(pk.Publish("x", b"", properties={pr.TOPIC_ALIAS: 11}))
+    assert too_big.value.reason_code == rc.TOPIC_ALIAS_INVALID
+    with pytest.raises(ProtocolError) as unknown:
+        connection.resolve_topic(pk.Publish("", b"", properties={pr.TOPIC_ALIAS: 3}))
+    assert unknown.value.reason_code == rc.PROTOCOL_ERROR
+    with pytest.raises(ProtocolError) as wildcard:
+        connection.resolve_topic(pk.Publish("a/#", b""))
+    assert wildcard.value.reason_code == rc.TOPIC_NAME_INVALID
+
+
+def test_packets_larger_than_the_clients_maximum_are_not_sent() -> None:
+    connection = Connection(1 << 20, 10, "small")
+    connection.accept_connect(pk.Connect(5, "c", properties={pr.MAXIMUM_PACKET_SIZE: 100}), "c", 60)
+    session = Session("c", queue_limit=10)
+    session.resume(connection, NOW)
+    session.deliver(delivery(b"x" * 200), NOW)
+    session.deliver(delivery(b"small"), NOW)
+    (packet,) = sent(connection)
+    assert packet.payload == b"small"
+    assert session.dropped == 1 and len(session.inflight) == 1
+
+
+def test_v311_deliveries_carry_no_properties() -> None:
+    session, connection = connected(v5=False)
+    message = Message("t", b"x", 1, False, {pr.CONTENT_TYPE: "text/plain"}, None)
+    session.deliver(Delivery(message, 1, False, [5]), NOW)
+    raw = bytes(connection.out)
+    assert raw == b"\x32\x06\x00\x01t\x00\x01x"

@@ -1,0 +1,158 @@
+"""Fixtures for the firmware tests: the real MicroPython interpreter, mosquitto, paho-mqtt peers."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.support.processes import MosquittoProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRMWARE = ROOT / "device_firmware"
+MP_TESTS = Path(__file__).resolve().parent / "mp"
+MICROPYTHON = ROOT / ".venv" / "bin" / "micropython"
+
+# mp/ holds MicroPython test modules; test_on_micropython.py runs them under micropython, not pytest.
+collect_ignore = ["mp"]
+
+
+class MicroPython:
+    """A micropython child process whose stdout lines tests wait on (the firmware's events)."""
+
+    def __init__(self, args: list[str], cwd: Path, micropypath: list[Path], heap: str | None = None):
+        env = dict(os.environ, MICROPYPATH=":".join(str(p) for p in micropypath))
+        cmd = [str(MICROPYTHON)] + (["-X", f"heapsize={heap}"] if heap else []) + args
+        self.process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.times: list[float] = []  # time.monotonic() when each line arrived
+        self._cond = threading.Condition()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self.times.append(time.monotonic())
+                self._cond.notify_all()
+        with self._cond:
+            self.lines.append("<exit>")
+            self.times.append(time.monotonic())
+            self._cond.notify_all()
+
+    def expect(self, pattern: str, timeout: float = 10.0, after: int = 0) -> tuple[int, re.Match[str]]:
+        """Wait for a line (index >= after) matching pattern; returns (index, match)."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for i in range(after, len(self.lines)):
+                    match = regex.search(self.lines[i])
+                    if match:
+                        return i, match
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.lines and self.lines[-1] == "<exit>"):
+                    raise AssertionError(f"no line matching {pattern!r}; output:\n" + "\n".join(self.lines))
+                self._cond.wait(left)
+
+    def output(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
+
+
+@pytest.fixture
+def micropython(tmp_path):
+    """Start micropython processes (killed at teardown): micropython(args, cwd=..., path=[...])."""
+    started: list[MicroPython] = []
+
+    def start(args, cwd: Path = tmp_path, path=(FIRMWARE, MP_TESTS), heap: str | None = None) -> MicroPython:
+        proc = MicroPython([str(a) for a in args], Path(cwd), list(path), heap)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture
+def mosquitto(tmp_path):
+    with MosquittoProcess(tmp_path / "mosquitto") as broker:
+        yield broker
+
+
+class PahoPeer:
+    """A CPython MQTT 5 client (paho-mqtt) that records what it receives in a queue."""
+
+    def __init__(self, host: str, port: int, client_id: str = ""):
+        self.messages: queue.Queue[paho.MQTTMessage] = queue.Queue()
+        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+        self.client.on_message = lambda c, u, msg: self.messages.put(msg)
+        subscribed = threading.Event()
+        self.client.on_subscribe = lambda *a: subscribed.set()
+        self._subscribed = subscribed
+        self.client.connect(host, port)
+        self.client.loop_start()
+
+    def subscribe(self, topic: str, qos: int = 1) -> None:
+        self._subscribed.clear()
+        self.client.subscribe(topic, qos)
+        assert self._subscribed.wait(5), "no SUBACK"
+
+    def publish(self, topic: str, payload: bytes | str, qos: int = 1, user_properties=(), **props) -> None:
+        properties = Properties(PacketTypes.PUBLISH)
+        for name, value in props.items():
+            setattr(properties, name, value)
+        if user_properties:
+            properties.UserProperty = list(user_properties)
+        self.client.publish(topic, payload, qos=qos, properties=properties).wait_for_publish(5)
+
+    def next_message(self, timeout: float = 5.0) -> paho.MQTTMessage:
+        return self.messages.get(timeout=timeout)
+
+    def next_json(self, topic_suffix: str, timeout: float = 5.0) -> dict:
+        """The next message whose topic ends with topic_suffix, decoded."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.messages.get(timeout=max(0.01, deadline - time.monotonic()))
+            if msg.topic.endswith(topic_suffix):
+                return json.loads(msg.payload)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+@pytest.fixture
+def paho_peer():
+    peers: list[PahoPeer] = []
+
+    def connect(host: str, port: int, client_id: str = "") -> PahoPeer:
+        peer = PahoPeer(host, port, client_id)
+        peers.append(peer)
+        return peer
+
+    yield connect
+    for peer in peers:
+        peer.close()

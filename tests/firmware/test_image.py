@@ -1,0 +1,98 @@
+"""images/firmware: the .mpy bundle, its manifest, booting it alone, and the deploy command."""
+
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from tests.firmware.conftest import FIRMWARE, MICROPYTHON, ROOT
+from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
+
+BUILD = ROOT / "images" / "firmware" / "build.py"
+DEPLOY = ROOT / "images" / "firmware" / "deploy.py"
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    proc = subprocess.run([sys.executable, str(BUILD), "--out", str(out)], capture_output=True, text=True, check=True)
+    return out / proc.stdout.strip().rsplit("/", 1)[-1]
+
+
+def test_bundle_is_versioned_and_its_manifest_is_true(bundle):
+    version = json.loads(zipfile.ZipFile(bundle).read("manifest.json"))["version"]
+    assert bundle.name == f"thermostat-fw-{version}.zip"
+    assert f'VERSION = "{version}"' in (FIRMWARE / "version.py").read_text()
+    with zipfile.ZipFile(bundle) as archive:
+        manifest = json.loads(archive.read("manifest.json"))
+        names = set(archive.namelist())
+        assert names == {e["path"] for e in manifest["files"]} | {"manifest.json"}
+        for entry in manifest["files"]:
+            data = archive.read(entry["path"])
+            assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["size"], entry["sha256"])
+        template = json.loads(archive.read(manifest["config_template"]))
+    assert {p.stem + ".mpy" for p in FIRMWARE.glob("*.py")} == {n for n in names if n.endswith(".mpy")}
+    assert not [n for n in names if n.endswith(".py")]
+    assert set(template) >= {"thermostat", "broker", "set_point", "timing", "hardware"}
+    # The bundle's bytecode version is the one this interpreter loads.
+    implementation = subprocess.run([str(MICROPYTHON), "-c", "import sys; print(sys.implementation._mpy & 0xff)"],
+                                    capture_output=True, text=True, check=True).stdout
+    assert manifest["mpy_version"] == int(implementation)
+
+
+def test_build_is_reproducible(bundle, tmp_path):
+    subprocess.run([sys.executable, str(BUILD), "--out", str(tmp_path)], capture_output=True, check=True)
+    assert (tmp_path / bundle.name).read_bytes() == bundle.read_bytes()
+
+
+def test_bundle_boots_from_mpy_alone_within_64k_of_heap(bundle, tmp_path, mosquitto, micropython, paho_peer):
+    code = tmp_path / "flash"
+    with zipfile.ZipFile(bundle) as archive:
+        archive.extractall(code)
+    assert not list(code.glob("*.py"))
+    peer = paho_peer(mosquitto.host, mosquitto.port)
+    peer.subscribe("devices/t-mpy/messages/events/data")
+    config = thermostat_config("t-mpy", mosquitto.host, mosquitto.port)
+    fw = start_thermostat(micropython, code, config, code_dir=code, heap="64K")
+    fw.expect(r"^thermostat t-mpy starting$")
+    fw.expect(r"^relay on$")
+    fw.expect(r"^connected$")
+    # The proof is the cap: with -X heapsize=64K a run needing more would die of MemoryError.
+    peaks = [peer.next_json("/data")["mem_peak"] for _ in range(5)]
+    assert fw.process.poll() is None and "MemoryError" not in fw.output(), fw.output()
+    assert 10_000 < max(peaks) <= 65536, peaks
+
+
+def test_deploy_dry_run_prints_the_mpremote_commands(bundle, tmp_path):
+    device = tmp_path / "device.json"
+    device.write_text(json.dumps({"thermostat": "t-42", "broker": {"host": "10.0.0.1"}}))
+    proc = subprocess.run([sys.executable, str(DEPLOY), str(bundle), "--port", "/dev/ttyUSB0", "--config", str(device),
+                           "--dry-run"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(line.startswith("mpremote connect /dev/ttyUSB0 ") for line in lines[1:])
+    copied = [line.split()[-1] for line in lines if " fs cp " in line]
+    assert ":thermostat.mpy" in copied and ":mqtt5.mpy" in copied and ":main.mpy" not in copied
+    assert f"{device} :config.json" in proc.stdout and copied[-1] == ":main.py"
+    assert lines[-2:] == ["mpremote connect /dev/ttyUSB0 rtc --set", "mpremote connect /dev/ttyUSB0 reset"]
+
+
+def test_deploy_refuses_a_tampered_bundle_and_an_unfilled_config(bundle, tmp_path):
+    tampered = tmp_path / "tampered.zip"
+    with zipfile.ZipFile(bundle) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            dst.writestr(name, data + b"\0" if name == "mqtt5.mpy" else data)
+    device = tmp_path / "device.json"
+    device.write_text(json.dumps({"thermostat": "t-42"}))
+    run = lambda b, c: subprocess.run([sys.executable, str(DEPLOY), str(b), "--port", "/dev/null", "--config", str(c),
+                                       "--dry-run"], capture_output=True, text=True)
+    proc = run(tampered, device)
+    assert proc.returncode == 1 and "mqtt5.mpy: sha256 does not match the manifest" in proc.stderr
+    with zipfile.ZipFile(bundle) as archive:
+        (tmp_path / "template.json").write_bytes(archive.read("config.template.json"))
+    proc = run(bundle, tmp_path / "template.json")
+    assert proc.returncode == 1 and "set 'thermostat'" in proc.stderr

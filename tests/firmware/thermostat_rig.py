@@ -1,0 +1,33 @@
+"""Run thermostat firmware instances for tests: a config with fast timing and a simulated room."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.firmware.conftest import FIRMWARE
+
+
+def thermostat_config(name: str, host: str, port: int, **overrides) -> dict:
+    """A config with timing fast enough for tests; overrides replace whole sections."""
+    config = {
+        "thermostat": name,
+        "broker": {"host": host, "port": port, "keepalive": 10},
+        "set_point": {"default": 20.0, "min": 5.0, "max": 30.0},
+        "hysteresis_c": 0.5,
+        "alerts": {"low_c": 5.0, "high_c": 35.0},
+        "timing": {"control_ms": 100, "telemetry_ms": 300, "backoff_min_ms": 100,
+                   "backoff_max_ms": 800, "request_timeout_ms": 1000},
+        "state_file": "setpoint.json",
+        # A slow room: the set point, not the room's drift, decides the heater during a test.
+        "hardware": {"kind": "simulated", "room": {"start_c": 18.0, "heat_c_per_s": 0.01}},
+    }
+    config.update(overrides)
+    return config
+
+
+def start_thermostat(micropython, workdir: Path, config: dict, code_dir: Path = FIRMWARE, heap: str | None = None):
+    """Write config.json into workdir (the device's flash) and boot main there."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(json.dumps(config))
+    return micropython(["-m", "main"], cwd=workdir, path=[code_dir], heap=heap)

@@ -1,0 +1,69 @@
+"""Endpoints with named behaviours for pump tests (as Edge Hub's test endpoints: FailedEndpoint, ...)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from appliance.forwarding.endpoints import SendFailed
+from appliance.forwarding.queues import QueuedMessage
+from appliance.forwarding.window import LinkEstimate
+
+
+class RecordingEndpoint:
+    """Acknowledges everything; records each batch as (priority, [n, ...]).
+
+    With ``hold_first`` the first batch stays "in flight" until ``release`` is set, so a test can add
+    messages while a batch is out.
+    """
+
+    def __init__(self, batch_size: int = 3, hold_first: bool = False, fail_times: int = 0) -> None:
+        self.id = "upstream"
+        self.estimate = LinkEstimate(initial_messages=batch_size)
+        self.batches: list[tuple[int, list[int]]] = []
+        self.in_flight = asyncio.Event()
+        self.release = asyncio.Event()
+        self.hold_first = hold_first
+        self.fail_times = fail_times
+        self.attempts = 0
+        self.changed = asyncio.Event()
+
+    async def wait_ready(self) -> None:
+        return None
+
+    async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
+        assert len({item.priority for item in batch}) == 1, "a batch never mixes priorities"
+        self.attempts += 1
+        if self.attempts <= self.fail_times:
+            raise SendFailed("failing on purpose")
+        if self.hold_first and not self.batches and not self.release.is_set():
+            self.in_flight.set()
+            await self.release.wait()
+        self.batches.append((batch[0].priority, [int(item.message.app_property("n")) for item in batch]))
+        self.changed.set()
+        return len(batch)
+
+    async def wait_for(self, count: int, timeout: float = 5.0) -> None:
+        async def enough() -> None:
+            while sum(len(b) for _, b in self.batches) < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(enough(), timeout)
+
+
+class PreemptibleEndpoint(RecordingEndpoint):
+    """Sends one message at a time and stops handing out the batch once ``preempt`` is set; the first
+    message of the first batch stays in flight until ``release``."""
+
+    async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
+        sent: list[int] = []
+        for item in batch:
+            if preempt.is_set():
+                break
+            sent.append(int(item.message.app_property("n")))
+            if not self.batches and len(sent) == 1 and not self.release.is_set():
+                self.in_flight.set()
+                await self.release.wait()
+        self.batches.append((batch[0].priority, sent))
+        self.changed.set()
+        return len(sent)

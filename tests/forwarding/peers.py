@@ -1,0 +1,110 @@
+"""Real MQTT peers for the forwarding tests: a paho subscriber that collects what arrives, and devices."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+
+@dataclass(frozen=True)
+class Received:
+    topic: str
+    payload: bytes
+    user_properties: dict[str, str]
+    at: float
+
+    @property
+    def n(self) -> int:
+        return int(self.user_properties["n"])
+
+
+class Collector:
+    """Subscribes (MQTT 5, QoS 1) and keeps every message; ``wait_for`` blocks on a condition, not a sleep."""
+
+    def __init__(self, host: str, port: int, topic: str) -> None:
+        self.messages: list[Received] = []
+        self._cond = threading.Condition()
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"collector-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5)
+        subscribed = threading.Event()
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = lambda *a: subscribed.set()
+        self.client.on_connect = lambda c, *a: c.subscribe(topic, qos=1)
+        self.client.connect(host, port)
+        self.client.loop_start()
+        if not subscribed.wait(10):
+            self.close()
+            raise TimeoutError("collector did not subscribe")
+
+    def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
+        props = dict(getattr(message.properties, "UserProperty", []) or [])
+        with self._cond:
+            self.messages.append(Received(message.topic, message.payload, props, time.monotonic()))
+            self._cond.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 15.0) -> list[Received]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.messages) >= count, timeout):
+                raise TimeoutError(f"got {len(self.messages)} of {count} messages")
+            return list(self.messages)
+
+    def wait_for_topic(self, topic: str, timeout: float = 15.0) -> Received:
+        with self._cond:
+            if not self._cond.wait_for(lambda: any(m.topic == topic for m in self.messages), timeout):
+                raise TimeoutError(f"nothing on {topic} among {len(self.messages)} messages")
+            return next(m for m in self.messages if m.topic == topic)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+class Device:
+    """A device publishing QoS 1 over MQTT 5; ``publish`` returns once the gateway's PUBACK is in."""
+
+    def __init__(self, host: str, port: int, device_id: str) -> None:
+        self.device_id = device_id
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=device_id, protocol=mqtt.MQTTv5)
+        self.acks: dict[int, int] = {}
+        self._cond = threading.Condition()
+        self.client.on_publish = self._on_publish
+        connected = threading.Event()
+        self.client.on_connect = lambda *a: connected.set()
+        self.client.connect(host, port)
+        self.client.loop_start()
+        if not connected.wait(10):
+            self.close()
+            raise TimeoutError("device did not connect")
+
+    def _on_publish(self, client: mqtt.Client, userdata: object, mid: int, reason: object, properties: object) -> None:
+        with self._cond:
+            self.acks[mid] = getattr(reason, "value", 0)
+            self._cond.notify_all()
+
+    def publish(self, output: str, payload: bytes, props: dict[str, str] | None = None, content_type: str | None = None,
+                wait: bool = True) -> int:
+        properties = Properties(PacketTypes.PUBLISH)
+        if props:
+            properties.UserProperty = list(props.items())
+        if content_type:
+            properties.ContentType = content_type
+        info = self.client.publish(f"devices/{self.device_id}/messages/events/{output}", payload, qos=1, properties=properties)
+        if wait:
+            return self.wait_ack(info.mid)
+        return info.mid
+
+    def wait_ack(self, mid: int, timeout: float = 10.0) -> int:
+        """The PUBACK reason code (0 = stored)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: mid in self.acks, timeout):
+                raise TimeoutError(f"no PUBACK for {mid}")
+            return self.acks[mid]
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()

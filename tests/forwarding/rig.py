@@ -1,0 +1,88 @@
+"""The end-to-end setup: devices -> our gateway (real process) -> throttling relay -> mosquitto (the cloud)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import sys
+import subprocess
+import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from hil_tests.rig.relay import RelayThread
+from tests.forwarding.peers import Collector, Device
+from tests.support.processes import ROOT, GatewayProcess, MosquittoProcess
+
+
+def manifest(routes: dict[str, Any], global_ttl: int = 7200) -> str:
+    return json.dumps(
+        {"$edgeHub": {"properties.desired": {"schemaVersion": "1.1.0", "routes": routes,
+                                             "storeAndForwardConfiguration": {"timeToLiveSecs": global_ttl}}}}
+    )
+
+
+class ForwardingRig:
+    def __init__(self, tmp_path: Path, routes: dict[str, Any], extra_forwarding: str = "", global_ttl: int = 7200) -> None:
+        self.tmp = tmp_path
+        self.stack = ExitStack()
+        self.mosquitto = self.stack.enter_context(MosquittoProcess(tmp_path / "cloud"))
+        self.relay = RelayThread(self.mosquitto.host, self.mosquitto.port)
+        self.relay.start()
+        self.stack.callback(self.relay.stop)
+        self.manifest_path = tmp_path / "manifest.json"
+        self.manifest_path.write_text(manifest(routes, global_ttl))
+        self.config = tmp_path / "gateway.toml"
+        self.config.write_text(
+            f"""[gateway]
+id = "gw1"
+[forwarding]
+enabled = true
+manifest = "manifest.json"
+watch_interval_s = 0.2
+cleanup_interval_s = 0.5
+metrics_port = 0
+{extra_forwarding}
+[forwarding.upstream]
+host = "127.0.0.1"
+port = {self.relay.port}
+keepalive_s = 2
+backoff_min_s = 0.05
+backoff_max_s = 0.3
+"""
+        )
+        self.gateway = GatewayProcess(tmp_path / "data", config=self.config)
+        self.stack.callback(self.gateway.kill9)
+        self.gateway.start()
+        self.cloud = Collector(self.mosquitto.host, self.mosquitto.port, "gateways/#")
+        self.stack.callback(self.cloud.close)
+
+    def wait_for_log_count(self, pattern: str, count: int, timeout: float = 10.0) -> None:
+        """Until ``count`` log lines match: for events that also happened at startup (a routes load)."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while sum(1 for line in self.gateway.output().splitlines() if regex.search(line)) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {count} log lines match {pattern!r}:\n{self.gateway.output()}")
+            time.sleep(0.02)
+
+    def device(self, device_id: str) -> Device:
+        device = Device(self.gateway.host, self.gateway.port, device_id)
+        self.stack.callback(device.close)
+        return device
+
+    def status(self) -> dict[str, Any]:
+        return json.loads((self.gateway.data_dir / "forwarding-routes.json").read_text())
+
+    def prometheus(self) -> str:
+        port = self.status()["metrics_port"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "appliance", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+
+    def close(self) -> None:
+        self.stack.close()

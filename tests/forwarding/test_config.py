@@ -1,0 +1,37 @@
+"""The [forwarding] section: defaults, paths relative to the file, errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from appliance.config import ConfigError
+from appliance.forwarding.config import parse
+
+
+def test_defaults_and_relative_paths(tmp_path: Path) -> None:
+    config = parse({"enabled": True, "manifest": "m.json", "upstream": {"host": "cloud", "ca_file": "/etc/ca.pem"}}, "forwarding", tmp_path)
+    assert config.manifest == tmp_path / "m.json"
+    assert config.upstream.host == "cloud" and config.upstream.port == 1883 and config.upstream.protocol == "5"
+    assert config.upstream.ca_file == Path("/etc/ca.pem")
+    assert config.max_store_bytes is None and config.metrics_port is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "path"),
+    [
+        ({"upstream": {"port": 70000}}, "forwarding.upstream.port"),
+        ({"upstream": {"protocol": "4"}}, "forwarding.upstream.protocol"),
+        ({"upstream": {"topic_template": "x/{nope}"}}, "forwarding.upstream.topic_template"),
+        ({"upstream": {"backoff_min_s": 5, "backoff_max_s": 1}}, "forwarding.upstream.backoff_max_s"),
+        ({"upstream": {"hots": "x"}}, "forwarding.upstream.hots"),
+        ({"max_store_bytes": 10}, "forwarding.max_store_bytes"),
+        ({"metrics_port": "9100"}, "forwarding.metrics_port"),
+        ({"manifest": 3}, "forwarding.manifest"),
+    ],
+)
+def test_errors_name_the_field(tmp_path: Path, raw: dict, path: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(raw, "forwarding", tmp_path)
+    assert info.value.path == path

@@ -1,0 +1,202 @@
+"""End to end through the real gateway process: paho devices, the throttling relay, mosquitto as the cloud."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.forwarding.peers import Collector
+from tests.forwarding.rig import ForwardingRig, manifest
+
+DATA = "FROM /messages/* WHERE $outputName = 'data' INTO $upstream"
+ALERTS = "FROM /messages/* WHERE $outputName = 'alerts' INTO $upstream"
+
+
+@pytest.fixture
+def make_rig(tmp_path: Path) -> Iterator:
+    rigs: list[ForwardingRig] = []
+
+    def make(routes: dict, **kwargs) -> ForwardingRig:
+        rig = ForwardingRig(tmp_path, routes, **kwargs)
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.close()
+
+
+def test_routing_and_where_evaluation(make_rig) -> None:
+    rig = make_rig({
+        "hot": {"route": "FROM /messages/* WHERE $body.temperature > 30 AND site = 'north' INTO $upstream", "priority": 1},
+        "debug": 'FROM /messages/* WHERE level = "debug" INTO BrokeredEndpoint("/modules/logger/inputs/debug")',
+    })
+    local = Collector(rig.gateway.host, rig.gateway.port, "devices/gw1/modules/logger/inputs/debug")
+    try:
+        device = rig.device("t1")
+        json_type = "application/json"
+        assert device.publish("data", b'{"temperature": 31}', {"n": "1", "site": "north"}, json_type) == 0
+        assert device.publish("data", b'{"temperature": 29}', {"n": "2", "site": "north"}, json_type) == 0
+        assert device.publish("data", b'{"temperature": 35}', {"n": "3", "site": "south"}, json_type) == 0
+        assert device.publish("data", b'{"temperature": 35}', {"n": "4", "site": "north"}, None) == 0  # not JSON
+        assert device.publish("data", b'{"temperature": 40}', {"n": "5", "site": "north"}, json_type) == 0
+        assert device.publish("log", b"x", {"n": "6", "level": "debug"}) == 0
+        local_received = local.wait_for(1)
+        cloud = rig.cloud.wait_for(2)
+    finally:
+        local.close()
+    assert [r.n for r in cloud] == [1, 5]
+    assert cloud[0].user_properties["gw-priority"] == "1"
+    assert [r.n for r in local_received] == [6]
+    assert local_received[0].user_properties["gw-device-id"] == "t1"
+    # Nothing else arrives: the last upstream message was published after the refused ones and is in.
+    assert len(rig.cloud.messages) == 2
+
+
+def test_priority_order_under_a_saturated_link(make_rig) -> None:
+    rig = make_rig({"data": {"route": DATA, "priority": 9}, "alerts": {"route": ALERTS, "priority": 0}})
+    rig.relay.set(rate_bps=24000)
+    device = rig.device("t1")
+    backlog = 50
+    for n in range(backlog):
+        device.publish("data", b"d" * 150, {"n": str(n)}, wait=False)
+    device.publish("data", b"d", {"n": "999"})  # all acknowledged (in order) once this one is
+    already_up = len(rig.cloud.messages)
+    for n in range(1000, 1003):
+        device.publish("alerts", b"ALERT", {"n": str(n)})
+    received = rig.cloud.wait_for(backlog + 4, timeout=60)
+    order = [r.n for r in received]
+    last_alert = max(order.index(n) for n in range(1000, 1003))
+    # The alerts overtake the backlog: they wait for at most the batches in flight when they arrive,
+    # and plenty of older data is still queued behind them.
+    assert last_alert - already_up <= 12, order
+    assert len(order) - 1 - last_alert >= 15, order
+    assert {r.user_properties["gw-priority"] for r in received if r.n >= 1000} == {"0"}
+
+
+def test_ttl_expiry_during_an_outage_never_sends(make_rig) -> None:
+    rig = make_rig({"short": {"route": ALERTS, "priority": 0, "timeToLiveSecs": 1},
+                    "long": {"route": DATA, "priority": 5, "timeToLiveSecs": 600}})
+    rig.relay.cut()
+    rig.relay.set(up=False)
+    device = rig.device("t1")
+    for n in range(3):
+        device.publish("alerts", b"a", {"n": str(n)})
+        device.publish("data", b"d", {"n": str(100 + n)})
+    rig.gateway.wait_for_log(r"upstream disconnected", timeout=10)
+    rig.gateway.wait_for_log(r"cleanup removed 3 expired messages: upstream_Pri0=3")
+    assert 'gateway_forwarding_expired_total{endpoint="upstream",priority="0"} 3' in rig.prometheus()
+    rig.relay.set(up=True)
+    received = rig.cloud.wait_for(3, timeout=30)
+    assert sorted(r.n for r in received) == [100, 101, 102]
+    # The data messages were queued after the alerts and have all arrived; the alerts never will.
+    assert all(r.n >= 100 for r in rig.cloud.messages)
+
+
+def test_restart_with_a_backlog_after_kill9_loses_nothing(make_rig) -> None:
+    rig = make_rig({"data": {"route": DATA, "priority": 3}})
+    rig.relay.cut()
+    rig.relay.set(up=False)
+    device = rig.device("t1")
+    for n in range(40):
+        assert device.publish("data", b"d" * 50, {"n": str(n)}) == 0  # PUBACK: stored
+    device.close()
+    rig.gateway.kill9()
+    rig.gateway.start()
+    rig.relay.set(up=True)
+    received = rig.cloud.wait_for(40, timeout=30)
+    assert sorted({r.n for r in received}) == list(range(40))
+
+
+def test_manifest_reload_keeps_pending_messages_as_stored(make_rig) -> None:
+    rig = make_rig({"data": {"route": DATA, "priority": 9, "timeToLiveSecs": 600}})
+    rig.relay.cut()
+    rig.relay.set(up=False)
+    device = rig.device("t1")
+    for n in range(3):
+        device.publish("data", b"old", {"n": str(n)})
+    rig.manifest_path.write_text(manifest({"data": {"route": DATA, "priority": 2, "timeToLiveSecs": 1}}))
+    result = rig.cli("routes", "reload", "--data-dir", str(rig.gateway.data_dir))
+    assert result.returncode == 0, result.stderr
+    assert rig.status()["routes"][0]["priority"] == 2
+    for n in range(3, 5):
+        device.publish("data", b"new", {"n": str(n)})
+    rig.relay.set(up=True)
+    received = rig.cloud.wait_for(5, timeout=30)
+    by_n = {r.n: r.user_properties for r in received}
+    # Stored before the reload: P9 with a 600 s TTL, and still alive although the new TTL is 1 s.
+    assert {by_n[n]["gw-priority"] for n in range(3)} == {"9"}
+    assert {by_n[n]["gw-ttl-s"] for n in range(3)} == {"600"}
+    assert all(n < 3 or by_n[n]["gw-priority"] == "2" for n in by_n)
+
+
+def test_sighup_and_file_change_reload_and_malformed_manifests_are_refused(make_rig) -> None:
+    rig = make_rig({"data": {"route": DATA, "priority": 4}})
+    device = rig.device("t1")
+    bad = manifest({"data": {"route": DATA, "priority": 12}})
+    rig.manifest_path.write_text(bad)  # the file watcher picks this up
+    rig.gateway.wait_for_log(r"rejected, keeping 1 running routes: \$\.\$edgeHub\.properties\.desired\.routes\.data\.priority")
+    device.publish("data", b"x", {"n": "1"})
+    assert rig.cloud.wait_for(1)[0].user_properties["gw-priority"] == "4", "the old routes still run"
+
+    check = rig.cli("routes", "check", str(rig.manifest_path))
+    assert check.returncode == 1 and "routes.data.priority" in check.stderr
+
+    rig.manifest_path.write_text("{ not json")
+    rig.gateway.signal(signal.SIGHUP)
+    rig.gateway.wait_for_log(r"not valid JSON: line 1 column 3")
+    rig.manifest_path.write_text(manifest({"data": {"route": "FROM /messages/* WHERE (x = 'y' INTO $upstream"}}))
+    result = rig.cli("routes", "reload", "--data-dir", str(rig.gateway.data_dir))
+    assert result.returncode == 1 and "column" in result.stderr
+
+    rig.manifest_path.write_text(manifest({"data": {"route": DATA, "priority": 7}}))
+    os.kill(rig.gateway.process.pid, signal.SIGHUP)
+    rig.wait_for_log_count(r"routes loaded from .*: 1 routes", 2)  # the first one was at startup
+    device.publish("data", b"x", {"n": "2"})
+    assert rig.cloud.wait_for(2)[1].user_properties["gw-priority"] == "7"
+    shown = json.loads(rig.cli("routes", "show", "--data-dir", str(rig.gateway.data_dir)).stdout)
+    assert shown["routes"][0]["priority"] == 7 and shown["error"] is None
+
+
+def test_disk_full_drops_lowest_priority_and_never_an_alert(make_rig) -> None:
+    rig = make_rig({"data": {"route": DATA, "priority": 9}, "alerts": {"route": ALERTS, "priority": 0}},
+                   extra_forwarding="max_store_bytes = 8192")
+    rig.relay.cut()
+    rig.relay.set(up=False)
+    device = rig.device("t1")
+    for n in range(30):
+        assert device.publish("data", b"d" * 400, {"n": str(n)}) == 0
+    for n in range(100, 130):
+        assert device.publish("alerts", b"a" * 400, {"n": str(n)}) == 0
+    # Full of alerts now: more data is refused (MQTT 5 PUBACK 0x97 quota exceeded), nothing else dropped.
+    assert device.publish("data", b"d" * 400, {"n": "999"}) == 0x97
+    metrics = rig.prometheus()
+    assert 'gateway_forwarding_dropped_total{endpoint="upstream",priority="9"} 31' in metrics
+    rig.relay.set(up=True)
+    kept_alerts = [line for line in metrics.splitlines() if line.startswith('gateway_forwarding_depth{endpoint="upstream",priority="0"}')]
+    depth = int(float(kept_alerts[0].rsplit(" ", 1)[1]))
+    received = rig.cloud.wait_for(depth, timeout=30)
+    assert all(r.n >= 100 for r in received)
+    assert sorted(r.n for r in received) == list(range(130 - depth, 130)), "oldest alerts dropped to fit newer alerts"
+
+
+def test_metrics_on_sys_topic_prometheus_and_upstream(make_rig) -> None:
+    rig = make_rig({"data": {"route": DATA, "priority": 6}}, extra_forwarding="metrics_interval_s = 0.3")
+    local = Collector(rig.gateway.host, rig.gateway.port, "$SYS/gateway/forwarding/metrics")
+    try:
+        device = rig.device("t1")
+        device.publish("data", b"x", {"n": "1"})
+        sys_doc = json.loads(local.wait_for(1)[0].payload)
+    finally:
+        local.close()
+    assert sys_doc["gateway_id"] == "gw1" and "upstream" in sys_doc["links"]
+    upstream_doc = json.loads(rig.cloud.wait_for_topic("gateways/gw1/metrics").payload)
+    assert set(upstream_doc) >= {"gateway_id", "ts_ms", "endpoints"}
+    text = rig.prometheus()
+    assert 'gateway_forwarding_sent_total{endpoint="upstream",priority="6"} 1' in text
+    assert 'gateway_link_connected{endpoint="upstream"} 1' in text

@@ -1,0 +1,168 @@
+"""The durable store (real SQLite files): priority queues, TTL on read and in cleanup, one transaction,
+bounded size. Priority/TTL cases follow Edge Hub's MessageStoreTest, adapted to one shared body per message."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from appliance.forwarding.messages import Message
+from appliance.forwarding.queues import MessageStore, StoreFull, queue_name
+from appliance.forwarding.routes import Endpoint, RouteResult
+
+UP = Endpoint("upstream")
+MOD = Endpoint("modules/m/inputs/i", "m", "i")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def msg(n: int, size: int = 10) -> Message:
+    return Message("/messages/events", "devices/d/messages/events", bytes([n % 256]) * size, "d", properties=[("n", str(n))])
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: Clock) -> MessageStore:
+    s = MessageStore(tmp_path / "forwarding.db", clock=clock)
+    yield s
+    s.close()
+
+
+def read_all(store: MessageStore, endpoint: str, priority: int) -> list[int]:
+    return [int(q.message.app_property("n")) for q in store.read(endpoint, priority, 0, 1000)]
+
+
+def test_queue_names_follow_edge_hub() -> None:
+    assert queue_name("upstream", 0) == "upstream_Pri0"
+
+
+def test_one_body_many_queues_each_with_its_own_priority(store: MessageStore) -> None:
+    seq, _ = store.add(msg(1), [RouteResult(UP, 0, 60), RouteResult(MOD, 3, 120)])
+    assert store.message_count() == 1
+    assert read_all(store, "upstream", 0) == [1] and read_all(store, MOD.id, 3) == [1]
+    assert read_all(store, "upstream", 3) == []
+    assert store.checkpoint("upstream", 0, seq, [seq]) == (1, 0)
+    assert store.message_count() == 1, "still referenced by the module queue"
+    assert store.checkpoint(MOD.id, 3, seq, [seq]) == (1, 0)
+    assert store.message_count() == 0 and store.stored_bytes == 0
+
+
+def test_message_and_entries_are_one_transaction(store: MessageStore) -> None:
+    # Two results for the same queue violate the primary key on the second entry: nothing may remain.
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add(msg(1), [RouteResult(UP, 0, 60), RouteResult(UP, 0, 60)])
+    assert store.message_count() == 0 and store.depths() == [] and store.stored_bytes == 0
+
+
+def test_ttl_checked_on_read(store: MessageStore, clock: Clock) -> None:
+    """MessageStoreTest: messages with a short TTL are skipped by GetNext once expired, others still returned."""
+    store.add(msg(1), [RouteResult(UP, 0, 10)])
+    store.add(msg(2), [RouteResult(UP, 0, 100)])
+    store.add(msg(3), [RouteResult(UP, 0, 10)])
+    assert read_all(store, "upstream", 0) == [1, 2, 3]
+    clock.now += 11
+    assert read_all(store, "upstream", 0) == [2]
+
+
+@pytest.mark.parametrize(("entire", "left"), [(True, [2]), (False, [2, 3])])
+def test_cleanup_with_and_without_check_entire_queue(tmp_path: Path, clock: Clock, entire: bool, left: list[int]) -> None:
+    store = MessageStore(tmp_path / "f.db", check_entire_queue_on_cleanup=entire, clock=clock)
+    store.add(msg(1), [RouteResult(UP, 0, 10)])
+    store.add(msg(2), [RouteResult(UP, 0, 100)])
+    store.add(msg(3), [RouteResult(UP, 0, 10)])
+    clock.now += 11
+    expired = store.cleanup()
+    remaining = [row[0] for row in store.db.execute("SELECT seq FROM entries ORDER BY seq")]
+    assert remaining == left
+    assert expired[("upstream", 0)] == 3 - len(left)
+    assert store.message_count() == len(left), "bodies nobody references are freed"
+    store.close()
+
+
+def test_cleanup_frees_expired_messages_of_an_endpoint_that_is_down(store: MessageStore, clock: Clock) -> None:
+    for n in range(50):
+        store.add(msg(n, 1000), [RouteResult(MOD, 5, 5)])
+    before = store.stored_bytes
+    clock.now += 6
+    assert store.cleanup()[(MOD.id, 5)] == 50
+    assert store.message_count() == 0 and store.stored_bytes == 0 < before
+
+
+def test_checkpoint_counts_skipped_expired_entries_as_expired(store: MessageStore, clock: Clock) -> None:
+    store.add(msg(1), [RouteResult(UP, 2, 10)])
+    s2, _ = store.add(msg(2), [RouteResult(UP, 2, 100)])
+    clock.now += 11
+    batch = store.read("upstream", 2, 0, 10)
+    assert [q.seq for q in batch] == [s2]
+    assert store.checkpoint("upstream", 2, s2, [s2]) == (1, 1)
+    assert store.checkpoint_of("upstream", 2) == s2
+
+
+def test_snapshot_survives_reopen(tmp_path: Path, clock: Clock) -> None:
+    store = MessageStore(tmp_path / "f.db", clock=clock)
+    store.add(msg(1), [RouteResult(UP, 4, 30)])
+    store.close()
+    reopened = MessageStore(tmp_path / "f.db", clock=clock)
+    [item] = reopened.read("upstream", 4, 0, 10)
+    assert (item.priority, item.ttl_s, item.message.properties) == (4, 30, [("n", "1")])
+    assert reopened.stored_bytes > 0
+    reopened.close()
+
+
+def test_read_respects_the_byte_window_but_returns_at_least_one(store: MessageStore) -> None:
+    for n in range(5):
+        store.add(msg(n, 100), [RouteResult(UP, 0, 60)])
+    assert len(store.read("upstream", 0, 0, 10, max_bytes=250)) == 2
+    assert len(store.read("upstream", 0, 0, 10, max_bytes=1)) == 1
+
+
+class TestBoundedStore:
+    def make(self, tmp_path: Path, clock: Clock, limit: int) -> MessageStore:
+        return MessageStore(tmp_path / "b.db", max_bytes=limit, clock=clock)
+
+    def test_drops_oldest_of_lowest_priority_first(self, tmp_path: Path, clock: Clock) -> None:
+        probe = self.make(tmp_path, clock, 10**9)
+        probe.add(msg(0, 100), [RouteResult(UP, 9, 60)])
+        one = probe.stored_bytes
+        probe.close()
+        (tmp_path / "b.db").unlink()
+        store = self.make(tmp_path, clock, one * 4)
+        store.add(msg(1, 100), [RouteResult(UP, 9, 60)])
+        store.add(msg(2, 100), [RouteResult(UP, 0, 60)])
+        store.add(msg(3, 100), [RouteResult(UP, 5, 60)])
+        store.add(msg(4, 100), [RouteResult(UP, 9, 60)])
+        _, dropped = store.add(msg(5, 100), [RouteResult(UP, 5, 60)])
+        assert dropped == {("upstream", 9): 1}
+        assert read_all(store, "upstream", 9) == [4]
+        _, dropped = store.add(msg(6, 100), [RouteResult(UP, 0, 60)])
+        assert dropped == {("upstream", 9): 1}
+        _, dropped = store.add(msg(7, 100), [RouteResult(UP, 0, 60)])
+        assert dropped == {("upstream", 5): 1}, "then the oldest of the next lowest priority"
+        assert read_all(store, "upstream", 5) == [5]
+        store.close()
+
+    def test_never_drops_higher_priority_for_lower(self, tmp_path: Path, clock: Clock) -> None:
+        store = self.make(tmp_path, clock, 4096)
+        for n in range(6):
+            store.add(msg(n, 500), [RouteResult(UP, 0, 60)])
+        assert store.stored_bytes + 600 > 4096, "the store is full"
+        depth_before, kept = store.depths(), read_all(store, "upstream", 0)
+        with pytest.raises(StoreFull):
+            store.add(msg(999, 500), [RouteResult(UP, 9, 60)])
+        assert store.depths() == depth_before, "a refused message changes nothing"
+        _, dropped = store.add(msg(7, 500), [RouteResult(UP, 0, 60)])
+        assert dropped == {("upstream", 0): 1}, "within one priority the oldest goes"
+        assert read_all(store, "upstream", 0) == kept[1:] + [7]
+        store.close()

@@ -1,0 +1,155 @@
+"""The upstream bridge against a real mosquitto, through the HIL rig's throttling relay."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from appliance.forwarding.config import UpstreamConfig
+from appliance.forwarding.messages import Message
+from appliance.forwarding.metrics import ForwardingMetrics, LinkStats
+from appliance.forwarding.pump import Pump
+from appliance.forwarding.queues import MessageStore
+from appliance.forwarding.routes import Endpoint, RouteResult
+from appliance.forwarding.upstream import UpstreamSender, backoff_delay
+from appliance.forwarding.worker import StoreThread
+from hil_tests.rig.relay import RelayThread
+from tests.forwarding.peers import Collector
+from tests.support.processes import MosquittoProcess
+
+UP = Endpoint("upstream")
+
+
+def msg(n: int, size: int = 50) -> Message:
+    return Message("/messages/events", "devices/t1/messages/events/data", b"p" * size, "t1", None, "data",
+                   [("n", str(n))], "application/json")
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path):
+    with MosquittoProcess(tmp_path / "mosquitto") as broker:
+        yield broker
+
+
+@pytest.fixture
+def relay(mosquitto: MosquittoProcess):
+    with RelayThread(mosquitto.host, mosquitto.port) as shaped:
+        yield shaped
+
+
+def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[..., Awaitable[None]]) -> tuple[UpstreamSender, ForwardingMetrics]:
+    settings = UpstreamConfig(host="127.0.0.1", port=port, protocol=protocol, keepalive_s=2, backoff_min_s=0.05, backoff_max_s=0.2)
+    metrics = ForwardingMetrics()
+
+    async def main() -> UpstreamSender:
+        thread = StoreThread()
+        store = MessageStore(tmp_path / "forwarding.db")
+        sender = UpstreamSender(settings, "gw1", metrics.links.setdefault("upstream", LinkStats()))
+        pump = Pump(sender, store, thread, metrics, retry_min_s=0.01, retry_max_s=0.1)
+
+        async def add(n: int, priority: int = 0, size: int = 50) -> None:
+            await thread.call(store.add, msg(n, size), [RouteResult(UP, priority, 60)])
+            pump.notify(priority)
+
+        sender.start()
+        pump.start()
+        try:
+            await scenario(add, pump, store, thread)
+        finally:
+            assert pump.task is not None
+            pump.task.cancel()
+            await asyncio.gather(pump.task, return_exceptions=True)
+            await sender.stop()
+            await thread.call(store.close)
+            thread.shutdown()
+        return sender
+
+    return asyncio.run(main()), metrics
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_bridge_delivers_with_qos1_and_identity(tmp_path: Path, mosquitto: MosquittoProcess, protocol: str) -> None:
+    collector = Collector(mosquitto.host, mosquitto.port, "gateways/#")
+    try:
+        async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+            for n in range(5):
+                await add(n)
+            await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 10)
+
+        run_bridge(tmp_path, mosquitto.port, protocol, scenario)
+        received = collector.wait_for(5)
+    finally:
+        collector.close()
+    assert {r.topic for r in received} == {"gateways/gw1/devices/t1/messages/events"}
+    if protocol == "5":
+        assert sorted(r.n for r in received) == list(range(5))
+        first = received[0].user_properties
+        assert first["gw-gateway-id"] == "gw1" and first["gw-device-id"] == "t1" and first["gw-output"] == "data"
+        assert first["gw-message-id"].startswith("gw1:") and first["gw-priority"] == "0" and first["gw-ttl-s"] == "60"
+        assert len({r.user_properties["gw-message-id"] for r in received}) == 5
+
+
+async def _until(predicate: Callable[[], bool], thread: StoreThread) -> None:
+    """Re-check a store predicate after every store call the pump makes (the store thread is the event source)."""
+    while not await thread.call(predicate):
+        await asyncio.sleep(0.01)
+
+
+def test_outage_keeps_messages_queued_then_reconnects(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread) -> None:
+    collector = Collector(mosquitto.host, mosquitto.port, "gateways/#")
+    try:
+        async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+            await add(0)
+            await asyncio.wait_for(pump.wait_batches(1), 10)
+            relay.cut()
+            relay.set(up=False)
+            for n in range(1, 4):
+                await add(n)
+            await asyncio.sleep(0.5)  # an outage of half a second: nothing may leave the queue meanwhile
+            assert await thread.call(store.message_count) == 3
+            relay.set(up=True)
+            await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 15)
+
+        sender, _ = run_bridge(tmp_path, relay.port, "5", scenario)
+        received = collector.wait_for(4)
+    finally:
+        collector.close()
+    assert sorted({r.n for r in received}) == [0, 1, 2, 3]
+    assert sender.connects >= 2
+
+
+def test_window_follows_the_measured_link(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread) -> None:
+    relay.set(rate_bps=9600, delay_ms=20)  # 40 ms round trip
+
+    def backlog(count: int):
+        async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+            for n in range(count):
+                await add(n, size=100)
+            await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 30)
+
+        return scenario
+
+    slow, _ = run_bridge(tmp_path, relay.port, "5", backlog(20))
+    assert slow.estimate.rate_bps is not None
+    # 9.6 kbit/s is 1200 B/s on the wire, TCP/IP headers included; the token bucket's burst allowance
+    # makes the first batches look faster, which the smoothing must have mostly forgotten.
+    assert 600 < slow.estimate.rate_bps < 1800, slow.estimate.rate_bps
+    assert slow.estimate.window().messages <= 3, "a couple of messages per batch on a satellite link"
+
+    relay.set(rate_bps=0)  # same round trip, no rate limit: the window must cover the round trip
+    (tmp_path / "fast").mkdir()
+    fast, _ = run_bridge(tmp_path / "fast", relay.port, "5", backlog(300))
+    assert slow.estimate.target_messages() <= 2, "nine bandwidth-delay products are at most two messages"
+    assert fast.estimate.target_messages() > 20, (fast.estimate.rate_bps, fast.estimate.rtt_s)
+
+
+def test_backoff_grows_exponentially_with_jitter() -> None:
+    rng = random.Random(1)
+    delays = [backoff_delay(attempt, 0.5, 30, rng) for attempt in range(10)]
+    assert all(0.25 <= d <= 0.5 for d in delays[:1])
+    assert all(15 <= d <= 30 for d in delays[7:])
+    assert len({round(d, 6) for d in delays}) == len(delays), "jittered"

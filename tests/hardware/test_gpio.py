@@ -1,0 +1,169 @@
+"""Status LEDs, button and relay on gpiozero's own MockFactory: real gpiozero, mock pins.
+
+Blink timings are read from the pins' state history (``assert_states_and_times`` compares the time since
+the previous change, with gpiozero's own tolerance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from gpiozero import Device
+from gpiozero.pins.mock import MockFactory, MockPin
+
+from appliance.hardware.config import GpioConfig
+from appliance.hardware.gpio import FAST_BLINK, SLOW_BLINK, BacklogLevel, ModemPowerRelay, StatusPanel, backlog_level
+
+POWER, UPLINK, BACKLOG, BUTTON, RELAY = 17, 27, 22, 23, 24
+
+
+@pytest.fixture
+def factory() -> Iterator[MockFactory]:
+    mock = MockFactory()
+    Device.pin_factory = mock
+    yield mock
+    mock.reset()
+    Device.pin_factory = None
+
+
+class Presses:
+    def __init__(self) -> None:
+        self.short = threading.Event()
+        self.long = threading.Event()
+        self.short_count = 0
+        self.long_at: float | None = None
+
+    def on_short(self) -> None:
+        self.short_count += 1
+        self.short.set()
+
+    def on_long(self) -> None:
+        self.long_at = time.monotonic()
+        self.long.set()
+
+
+@pytest.fixture
+def presses() -> Presses:
+    return Presses()
+
+
+@pytest.fixture
+def panel(factory: MockFactory, presses: Presses) -> Iterator[StatusPanel]:
+    config = GpioConfig(
+        enabled=True,
+        power_led=POWER,
+        uplink_led=UPLINK,
+        backlog_led=BACKLOG,
+        button=BUTTON,
+        modem_relay=RELAY,
+        long_press_seconds=0.3,
+        backlog_slow_from=1,
+        backlog_fast_from=100,
+    )
+    status_panel = StatusPanel(config, on_short_press=presses.on_short, on_long_press=presses.on_long)
+    yield status_panel
+    status_panel.close()
+
+
+def wait_for_states(pin: MockPin, count: int, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(pin.states) < count:
+        assert time.monotonic() < deadline, f"pin reached only {len(pin.states)} states"
+        time.sleep(0.01)
+
+
+def test_power_led_blinks_slowly_while_starting_then_stays_on_when_ready(factory: MockFactory, panel: StatusPanel) -> None:
+    pin = factory.pin(POWER)
+    wait_for_states(pin, 4)
+    on, off = SLOW_BLINK
+    pin.assert_states_and_times([(0.0, False), (0.0, True), (on, False), (off, True)])
+    panel.show_ready()
+    pin.clear_states()
+    time.sleep(on + off)  # a whole blink period: a steady LED changes nothing in it
+    assert pin.state is True and len(pin.states) == 1
+
+
+def test_uplink_led_follows_the_link(factory: MockFactory, panel: StatusPanel) -> None:
+    pin = factory.pin(UPLINK)
+    panel.show_uplink(True)
+    assert pin.state is True
+    panel.show_uplink(False)
+    assert pin.state is False
+
+
+def test_backlog_led_is_off_then_blinks_slow_then_fast(factory: MockFactory, panel: StatusPanel) -> None:
+    pin = factory.pin(BACKLOG)
+    panel.show_backlog(0)
+    assert pin.state is False and len(pin.states) == 1
+    panel.show_backlog(5)
+    wait_for_states(pin, 3)
+    pin.assert_states_and_times([(0.0, False), (0.0, True), (SLOW_BLINK[0], False)])
+    panel.show_backlog(0)
+    assert pin.state is False
+    pin.clear_states()
+    panel.show_backlog(500)
+    wait_for_states(pin, 5)
+    on, off = FAST_BLINK
+    pin.assert_states_and_times([(0.0, False), (0.0, True), (on, False), (off, True), (on, False)])
+    seen = len(pin.states)
+    panel.show_backlog(501)  # same level: the blink keeps its rhythm instead of restarting
+    wait_for_states(pin, seen + 1)
+    assert pin.states[seen].timestamp == pytest.approx(on, abs=0.05)
+
+
+def test_a_short_press_asks_for_status_and_no_reset(factory: MockFactory, panel: StatusPanel, presses: Presses) -> None:
+    button = factory.pin(BUTTON)
+    button.drive_low()
+    button.drive_high()
+    assert presses.short.wait(2.0)
+    assert presses.short_count == 1 and not presses.long.is_set()
+
+
+def test_a_long_press_fires_the_reset_once_after_the_hold_time(factory: MockFactory, panel: StatusPanel, presses: Presses) -> None:
+    button = factory.pin(BUTTON)
+    pressed_at = time.monotonic()
+    button.drive_low()
+    assert presses.long.wait(3.0)
+    assert presses.long_at is not None
+    assert presses.long_at - pressed_at == pytest.approx(0.3, abs=0.15)
+    button.drive_high()
+    time.sleep(0.05)  # release handling is synchronous in MockPin; this only lets a stray thread show up
+    assert presses.short_count == 0
+
+
+@pytest.mark.parametrize("active_high", [True, False])
+def test_relay_power_cycle_cuts_power_for_the_configured_time(factory: MockFactory, active_high: bool) -> None:
+    relay = ModemPowerRelay(RELAY, active_high=active_high)
+    pin = factory.pin(RELAY)
+    try:
+        assert relay.powered and pin.state is active_high
+        pin.clear_states()
+        asyncio.run(relay.power_cycle(0.2))
+        assert relay.powered
+        pin.assert_states_and_times([(0.0, active_high), (0.0, not active_high), (0.2, active_high)])
+        assert len(pin.states) == 3
+    finally:
+        relay.close()
+
+
+def test_pins_left_out_of_the_config_are_not_driven(factory: MockFactory) -> None:
+    panel = StatusPanel(GpioConfig(enabled=True, uplink_led=UPLINK), on_short_press=lambda: None, on_long_press=lambda: None)
+    try:
+        panel.show_ready()
+        panel.show_backlog(10_000)
+        panel.show_uplink(True)
+        assert panel.relay is None
+        assert factory.pin(UPLINK).state is True
+        assert factory.pin(POWER).function == "input"  # never claimed
+    finally:
+        panel.close()
+
+
+@pytest.mark.parametrize(("queued", "level"), [(0, BacklogLevel.EMPTY), (1, BacklogLevel.BACKLOG), (99, BacklogLevel.BACKLOG), (100, BacklogLevel.LARGE)])
+def test_backlog_level_thresholds(queued: int, level: BacklogLevel) -> None:
+    assert backlog_level(queued, slow_from=1, fast_from=100) is level
+

@@ -1,0 +1,200 @@
+"""The modem driver and monitor against ``ModemEmulator`` on a real pty pair, with the relay on gpiozero's
+``MockFactory``: the relay's output pin is wired (``MockConnectedPin``) to an input the emulator watches,
+so a power cycle really reaches the "modem"."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+
+import pytest
+from gpiozero import Device, DigitalInputDevice
+from gpiozero.pins.mock import MockConnectedPin, MockFactory
+
+from appliance.hardware.config import ModemConfig
+from appliance.hardware.gpio import ModemPowerRelay
+from appliance.hardware.modem import AtChannel, ModemMonitor, ModemTimeout
+from appliance.hardware.modem_status import Registration
+from tests.hardware.modem_emulator import ModemEmulator
+
+RELAY_PIN, SENSE_PIN = 24, 25
+
+
+@pytest.fixture
+def emulator() -> Iterator[ModemEmulator]:
+    modem = ModemEmulator().start()
+    yield modem
+    modem.close()
+
+
+@pytest.fixture
+def relay(emulator: ModemEmulator) -> Iterator[ModemPowerRelay]:
+    factory = MockFactory()
+    Device.pin_factory = factory
+    sense = factory.pin(SENSE_PIN)
+    factory.pin(RELAY_PIN, pin_class=MockConnectedPin, input_pin=sense)
+    power_sense = DigitalInputDevice(SENSE_PIN)
+    power_sense.when_deactivated = emulator.power_off
+    power_sense.when_activated = emulator.power_on
+    relay = ModemPowerRelay(RELAY_PIN, active_high=True)
+    yield relay
+    relay.close()
+    power_sense.close()
+    factory.reset()
+    Device.pin_factory = None
+
+
+def config(port: str, **changes: float) -> ModemConfig:
+    values = dict(
+        enabled=True,
+        port=port,
+        command_timeout=0.3,
+        poll_interval=0.2,
+        power_off_seconds=0.05,
+        ready_timeout=1.0,
+        backoff_initial=0.2,
+        backoff_max=0.4,
+    )
+    values.update(changes)
+    return ModemConfig(**values)  # type: ignore[arg-type]
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll a real condition with a deadline (the monitor's state is plain attributes)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+async def with_monitor(monitor: ModemMonitor, body: Callable[[], object]) -> None:
+    task = asyncio.create_task(monitor.run())
+    try:
+        await body()  # type: ignore[misc]
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def test_poll_reads_signal_registration_operator_and_reports_link_up(emulator: ModemEmulator) -> None:
+    monitor = ModemMonitor(config(emulator.port))
+    changes: list[bool] = []
+    monitor.on_link_change(changes.append)
+
+    async def body() -> None:
+        await until(lambda: monitor.link_up)
+
+    asyncio.run(with_monitor(monitor, body))
+    assert changes == [True]
+    metrics = monitor.status.as_metrics()
+    assert metrics["rssi_dbm"] == -113 + 2 * 21
+    assert metrics["operator"] == "Emu Mobile"
+    assert metrics["technology"] == "LTE"
+    assert monitor.status.registration == {"CREG": Registration.HOME, "CEREG": Registration.HOME}
+    assert emulator.commands[:3] == ["ATE0", "AT+CREG=1", "AT+CEREG=1"]
+
+
+def test_garbage_split_replies_and_urcs_inside_replies_do_not_confuse_the_driver(emulator: ModemEmulator) -> None:
+    emulator.garbage = b"\x00\xfe#\xff\r\n~~\r\n"
+    emulator.split_replies = True
+    emulator.urc_inside_reply = '+CMTI: "SM",3'
+    emulator.csq = "10,2"
+
+    async def body() -> None:
+        urcs: list[str] = []
+        channel = AtChannel(emulator.port, 115200, urcs.append)
+        channel.open()
+        try:
+            response = await channel.command("AT+CSQ", 2.0)  # echo still on here
+            assert response.ok and response.lines == ("+CSQ: 10,2",)
+            assert urcs == ['+CMTI: "SM",3']
+            error = await channel.command("AT+NOPE", 2.0)
+            assert not error.ok and error.result == "ERROR"
+        finally:
+            channel.close()
+
+    asyncio.run(body())
+
+
+def test_registration_urcs_move_the_link_between_polls(emulator: ModemEmulator) -> None:
+    monitor = ModemMonitor(config(emulator.port, poll_interval=30.0))
+    changes: list[bool] = []
+    monitor.on_link_change(changes.append)
+
+    async def body() -> None:
+        await until(lambda: monitor.link_up)
+        emulator.creg = emulator.cereg = 2  # the next poll must not undo the URC's news
+        emulator.send_urc("+CEREG: 2")
+        await until(lambda: not monitor.link_up, timeout=2.0)
+        emulator.creg = emulator.cereg = 5
+        emulator.send_urc("+CEREG: 5")
+        await until(lambda: monitor.link_up, timeout=2.0)
+
+    asyncio.run(with_monitor(monitor, body))
+    assert changes == [True, False, True]
+    assert monitor.status.registration["CEREG"] is Registration.ROAMING
+
+
+def test_a_hung_modem_is_power_cycled_and_comes_back(emulator: ModemEmulator, relay: ModemPowerRelay) -> None:
+    monitor = ModemMonitor(config(emulator.port), power_switch=relay)
+    changes: list[bool] = []
+    monitor.on_link_change(changes.append)
+    boots_before = emulator.boots  # the relay's initial "on" already booted it once
+
+    async def body() -> None:
+        await until(lambda: monitor.link_up)
+        emulator.hung = True
+        await until(lambda: not monitor.link_up)
+        await until(lambda: monitor.link_up)
+
+    asyncio.run(with_monitor(monitor, body))
+    assert changes == [True, False, True]
+    assert emulator.boots == boots_before + 1 and monitor.status.power_cycles == 1
+    assert relay.powered
+    relay_pin = Device.pin_factory.pin(RELAY_PIN)  # type: ignore[union-attr]
+    # initial high, then off for power_off_seconds, then on again
+    assert [state.state for state in relay_pin.states[-2:]] == [False, True]
+    assert relay_pin.states[-1].timestamp == pytest.approx(0.05, abs=0.05)
+
+
+def test_a_modem_that_stays_dead_is_retried_with_growing_backoff(emulator: ModemEmulator, relay: ModemPowerRelay) -> None:
+    monitor = ModemMonitor(config(emulator.port, ready_timeout=0.4), power_switch=relay)
+
+    async def body() -> None:
+        await until(lambda: monitor.link_up)
+        emulator.stays_dead = True
+        emulator.hung = True
+        await until(lambda: monitor.status.power_cycles >= 3, timeout=10.0)
+
+    asyncio.run(with_monitor(monitor, body))
+    assert not monitor.link_up and not monitor.status.responding
+    relay_pin = Device.pin_factory.pin(RELAY_PIN)  # type: ignore[union-attr]
+    # states: initial, (off, on) per cycle. Time an "off" follows the previous "on" = ready wait + backoff.
+    offs = [state.timestamp for state in relay_pin.states[1:] if not state.state]
+    assert len(offs) >= 3
+    gap_after_first, gap_after_second = offs[1], offs[2]
+    assert gap_after_first == pytest.approx(0.4 + 0.2, abs=0.15)
+    assert gap_after_second == pytest.approx(0.4 + 0.4, abs=0.15)
+
+
+def test_a_command_to_a_hung_modem_times_out(emulator: ModemEmulator) -> None:
+    emulator.hung = True
+
+    async def body() -> None:
+        channel = AtChannel(emulator.port, 115200, lambda line: None)
+        channel.open()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            with pytest.raises(ModemTimeout):
+                await channel.command("AT", 0.2)
+            assert loop.time() - started == pytest.approx(0.2, abs=0.1)
+            emulator.hung = False
+            assert (await channel.command("AT", 2.0)).ok  # the abandoned command left no stale state
+        finally:
+            channel.close()
+
+    asyncio.run(body())

@@ -1,0 +1,118 @@
+"""``make image-tree`` for real, then: does every path the units and the image's config name exist in it?"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import shlex
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from appliance.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Paths a unit may name that the image does not ship: the technician's provisioning file on the boot
+#: partition, and the state directory systemd creates (StateDirectory=).
+PROVIDED_AT_RUN_TIME = ("/boot/firmware/", "/var/lib/appliance")
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("image")
+    # -o: take the venv as up to date; this test checks the image tree, not the dev venv's installation.
+    result = subprocess.run(
+        ["make", "-o", ".venv/.installed", "image-tree", f"IMAGE_TREE={out / 'tree'}", f"WHEEL_DIR={out / 'wheels'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out / "tree"
+
+
+def in_tree(tree: Path, path: str) -> Path:
+    return tree / path.lstrip("/")
+
+
+def units(tree: Path) -> list[tuple[str, configparser.SectionProxy, configparser.SectionProxy]]:
+    found = []
+    for unit in sorted((tree / "usr/lib/systemd/system").glob("*.service")):
+        parser = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+        parser.optionxform = str  # type: ignore[assignment, method-assign]
+        parser.read(unit)
+        found.append((unit.name, parser["Unit"], parser["Service"]))
+    return found
+
+
+def test_both_units_are_installed_and_enabled(tree: Path) -> None:
+    names = {name for name, _, _ in units(tree)}
+    assert names == {"appliance.service", "appliance-firstboot.service"}
+    wants = tree / "etc/systemd/system/multi-user.target.wants"
+    for name in names:
+        link = wants / name
+        assert link.is_symlink() and in_tree(tree, os.readlink(link)).is_file()
+
+
+def test_every_path_a_unit_names_exists_in_the_tree(tree: Path) -> None:
+    checked = 0
+    for name, unit, service in units(tree):
+        binary, *arguments = shlex.split(service["ExecStart"])
+        assert os.access(in_tree(tree, binary), os.X_OK), f"{name}: ExecStart {binary} is not an executable in the tree"
+        for argument in arguments:
+            if argument.startswith("/") and not argument.startswith(PROVIDED_AT_RUN_TIME):
+                assert in_tree(tree, argument).exists(), f"{name}: {argument} is missing from the tree"
+                checked += 1
+        for document in unit.get("Documentation", "").split():
+            if document.startswith("file:"):
+                assert in_tree(tree, document.removeprefix("file:")).is_file(), f"{name}: {document} missing"
+                checked += 1
+    assert checked >= 4
+
+
+def test_the_gateway_unit_runs_the_installed_wheel(tree: Path) -> None:
+    venv_python = tree / "opt/appliance/venv/bin/python"
+    script = (tree / "opt/appliance/venv/bin/appliance").read_text()
+    assert "from appliance.cli import main" in script
+    # appliance.hardware.at needs nothing outside the standard library, so it imports without the
+    # dependencies the chroot install adds; it proves the venv holds our code.
+    result = subprocess.run(
+        [str(venv_python), "-I", "-c", "import appliance.hardware.at as m; print(m.__file__)"],
+        capture_output=True, text=True, timeout=30, cwd=tree,
+    )
+    assert result.returncode == 0, result.stderr
+    assert str(tree / "opt/appliance/venv") in result.stdout
+    [wheel] = (tree / "opt/appliance/wheels").glob("appliance-*.whl")
+    assert "appliance/hardware/modem.py" in zipfile.ZipFile(wheel).namelist()
+
+
+def test_the_image_config_is_valid_and_everything_it_names_is_there(tree: Path) -> None:
+    [(_, _, service)] = [unit for unit in units(tree) if unit[0] == "appliance.service"]
+    arguments = shlex.split(service["ExecStart"])
+    config_path = in_tree(tree, arguments[arguments.index("--config") + 1])
+    config = load_config(config_path)
+    assert config.data_dir == Path("/var/lib") / service["StateDirectory"]
+    assert config.broker.auth.password_file is not None and config.broker.auth.password_file.is_file()
+    assert config.broker.auth.password_file.parent == config_path.parent
+    assert config.hardware.gpio.enabled and config.hardware.modem.enabled
+    assert oct(config_path.stat().st_mode & 0o777) == oct(0o640)
+
+
+def test_sysusers_creates_the_user_and_groups_the_unit_runs_as(tree: Path) -> None:
+    [(_, _, service)] = [unit for unit in units(tree) if unit[0] == "appliance.service"]
+    entries = [line.split() for line in (tree / "usr/lib/sysusers.d/appliance.conf").read_text().splitlines() if line and not line.startswith("#")]
+    users = {fields[1] for fields in entries if fields[0] == "u"}
+    groups = {fields[1] for fields in entries if fields[0] == "g"} | users
+    assert service["User"] in users
+    assert set(service["SupplementaryGroups"].split()) <= groups
+
+
+def test_firstboot_script_runs_with_the_system_python(tree: Path) -> None:
+    script = tree / "usr/local/sbin/appliance-firstboot"
+    assert script.read_text().startswith("#!/usr/bin/python3\n") and os.access(script, os.X_OK)
+    result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0 and "boot partition" in result.stdout

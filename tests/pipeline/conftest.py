@@ -1,0 +1,110 @@
+"""Fixtures for the pipeline tests: one Spark session for the whole run, and a real mosquitto broker.
+
+Spark starts once per pytest session (a JVM start costs seconds on this machine): ``local[2]``, two
+shuffle partitions, no UI, UTC. Tests that need it take the ``spark`` fixture; the others never start it.
+The data is tiny, so the session trades peak speed for start-up: expressions are interpreted rather than
+compiled (codegen is most of a small query's time) and the JIT stops at C1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")  # the [pipeline] extra
+
+
+def pytest_configure(config):
+    # pyspark 4.x on pandas 3: a support warning on every import and deprecation notes from inside pyspark.
+    config.addinivalue_line("filterwarnings", "ignore:PySpark does not yet fully support pandas:FutureWarning")
+    config.addinivalue_line("filterwarnings", "ignore:The copy keyword is deprecated:DeprecationWarning")
+    config.addinivalue_line("filterwarnings", "ignore:The copy keyword is deprecated")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pipeline.spark import session
+
+    spark = session(
+        "local[2]",
+        "pipeline-tests",
+        shuffle_partitions=2,
+        conf={
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.adaptive.enabled": "false",  # tiny data: planning costs more than it saves
+            "spark.sql.codegen.wholeStage": "false",
+            "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            "spark.driver.memory": "1g",
+        },
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture(scope="session")
+def sample(tmp_path_factory):
+    """The sample landing zone (all batches) and HIL timelines, written once."""
+    from tests.pipeline.pipeline_data import write_hil, write_sample
+
+    root = tmp_path_factory.mktemp("sample")
+    write_sample(root / "landing")
+    write_hil(root / "hil")
+    return root
+
+
+@pytest.fixture(scope="session")
+def batch_outputs(spark, sample):
+    """The batch job run once over the sample; yields its output folder and the row counts."""
+    from pipeline.jobs.batch import run_batch
+    from pipeline.jobs.settings import JobSettings
+    from tests.pipeline.pipeline_data import SAMPLE_LATENESS
+
+    settings = JobSettings(str(sample / "landing"), str(sample / "batch"), lateness=SAMPLE_LATENESS,
+                           hil=str(sample / "hil"))
+    counts = run_batch(spark, settings, progress=lambda _: None)
+    return settings, counts
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def mosquitto(tmp_path):
+    """A real mosquitto on an OS-chosen free port; yields (host, port)."""
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    if not Path(binary).exists():
+        pytest.skip("mosquitto is not installed (make test installs it)")
+    port = free_port()
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_inflight_messages 20\n")
+    process = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"mosquitto did not start: {process.stderr.read().decode(errors='replace')}")
+            time.sleep(0.05)
+    yield "127.0.0.1", port
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -1,0 +1,45 @@
+"""Delivery SLA: latency percentiles, and counter increases from the gateway's metrics."""
+
+import pandas as pd
+
+from pipeline.envelope import land
+from pipeline.jobs import delivery
+from pipeline.jobs.schemas import LANDING
+from pipeline.jobs.source import with_times
+from tests.pipeline.pipeline_data import MINUTE, at, reading
+
+WINDOW = 5 * MINUTE
+
+
+def samples(*rows):
+    columns = ["sample_ms", "sent", "expired", "dropped", "retries", "depth", "oldest_age_s"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def test_counters_count_increases_resets_from_zero_and_repeats_add_nothing():
+    step = delivery.counter_step(WINDOW)
+    out, last = step(("gw1", "upstream", 5), None, samples(
+        (at(1), 10, 1, 0, 0, 4, 2.0),
+        (at(2), 15, 1, 0, 1, 7, 3.5),
+        (at(2), 15, 1, 0, 1, 7, 3.5),  # the same metrics message again
+        (at(6), 3, 0, 0, 0, 1, 0.5),  # the gateway restarted
+        (at(7), 8, 2, 1, 0, 0, 0.0),
+    ))
+    assert out.sort_values("window_start_ms")[
+        ["window_start_ms", "samples", "sent", "expired", "dropped", "retries", "depth_max", "oldest_age_s_max"]
+    ].values.tolist() == [[at(0), 2, 15, 1, 0, 1, 7, 3.5], [at(5), 2, 8, 2, 1, 0, 1, 0.5]]
+    assert last == {"sent": 8, "expired": 2, "dropped": 1, "retries": 0}
+
+    later, _ = step(("gw1", "upstream", 5), last, samples((at(11), 9, 2, 1, 0, 0, 0.0)))
+    assert later[["sent", "expired"]].values.tolist() == [[1, 0]]  # continues from what it remembered
+
+
+def test_latency_percentiles_per_gateway_priority_and_receive_window(spark):
+    messages = [reading("gw1", "t1", n, 0, 20.0, 20.0, False, latency_ms=n * 100, priority=n % 2)
+                for n in range(1, 201)]
+    events = with_times(spark.createDataFrame([land(m).record for m in messages], LANDING))
+    rows = {r.priority: r for r in delivery.latency(events, "5 minutes").collect()}
+    odd, even = rows[1], rows[0]  # odd latencies 100, 300, ... 19900; even 200 ... 20000
+    assert (odd.delivered, even.delivered) == (100, 100)
+    assert (odd.latency_p50_ms, odd.latency_p95_ms, odd.latency_p99_ms, odd.latency_max_ms) == (9900, 18900, 19700, 19900)
+    assert (even.latency_p50_ms, even.latency_max_ms) == (10000, 20000)

@@ -1,0 +1,120 @@
+"""The ingest against a real mosquitto: what lands where, ack only after the write, shared subscriptions."""
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from pipeline.ingest import Ingest, IngestConfig
+from pipeline.landing import read_records
+from tests.pipeline.pipeline_data import metrics, reading
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def publish(broker, messages):
+    host, port = broker
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="gateway-under-test", protocol=mqtt.MQTTv5)
+    client.connect(host, port)
+    client.loop_start()
+    try:
+        for message in messages:
+            props = Properties(PacketTypes.PUBLISH)
+            if message.user_properties:
+                props.UserProperty = list(message.user_properties)
+            if message.content_type:
+                props.ContentType = message.content_type
+            client.publish(message.topic, message.payload, qos=1, properties=props).wait_for_publish(5)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+
+
+class Running:
+    """An Ingest on a thread; ``stop()`` commits, seals and disconnects, then returns the stats."""
+
+    def __init__(self, broker, landing, client_id="ingest-test", **options):
+        host, port = broker
+        self.ingest = Ingest(IngestConfig(host=host, port=port, landing=str(landing), client_id=client_id, **options))
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.ingest.run, args=(self.stop_event,), daemon=True)
+        self.thread.start()
+        assert self.ingest.ready.wait(10), "ingest did not subscribe"
+
+    def wait_for(self, landed, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while sum(self.ingest.stats.landed.values()) < landed:
+            assert time.monotonic() < deadline, f"landed {self.ingest.stats.landed}, wanted {landed}"
+            time.sleep(0.02)
+
+    def stop(self):
+        self.stop_event.set()
+        self.thread.join(10)
+        return self.ingest.stats
+
+
+def test_events_metrics_and_bad_messages_land_in_their_partitions(mosquitto, tmp_path):
+    now = int(time.time() * 1000)
+    good = reading("gw1", "t1", 1, 0, 21.0, 22.0, True)
+    bad = reading("gw1", "t1", 2, 0, 0, 0, False, payload=b"{oops")
+    running = Running(mosquitto, tmp_path)
+    publish(mosquitto, [good, bad, metrics("gw1", 0, {5: {"depth": 0}})])
+    running.wait_for(3)
+    stats = running.stop()
+    assert stats.landed == {"events": 1, "metrics": 1, "quarantine": 1}
+
+    (event,) = read_records(tmp_path, "events")
+    assert event["message_id"] == "gw1:1" and event["priority"] == 5
+    assert event["payload"] == good.payload.decode() and event["content_type"] == "application/json"
+    assert now - 1000 <= event["received_ms"] <= int(time.time() * 1000)
+    (quarantined,) = read_records(tmp_path, "quarantine")
+    assert quarantined["message_id"] == "gw1:2" and "not valid JSON" in quarantined["reason"]
+    assert read_records(tmp_path, "metrics")[0]["gateway_id"] == "gw1"
+
+
+def test_message_is_redelivered_when_the_ingest_dies_before_writing_it(mosquitto, tmp_path):
+    host, port = mosquitto
+    crashing = subprocess.Popen(
+        [sys.executable, "-m", "tests.pipeline.ingest_crash", host, str(port), str(tmp_path), "ingest-crash"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert crashing.stdout.readline().strip() == "ready"
+        publish(mosquitto, [reading("gw1", "t1", 42, 0, 20.0, 20.0, False)])
+        assert crashing.wait(10) == 17  # received it, died at the write: no line, no PUBACK
+    finally:
+        if crashing.poll() is None:
+            crashing.kill()
+    assert read_records(tmp_path, "events") == []
+
+    restarted = Running(mosquitto, tmp_path, client_id="ingest-crash")  # same session
+    restarted.wait_for(1)
+    restarted.stop()
+    (event,) = read_records(tmp_path, "events")
+    assert event["message_id"] == "gw1:42" and event["redelivered"] is True
+
+    # It was acknowledged after the write this time: a third run of the same session gets nothing.
+    again = Running(mosquitto, tmp_path / "again", client_id="ingest-crash")
+    time.sleep(0.5)
+    assert sum(again.stop().landed.values()) == 0
+
+
+def test_shared_subscription_splits_messages_between_ingests(mosquitto, tmp_path):
+    first = Running(mosquitto, tmp_path / "a", client_id="ingest-a")
+    second = Running(mosquitto, tmp_path / "b", client_id="ingest-b")
+    publish(mosquitto, [reading("gw1", "t1", n, n, 20.0, 20.0, False) for n in range(20)])
+    deadline = time.monotonic() + 10
+    while first.ingest.stats.landed["events"] + second.ingest.stats.landed["events"] < 20:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    first.stop(), second.stop()
+    ids_a = {r["message_id"] for r in read_records(tmp_path / "a", "events")}
+    ids_b = {r["message_id"] for r in read_records(tmp_path / "b", "events")}
+    assert ids_a and ids_b and not ids_a & ids_b
+    assert len(ids_a | ids_b) == 20

@@ -1,0 +1,82 @@
+"""The MQTT envelope of a request: MQTT 5, QoS 1, Response Topic, Correlation Data, allowed topics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from appliance.statestore.commands import GetCommand
+from appliance.statestore.service import REQUEST_TOPIC
+from tests.statestore.raw_mqtt import TIMEOUT, RawClient
+from tests.support.processes import GatewayProcess
+
+REQUEST = GetCommand(b"envelope-key").encode()
+
+
+@pytest.fixture
+def raw(gateway: GatewayProcess) -> Iterator[RawClient]:
+    client = RawClient(gateway.host, gateway.port)
+    client.subscribe(f"clients/{client.client_id}/resp")
+    client.subscribe(f"clients/{client.client_id}/marker")
+    yield client
+    client.close()
+
+
+def marker_then_next(raw: RawClient) -> bytes:
+    """Publish a marker to ourselves; return the payload of the next message we receive."""
+    raw.publish(f"clients/{raw.client_id}/marker", b"marker")
+    return raw.next_message().payload
+
+
+def test_a_valid_request_is_answered_with_correlation_data(raw: RawClient) -> None:
+    raw.publish(REQUEST_TOPIC, REQUEST, response_topic=f"clients/{raw.client_id}/resp", correlation_data=b"\x00\x01")
+    reply = raw.next_message()
+    assert reply.payload == b"$-1\r\n" and reply.qos == 1
+    assert reply.properties.CorrelationData == b"\x00\x01"
+    assert ("__stat", "200") in reply.properties.UserProperty
+
+
+@pytest.mark.parametrize(
+    ("response_topic", "correlation_data"), [(None, b"1"), ("RESPONSE", None)], ids=["no-response-topic", "no-correlation-data"]
+)
+def test_missing_properties_fail_the_puback(raw: RawClient, response_topic: str | None, correlation_data: bytes | None) -> None:
+    topic = f"clients/{raw.client_id}/resp" if response_topic else None
+    mid = raw.publish(REQUEST_TOPIC, REQUEST, response_topic=topic, correlation_data=correlation_data)
+    acked_mid, reason = raw.pubacks.get(timeout=TIMEOUT)
+    assert acked_mid == mid and reason >= 0x80
+    assert marker_then_next(raw) == b"marker"  # no response came before the marker
+
+
+def test_qos0_requests_get_no_response(raw: RawClient) -> None:
+    raw.publish(REQUEST_TOPIC, REQUEST, qos=0, response_topic=f"clients/{raw.client_id}/resp", correlation_data=b"1")
+    assert marker_then_next(raw) == b"marker"
+
+
+@pytest.mark.parametrize(
+    "response_topic",
+    [REQUEST_TOPIC, "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/636C69656E74/command/notify/4B"],
+)
+def test_a_forbidden_response_topic_disconnects_the_client(raw: RawClient, response_topic: str) -> None:
+    raw.publish(REQUEST_TOPIC, REQUEST, response_topic=response_topic, correlation_data=b"1")
+    assert raw.disconnects.get(timeout=TIMEOUT) >= 0x80
+
+
+def test_mqtt_311_requests_are_not_served_and_not_routed(gateway: GatewayProcess, raw: RawClient) -> None:
+    raw.subscribe(REQUEST_TOPIC)  # an ordinary subscriber of the system topic
+    old = RawClient(gateway.host, gateway.port, protocol=mqtt.MQTTv311)
+    try:
+        mid = old.publish(REQUEST_TOPIC, REQUEST)
+        assert old.pubacks.get(timeout=TIMEOUT)[0] == mid  # 3.1.1 has no way to say no: a plain PUBACK
+        assert marker_then_next(raw) == b"marker"
+        assert old.disconnects.empty()
+    finally:
+        old.close()
+
+
+def test_served_requests_are_not_routed_to_ordinary_subscribers(raw: RawClient) -> None:
+    raw.subscribe(REQUEST_TOPIC)
+    raw.publish(REQUEST_TOPIC, REQUEST, response_topic=f"clients/{raw.client_id}/resp", correlation_data=b"1")
+    assert raw.next_message().payload == b"$-1\r\n"
+    assert marker_then_next(raw) == b"marker"

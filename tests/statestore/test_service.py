@@ -1,0 +1,261 @@
+"""The service on its own: envelope checks, responses and their properties, notifications, expiry sweep.
+
+The broker is a small recording ``BrokerHandle``; the gateway tests run the same paths over real MQTT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from appliance.broker.api import InboundPublish
+from appliance.statestore import errors
+from appliance.statestore.acl import AclRule
+from appliance.statestore.commands import Condition, DelCommand, GetCommand, KeyNotifyCommand, SetCommand, VDelCommand
+from appliance.statestore.config import StateStoreConfig
+from appliance.statestore.hlc import Hlc
+from appliance.statestore.notify import notification_topic
+from appliance.statestore.resp3 import encode_array
+from appliance.statestore.service import REQUEST_TOPIC, StateStoreService
+
+T0 = 1_700_000_000_000
+T = TypeVar("T")
+
+
+@dataclass
+class Published:
+    topic: str
+    payload: bytes
+    qos: int
+    correlation_data: bytes | None
+    user_properties: dict[str, str]
+
+
+@dataclass
+class RecordingBroker:
+    published: list[Published] = field(default_factory=list)
+    disconnected: list[tuple[str, int]] = field(default_factory=list)
+    changed: asyncio.Event | None = None
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False, **props: Any) -> None:
+        self.published.append(
+            Published(topic, payload, qos, props.get("correlation_data"), dict(props.get("user_properties") or []))
+        )
+        if self.changed is not None:
+            self.changed.set()
+
+    def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
+        self.disconnected.append((client_id, reason_code))
+
+
+class Harness:
+    def __init__(self, service: StateStoreService, broker: RecordingBroker, clock: list[int]) -> None:
+        self.service, self.broker, self.clock = service, broker, clock
+
+    def request(
+        self,
+        payload: bytes,
+        client_id: str = "c1",
+        timestamp: str | None = "auto",
+        fencing_token: str | None = None,
+        username: str | None = None,
+    ) -> Published:
+        props = []
+        if timestamp == "auto":
+            timestamp = str(Hlc(self.clock[0], 0, client_id))
+        if timestamp is not None:
+            props.append(("__ts", timestamp))
+        if fencing_token is not None:
+            props.append(("__ft", fencing_token))
+        message = InboundPublish(
+            client_id=client_id, username=username, protocol_level=5, topic=REQUEST_TOPIC, payload=payload, qos=1,
+            retain=False, user_properties=props, response_topic=f"clients/{client_id}/resp", correlation_data=b"cd",
+        )
+        before = len(self.broker.published)
+        verdict = asyncio.get_event_loop().run_until_complete(self.service.on_publish(message))
+        assert verdict.reason_code == 0 and verdict.route is False
+        response = self.broker.published[before]
+        assert response.topic == f"clients/{client_id}/resp" and response.correlation_data == b"cd" and response.qos == 1
+        assert response.user_properties["__stat"] == "200"
+        return response
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Any:
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    clock = [T0]
+    broker = RecordingBroker()
+    service = StateStoreService(StateStoreConfig(max_keys=3), tmp_path, clock_ms=lambda: clock[0])
+    loop.run_until_complete(service.start(broker))
+    yield Harness(service, broker, clock)
+    loop.run_until_complete(service.stop())
+    loop.close()
+    asyncio.set_event_loop(None)
+
+
+def test_set_get_del_responses_and_versions(harness: Harness) -> None:
+    set_reply = harness.request(SetCommand(b"k", b"v").encode())
+    assert set_reply.payload == b"+OK\r\n"
+    version = set_reply.user_properties["__ts"]
+    assert Hlc.parse(version) > Hlc(T0, 0, "c1")
+    get_reply = harness.request(GetCommand(b"k").encode(), timestamp=None)
+    assert (get_reply.payload, get_reply.user_properties["__ts"]) == (b"$1\r\nv\r\n", version)
+    nx = harness.request(SetCommand(b"k", b"w", Condition.NX).encode())
+    assert nx.payload == b":-1\r\n" and "__ts" in nx.user_properties  # both SET outcomes carry __ts
+    vdel = harness.request(VDelCommand(b"k", b"w").encode(), timestamp=None)
+    assert (vdel.payload, vdel.user_properties["__ts"]) == (b":-1\r\n", version)
+    deleted = harness.request(DelCommand(b"k").encode(), timestamp=None)
+    assert (deleted.payload, deleted.user_properties["__ts"]) == (b":1\r\n", version)
+    miss = harness.request(GetCommand(b"k").encode(), timestamp=None)
+    assert miss.payload == b"$-1\r\n" and "__ts" not in miss.user_properties
+    assert harness.request(DelCommand(b"k").encode()).payload == b":0\r\n"
+
+
+@pytest.mark.parametrize(
+    ("timestamp", "fencing_token", "message"),
+    [
+        (None, None, errors.MISSING_TIMESTAMP),
+        ("yesterday", None, errors.MALFORMED_TIMESTAMP),
+        ("auto", "1:x:y", errors.MALFORMED_TIMESTAMP),
+        (str(Hlc(T0 + 60_001, 0, "c")), None, errors.TIMESTAMP_SKEW),
+        ("auto", str(Hlc(T0 + 60_001, 0, "c")), errors.FENCING_TOKEN_SKEW),
+    ],
+)
+def test_timestamp_errors(harness: Harness, timestamp: str | None, fencing_token: str | None, message: str) -> None:
+    reply = harness.request(SetCommand(b"k", b"v").encode(), timestamp=timestamp, fencing_token=fencing_token)
+    assert reply.payload == f"-ERR {message}\r\n".encode()
+    assert "__ts" not in reply.user_properties
+    assert harness.request(GetCommand(b"k").encode()).payload == b"$-1\r\n"  # nothing was stored
+
+
+def test_exactly_one_minute_ahead_is_accepted(harness: Harness) -> None:
+    reply = harness.request(SetCommand(b"k", b"v").encode(), timestamp=str(Hlc(T0 + 60_000, 0, "c")))
+    assert reply.payload == b"+OK\r\n"
+    assert Hlc.parse(reply.user_properties["__ts"]) > Hlc(T0 + 60_000, 0, "c")
+
+
+def test_quota_through_the_service(harness: Harness) -> None:
+    for key in (b"a", b"b", b"c"):
+        assert harness.request(SetCommand(key, b"v").encode()).payload == b"+OK\r\n"
+    assert harness.request(SetCommand(b"d", b"v").encode()).payload == b"-ERR the quota has been exceeded\r\n"
+
+
+def test_payload_errors_are_answered(harness: Harness) -> None:
+    assert harness.request(b"garbage").payload == b"-ERR syntax error\r\n"
+    assert harness.request(encode_array([b"PING"])).payload == b"-ERR unknown command\r\n"
+
+
+def run(harness: Harness, coroutine: Awaitable[T]) -> T:
+    return asyncio.get_event_loop().run_until_complete(coroutine)
+
+
+def envelope(**overrides: Any) -> InboundPublish:
+    fields: dict[str, Any] = dict(
+        client_id="c1", username=None, protocol_level=5, topic=REQUEST_TOPIC, payload=GetCommand(b"k").encode(), qos=1,
+        retain=False, response_topic="clients/c1/resp", correlation_data=b"1",
+    )
+    fields.update(overrides)
+    return InboundPublish(**fields)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"protocol_level": 4}, "the state store requires MQTT 5"),
+        ({"qos": 0}, "state store requests must be QoS 1"),
+        ({"qos": 2}, "state store requests must be QoS 1"),
+        ({"response_topic": None}, "missing response topic"),
+        ({"correlation_data": None}, "missing correlation data"),
+    ],
+)
+def test_bad_envelopes_fail_in_the_puback_and_get_no_response(harness: Harness, overrides: dict[str, Any], reason: str) -> None:
+    verdict = run(harness, harness.service.on_publish(envelope(**overrides)))
+    assert verdict.reason_code >= 0x80 and verdict.reason_string == reason and verdict.disconnect is None
+    assert harness.broker.published == []
+
+
+@pytest.mark.parametrize(
+    "topic", [REQUEST_TOPIC, "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8", "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x/command/notify/y"]
+)
+def test_a_forbidden_response_topic_disconnects(harness: Harness, topic: str) -> None:
+    verdict = run(harness, harness.service.on_publish(envelope(response_topic=topic)))
+    assert verdict.disconnect is not None and verdict.disconnect >= 0x80
+    assert harness.broker.published == []
+
+
+def test_a_similar_but_allowed_response_topic_is_answered(harness: Harness) -> None:
+    verdict = run(harness, harness.service.on_publish(envelope(response_topic="clients/statestore/v1/other")))
+    assert verdict.disconnect is None and verdict.reason_code == 0
+    assert harness.broker.published[0].payload == b"$-1\r\n"
+
+
+def test_keynotify_lifecycle_and_notification_format(harness: Harness) -> None:
+    assert harness.request(KeyNotifyCommand(b"k").encode(), client_id="watcher").payload == b"+OK\r\n"
+    assert harness.request(KeyNotifyCommand(b"k").encode(), client_id="watcher").payload == b"+OK\r\n"  # idempotent
+    reply = harness.request(SetCommand(b"k", b"abc").encode())
+    notes = harness.broker.published[-1:]
+    assert [(n.topic, n.payload, n.user_properties) for n in notes] == [
+        (notification_topic("watcher", b"k"), b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\nabc\r\n", {"__ts": reply.user_properties["__ts"]})
+    ]
+    harness.request(DelCommand(b"k").encode())
+    assert harness.broker.published[-1].payload == b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"
+    assert harness.request(KeyNotifyCommand(b"k", stop=True).encode(), client_id="watcher").payload == b"+OK\r\n"
+    assert harness.request(KeyNotifyCommand(b"k", stop=True).encode(), client_id="watcher").payload == b":0\r\n"
+    count = len(harness.broker.published)
+    harness.request(SetCommand(b"k", b"again").encode())
+    assert len(harness.broker.published) == count + 1  # the response only
+
+
+def test_disconnect_drops_registrations(harness: Harness) -> None:
+    harness.request(KeyNotifyCommand(b"k").encode(), client_id="watcher")
+    harness.service.on_client_disconnected("watcher")
+    count = len(harness.broker.published)
+    harness.request(SetCommand(b"k", b"v").encode())
+    assert len(harness.broker.published) == count + 1
+
+
+def test_the_sweep_notifies_delete_at_the_deadline(harness: Harness) -> None:
+    harness.request(KeyNotifyCommand(b"k").encode(), client_id="watcher")
+    harness.clock[0] = T0
+    harness.request(SetCommand(b"k", b"v", expire_ms=50).encode())
+    harness.broker.changed = asyncio.Event()
+
+    async def wait_for_delete() -> Published:
+        while True:
+            harness.broker.changed.clear()  # type: ignore[union-attr]
+            for item in harness.broker.published:
+                if item.payload.endswith(b"DELETE\r\n"):
+                    return item
+            await asyncio.wait_for(harness.broker.changed.wait(), 5)  # type: ignore[union-attr]
+
+    harness.clock[0] = T0 + 50  # the service reads time through this clock; the sweep wakes on its own timer
+    note = run(harness, asyncio.wait_for(wait_for_delete(), 5))
+    assert note.topic == notification_topic("watcher", b"k")
+
+
+def test_acl(tmp_path: Path) -> None:
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    rules = (AclRule("alice", "alice/", ("read", "write")), AclRule("*", "public/", ("read",)))
+    service = StateStoreService(StateStoreConfig(acl=rules), tmp_path, clock_ms=lambda: T0)
+    loop.run_until_complete(service.start(RecordingBroker()))
+    harness = Harness(service, service._broker, [T0])  # type: ignore[arg-type]
+    try:
+        denied = b"-ERR not authorized\r\n"
+        assert harness.request(SetCommand(b"alice/x", b"v").encode(), username="alice").payload == b"+OK\r\n"
+        assert harness.request(SetCommand(b"alice/x", b"v").encode(), username="bob").payload == denied
+        assert harness.request(GetCommand(b"alice/x").encode(), username="bob").payload == denied
+        assert harness.request(KeyNotifyCommand(b"alice/x").encode(), username=None).payload == denied
+        assert harness.request(GetCommand(b"public/x").encode(), username=None).payload == b"$-1\r\n"
+        assert harness.request(SetCommand(b"public/x", b"v").encode(), username="bob").payload == denied
+        assert harness.request(DelCommand(b"public/x").encode(), username="alice").payload == denied
+    finally:
+        loop.run_until_complete(service.stop())
+        loop.close()
+        asyncio.set_event_loop(None)

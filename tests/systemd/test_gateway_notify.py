@@ -1,0 +1,72 @@
+"""The real gateway process under a stand-in systemd: READY=1 only once clients can connect, watchdog pings
+at WATCHDOG_USEC/2 from its loop, STOPPING=1 on SIGTERM. And the hardware wired in: with
+``GPIOZERO_PIN_FACTORY=mock`` and the modem emulator on a pty, the modem's readings reach MQTT clients as
+retained ``$SYS/gateway/modem/...`` messages."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from tests.hardware.modem_emulator import ModemEmulator
+from tests.support.processes import GatewayProcess
+from tests.systemd.notify_socket import NotifySocket
+
+
+def test_ready_watchdog_and_stopping_from_the_running_gateway(tmp_path: Path) -> None:
+    receiver = NotifySocket(str(tmp_path / "notify"))
+    gateway = GatewayProcess(tmp_path / "data", env={"NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "400000"})
+    try:
+        gateway.start()
+        [(_, ready)] = receiver.wait_for(1)[:1]
+        assert ready.startswith("READY=1\nSTATUS=listening on tcp://127.0.0.1:")
+        with socket.create_connection((gateway.host, gateway.port), timeout=5):
+            pass  # READY=1 came after the listener accepts
+        messages = receiver.wait_for(5)
+        pings = [at for at, message in messages if message == "WATCHDOG=1"]
+        assert len(pings) >= 3
+        assert all(0.1 <= later - earlier <= 0.35 for earlier, later in zip(pings, pings[1:])), pings
+        assert gateway.terminate() == 0
+        assert receiver.messages[-1][1] == "STOPPING=1"
+    finally:
+        gateway.kill9()
+        receiver.close()
+
+
+def test_gateway_publishes_modem_readings_with_hardware_enabled(tmp_path: Path) -> None:
+    emulator = ModemEmulator().start()
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        "[hardware.gpio]\nenabled = true\npower_led = 17\nuplink_led = 27\nmodem_relay = 24\n"
+        f'[hardware.modem]\nenabled = true\nport = "{emulator.port}"\ncommand_timeout = 1.0\npoll_interval = 0.3\n'
+    )
+    gateway = GatewayProcess(tmp_path / "data", config=config, env={"GPIOZERO_PIN_FACTORY": "mock"})
+    received: dict[str, bytes] = {}
+    got_operator = threading.Event()
+
+    def on_message(client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
+        received[message.topic] = message.payload
+        if received.get("$SYS/gateway/modem/operator") and received.get("$SYS/gateway/modem/technology"):
+            got_operator.set()
+
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client.on_message = on_message
+    try:
+        gateway.start()
+        client.connect(gateway.host, gateway.port)
+        client.subscribe("$SYS/gateway/modem/#")
+        client.loop_start()
+        assert got_operator.wait(10), gateway.output()
+        assert received["$SYS/gateway/modem/operator"] == b"Emu Mobile"
+        assert received["$SYS/gateway/modem/technology"] == b"LTE"
+        assert "AT+CSQ" in emulator.commands
+        assert gateway.terminate() == 0
+    finally:
+        client.loop_stop()
+        client.disconnect()
+        gateway.kill9()
+        emulator.close()
