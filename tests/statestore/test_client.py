@@ -158,3 +158,10 @@ def test_every_protocol_error_string_has_its_own_exception_class() -> None:
         with pytest.raises(cls) as caught:
             raise_for_error(Response(f"-ERR {message}\r\n".encode(), ErrorReply(f"ERR {message}".encode()), ()))
         assert caught.value.message == message
+
+
+def test_requests_are_not_held_back_by_nagle(client: StateStoreClient) -> None:
+    """One small request at a time is the client's normal traffic: Nagle plus delayed ACK would add ~40 ms."""
+    sock = client._mqtt.socket()
+    assert isinstance(sock, socket.socket)
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

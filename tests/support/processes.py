@@ -147,25 +147,58 @@ class MosquittoProcess:
     def __init__(self, work_dir: Path, extra_config: str = "", port: int | None = None) -> None:
         self.work_dir = Path(work_dir)
         self.extra_config = extra_config
+        self.port_chosen_by_caller = port is not None
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.host = "127.0.0.1"
 
-    def start(self, timeout: float = 10.0) -> "MosquittoProcess":
+    def start(self, timeout: float = 10.0, attempts: int = 3) -> "MosquittoProcess":
+        """Start and wait until mosquitto itself says it listens.
+
+        A port from ``free_port()`` can be taken by another process before mosquitto binds it; a plain
+        "something accepts connections" check would then report that other program as our broker. So we
+        wait for mosquitto's own "Opening ipv4 listen socket on port N" line, and pick another port when
+        the bind failed (unless the caller chose the port).
+        """
+        for attempt in range(attempts):
+            if self._start_once(timeout):
+                return self
+            if self.port_chosen_by_caller or attempt == attempts - 1:
+                break
+            self.port = free_port()
+        raise RuntimeError(f"mosquitto did not start listening on {self.host}:{self.port}:\n{self.log_text()}")
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / f"mosquitto-{self.port}.log"
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def _start_once(self, timeout: float) -> bool:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         conf = self.work_dir / f"mosquitto-{self.port}.conf"
         conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n{self.extra_config}\n"
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+            f"log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
+            f"{self.extra_config}\n"
         )
-        log = open(self.work_dir / f"mosquitto-{self.port}.log", "wb")
-        self.process = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        try:
-            wait_for_port(self.host, self.port, timeout)
-        except TimeoutError:
-            self.stop()
-            raise
-        return self
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+        listening = f"listen socket on port {self.port}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            if listening in self.log_text():
+                wait_for_port(self.host, self.port, max(0.1, deadline - time.monotonic()))
+                return True
+            time.sleep(0.02)
+        self.stop()
+        return False
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
