@@ -1,1 +1,1 @@
-"""Benchmarks, side by side with mosquitto (``bench/broker.py``)."""
+"""Benchmarks, each a script run by path; ``README.md`` describes the broker benchmark."""

@@ -91,13 +91,14 @@ class Usage:
 
     broker: float
     generator: float
+    busiest_worker: float
     other: float
     broker_rss: int
 
     def __str__(self) -> str:
         cores = psutil.cpu_count() or 1
-        return (f"cpu % of a core: broker {self.broker:.0f}, generator {self.generator:.0f}, other {self.other:.0f} "
-                f"(of {cores * 100}); broker RSS {self.broker_rss / 2**20:.0f} MB")
+        return (f"cpu % of a core: broker {self.broker:.0f}, generator {self.generator:.0f} (busiest process "
+                f"{self.busiest_worker:.0f}), other {self.other:.0f} (of {cores * 100}); broker RSS {self.broker_rss / 2**20:.0f} MB")
 
 
 class Sampler:
@@ -127,8 +128,10 @@ class Sampler:
     def usage(self, results: list[WorkerResult]) -> Usage:
         seconds = self.seconds or 1.0
         generator = sum(result.cpu_seconds for result in results)
+        busiest = max((result.cpu_seconds for result in results), default=0.0)
         other = max(0.0, self.busy_cpu - self.broker_cpu - generator)
-        return Usage(100 * self.broker_cpu / seconds, 100 * generator / seconds, 100 * other / seconds, self.rss)
+        return Usage(100 * self.broker_cpu / seconds, 100 * generator / seconds, 100 * busiest / seconds,
+                     100 * other / seconds, self.rss)
 
     def _broker_cpu(self) -> float:
         times = self.process.cpu_times()

@@ -524,11 +524,10 @@ async def _work(index: int, spec: WorkerSpec, schedule: Schedule, channel: Chann
     channel.messages.put(("ready", index, None))
     await _wait_event(channel.go, SETUP_TIMEOUT)
     t0 = channel.t0.value
-    window_open = asyncio.Event()
     window_closed = asyncio.Event()
     marks: dict[str, tuple[float, int, int, int]] = {}
 
-    def mark(name: str, event: asyncio.Event) -> None:
+    def mark(name: str) -> None:
         """Snapshot CPU time and counters at a window edge; the result is the difference."""
         marks[name] = (
             time.process_time(),
@@ -539,7 +538,8 @@ async def _work(index: int, spec: WorkerSpec, schedule: Schedule, channel: Chann
         for client in clients:
             if isinstance(client, Subscriber):
                 client.measuring = name == "start"
-        event.set()
+        if name == "end":
+            window_closed.set()
 
     def start_publishing() -> None:
         for client in clients:
@@ -548,8 +548,8 @@ async def _work(index: int, spec: WorkerSpec, schedule: Schedule, channel: Chann
 
     now = time.monotonic()
     loop.call_later(max(0.0, t0 - now), start_publishing)
-    loop.call_later(max(0.0, t0 + schedule.window_start - now), mark, "start", window_open)
-    loop.call_later(max(0.0, t0 + schedule.window_end - now), mark, "end", window_closed)
+    loop.call_later(max(0.0, t0 + schedule.window_start - now), mark, "start")
+    loop.call_later(max(0.0, t0 + schedule.window_end - now), mark, "end")
     await window_closed.wait()
     await asyncio.sleep(max(0.0, t0 + schedule.stop - time.monotonic()))
     for client in clients:

@@ -22,6 +22,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -398,7 +399,9 @@ class Thermostat:
         with self.cond:
             if not self.cond.wait_for(matched, timeout):
                 tail = "\n".join(self.lines[-40:])
-                raise AssertionError(f"{self.name}: no line matching {pattern!r} within {timeout} s; last lines:\n{tail}")
+                raise AssertionError(
+                    f"{self.name}: no line matching {pattern!r} within {timeout} s; last lines:\n{tail}"
+                )
             return found[0], self.times[found[0]]
 
     def set_fault(self, failing: bool) -> None:
@@ -451,6 +454,25 @@ def raise_alert(thermostat: Thermostat, timeout: float = 10.0) -> None:
     mark = thermostat.mark()
     thermostat.set_fault(False)
     thermostat.expect(r"^relay on$", timeout, after=mark)
+
+
+def identity_problems(tapped: list[Seen], arrived: list[Seen]) -> list[str]:
+    """What breaks the gateway's message identity in what reached the cloud (empty: nothing).
+
+    One ``gw-message-id`` must always carry the same message, and a message may arrive under several ids
+    only if its device published it that many times (a QoS 1 retry after a lost PUBACK is a new publish,
+    which the gateway rightly stores again; ``gw-message-id`` dedupes the gateway's own retries).
+    """
+    keys_of_id: dict[str, set[str]] = {}
+    ids_of_key: dict[str, set[str]] = {}
+    for message in arrived:
+        keys_of_id.setdefault(message.gw_message_id, set()).add(message.key)
+        ids_of_key.setdefault(message.key, set()).add(message.gw_message_id)
+    published = Counter(message.key for message in tapped)
+    problems = [f"{gw_id} carried {sorted(keys)}" for gw_id, keys in keys_of_id.items() if len(keys) > 1]
+    problems += [f"{key} arrived under {sorted(ids)} but was published {published[key]} times"
+                 for key, ids in ids_of_key.items() if len(ids) > max(1, published[key])]
+    return problems
 
 
 # -- the running system ----------------------------------------------------------------------------------

@@ -138,7 +138,8 @@ def hil_section(page: _Page, out: Path, max_plots: int) -> None:
         ax.set_xlabel("seconds into the run")
         ax.set_ylabel("backlog (messages)", color="tab:red")
         rate = ax.twinx()
-        rate.step(seconds, rows["rate_bps"] / 1000, where="post", color="tab:blue", label="link rate")
+        shaped = rows["rate_bps"].where(rows["rate_bps"] > 0)  # 0: the rig does not shape the link
+        rate.step(seconds, shaped / 1000, where="post", color="tab:blue", label="link rate")
         rate.set_ylabel("link rate (kbit/s)", color="tab:blue")
         starts = seconds.tolist()
         for start, end, link in zip(starts, starts[1:] + [starts[-1] + 1], rows["link"]):
@@ -146,8 +147,9 @@ def hil_section(page: _Page, out: Path, max_plots: int) -> None:
                 ax.axvspan(start, end, color="grey", alpha=0.2, linewidth=0)
         ax.set_ylim(bottom=0)
         rate.set_ylim(bottom=0)
-        ax.set_title(f"{run.run_id} ({run.scenario}): backlog and link rate (grey: link down)")
-        page.figure(fig, _slug("hil", run.run_id, run.scenario), f"{run.run_id} ({run.scenario})")
+        ax.set_title(f"{run.run_id} ({run.scenario}): backlog and link rate")
+        page.figure(fig, _slug("hil", run.run_id, run.scenario),
+                    f"{run.run_id} ({run.scenario}): grey while the link is down; no rate line while unshaped")
 
 
 def thermostat_section(page: _Page, out: Path, max_plots: int) -> None:

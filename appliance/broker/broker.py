@@ -76,6 +76,8 @@ STORED_PROPERTY_NAMES = {
 }
 PROPERTY_IDS = {name: ident for ident, name in STORED_PROPERTY_NAMES.items()}
 
+#: Packets of one connection handled per loop turn; the rest of a big read waits for the next turns.
+TURN_PACKET_BUDGET = 128
 #: Deliveries buffered since the last flush after which a read writes at once instead of waiting.
 EARLY_FLUSH_DELIVERIES = 2000
 #: Seconds a congested client may hold its publishers back before it counts as a slow consumer.
@@ -178,10 +180,12 @@ class Broker:
     def connection_made(self, link: Link) -> None:
         self.links.add(link)
 
-    def data_received(self, link: Link, data: bytes, now: float) -> None:
+    def data_received(self, link: Link, data: bytes, now: float) -> int:
+        """Handle what ``data`` completes; returns the number of packets it completed (the socket layer
+        ends a connection's read turn on it)."""
         connection = link.connection
         if connection.state == CLOSED:
-            return
+            return 0
         self.stats.bytes_received += len(data)
         try:
             packets = connection.receive(data, now)
@@ -189,19 +193,20 @@ class Broker:
             if exc.parsed and connection.session is not None and self._backlogs.get(connection) is None:
                 self._process(link, exc.parsed, 0)  # what came before the bad bytes still counts
             self._fail(link, exc)
-            return
+            return 0
         if not packets:
-            return
+            return 0
         backlog = self._backlogs.get(connection)
         if backlog is not None:
             backlog.extend(packets)
-            return
+            return len(packets)
         self._process(link, packets, 0)
         if self._since_flush >= EARLY_FLUSH_DELIVERIES:
             # The event loop may hand us many more reads before it runs the scheduled flush (libuv
             # reads a busy socket repeatedly); past this many deliveries, write now (the store
             # commits first, as always) so output and memory stay bounded.
             self._flush()
+        return len(packets)
 
     def connection_lost(self, link: Link) -> None:
         self.links.discard(link)
@@ -283,8 +288,17 @@ class Broker:
         connection = link.connection
         count = len(packets)
         index = start
+        budget = start + TURN_PACKET_BUDGET
         try:
             while index < count:
+                if index == budget:
+                    # Fairness: one read can hold thousands of packets (a flooding publisher); the rest
+                    # waits for later loop turns so every other client is served in between.
+                    backlog = deque(packets[index:])
+                    self._backlogs[connection] = backlog
+                    link.hold_reading("backlog", True)
+                    self._spawn(self._resume_after(link, None, backlog))
+                    break
                 packet = packets[index]
                 index += 1
                 if packet.type not in ALLOWED_PACKETS[connection.state]:
@@ -306,11 +320,21 @@ class Broker:
             self._close(link, rc.UNSPECIFIED_ERROR, "internal error")
         self._mark(connection)
 
-    async def _resume_after(self, link: Link, pending: Awaitable[None], backlog: deque[pk.Packet]) -> None:
+    async def _resume_after(self, link: Link, pending: Awaitable[None] | None, backlog: deque[pk.Packet]) -> None:
+        """Handle a connection's backlog after ``pending`` (if any), TURN_PACKET_BUDGET packets per loop
+        turn, while its socket does not read; then let it read again."""
         connection = link.connection
         try:
-            await pending
+            if pending is not None:
+                await pending
+            handled = 0
             while backlog and connection.state != CLOSED:
+                if handled == TURN_PACKET_BUDGET:
+                    handled = 0
+                    self._mark(connection)
+                    await asyncio.sleep(0)
+                    continue
+                handled += 1
                 packet = backlog.popleft()
                 if packet.type not in ALLOWED_PACKETS[connection.state]:
                     raise ProtocolError(rc.PROTOCOL_ERROR, f"unexpected packet type {packet.type}")
@@ -414,7 +438,7 @@ class Broker:
                 connack_props[pr.SESSION_EXPIRY_INTERVAL] = expiry
         else:
             expiry = 0 if connect.clean_start else min(NEVER_EXPIRES, limits.max_session_expiry)
-        connection.accept_connect(connect, client_id, keep_alive)
+        connection.accept_connect(connect, client_id, keep_alive, limits.max_inflight_messages)
 
         session = self.sessions.get(client_id)
         if session is not None and session.connection is not None:

@@ -31,13 +31,17 @@ class AuthConfig:
 
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
-    """Per-client limits (docs/broker.md). ``max_queued_messages`` bounds the QoS 0 messages queued for
+    """Per-client limits (docs/broker.md). ``max_inflight_messages`` caps the unacknowledged QoS 1/2
+    deliveries per client (mosquitto's option of that name, default 20 as there; 0: no cap): 3.1.1 has no
+    Receive Maximum, so without it a subscriber that never acknowledges would get every queued message.
+    ``max_queued_messages`` bounds the QoS 0 messages queued for
     one client (QoS 1/2 are never dropped); ``outbound_buffer_bytes`` is the write-buffer high-water mark
     past which the publishers feeding a client are held back (and, for a stuck client, its QoS 0 dropped);
     ``sys_interval`` is how often ``$SYS`` is republished (0: never)."""
 
     max_packet_size: int = 4 * 1024 * 1024
     receive_maximum: int = 1024
+    max_inflight_messages: int = 20
     max_queued_messages: int = 1000
     max_keepalive: int = 65535
     topic_alias_maximum: int = 64
@@ -124,6 +128,7 @@ def parse_limits(raw: Any, path: str) -> LimitsConfig:
     return LimitsConfig(
         max_packet_size=get_int(table, "max_packet_size", path, defaults.max_packet_size, minimum=64, maximum=268_435_460),
         receive_maximum=get_int(table, "receive_maximum", path, defaults.receive_maximum, minimum=1, maximum=65535),
+        max_inflight_messages=get_int(table, "max_inflight_messages", path, defaults.max_inflight_messages, minimum=0, maximum=65535),
         max_queued_messages=get_int(table, "max_queued_messages", path, defaults.max_queued_messages, minimum=0),
         max_keepalive=get_int(table, "max_keepalive", path, defaults.max_keepalive, minimum=1, maximum=65535),
         topic_alias_maximum=get_int(table, "topic_alias_maximum", path, defaults.topic_alias_maximum, minimum=0, maximum=65535),

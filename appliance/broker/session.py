@@ -92,15 +92,18 @@ class Connection:
         self.last_received = now
         return self.reader.feed(data)
 
-    def accept_connect(self, connect: pk.Connect, client_id: str, keep_alive: int) -> None:
-        """Adopt the limits a CONNECT asked for (MQTT 5 3.1.2.11)."""
+    def accept_connect(self, connect: pk.Connect, client_id: str, keep_alive: int, inflight_cap: int = 0) -> None:
+        """Adopt the limits a CONNECT asked for (MQTT 5 3.1.2.11). ``inflight_cap`` (0: none) bounds the
+        outbound QoS 1/2 window below the client's Receive Maximum: a 3.1.1 client has no way to announce
+        one, so without the cap a client that never acknowledges would be sent the whole queue."""
         self.protocol_level = connect.protocol_level
         self.v5 = connect.protocol_level == pk.MQTT_5
         self.client_id = client_id
         self.username = connect.username
         self.keep_alive = keep_alive
         properties = connect.properties
-        self.send_quota = properties.get(0x21, 65535)
+        receive_maximum = properties.get(0x21, 65535)
+        self.send_quota = min(receive_maximum, inflight_cap) if inflight_cap else receive_maximum
         self.max_outbound_packet = properties.get(0x27, 268_435_460)
         self.alias_maximum_out = properties.get(0x22, 0)
         self.request_problem_info = properties.get(0x17, 1) == 1

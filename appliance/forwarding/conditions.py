@@ -618,5 +618,5 @@ def parse_json_body(body: bytes, content_type: str | None) -> Any:
         return UNDEFINED
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return UNDEFINED

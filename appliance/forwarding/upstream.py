@@ -1,7 +1,8 @@
 """The ``$upstream`` endpoint: an MQTT bridge (paho-mqtt, MQTT 5 or 3.1.1) to the cloud broker.
 
-* QoS 1, and a batch counts as sent only when every PUBACK is in: the pump takes messages off their
-  queue after that, never before (at-least-once; ``gw-message-id`` is stable across retries).
+* QoS 1, and a message counts as sent only once its PUBACK (and those of the messages before it) is in:
+  the pump takes messages off their queue after that, never before (at-least-once; ``gw-message-id`` is
+  stable across retries). At most ``estimate.window()`` messages are unacknowledged at any time.
 * One network thread per bridge runs the paho client by hand (``client.loop``) so that reconnecting is
   ours: exponential backoff with jitter, and a *fresh* client per connection - paho would otherwise replay
   its own in-flight copies on reconnect while the pump resends the batch too.
@@ -113,7 +114,7 @@ class UpstreamSender:
             self._client = client
             try:
                 client.connect(self.settings.host, self.settings.port, keepalive=self.settings.keepalive_s)
-            except (OSError, ssl.SSLError) as exc:
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; ValueError: bad host name
                 log.info("upstream %s:%s: connect failed: %s", self.settings.host, self.settings.port, exc)
             else:
                 while not self._stop.is_set():

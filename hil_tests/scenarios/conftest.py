@@ -9,6 +9,7 @@ stopped when the test ends, also when it fails.
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def recorder(timeline: Timeline, rig: RigClient) -> Recorder:
 def system(
     bench: BenchConfig, rig: RigClient, recorder: Recorder, cloud_endpoint: tuple[str, int], tmp_path: Path
 ) -> Iterator[Callable[..., System]]:
-    """Start the system of a scenario; the gateway's log is kept next to the scenario's timeline."""
+    """Start the system of a scenario; the logs of gateway, rig and cloud broker are kept with its timeline."""
     if not (bench.gateway.start and bench.devices.start):
         pytest.skip("the scenarios start the gateway and the thermostats themselves (gateway.start, devices.start)")
     relay = rig.status().get("listen")
@@ -54,15 +55,14 @@ def system(
         def start(routes: tuple[Route, ...], thermostats: int, telemetry_ms: int) -> System:
             config = write_gateway_config(tmp_path / "gateway", (relay_host, int(relay_port)), routes)
             gateway = GatewayProcess(tmp_path / "gateway" / "data", config=config)
-            log = recorder.timeline.path.with_suffix(".gateway.log")
-            stack.callback(lambda: log.write_text(gateway.output()))
+            fleet: list[Thermostat] = []
+            stack.callback(keep_logs, gateway, fleet, tmp_path, recorder.timeline.path)
             stack.callback(gateway.kill9)
             gateway.start()
             cloud = CloudCollector(cloud_endpoint[0], cloud_endpoint[1], recorder)
             stack.callback(cloud.close)
             tap = GatewayTap(gateway.host, gateway.port, recorder, routes)
             stack.callback(tap.close)
-            fleet = []
             for number in range(thermostats):
                 name = f"{bench.devices.id_prefix}{number:02d}"
                 thermostat = Thermostat(
@@ -76,3 +76,15 @@ def system(
             return System(gateway, cloud, tap, fleet, recorder, routes)
 
         yield start
+
+
+def keep_logs(gateway: GatewayProcess, fleet: list[Thermostat], tmp_path: Path, timeline_path: Path) -> None:
+    """Copy the run's logs next to the timeline (``<scenario>.gateway.log`` ...): pytest's tmp folders
+    are rotated away by later runs, and a failed scenario is explained by these."""
+    timeline_path.with_suffix(".gateway.log").write_text(gateway.output())
+    timeline_path.with_suffix(".thermostats.log").write_text(
+        "".join(f"{t.name} {when:.3f} {line}\n" for t in fleet for line, when in zip(t.lines, t.times))
+    )
+    for name, source in (("rig", tmp_path / "rig.log"), ("cloud", next((tmp_path / "cloud").glob("*.log"), None))):
+        if source is not None and source.exists():
+            shutil.copyfile(source, timeline_path.with_suffix(f".{name}.log"))

@@ -66,7 +66,8 @@ class Controller:
     def wait_for(self, kind: str, count: int = 1, timeout: float = 15.0) -> dict[str, Any]:
         """The ``count``-th event of ``kind``."""
         with self.cond:
-            wait_until(lambda: len(self.of(kind)) >= count, self.cond, timeout, f"controller {self.name}: {count} x {kind}")
+            what = f"controller {self.name}: {count} x {kind}"
+            wait_until(lambda: len(self.of(kind)) >= count, self.cond, timeout, what)
             return self.of(kind)[count - 1]
 
     def of(self, kind: str) -> list[dict[str, Any]]:
@@ -101,7 +102,9 @@ def writer_of(value: str) -> str:
     return {"21": "A", "23": "B"}.get(value.split(".")[0], "?")
 
 
-def test_standby_takes_over_after_the_lease_and_a_stale_write_is_fenced_off(system: Callable[..., System], tmp_path: Path) -> None:
+def test_standby_takes_over_after_the_lease_and_a_stale_write_is_fenced_off(
+    system: Callable[..., System], tmp_path: Path
+) -> None:
     bench = system(ROUTES, thermostats=1, telemetry_ms=1000)
     thermostat = bench.thermostats[0]
     gateway = bench.gateway

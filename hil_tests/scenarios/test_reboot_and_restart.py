@@ -71,7 +71,8 @@ def test_registrations_come_back_and_changes_made_in_the_gap_apply(system: Calla
     for thermostat in bench.thermostats:
         after = marks[thermostat.name]
         thermostat.expect(rf"^registered {thermostat.name}\\setPoint$", timeout=15, after=after)
-        _, applied_at = thermostat.expect(rf"^set point {float(gap_values[thermostat.name])} from get$", timeout=5, after=after)
+        missed = float(gap_values[thermostat.name])
+        _, applied_at = thermostat.expect(rf"^set point {missed} from get$", timeout=5, after=after)
         thermostat.expect(r"^relay off$", timeout=5, after=after)  # rooms near 18 C, set points 15-16.5 C
         catch_up[thermostat.name] = applied_at - resumed_at
     print(f"missed set points applied {sorted(round(s, 2) for s in catch_up.values())} s after the thermostats resumed")

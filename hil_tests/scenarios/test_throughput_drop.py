@@ -25,7 +25,9 @@ ROUTES = (
 )
 
 
-def test_alerts_overtake_a_growing_backlog_that_drains_in_priority_order(system: Callable[..., System], rig: RigClient) -> None:
+def test_alerts_overtake_a_growing_backlog_that_drains_in_priority_order(
+    system: Callable[..., System], rig: RigClient
+) -> None:
     bench = system(ROUTES, thermostats=4, telemetry_ms=250)
     names = [t.name for t in bench.thermostats]
     bench.cloud.wait_for(lambda got: {m.device for m in got} >= set(names), timeout=15, what="telemetry of every thermostat")
@@ -38,7 +40,8 @@ def test_alerts_overtake_a_growing_backlog_that_drains_in_priority_order(system:
         before = _alerts_of(bench.tap.snapshot(), thermostat.name)
         raise_alert(thermostat)
         tapped = bench.tap.wait_for(
-            lambda got: len(_alerts_of(got, thermostat.name)) > len(before), timeout=10, what=f"alert {number} at the gateway"
+            lambda got: len(_alerts_of(got, thermostat.name)) > len(before),
+            timeout=10, what=f"alert {number} at the gateway",
         )
         alert = _alerts_of(tapped, thermostat.name)[-1]
         arrived = bench.cloud.wait_for(

@@ -3,7 +3,7 @@ gateway's metrics messages, over tumbling windows aligned to the Unix epoch.
 
 * ``latency``: latency = cloud receive time - ``gw-enqueued-ms`` (first copy of each message), bucketed by
   receive time, so a backlog flushed after an outage shows up when it arrives rather than being dropped
-  as late. p50/p95/p99 are ``percentile_approx`` (accuracy 10000; exact for up to ~10000 rows a window).
+  as late. p50/p95/p99 are ``percentile_approx`` with accuracy 10000 (rank error at most 1/10000).
 * ``queue_counters``: the metrics' ``sent``/``expired``/``dropped``/``retries`` are read as counters that
   only grow while the gateway runs (its restart resets them to zero), so a window gets the increase over
   the samples in it: a counter below the previous sample is a reset and counts from zero, the first sample

@@ -6,8 +6,10 @@ whether the gateway expired it. From that:
 * ``hil_summary`` per run, scenario and priority: sent, delivered, duplicates, expired, lost (sent, never
   delivered, not expired), expired-but-delivered, and latency p50/p95/p99/max (first receipt - sent).
 * ``hil_timeline`` per run and second (``t_ms`` floored to 1 s): sent, delivered and expired in that second;
-  the backlog at its end (sent so far - delivered so far - expired so far); and the link the rig set (rate,
-  loss, delay, up/down), carried forward from the last ``rig`` event.
+  the backlog at its end (sent so far - delivered so far - expired so far); and the link as the rig had it
+  (up/down, rate, delay, loss), from the rig commands it accepted (``RATE``, ``DELAY``, ``LOSS``, ``DOWN``,
+  ``UP``, ``RESET``, and the values a ``STATUS`` reply reports), carried forward. ``rate_bps`` 0 means
+  unshaped, as in the rig protocol.
 
 Runs are short and analysed after the fact, so this is batch only.
 """
@@ -20,6 +22,7 @@ from pyspark.sql import functions as F
 from pipeline.jobs.schemas import RIG_DETAIL
 
 RUN = ("run_id", "scenario")
+LINK = ("link", "rate_bps", "delay_ms", "loss_pct")
 
 
 def per_message(timeline: DataFrame) -> DataFrame:
@@ -75,20 +78,42 @@ def timeline_per_second(timeline: DataFrame) -> DataFrame:
     )
     counts = happenings.groupBy(*RUN, "second_ms").pivot("what", ["sent", "delivered", "expired"]).count().fillna(0)
 
-    rig = timeline.where(F.col("event") == "rig").select(
-        *RUN, (F.col("t_ms") - F.col("t_ms") % 1000).alias("second_ms"), F.col("t_ms"),
-        F.from_json("detail", RIG_DETAIL).alias("d"),
-    )
-    rig_per_second = rig.groupBy(*RUN, "second_ms").agg(
-        *[F.max_by(f"d.{field.name}", "t_ms").alias(field.name) for field in RIG_DETAIL.fields]
+    rig = rig_settings(timeline).withColumn("second_ms", F.col("t_ms") - F.col("t_ms") % 1000)
+    rig_per_second = rig.groupBy(*RUN, "second_ms").agg(  # the last value each setting had in the second
+        *[F.max_by(name, F.when(F.col(name).isNotNull(), F.col("t_ms"))).alias(name) for name in LINK]
     )
     seconds = counts.join(rig_per_second, [*RUN, "second_ms"], "full").fillna(0, ["sent", "delivered", "expired"])
     so_far = Window.partitionBy(*RUN).orderBy("second_ms").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     return seconds.select(
-        *RUN, "second_ms", F.timestamp_millis("second_ms").alias("second"),
+        *RUN, "second_ms",
         F.col("sent").cast("long").alias("sent"), F.col("delivered").cast("long").alias("delivered"),
         F.col("expired").cast("long").alias("expired"),
         (F.sum("sent").over(so_far) - F.sum("delivered").over(so_far) - F.sum("expired").over(so_far))
         .cast("long").alias("backlog"),
-        *[F.last(field.name, ignorenulls=True).over(so_far).alias(field.name) for field in RIG_DETAIL.fields],
+        *[F.last(name, ignorenulls=True).over(so_far).alias(name) for name in LINK],
+    )
+
+
+def rig_settings(timeline: DataFrame) -> DataFrame:
+    """One row per rig command the rig answered ``OK`` to: the settings it set (null: left as they were)."""
+    rig = timeline.where(F.col("event") == "rig").select(*RUN, "t_ms", F.from_json("detail", RIG_DETAIL).alias("d"))
+    accepted = rig.where(F.col("d.reply").startswith("OK"))
+    words = F.split(F.trim(F.col("d.command")), r"\s+")
+    verb, argument = F.upper(F.get(words, 0)), F.get(words, 1).try_cast("double")
+
+    def reported(key: str):  # a value in a STATUS reply: "OK backend=... up=1 rate=9600 ... loss=2.5"
+        return F.regexp_extract(F.col("d.reply"), rf"\b{key}=([0-9.]+)", 1).try_cast("double")
+
+    def setting(command: str, reset_to: float):
+        value = F.when(verb == command, argument).when(verb == "RESET", F.lit(reset_to))
+        return value.when(verb == "STATUS", reported(command.lower()))
+
+    link = (
+        F.when(verb == "DOWN", F.lit("down"))
+        .when(verb.isin("UP", "RESET"), F.lit("up"))
+        .when(verb == "STATUS", F.when(reported("up") == 1, F.lit("up")).when(reported("up") == 0, F.lit("down")))
+    )
+    return accepted.select(
+        *RUN, "t_ms", link.alias("link"), setting("RATE", 0).cast("long").alias("rate_bps"),
+        setting("DELAY", 0).alias("delay_ms"), setting("LOSS", 0).alias("loss_pct"),
     )

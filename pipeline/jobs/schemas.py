@@ -63,8 +63,8 @@ METRICS = T.StructType(
     ]
 )
 
-# HIL bench timelines (JSON lines, one event per line), defined in docs/pipeline.md.
-HIL_EVENTS = ("sent", "received", "expired", "rig")
+# HIL bench timelines (JSON lines, one event per line): hil_tests/timeline.py writes them, docs/pipeline.md
+# and docs/hil.md describe them.
 HIL_TIMELINE = T.StructType(
     [
         T.StructField("run_id", T.StringType()),
@@ -73,15 +73,9 @@ HIL_TIMELINE = T.StructType(
         T.StructField("priority", T.IntegerType()),
         T.StructField("device", T.StringType()),
         T.StructField("event", T.StringType()),
-        T.StructField("t_ms", T.LongType()),
+        T.StructField("t_ms", T.LongType()),  # ms since the scenario started (one monotonic clock)
         T.StructField("detail", T.StringType()),  # a JSON object; Spark keeps it as its JSON text
     ]
 )
-RIG_DETAIL = T.StructType(
-    [
-        T.StructField("link", T.StringType()),  # "up" or "down"
-        T.StructField("rate_bps", T.LongType()),
-        T.StructField("loss_pct", T.DoubleType()),
-        T.StructField("delay_ms", T.LongType()),
-    ]
-)
+# detail of a "rig" event: a command of the rig's serial protocol (hil_tests/rig/PROTOCOL.md) and its reply.
+RIG_DETAIL = T.StructType([T.StructField("command", T.StringType()), T.StructField("reply", T.StringType())])

@@ -68,6 +68,15 @@ backoff_max_s = 0.3
                 raise TimeoutError(f"fewer than {count} log lines match {pattern!r}:\n{self.gateway.output()}")
             time.sleep(0.02)
 
+    def wait_for_log_total(self, pattern: str, total: int, timeout: float = 15.0) -> None:
+        """Until the numbers captured by ``pattern`` over all log lines add up to ``total``."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while sum(int(m.group(1)) for line in self.gateway.output().splitlines() if (m := regex.search(line))) < total:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{pattern!r} does not add up to {total}:\n{self.gateway.output()}")
+            time.sleep(0.02)
+
     def device(self, device_id: str) -> Device:
         device = Device(self.gateway.host, self.gateway.port, device_id)
         self.stack.callback(device.close)

@@ -10,25 +10,21 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import time
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pyspark")  # the [pipeline] extra
+from tests.support.processes import MosquittoProcess
 
 
 def pytest_configure(config):
     # pyspark 4.x on pandas 3: a support warning on every import and deprecation notes from inside pyspark.
     config.addinivalue_line("filterwarnings", "ignore:PySpark does not yet fully support pandas:FutureWarning")
-    config.addinivalue_line("filterwarnings", "ignore:The copy keyword is deprecated:DeprecationWarning")
     config.addinivalue_line("filterwarnings", "ignore:The copy keyword is deprecated")
 
 
 @pytest.fixture(scope="session")
 def spark():
+    pytest.importorskip("pyspark")  # the [pipeline] extra
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from pipeline.spark import session
 
@@ -64,7 +60,7 @@ def sample(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def batch_outputs(spark, sample):
-    """The batch job run once over the sample; yields its output folder and the row counts."""
+    """The batch job run once over the sample: its settings (output folder) and row counts."""
     from pipeline.jobs.batch import run_batch
     from pipeline.jobs.settings import JobSettings
     from tests.pipeline.pipeline_data import SAMPLE_LATENESS
@@ -75,36 +71,10 @@ def batch_outputs(spark, sample):
     return settings, counts
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def mosquitto(tmp_path):
-    """A real mosquitto on an OS-chosen free port; yields (host, port)."""
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    if not Path(binary).exists():
+    """A real mosquitto on an OS-chosen free port (tests/support/processes.py); yields (host, port)."""
+    if shutil.which("mosquitto") is None:
         pytest.skip("mosquitto is not installed (make test installs it)")
-    port = free_port()
-    conf = tmp_path / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_inflight_messages 20\n")
-    process = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(f"mosquitto did not start: {process.stderr.read().decode(errors='replace')}")
-            time.sleep(0.05)
-    yield "127.0.0.1", port
-    process.terminate()
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    with MosquittoProcess(tmp_path / "mosquitto") as broker:
+        yield broker.host, broker.port

@@ -139,32 +139,36 @@ def write_sample(landing: Path, batches: range | None = None) -> None:
         write_batch(landing, all_batches[index], index)
 
 
-# -- a HIL timeline: run r1, scenario "outage" ------------------------------------------------------------
-# m1 (priority 0) delivered after 200 ms; m2 (priority 0) delivered twice, first after 2.5 s; m3
-# (priority 5) expired on the gateway; m4 (priority 5) sent and never seen again (lost); m5 (priority 5)
-# delivered after 4 s. The link is up at 64 kbit/s, down from 1 s to 3 s, then up at 32 kbit/s.
-HIL_T0 = T0
-
-
+# -- a HIL timeline: run r1, scenario "outage", as hil_tests/timeline.py writes it ---------------------------
+# t_ms counts from the scenario's start. m1 (priority 0) delivered after 200 ms; m2 (priority 0) delivered
+# twice, first after 2.5 s; m3 (priority 5) expired on the gateway; m4 (priority 5) sent and never seen
+# again (lost); m5 (priority 5) delivered after 4 s. The rig: reset, 64 kbit/s and 50 ms at 0 s; down at
+# 1 s (and a refused LOSS 100); up at 3 s with 32 kbit/s and 1% loss; a STATUS at 5 s reports 16 kbit/s and
+# 300 ms (set by hand, say).
 def hil_timeline() -> list[dict]:
     def event(message_id, priority, event, t, detail=None):
         return {"run_id": "r1", "scenario": "outage", "message_id": message_id, "priority": priority,
-                "device": "t1", "event": event, "t_ms": HIL_T0 + t, "detail": detail or {}}
+                "device": "t1" if message_id else None, "event": event, "t_ms": t, "detail": detail or {}}
+
+    def rig(t, command, reply=None):
+        return event(None, None, "rig", t, {"command": command, "reply": reply or f"OK {command}"})
 
     return [
-        event(None, None, "rig", 0, {"link": "up", "rate_bps": 64000, "loss_pct": 0.0, "delay_ms": 50}),
+        rig(0, "RESET"), rig(0, "RATE 64000"), rig(0, "DELAY 50"),
         event("m1", 0, "sent", 100), event("m1", 0, "received", 300),
         event("m2", 0, "sent", 500), event("m2", 0, "received", 3000), event("m2", 0, "received", 3100),
-        event(None, None, "rig", 1000, {"link": "down", "rate_bps": 0}),
+        rig(1000, "DOWN"), rig(1100, "LOSS 100", "ERR use DOWN"),
         event("m3", 5, "sent", 1200), event("m3", 5, "expired", 2600),
         event("m4", 5, "sent", 1500),
         event("m5", 5, "sent", 1800), event("m5", 5, "received", 5800),
-        event(None, None, "rig", 3000, {"link": "up", "rate_bps": 32000, "loss_pct": 1.0, "delay_ms": 300}),
+        rig(3000, "UP"), rig(3000, "RATE 32000"), rig(3001, "LOSS 1"),
+        rig(5000, "STATUS", "OK backend=userspace up=1 rate=16000 burst=1600 delay=300 jitter=0 loss=1 "
+                            "features=rate,delay,jitter,loss,down bytes_up=123"),
     ]
 
 
 def write_hil(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "r1.jsonl"
+    path = folder / "r1" / "outage.jsonl"  # <artifacts>/<run id>/<scenario>.jsonl
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(line) + "\n" for line in hil_timeline()))
     return path

@@ -9,6 +9,8 @@ import pytest
 
 from tests.pipeline.pipeline_data import FLUSH_GATEWAY
 
+pytestmark = pytest.mark.slow  # Spark jobs over the sample: seconds each
+
 
 @pytest.fixture(scope="module")
 def read(spark, batch_outputs):

@@ -3,7 +3,11 @@
 import re
 from pathlib import Path
 
+import pytest
+
 from pipeline.cli import main
+
+pytestmark = pytest.mark.slow  # Spark jobs over the sample: seconds each
 
 
 def test_report_page_references_one_png_per_plot(batch_outputs, tmp_path, capsys):

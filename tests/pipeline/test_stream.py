@@ -1,12 +1,15 @@
 """Structured Streaming: the same result as batch on the same input, incrementally; late rows dropped."""
 
 import pandas as pd
+import pytest
 from pyspark.sql import functions as F
 
 from pipeline.jobs import batch, stream
 from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import StreamOptions
 from tests.pipeline.pipeline_data import FLUSH_GATEWAY, SAMPLE_LATENESS, reading, write_batch, write_sample
+
+pytestmark = pytest.mark.slow  # Spark jobs over the sample: seconds each
 
 
 def run_stream(spark, landing, out, checkpoint, lateness=SAMPLE_LATENESS):
