@@ -394,13 +394,16 @@ class StateStoreClient:
         key = as_bytes(key)
         with self._lock:
             callbacks = self._watchers.get(key, [])
-            if callback is not None and callback in callbacks:
-                callbacks.remove(callback)
-            if callback is None or not callbacks:
-                self._watchers.pop(key, None)
-            elif callbacks:
+            others = [watcher for watcher in callbacks if watcher != callback] if callback is not None else []
+            if others:
+                self._watchers[key] = others
                 return True
-        return keynotify_result(self.request(KeyNotifyCommand(key, stop=True).encode(), timeout=timeout))
+        stopped = keynotify_result(self.request(KeyNotifyCommand(key, stop=True).encode(), timeout=timeout))
+        # Only now: a notification the server sent before it processed STOP may still have been on its
+        # way, and it reaches us before the STOP answer (one connection keeps order), so it is delivered.
+        with self._lock:
+            self._watchers.pop(key, None)
+        return stopped
 
     def lease(self, name: bytes | str, holder: bytes | str, ttl_ms: int) -> "Lease":
         return Lease(self, as_bytes(name), as_bytes(holder), ttl_ms)
