@@ -43,6 +43,7 @@ LINK_BPS = 64_000
 #: mosquitto leaves Nagle on by default; with it every small PUBLISH can wait for a delayed ACK.
 NODELAY = "set_tcp_nodelay true\n"
 PAYLOAD = 200
+QUEUED = 1024  # publishes handed to paho and not yet acknowledged
 
 
 class Cloud:
@@ -88,12 +89,15 @@ class Publisher:
         self.done = threading.Event()
         self.acked = 0
         self.target = 0
+        self.cond = threading.Condition()
         self.client.on_publish = self.on_publish
         self.client.connect(host, port)
         self.client.loop_start()
 
     def on_publish(self, client: mqtt.Client, userdata: object, mid: int, *rest: object) -> None:
-        self.acked += 1
+        with self.cond:
+            self.acked += 1
+            self.cond.notify_all()
         if self.acked >= self.target:
             self.done.set()
 
@@ -107,7 +111,11 @@ class Publisher:
         start = time.monotonic()
         self.done.clear()
         self.target = self.acked + count
-        for _ in range(count):
+        for n in range(count):
+            # Keep paho's own queue short: it hands out packet ids when publish() is called, and with
+            # more than 65,535 queued they repeat and acknowledgements go to the wrong message.
+            with self.cond:
+                self.cond.wait_for(lambda: self.target - count + n - self.acked < QUEUED)
             self.publish("data", b"d" * PAYLOAD)
         if not self.done.wait(3600):
             raise TimeoutError("no PUBACK for the last message")

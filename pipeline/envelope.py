@@ -138,8 +138,8 @@ def _event_record(message: Incoming) -> dict:
     missing = [name for name, (_, _, required) in GATEWAY_PROPERTIES.items() if required and name not in seen]
     if missing:
         raise Rejected("missing user properties: " + ", ".join(missing))
-    if not 0 <= record["priority"] <= 9:
-        raise Rejected(f"gw-priority out of range 0-9: {record['priority']}")
+    if not 0 <= record["priority"] <= 10:
+        raise Rejected(f"gw-priority out of range 0-10: {record['priority']}")
     record["properties"] = own
     record["payload"], record["payload_base64"] = _payload_fields(message.payload)
     if _is_json(message.content_type):

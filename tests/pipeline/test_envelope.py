@@ -24,6 +24,12 @@ def test_event_lands_with_gateway_properties_and_keeps_device_properties():
     assert json.loads(record["payload"])["temperature"] == 21.5 and record["reason"] is None
 
 
+def test_a_route_without_priority_lands_as_priority_10():
+    """The gateway sends gw-priority 10 for routes without a priority (docs/message-format.md)."""
+    landed = land(reading("gw1", "t1", 8, 0, 21.0, 22.0, False, priority=10))
+    assert landed.kind == EVENTS and landed.record["priority"] == 10
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
@@ -32,7 +38,7 @@ def test_event_lands_with_gateway_properties_and_keeps_device_properties():
          "missing user properties: gw-message-id, gw-sent-ms"),
         (lambda props: [(k, "soon" if k == "gw-enqueued-ms" else v) for k, v in props],
          "user property gw-enqueued-ms is not an integer: 'soon'"),
-        (lambda props: [(k, "12" if k == "gw-priority" else v) for k, v in props], "gw-priority out of range 0-9: 12"),
+        (lambda props: [(k, "12" if k == "gw-priority" else v) for k, v in props], "gw-priority out of range 0-10: 12"),
     ],
 )
 def test_bad_envelope_is_quarantined_with_the_reason(change, reason):
