@@ -48,6 +48,8 @@ from tests.support.processes import GatewayProcess, MosquittoProcess  # noqa: E4
 #: outbound window our QoS 1 clients ask for (its default, 20, is also what it would grant publishers as
 #: Receive Maximum), and Nagle off, as asyncio does for our broker.
 MOSQUITTO_CONFIG = "max_queued_messages 0\nmax_inflight_messages 64\nset_tcp_nodelay true\n"
+#: Our gateway with the same 64-message outbound window (its default cap is 20, like mosquitto's).
+GATEWAY_CONFIG = "[broker.limits]\nmax_inflight_messages = 64\n"
 
 SCENARIOS = ("connections", "qos0_fanin", "qos1", "qos1_latency", "fanout", "qos1_latency_flood")
 
@@ -341,7 +343,9 @@ def table(collected: dict[str, dict[str, list[float]]], sizes: Sizes) -> str:
 def brokers(work_dir: Path) -> Iterator[list[Target]]:
     """Start our gateway and mosquitto, both on OS-chosen ports, and stop them at the end."""
     with ExitStack() as stack:
-        gateway = stack.enter_context(GatewayProcess(data_dir=work_dir / "gateway", port=0))
+        gateway_config = work_dir / "gateway.toml"
+        gateway_config.write_text(GATEWAY_CONFIG)
+        gateway = stack.enter_context(GatewayProcess(data_dir=work_dir / "gateway", port=0, config=gateway_config))
         mosquitto = stack.enter_context(MosquittoProcess(work_dir / "mosquitto", extra_config=MOSQUITTO_CONFIG))
         assert gateway.process is not None and mosquitto.process is not None
         yield [

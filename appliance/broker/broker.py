@@ -156,9 +156,26 @@ class Broker:
         self._flush()
 
     async def stop(self) -> None:
-        """Disconnect every client (MQTT 5: 0x8B server shutting down), stop services, commit."""
+        """Publish every will, disconnect every client (MQTT 5: 0x8B server shutting down), stop
+        services, commit.
+
+        A shutdown is the server closing connections without the clients' DISCONNECT, so their wills are
+        due (MQTT 5 3.1.2.5); mosquitto 2.0 publishes them too, delayed ones included (the delay cannot
+        run out on a server that is going away). They are published while every client is still
+        connected, so each connected subscriber gets them before its own DISCONNECT, and durable
+        sessions find them queued after the restart."""
         if self._tick_handle is not None:
             self._tick_handle.cancel()
+        now = time.time()
+        for link in list(self.links):
+            connection = link.connection
+            session = connection.session
+            if connection.state == CONNECTED and session is not None and session.connection is connection:
+                will, session.will = session.will, None
+                if will is not None:
+                    self._publish_will(session.client_id, will, now)
+        for client_id, will in self.wills.due(float("inf")):
+            self._publish_will(client_id, will, now)
         for link in list(self.links):
             self._close(link, rc.SERVER_SHUTTING_DOWN, "server shutting down", abnormal=False)
         self._flush()

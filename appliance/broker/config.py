@@ -31,13 +31,16 @@ class AuthConfig:
 
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
-    """Per-client limits (docs/broker.md). ``max_inflight_messages`` caps the unacknowledged QoS 1/2
-    deliveries per client (mosquitto's option of that name, default 20 as there; 0: no cap): 3.1.1 has no
-    Receive Maximum, so without it a subscriber that never acknowledges would get every queued message.
-    ``max_queued_messages`` bounds the QoS 0 messages queued for
-    one client (QoS 1/2 are never dropped); ``outbound_buffer_bytes`` is the write-buffer high-water mark
-    past which the publishers feeding a client are held back (and, for a stuck client, its QoS 0 dropped);
-    ``sys_interval`` is how often ``$SYS`` is republished (0: never)."""
+    """Per-client limits (docs/broker.md).
+
+    ``max_inflight_messages`` caps the unacknowledged QoS 1/2 deliveries per client (mosquitto's option of
+    that name, default 20 as there; 0: no cap): 3.1.1 has no Receive Maximum, so without it a subscriber
+    that never acknowledges would get every queued message. ``max_queued_messages`` bounds the QoS 0
+    messages queued for one client, and the QoS 1/2 messages queued while it is away or a slow consumer
+    (more are dropped and counted; a client that makes progress loses none: its publishers are held back
+    instead). ``outbound_buffer_bytes`` is the write-buffer high-water mark past which the publishers
+    feeding a client are held back (and, for a stuck client, its QoS 0 dropped); ``sys_interval`` is how
+    often ``$SYS`` is republished (0: never)."""
 
     max_packet_size: int = 4 * 1024 * 1024
     receive_maximum: int = 1024

@@ -109,8 +109,9 @@ class Connection:
         self.request_problem_info = properties.get(0x17, 1) == 1
 
     def resolve_topic(self, publish: pk.Publish) -> bool:
-        """Replace an inbound topic alias by its topic (MQTT 5 3.3.2.3.4) and check the topic name.
-        Returns whether an alias was involved (then the received frame cannot be forwarded as is)."""
+        """Replace an inbound topic alias by its topic (MQTT 5 3.3.2.3.4); the reader has checked the
+        topic name already, all that is left is that there is one. Returns whether an alias was involved
+        (then the received frame cannot be forwarded as is)."""
         aliased = False
         if self.v5:
             properties = publish.properties
@@ -126,21 +127,28 @@ class Connection:
                     if topic is None:
                         raise ProtocolError(PROTOCOL_ERROR, f"unknown topic alias {alias}")
                     publish.topic = topic
-        topic = publish.topic
-        if not topic or "+" in topic or "#" in topic:
-            raise ProtocolError(TOPIC_NAME_INVALID, f"invalid topic name {topic!r}")
+        if not publish.topic:
+            raise ProtocolError(TOPIC_NAME_INVALID, "empty topic name without a topic alias")
         return aliased
 
     def alias_for(self, topic: str) -> tuple[int, bool]:
-        """Our outbound alias for ``topic``: (alias or 0, whether the client already knows it)."""
-        alias = self.aliases_out.get(topic)
+        """Our outbound alias for ``topic``: (alias, whether the client already knows it).
+
+        Least recently used replacement: ``aliases_out`` is kept in order of use, and once the client's
+        Topic Alias Maximum is used up a new topic takes over the alias of the topic unused for longest.
+        Sending that alias with the new topic name remaps it on the client (MQTT 5 3.3.2.3.4), and our
+        bytes reach it in order, so later PUBLISHes that carry only the alias are read right."""
+        aliases = self.aliases_out
+        alias = aliases.pop(topic, None)
         if alias is not None:
+            aliases[topic] = alias
             return alias, True
-        if len(self.aliases_out) < self.alias_maximum_out:
-            alias = len(self.aliases_out) + 1
-            self.aliases_out[topic] = alias
-            return alias, False
-        return 0, False
+        if len(aliases) < self.alias_maximum_out:
+            alias = len(aliases) + 1
+        else:
+            alias = aliases.pop(next(iter(aliases)))
+        aliases[topic] = alias
+        return alias, False
 
 
 class Delivery:
@@ -176,8 +184,12 @@ class DeliveryJournal(Protocol):
 class Session:
     """What the broker owes one client id across connections (see the module docstring).
 
-    ``queue_limit`` bounds QoS 0 messages waiting while the client is away or its window is full; QoS 1/2
-    deliveries are never dropped here (they are in the store for durable sessions).
+    ``queue_limit`` bounds QoS 0 messages waiting while the client is away or its window is full, and
+    QoS 1/2 messages queued while the client is away or overloaded (mosquitto's ``max_queued_messages``):
+    a durable session of a client that never comes back, or a connected client that stopped
+    acknowledging, must not grow without bound in memory (nor in the store). While a connected client
+    makes progress its QoS 1/2 queue is not cut: the broker holds back the publishers feeding it instead
+    (lossless), so it is bounded by that.
     """
 
     __slots__ = (
@@ -212,7 +224,9 @@ class Session:
         return self.expiry_interval > 0
 
     def deliver(self, delivery: Delivery, now: float) -> bool:
-        """Send now if connected and the window allows, else queue. False if dropped (QoS 0 over the bound)."""
+        """Send now if connected and the window allows, else queue. False if dropped (and counted): QoS 0
+        over the bound or for an overloaded client, QoS 1/2 over the bound while the client is away or
+        overloaded."""
         connection = self.connection
         if delivery.qos == 0:
             if connection is not None and not self.queue:
@@ -227,6 +241,10 @@ class Session:
             self._queued_qos0 += 1
             self.queue.append(delivery)
             return True
+        if connection is None or connection.overloaded:
+            if len(self.queue) - self._queued_qos0 >= self.queue_limit:
+                self.dropped += 1
+                return False
         if connection is not None and len(self.inflight) < connection.send_quota and not self.queue:
             self._send_new(connection, delivery, now)
         else:

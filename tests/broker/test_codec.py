@@ -18,6 +18,7 @@ from appliance.broker.codec.reasons import (
     MALFORMED_PACKET,
     PACKET_TOO_LARGE,
     PROTOCOL_ERROR,
+    TOPIC_NAME_INVALID,
     UNSUPPORTED_PROTOCOL_VERSION,
     V311_CONNACK_REASONS,
     ProtocolError,
@@ -175,6 +176,8 @@ def test_mutated_valid_packets_only_raise_protocol_errors(batch: list[pk.Packet]
         (b"\x30\xff\xff\xff\xff\x01", 4, MALFORMED_PACKET),  # five-byte remaining length
         (b"\x30\x04\x00\x02\xc3\x28", 4, MALFORMED_PACKET),  # invalid UTF-8 topic
         (b"\x30\x04\x00\x02a\x00", 4, MALFORMED_PACKET),  # NUL in topic
+        (b"\x30\x04\x00\x02a#", 4, TOPIC_NAME_INVALID),  # wildcard in a topic name
+        (b"\x30\x04\x00\x02+/", 4, TOPIC_NAME_INVALID),
         (b"\x40\x05\x00\x01\x00\x02\x26", 5, MALFORMED_PACKET),  # property runs past the end
         (b"\x40\x06\x00\x01\x00\x02\x24\x01", 5, PROTOCOL_ERROR),  # maximum QoS in a PUBACK
         (b"\x30\x09\x00\x01a\x05\x02\x00\x00\x00\x01", 5, None),  # message expiry: fine
@@ -218,3 +221,15 @@ def test_short_acks_default_to_success_in_mqtt5() -> None:
     assert reader.feed(b"\x40\x02\x00\x07\x50\x03\x00\x08\x10\xe0\x00") == [
         pk.PubAck(7), pk.PubRec(8, 0x10), pk.Disconnect()
     ]
+
+
+def test_topic_names_are_decoded_once_and_every_copy_is_still_checked() -> None:
+    """The reader remembers validated topic names (a device repeats its few topics): the second PUBLISH
+    to a topic gets the very same ``str``, and an invalid name is never remembered."""
+    reader = PacketReader(protocol_level=5)
+    first, second = reader.feed(encode(pk.Publish("site/1/temp", b"1"), 5) * 2)
+    assert first.topic == "site/1/temp" and second.topic is first.topic
+    for _ in range(2):
+        with pytest.raises(ProtocolError) as info:
+            reader.feed(b"\x30\x05\x00\x02a+\x00")
+        assert info.value.reason_code == TOPIC_NAME_INVALID

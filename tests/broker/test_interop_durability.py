@@ -184,3 +184,81 @@ def test_will_of_a_client_connected_during_kill9_is_sent_after_restart(tmp_path:
         will = watcher.expect(pk.Publish)
         assert (will.topic, will.payload) == ("status/device", b"offline")
         watcher.close()
+
+
+def test_an_away_clients_queue_is_bounded_by_max_queued_messages_across_a_restart(tmp_path: Path) -> None:
+    """An offline durable session keeps the first ``max_queued_messages`` QoS 1 messages (in the store,
+    so they survive a restart) and drops the rest, as mosquitto does; nothing more piles up."""
+    config = tmp_path / "gateway.toml"
+    config.write_text("[broker.limits]\nmax_queued_messages = 5\n")
+    gateway = GatewayProcess(tmp_path / "data", config=config)
+    with gateway:
+        away = RawClient(gateway.port, level=4)
+        away.connect("away", clean_start=False)
+        away.subscribe("queued", 1)
+        away.send(pk.Disconnect())
+        away.expect_closed()
+        publisher = RawClient(gateway.port)
+        publisher.connect("queue-publisher")
+        for index in range(12):
+            publisher.send(pk.Publish("queued", str(index).encode(), 1, packet_id=index + 1))
+        assert {publisher.expect(pk.PubAck).packet_id for _ in range(12)} == set(range(1, 13))
+        publisher.close()
+        assert gateway.terminate() == 0
+        gateway.start()
+
+        away = RawClient(gateway.port, level=4)
+        assert away.connect("away", clean_start=False).session_present
+        away.send(pk.PingReq())
+        received: list[bytes] = []
+        while not isinstance(packet := away.recv(), pk.PingResp):
+            assert isinstance(packet, pk.Publish)
+            received.append(packet.payload)
+        assert received == [str(index).encode() for index in range(5)]
+        away.close()
+
+
+def test_sigterm_publishes_every_will_before_disconnecting(tmp_path: Path) -> None:
+    """Shutting down is the server closing the connections, so the wills are due (MQTT 5 3.1.2.5), the
+    delayed one too, as mosquitto 2.0.11 does: a connected subscriber gets them before its DISCONNECT
+    0x8B, a durable one finds them queued after the restart, and a retained will is retained."""
+    gateway = GatewayProcess(tmp_path / "data")
+    with gateway:
+        durable = RawClient(gateway.port, level=4)
+        durable.connect("will-durable", clean_start=False)
+        durable.subscribe("status/#", 1)
+        durable.send(pk.Disconnect())
+        durable.expect_closed()
+        live = RawClient(gateway.port)
+        live.connect("will-live")
+        live.subscribe("status/#", 1)
+        plain = RawClient(gateway.port, level=4)
+        plain.connect("plain", will=pk.Will("status/plain", b"gone", 1, retain=True))
+        delayed = RawClient(gateway.port)
+        delayed.connect("delayed", will=pk.Will("status/delayed", b"gone later", 1,
+                                                properties={pr.WILL_DELAY_INTERVAL: 600}),
+                        properties={pr.SESSION_EXPIRY_INTERVAL: 3600})
+        for client in (plain, delayed):
+            client.send(pk.PingReq())
+            client.expect(pk.PingResp)
+
+        assert gateway.terminate() == 0
+        seen = live.expect_closed()
+        assert isinstance(seen[-1], pk.Disconnect) and seen[-1].reason_code == 0x8B
+        assert sorted((p.topic, p.payload) for p in seen[:-1]) == [
+            ("status/delayed", b"gone later"), ("status/plain", b"gone")]
+        for client in (live, plain, delayed):
+            client.close()
+
+        gateway.start()
+        durable = RawClient(gateway.port, level=4)
+        assert durable.connect("will-durable", clean_start=False).session_present
+        wills = sorted((durable.expect(pk.Publish).topic) for _ in range(2))
+        assert wills == ["status/delayed", "status/plain"]
+        durable.close()
+        fresh = RawClient(gateway.port)
+        fresh.connect("will-fresh")
+        fresh.subscribe("status/#", 1)
+        retained = fresh.expect(pk.Publish)
+        assert (retained.topic, retained.payload, retained.retain) == ("status/plain", b"gone", True)
+        fresh.close()

@@ -327,3 +327,35 @@ def test_paho_keepalive_pings_keep_the_connection(gateway: GatewayProcess, v5: b
         assert client.get().payload == b"still here"
     finally:
         client.disconnect()
+
+
+def test_outbound_topic_aliases_are_reused_for_more_topics_than_aliases(gateway: GatewayProcess) -> None:
+    """A paho v5 subscriber allowing 3 aliases receives 10 distinct topics in a mixed order. paho reports
+    an aliased PUBLISH as it came (topic "" plus the alias), so the test maps aliases as the MQTT 5
+    receiver rules say (3.3.2.3.4): a topic with an alias sets or replaces the mapping."""
+    prefix = unique("alias")
+    subscriber = PahoClient(gateway.port, unique("alias-sub"))
+    subscriber.connect(TopicAliasMaximum=3)
+    subscriber.subscribe(f"{prefix}/#", 1)
+    publisher = PahoClient(gateway.port, unique("alias-pub"))
+    publisher.connect()
+    sent = [f"{prefix}/{n % 10}/{'x' * 30}" for n in (0, 1, 2, 0, 3, 4, 0, 1, 5, 6, 7, 8, 9, 2, 2, 5, 0)]
+    for number, topic in enumerate(sent):
+        publisher.publish(topic, str(number), qos=1)
+    aliases: dict[int, str] = {}
+    received: list[tuple[str, bytes]] = []
+    used = set()
+    for _ in sent:
+        message = subscriber.get()
+        alias = message.properties.TopicAlias
+        assert 1 <= alias <= 3
+        used.add(alias)
+        if message.topic:
+            aliases[alias] = message.topic
+        else:
+            assert alias in aliases, "an alias the broker never established"
+        received.append((aliases[alias], message.payload))
+    assert received == [(topic, str(number).encode()) for number, topic in enumerate(sent)]
+    assert used == {1, 2, 3}
+    subscriber.disconnect()
+    publisher.disconnect()

@@ -54,6 +54,7 @@ from appliance.broker.codec.reasons import (
     MALFORMED_PACKET,
     PACKET_TOO_LARGE,
     PROTOCOL_ERROR,
+    TOPIC_NAME_INVALID,
     UNSUPPORTED_PROTOCOL_VERSION,
     V311_CONNACK_REASONS,
     ProtocolError,
@@ -64,6 +65,10 @@ ABSOLUTE_MAX_PACKET_SIZE = 268_435_455 + 5
 
 _REQUIRED_FLAGS = {PUBREL: 2, SUBSCRIBE: 2, UNSUBSCRIBE: 2}
 
+#: Validated PUBLISH topic names remembered per reader: a device publishes to a handful of topics over
+#: and over, so decoding and checking the same bytes for every message is wasted work. Cleared when full.
+TOPIC_CACHE_SIZE = 256
+
 
 class PacketReader:
     """Frames and parses packets for one connection.
@@ -72,13 +77,14 @@ class PacketReader:
     when the owner sets it (a client reader after sending its CONNECT).
     """
 
-    __slots__ = ("protocol_level", "max_packet_size", "_pending", "_need")
+    __slots__ = ("protocol_level", "max_packet_size", "_pending", "_need", "_topics")
 
     def __init__(self, max_packet_size: int = ABSOLUTE_MAX_PACKET_SIZE, protocol_level: int = MQTT_311) -> None:
         self.protocol_level = protocol_level
         self.max_packet_size = max_packet_size
         self._pending = bytearray()
         self._need = 0
+        self._topics: dict[bytes, str] = {}
 
     @property
     def buffered(self) -> int:
@@ -159,13 +165,10 @@ class PacketReader:
         pos += 2
         if pos + tlen > end:
             raise ProtocolError(MALFORMED_PACKET, "topic runs past the packet")
-        raw_topic = buf[pos : pos + tlen]
-        try:
-            topic = raw_topic.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ProtocolError(MALFORMED_PACKET, "topic is not valid UTF-8") from None
-        if "\x00" in topic:
-            raise ProtocolError(MALFORMED_PACKET, "topic contains U+0000")
+        raw_topic = bytes(buf[pos : pos + tlen])
+        topic = self._topics.get(raw_topic)
+        if topic is None:
+            topic = self._topic_name(raw_topic)
         pos += tlen
         packet_id = None
         if qos:
@@ -184,6 +187,23 @@ class PacketReader:
             properties, pos = decode_properties(buf, pos, end, props.PUBLISH)
         return Publish(topic, bytes(buf[pos:end]), qos, bool(first & 1), dup, packet_id, properties,
                        bytes(buf[frame_start:end]))
+
+    def _topic_name(self, raw: bytes) -> str:
+        """Decode and check a PUBLISH topic name (MQTT 5 3.3.2.1: UTF-8, no U+0000, no wildcards; empty
+        is left to the caller, as it is valid with a topic alias) and remember it."""
+        try:
+            topic = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError(MALFORMED_PACKET, "topic is not valid UTF-8") from None
+        if "\x00" in topic:
+            raise ProtocolError(MALFORMED_PACKET, "topic contains U+0000")
+        if "+" in topic or "#" in topic:
+            raise ProtocolError(TOPIC_NAME_INVALID, f"invalid topic name {topic!r}")
+        topics = self._topics
+        if len(topics) >= TOPIC_CACHE_SIZE:
+            topics.clear()
+        topics[raw] = topic
+        return topic
 
     def _other(self, buf: bytes | bytearray, pos: int, end: int, kind: int, flags: int) -> Packet:
         if flags != _REQUIRED_FLAGS.get(kind, 0):

@@ -1,0 +1,119 @@
+"""The socket layer's read fairness (``server.py``), on uvloop as the gateway runs it.
+
+A flooding publisher must not be read faster than one small read per loop iteration: that bound is what
+keeps one client's flood from delaying everyone else's messages. The test counts loop iterations with a
+callback that re-schedules itself (one run per iteration) and records which iteration each read of the
+flooding connection happened in; it asserts the structure, not a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import uvloop
+
+from appliance.broker.auth import Authenticator
+from appliance.broker.broker import Broker
+from appliance.broker.codec import packets as pk
+from appliance.broker.codec.writer import encode
+from appliance.broker.config import BrokerConfig, ListenerConfig
+from appliance.broker.server import READ_BUFFER_BYTES, ClientProtocol, start_listener
+from tests.broker.clients import RawClient
+
+
+class RecordingBroker:
+    """A broker on a uvloop thread whose reads are recorded as (loop iteration, client id, bytes)."""
+
+    def __init__(self) -> None:
+        self.loop = uvloop.new_event_loop()
+        self.ready = threading.Event()
+        self.iteration = 0
+        self.reads: list[tuple[int, str, int]] = []
+        self.port = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    def _tick(self) -> None:
+        self.iteration += 1
+        self.loop.call_soon(self._tick)
+
+    async def _start(self) -> None:
+        listener = ListenerConfig("tcp", "127.0.0.1", 0)
+        self.broker = Broker(BrokerConfig((listener,)), None, Authenticator(None, True), None)
+        await self.broker.start()
+        handle = self.broker.data_received
+
+        def recording(link: ClientProtocol, data: bytes, now: float) -> int:
+            self.reads.append((self.iteration, link.connection.client_id, len(data)))
+            return handle(link, data, now)
+
+        self.broker.data_received = recording  # type: ignore[method-assign]
+        self.server, url = await start_listener(self.broker, listener)
+        self.port = int(url.rsplit(":", 1)[1])
+        self._tick()
+
+    def stop(self) -> None:
+        async def shutdown() -> None:
+            self.server.close()
+            await self.broker.stop()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def recording() -> Iterator[RecordingBroker]:
+    runner = RecordingBroker()
+    runner.thread.start()
+    assert runner.ready.wait(10)
+    yield runner
+    runner.stop()
+
+
+def test_a_flooding_client_gets_one_small_read_per_loop_iteration(recording: RecordingBroker) -> None:
+    subscriber = RawClient(recording.port)
+    subscriber.connect("subscriber")
+    subscriber.subscribe("flood", 0)
+    flooder = RawClient(recording.port)
+    flooder.connect("flooder")
+    count = 5000
+    flooder.sock.sendall(encode(pk.Publish("flood", b"x" * 64), 5) * count)  # about 400 KB at once
+    flooder.send(pk.PingReq())
+    flooder.expect(pk.PingResp, timeout=30)
+    payloads = 0
+    while payloads < count:
+        packet = subscriber.recv()
+        assert isinstance(packet, pk.Publish) and packet.payload == b"x" * 64
+        payloads += 1
+
+    reads = [(iteration, size) for iteration, client, size in recording.reads if client == "flooder"]
+    assert max(size for _, size in reads) <= READ_BUFFER_BYTES
+    full_reads_per_iteration = Counter(iteration for iteration, size in reads if size == READ_BUFFER_BYTES)
+    assert full_reads_per_iteration, "the flood never filled a read buffer"
+    assert max(full_reads_per_iteration.values()) == 1
+    subscriber.close()
+    flooder.close()
+
+
+def test_a_large_publish_spanning_many_reads_arrives_whole(recording: RecordingBroker) -> None:
+    subscriber = RawClient(recording.port)
+    subscriber.connect("big-subscriber")
+    subscriber.subscribe("big", 1)
+    publisher = RawClient(recording.port)
+    publisher.connect("big-publisher")
+    payload = bytes(range(256)) * 2000  # 512,000 bytes: 125 reads
+    publisher.send(pk.Publish("big", payload, qos=1, packet_id=7))
+    assert publisher.expect(pk.PubAck).packet_id == 7
+    assert subscriber.expect(pk.Publish).payload == payload
+    subscriber.close()
+    publisher.close()
