@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/statestore.py                  # 20,000 ops per run, 100,000 keys for RSS/restart
     .venv/bin/python bench/statestore.py --quick          # small counts
+    .venv/bin/python bench/statestore.py --sync full      # the gateway with [statestore] sync = "full"
 
 What it prints (issue 3, "Benchmark"):
 
 * pipelined SET and GET (1 and 8 clients, each keeping ``--window`` requests in flight): ops/s, p50/p99;
+* blocking SET and GET with ``StateStoreClient`` (one request at a time): p50/p99 round trip;
 * the same load as a QoS 1 request/response *echo*: a responder client subscribed to a topic republishes
   each request to its Response Topic with its Correlation Data. Both use the identical requester code, so
   ``ratio = echo ops/s / store ops/s`` is the store's own cost (target: <= 1.20);
@@ -35,6 +37,7 @@ from paho.mqtt.properties import Properties
 if __package__ in (None, ""):  # run by path: make ``appliance`` and ``tests`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from appliance.statestore.client import StateStoreClient  # noqa: E402
 from appliance.statestore.commands import GetCommand, SetCommand  # noqa: E402
 from appliance.statestore.hlc import Hlc  # noqa: E402
 from appliance.statestore.service import REQUEST_TOPIC  # noqa: E402
@@ -164,6 +167,21 @@ def report(name: str, store: RunResult, echo: RunResult) -> None:
     )
 
 
+def blocking_round_trips(host: str, port: int, count: int) -> None:
+    """One request at a time through the client library: what an application sees per call."""
+    with StateStoreClient(host, port) as client:
+        for name, call in (("SET", lambda i: client.set(b"blocking/%d" % (i % 100), VALUE)),
+                           ("GET", lambda i: client.get(b"blocking/%d" % (i % 100)))):
+            latencies = []
+            for i in range(count):
+                started = time.perf_counter()
+                call(i)
+                latencies.append((time.perf_counter() - started) * 1000)
+            result = RunResult(count, sum(latencies) / 1000, latencies)
+            print(f"blocking {name:<5} {result.rate:8.0f} ops/s p50 {result.percentile(0.5):6.2f} ms"
+                  f" p99 {result.percentile(0.99):6.2f} ms")
+
+
 def load_keys(host: str, port: int, count: int, window: int) -> None:
     per_client = [[SetCommand(b"load/%d/%d" % (c, i), VALUE).encode() for i in range(count // 8)] for c in range(8)]
     measure(host, port, REQUEST_TOPIC, 8, per_client, window)
@@ -174,15 +192,20 @@ def main() -> int:
     parser.add_argument("--ops", type=int, default=20_000, help="requests per run (split over the clients)")
     parser.add_argument("--keys", type=int, default=100_000, help="keys loaded for the RSS and restart figures")
     parser.add_argument("--window", type=int, default=32, help="requests in flight per client")
+    parser.add_argument("--sync", choices=("normal", "full"), default="normal", help="[statestore] sync level")
     parser.add_argument("--quick", action="store_true", help="2,000 ops and 10,000 keys")
     args = parser.parse_args()
     if args.quick:
         args.ops, args.keys = 2_000, 10_000
     with tempfile.TemporaryDirectory(prefix="bench-statestore-") as tmp:
-        gateway = GatewayProcess(Path(tmp) / "data")
+        config = Path(tmp) / "gateway.toml"
+        config.write_text(f'[statestore]\nsync = "{args.sync}"\n')
+        gateway = GatewayProcess(Path(tmp) / "data", config=config)
         try:
             gateway.start()
             host, port = gateway.host, gateway.port
+            print(f"sync = {args.sync!r}")
+            blocking_round_trips(host, port, min(2_000, args.ops))
             echo = start_echo(host, port)
             for clients in (1, 8):
                 per = args.ops // clients

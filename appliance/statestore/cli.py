@@ -3,7 +3,7 @@
 Output is for scripts: one JSON object per line on stdout (``value`` as text when it is UTF-8, else
 ``value_base64``; ``version`` as the HLC string), errors on stderr. Exit status: 0 done, 1 "did not happen"
 (GET miss, SET refused by NX/NEX, DEL of a missing key, VDEL mismatch, lock held by someone else), 2 the
-state store answered ``-ERR`` (the text is printed), 3 no connection or no answer in time.
+state store answered ``-ERR`` or a failure status (the text is printed), 3 no connection or no answer in time.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from appliance.statestore.client import (
     ServiceError,
     StateStoreClient,
     StateStoreClientError,
+    StatusError,
 )
 from appliance.statestore.commands import Condition
 from appliance.statestore.hlc import Hlc, HlcFormatError
@@ -131,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
         return int(args.verb_handler(client, args))
     except ServiceError as exc:
         print(f"-ERR {exc.message}", file=sys.stderr)
+        return EXIT_SERVICE_ERROR
+    except StatusError as exc:  # answered, but with a failure status (storage failure, version)
+        print(f"appliance state: {exc}", file=sys.stderr)
         return EXIT_SERVICE_ERROR
     except StateStoreClientError as exc:
         print(f"appliance state: {exc}", file=sys.stderr)

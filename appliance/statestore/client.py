@@ -10,6 +10,9 @@ Why it is built this way:
   SUBACK awaited) while connecting, before any request can be sent, as the protocol asks.
 * **The caller never builds an HLC.** The client keeps a hybrid clock of its own: every request carries
   ``__ts`` from it, and every version it receives moves it forward (the HLC receive rule).
+* **The SDK invokers' envelope.** Requests carry ``__protVer`` 1.0 as the SDK command invokers send it; a
+  response with a ``__protVer`` of another major, or with a failure ``__stat`` (500 for a storage failure,
+  505 for an unsupported version), fails the request with ``StatusError`` - no RESP3 payload to read.
 * **Every ``-ERR`` is an exception class** (``FencingTokenRequired``, ``QuotaExceeded``, ...), and an
   unknown one is a plain ``ServiceError`` with the text, so callers can handle future error strings.
 * **Leases** (``Lease``) are the protocol's active/standby example: acquire and renew with
@@ -40,7 +43,7 @@ from appliance.statestore import errors, resp3
 from appliance.statestore.commands import Condition, DelCommand, GetCommand, KeyNotifyCommand, SetCommand, VDelCommand
 from appliance.statestore.hlc import Hlc, HlcFormatError, HybridClock
 from appliance.statestore.notify import notification_topic
-from appliance.statestore.service import REQUEST_TOPIC
+from appliance.statestore.service import PROTOCOL_VERSION, REQUEST_TOPIC, supported_protocol_version
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -77,6 +80,15 @@ class RequestRejected(StateStoreClientError):
 
 class UnexpectedResponse(StateStoreClientError):
     """The response payload is not one this request can get."""
+
+
+class StatusError(StateStoreClientError):
+    """A response whose ``__stat`` is a failure: the service answered, but not with a RESP3 reply."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(f"state store status {status}: {message}")
+        self.status = status
+        self.message = message
 
 
 class ServiceError(StateStoreClientError):
@@ -164,6 +176,17 @@ class Notification:
     key: bytes
     value: bytes | None
     version: Hlc | None
+
+
+def _status_failure(properties: dict[str, str]) -> StateStoreClientError | None:
+    """What the SDK invokers check before the payload: the response's protocol version, then its status."""
+    version = properties.get("__protVer")
+    if not supported_protocol_version(version):
+        return UnexpectedResponse(f"response protocol version {version!r} is not supported")
+    status = properties.get("__stat", "200")
+    if not status.isdigit() or int(status) >= 400:
+        return StatusError(status, properties.get("__stMsg", ""))
+    return None
 
 
 def raise_for_error(response: Response) -> None:
@@ -321,6 +344,8 @@ class StateStoreClient:
         properties.ResponseTopic = self.response_topic
         properties.CorrelationData = correlation
         stamps = [("__ts", str(self._tick()))] if stamp else []
+        if not any(name == "__protVer" for name, _ in user_properties):
+            stamps.append(("__protVer", PROTOCOL_VERSION))
         properties.UserProperty = stamps + list(user_properties)
         with self._lock:
             self._pending[correlation] = future
@@ -469,6 +494,10 @@ class StateStoreClient:
             with self._lock:
                 future = self._pending.pop(correlation, None) if correlation is not None else None
             if future is None or future.cancelled():
+                return
+            failure = _status_failure(dict(user_properties))
+            if failure is not None:
+                future.set_exception(failure)
                 return
             try:
                 response = Response(message.payload, resp3.decode(message.payload), user_properties)

@@ -11,12 +11,23 @@ response message, as the protocol requires. The order of checks for a request is
 4. ``__ts`` (SET requires it; any command may carry it) and ``__ft``: syntax, then clock skew;
 5. the store (fencing, conditions, quotas), which commits before we publish the response.
 
-Every response carries ``__stat=200`` (the SDK command invokers require a status) and, where there is a
-version to report, ``__ts``. Notifications are published after the response, in change order, through
-``BrokerHandle.publish``, which preserves call order per subscriber.
+Every response carries ``__stat`` (the SDK command invokers require a status), ``__protVer`` (what the SDK
+executors send) and, where there is a version to report, ``__ts``. Before the payload is looked at, the
+request's ``__protVer`` is checked the way the SDK executors do it: absent means 1.0, any 1.x is served,
+anything else gets status 505 with ``__supProtMajVer`` and ``__requestProtVer``.
 
-Store calls run on the event loop thread: they are short SQLite transactions, and running them inline
-keeps one total order of changes (and so of notifications) without locks.
+The SQLite store lives on one worker thread (``StoreThread``) that opened its connection and is the only
+thread to touch it, so a commit's fsync (``sync = "full"``) stalls nobody but the requests queued behind it.
+Ordering still holds without locks: the one worker runs store calls in submission order, and its results
+come back to the loop in completion order (each completion is a ``call_soon_threadsafe``, which is FIFO), so
+the task that submitted first resumes first and publishes its response and notifications - synchronously,
+with no await in between - before the next one. A client's own requests are in order anyway, since the
+broker awaits ``on_publish`` before reading that client's next packet. The response is published only after
+the worker's commit returned.
+
+A store failure (SQLite error: disk full, read-only or corrupt file) is logged with the client id and key,
+the transaction is rolled back, and the client gets a response with status 500 and ``__stMsg`` instead of a
+RESP3 payload - the SDK invokers turn that into a remote error at once, where no reply would be a timeout.
 """
 
 from __future__ import annotations
@@ -24,11 +35,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import sqlite3
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from appliance.broker.api import BrokerHandle, InboundPublish, PublishVerdict
+from appliance.forwarding.worker import StoreThread
 from appliance.statestore import errors, resp3
 from appliance.statestore.acl import KeyAuthorizer
 from appliance.statestore.commands import (
@@ -51,6 +66,18 @@ log = logging.getLogger(__name__)
 REQUEST_TOPIC = f"statestore/v1/{SYSTEM_ID}/command/invoke"
 MAX_CLOCK_SKEW_MS = 60_000
 
+# The SDKs' RPC protocol version (``__protVer``), as their command executors answer it, and the major
+# versions we serve (``__supProtMajVer``, space separated). A request without ``__protVer`` is 1.0.
+PROTOCOL_VERSION = "1.0"
+SUPPORTED_MAJOR_VERSIONS = "1"
+_VERSION_SYNTAX = re.compile(r"(\d+)\.(\d+)")
+
+# Response statuses (``__stat``), HTTP-like as in the SDKs.
+STATUS_OK = "200"
+STATUS_INTERNAL_ERROR = "500"
+STATUS_VERSION_NOT_SUPPORTED = "505"
+STORE_FAILURE_MESSAGE = "the state store could not complete the request (storage failure); see the gateway log"
+
 # MQTT 5 reason codes for envelope failures (PUBACK/PUBREC and DISCONNECT).
 IMPLEMENTATION_SPECIFIC_ERROR = 0x83
 TOPIC_NAME_INVALID = 0x90
@@ -72,13 +99,44 @@ def forbidden_response_topic(topic: str) -> bool:
     return topic == REQUEST_TOPIC or topic.startswith(NOTIFY_TOPIC_PREFIX)
 
 
+def supported_protocol_version(text: str | None) -> bool:
+    """The SDK executors' rule: absent (or empty, as the Go executor reads it) is 1.0; otherwise
+    ``<major>.<minor>`` with a major we serve."""
+    if not text:
+        return True
+    match = _VERSION_SYNTAX.fullmatch(text)
+    return match is not None and match.group(1) in SUPPORTED_MAJOR_VERSIONS.split()
+
+
+@dataclass(slots=True)
+class Reply:
+    """What a request gets: the RESP3 payload, the version for ``__ts``, and the changes to notify."""
+
+    payload: bytes
+    version: Hlc | None = None
+    changes: list[Change] = field(default_factory=list)
+    wake_sweeper: bool = False
+
+
+StoreFactory = Callable[[Path, str, Quotas, str], StateStore]
+
+
 class StateStoreService:
     topic_filters = (REQUEST_TOPIC,)
 
-    def __init__(self, config: StateStoreConfig, data_dir: Path, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(
+        self,
+        config: StateStoreConfig,
+        data_dir: Path,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        store_factory: StoreFactory = StateStore,
+    ) -> None:
+        """``clock_ms`` and ``store_factory`` exist for tests: a controlled clock, a store with hooks."""
         self.config = config
         self.data_dir = Path(data_dir)
         self.clock_ms = clock_ms
+        self.store_factory = store_factory
+        self.thread: StoreThread | None = None
         self.authorizer = KeyAuthorizer(config.acl)
         self.registry = NotificationRegistry()
         self.store: StateStore | None = None
@@ -90,9 +148,10 @@ class StateStoreService:
 
     async def start(self, broker: BrokerHandle) -> None:
         self._broker = broker
-        self.store = StateStore(
-            self.data_dir, self.config.node_id, Quotas(self.config.max_keys, self.config.max_bytes), self.config.sync
-        )
+        self.thread = StoreThread()
+        quotas = Quotas(self.config.max_keys, self.config.max_bytes)
+        # Opened on the worker thread: the connection belongs to it from the first statement on.
+        self.store = await self.thread.call(self.store_factory, self.data_dir, self.config.node_id, quotas, self.config.sync)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever(), name="statestore-expiry")
 
     async def stop(self) -> None:
@@ -101,9 +160,12 @@ class StateStoreService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
             self._sweeper = None
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        if self.thread is not None:
+            if self.store is not None:
+                await self.thread.call(self.store.close)
+            self.thread.shutdown()
+            self.thread = None
+        self.store = None
 
     def on_client_disconnected(self, client_id: str) -> None:
         self.registry.drop_client(client_id)
@@ -124,34 +186,59 @@ class StateStoreService:
             return refused("missing response topic")
         if message.correlation_data is None:
             return refused("missing correlation data")
-        payload, version, changes = self.handle_request(message)
-        properties = [("__stat", "200")]
-        if version is not None:
-            properties.append(("__ts", str(version)))
-        broker = self._require_broker()
-        broker.publish(
+        requested = next((value for name, value in message.user_properties if name == "__protVer"), None)
+        if not supported_protocol_version(requested):
+            self._respond(message, b"", [
+                ("__stat", STATUS_VERSION_NOT_SUPPORTED),
+                ("__stMsg", f"unsupported protocol version {requested!r}"),
+                ("__supProtMajVer", SUPPORTED_MAJOR_VERSIONS),
+                ("__requestProtVer", requested or ""),
+            ])
+            return CONSUMED
+        try:
+            reply = await self.handle_request(message)
+        except sqlite3.Error as exc:
+            key = _key_of(message.payload)
+            log.error("state store: request from client %r on key %r failed, nothing changed: %s",
+                      message.client_id, key, exc)
+            self._respond(message, b"", [("__stat", STATUS_INTERNAL_ERROR), ("__stMsg", STORE_FAILURE_MESSAGE)])
+            return CONSUMED
+        properties = [("__stat", STATUS_OK)]
+        if reply.version is not None:
+            properties.append(("__ts", str(reply.version)))
+        self._respond(message, reply.payload, properties)
+        self._publish_changes(reply.changes)
+        if reply.wake_sweeper:
+            self._wake_sweeper.set()
+        return CONSUMED
+
+    def _respond(self, message: InboundPublish, payload: bytes, properties: list[tuple[str, str]]) -> None:
+        assert message.response_topic is not None and message.correlation_data is not None  # envelope checked
+        self._require_broker().publish(
             message.response_topic,
             payload,
             qos=1,
             correlation_data=message.correlation_data,
-            user_properties=properties,
+            user_properties=[*properties, ("__protVer", PROTOCOL_VERSION)],
         )
-        self._publish_changes(changes)
-        return CONSUMED
 
     # -- requests ------------------------------------------------------------------------------------
 
-    def handle_request(self, message: InboundPublish) -> tuple[bytes, Hlc | None, list[Change]]:
-        """Payload in, (response payload, version for ``__ts``, committed changes) out."""
+    async def handle_request(self, message: InboundPublish) -> Reply:
+        """Payload in, reply out; raises ``sqlite3.Error`` when the store fails (rolled back)."""
         try:
             command = parse_command(message.payload)
             self._authorize(message.username, command)
             now = self.clock_ms()
             timestamp = self._timestamp(message, "__ts", errors.TIMESTAMP_SKEW, now)
             fencing_token = self._timestamp(message, "__ft", errors.FENCING_TOKEN_SKEW, now)
-            return self._execute(command, message.client_id, timestamp, fencing_token, now)
+            if isinstance(command, KeyNotifyCommand):
+                return self._keynotify(command, message.client_id)
+            if isinstance(command, SetCommand) and timestamp is None:
+                raise StateStoreError(errors.MISSING_TIMESTAMP)
+            return await self._require_thread().call(self._execute, command, timestamp, fencing_token)
         except StateStoreError as exc:
-            return resp3.encode_error(exc.message), None, []
+            return Reply(resp3.encode_error(exc.message))
 
     def _authorize(self, username: str | None, command: Command) -> None:
         access = "read" if isinstance(command, (GetCommand, KeyNotifyCommand)) else "write"
@@ -171,31 +258,34 @@ class StateStoreService:
             raise StateStoreError(skew_error)
         return stamp
 
-    def _execute(
-        self, command: Command, client_id: str, timestamp: Hlc | None, fencing_token: Hlc | None, now: int
-    ) -> tuple[bytes, Hlc | None, list[Change]]:
+    def _keynotify(self, command: KeyNotifyCommand, client_id: str) -> Reply:
+        """Registrations are loop-side memory: a change's notifications go to whoever is registered when
+        its committed result is published."""
+        if command.stop:
+            removed = self.registry.unregister(client_id, command.key)
+            return Reply(resp3.OK if removed else resp3.encode_integer(0))
+        self.registry.register(client_id, command.key)
+        return Reply(resp3.OK)
+
+    def _execute(self, command: Command, timestamp: Hlc | None, fencing_token: Hlc | None) -> Reply:
+        """Runs on the store thread. ``now`` is read here, when the store acts, so an entry that expired
+        while the request waited in the queue is already absent."""
         store = self._require_store()
+        now = self.clock_ms()
         if isinstance(command, SetCommand):
-            if timestamp is None:
-                raise StateStoreError(errors.MISSING_TIMESTAMP)
+            assert timestamp is not None  # checked on the loop
             outcome = store.set(command, timestamp, fencing_token, now)
-            if outcome.applied and command.expire_ms is not None:
-                self._wake_sweeper.set()
-            return (resp3.OK if outcome.applied else resp3.encode_integer(-1)), outcome.version, outcome.changes
+            payload = resp3.OK if outcome.applied else resp3.encode_integer(-1)
+            return Reply(payload, outcome.version, outcome.changes, outcome.applied and command.expire_ms is not None)
         if isinstance(command, GetCommand):
             entry = store.get(command.key, now)
             if entry is None:
-                return resp3.encode_bulk(None), None, []
-            return resp3.encode_bulk(entry.value), entry.version, []
-        if isinstance(command, (DelCommand, VDelCommand)):
-            only_value = command.value if isinstance(command, VDelCommand) else None
-            deleted = store.delete(command.key, fencing_token, now, only_value)
-            return resp3.encode_integer(deleted.count), deleted.version, deleted.changes
-        if command.stop:
-            removed = self.registry.unregister(client_id, command.key)
-            return (resp3.OK if removed else resp3.encode_integer(0)), None, []
-        self.registry.register(client_id, command.key)
-        return resp3.OK, None, []
+                return Reply(resp3.encode_bulk(None))
+            return Reply(resp3.encode_bulk(entry.value), entry.version)
+        assert isinstance(command, (DelCommand, VDelCommand))
+        only_value = command.value if isinstance(command, VDelCommand) else None
+        deleted = store.delete(command.key, fencing_token, now, only_value)
+        return Reply(resp3.encode_integer(deleted.count), deleted.version, deleted.changes)
 
     # -- notifications and expiry --------------------------------------------------------------------
 
@@ -205,32 +295,43 @@ class StateStoreService:
         broker = self._require_broker()
         for change in changes:
             for note in self.registry.notifications(change):
-                broker.publish(note.topic, note.payload, qos=1, user_properties=[("__ts", note.version)])
+                broker.publish(
+                    note.topic, note.payload, qos=1,
+                    user_properties=[("__ts", note.version), ("__protVer", PROTOCOL_VERSION)],
+                )
+
+    def _expire_due(self) -> tuple[list[Change], int | None, int]:
+        """Runs on the store thread: remove what is due, and say when the next deadline is."""
+        store = self._require_store()
+        now = self.clock_ms()
+        changes = store.expire(now)
+        return changes, store.next_expiry(), now
 
     async def _sweep_forever(self) -> None:
         """Remove expired entries at their deadline (woken early by every SET with PX)."""
         interval = self.config.sweep_interval_ms / 1000
         while True:
             delay = interval
+            self._wake_sweeper.clear()  # before the store trip: a SET with PX during the trip must still wake us
             try:
-                store = self._require_store()
-                now = self.clock_ms()
-                changes = store.expire(now)
+                changes, due, now = await self._require_thread().call(self._expire_due)
                 self._publish_changes(changes)
                 if len(changes) == EXPIRE_BATCH:
                     delay = 0
-                else:
-                    due = store.next_expiry()
-                    if due is not None:
-                        delay = min(interval, max(0, due - now) / 1000)
+                elif due is not None:
+                    delay = min(interval, max(0, due - now) / 1000)
             except Exception:  # a full disk must not end expiry for good; log and retry
                 log.exception("state store expiry sweep failed")
             if delay == 0:
                 await asyncio.sleep(0)  # a large backlog: let requests in between batches
                 continue
-            self._wake_sweeper.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake_sweeper.wait(), delay)
+
+    def _require_thread(self) -> StoreThread:
+        if self.thread is None:
+            raise RuntimeError("the state store service has not been started")
+        return self.thread
 
     def _require_store(self) -> StateStore:
         if self.store is None:
@@ -241,3 +342,11 @@ class StateStoreService:
         if self._broker is None:
             raise RuntimeError("the state store service has not been started")
         return self._broker
+
+
+def _key_of(payload: bytes) -> bytes | None:
+    """The key of a request, for the log line of a failure (the payload parsed before the store ran)."""
+    try:
+        return parse_command(payload).key
+    except StateStoreError:
+        return None

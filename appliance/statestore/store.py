@@ -5,7 +5,10 @@ Why it is built this way:
 * **Commit before reply.** Every change runs in one ``BEGIN IMMEDIATE`` ... ``COMMIT`` and the caller only
   gets its outcome after the commit, so the service never answers ``+OK``/``:1`` for something a crash can
   take back. ``sync="normal"`` (WAL + ``synchronous=NORMAL``) survives a process crash; ``sync="full"``
-  also survives power loss, at the price of an fsync per commit.
+  also survives power loss, at the price of an fsync per commit. A failed transaction (disk full, read-only
+  file) is rolled back and leaves the in-memory counters and the clock as they were.
+* **One thread.** The service creates, uses and closes a ``StateStore`` on its one store thread, so the
+  connection is never shared and a slow commit never runs on the event loop.
 * **The clock is part of the data.** The greatest HLC issued is written in the same transaction as the
   value carrying it, so after a restart (or ``kill -9``) the clock resumes above every version it ever
   handed out, even if the wall clock went backwards meanwhile.
@@ -224,7 +227,8 @@ class StateStore:
 
 
 class _Transaction:
-    """BEGIN IMMEDIATE .. COMMIT; on any exception ROLLBACK and put the in-memory counters back."""
+    """BEGIN IMMEDIATE .. COMMIT; on any exception - the COMMIT's own included (disk full, I/O error) - ROLLBACK
+    and put the in-memory counters and the clock back, so memory never describes a change the file lacks."""
 
     def __init__(self, store: StateStore) -> None:
         self.store = store
@@ -235,9 +239,17 @@ class _Transaction:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
-            self.store._db.execute("COMMIT")
-            return
-        self.store._db.execute("ROLLBACK")
+            try:
+                self.store._db.execute("COMMIT")
+                return
+            except sqlite3.Error:
+                self._undo()
+                raise
+        self._undo()
+
+    def _undo(self) -> None:
+        if self.store._db.in_transaction:  # SQLite may have rolled back on its own (e.g. SQLITE_FULL)
+            self.store._db.execute("ROLLBACK")
         self.store.key_count, self.store.total_bytes, self.store.clock.last = self.saved
 
 

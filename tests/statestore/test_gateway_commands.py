@@ -98,11 +98,11 @@ def test_response_properties_on_the_wire(client: StateStoreClient, key: Key) -> 
     sent = Hlc(now_ms(), 3, "me")
     reply = client.request(SetCommand(k, b"v").encode(), [("__ts", str(sent))], stamp=False)
     props = dict(reply.user_properties)
-    assert reply.payload == b"+OK\r\n" and props["__stat"] == "200"
+    assert reply.payload == b"+OK\r\n" and props["__stat"] == "200" and props["__protVer"] == "1.0"
     assert len(props["__ts"].split(":")[0]) == 15 and len(props["__ts"].split(":")[1]) == 5  # zero padded
     assert Hlc.parse(props["__ts"]) > sent
     miss = client.request(encode_array([b"GET", key("none")]), stamp=False)
-    assert miss.payload == b"$-1\r\n" and dict(miss.user_properties) == {"__stat": "200"}
+    assert miss.payload == b"$-1\r\n" and dict(miss.user_properties) == {"__stat": "200", "__protVer": "1.0"}
     assert client.request(encode_array([b"DEL", k]), stamp=False).payload == b":1\r\n"
 
 
@@ -142,7 +142,7 @@ def test_binary_keys_and_large_values(client: StateStoreClient) -> None:
 def test_payload_errors(client: StateStoreClient, payload: bytes, message: str) -> None:
     reply = client.request(payload)
     assert reply.payload == f"-ERR {message}\r\n".encode()
-    assert dict(reply.user_properties) == {"__stat": "200"}
+    assert dict(reply.user_properties) == {"__stat": "200", "__protVer": "1.0"}
 
 
 def test_timestamp_errors_and_clock_skew(client: StateStoreClient, key: Key) -> None:

@@ -7,8 +7,11 @@ from collections.abc import Iterator
 import paho.mqtt.client as mqtt
 import pytest
 
-from appliance.statestore.commands import GetCommand
-from appliance.statestore.service import REQUEST_TOPIC
+from appliance.statestore.client import StateStoreClient, StatusError
+from appliance.statestore.commands import GetCommand, SetCommand
+from appliance.statestore.hlc import Hlc
+from appliance.statestore.resp3 import encode_array
+from appliance.statestore.service import REQUEST_TOPIC, wall_clock_ms
 from tests.statestore.raw_mqtt import TIMEOUT, RawClient
 from tests.support.processes import GatewayProcess
 
@@ -80,3 +83,35 @@ def test_served_requests_are_not_routed_to_ordinary_subscribers(raw: RawClient) 
     raw.publish(REQUEST_TOPIC, REQUEST, response_topic=f"clients/{raw.client_id}/resp", correlation_data=b"1")
     assert raw.next_message().payload == b"$-1\r\n"
     assert marker_then_next(raw) == b"marker"
+
+
+def versioned_request(raw: RawClient, payload: bytes, version: str) -> dict[str, str]:
+    raw.publish(REQUEST_TOPIC, payload, response_topic=f"clients/{raw.client_id}/resp", correlation_data=b"v",
+                user_properties=[("__protVer", version), ("__ts", str(Hlc(wall_clock_ms(), 0, "raw")))])
+    reply = raw.next_message()
+    assert reply.properties.CorrelationData == b"v"
+    return {"payload": reply.payload.decode(), **dict(reply.properties.UserProperty)}
+
+
+@pytest.mark.parametrize("version", ["2.0", "0.9", "1", "1.0.1", "one.zero"])
+def test_an_unsupported_protocol_version_gets_505_and_is_not_executed(raw: RawClient, version: str) -> None:
+    key = f"protver-{version}".encode()
+    reply = versioned_request(raw, SetCommand(key, b"v").encode(), version)
+    assert reply == {
+        "payload": "", "__stat": "505", "__stMsg": f"unsupported protocol version {version!r}",
+        "__supProtMajVer": "1", "__requestProtVer": version, "__protVer": "1.0",
+    }
+    assert versioned_request(raw, GetCommand(key).encode(), "1.0")["payload"] == "$-1\r\n"
+
+
+@pytest.mark.parametrize("version", ["1.7", ""])  # any 1.x; empty reads as absent (1.0), as in the Go executor
+def test_any_1_x_protocol_version_is_served(raw: RawClient, version: str) -> None:
+    reply = versioned_request(raw, SetCommand(b"protver-minor", b"v").encode(), version)
+    assert (reply["payload"], reply["__stat"], reply["__protVer"]) == ("+OK\r\n", "200", "1.0")
+    assert versioned_request(raw, encode_array([b"DEL", b"protver-minor"]), "1.0")["payload"] == ":1\r\n"
+
+
+def test_the_client_raises_for_a_failure_status(client: StateStoreClient) -> None:
+    with pytest.raises(StatusError) as rejected:
+        client.request(GetCommand(b"k").encode(), [("__protVer", "2.0")])
+    assert rejected.value.status == "505" and "2.0" in rejected.value.message

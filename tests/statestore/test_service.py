@@ -201,7 +201,8 @@ def test_keynotify_lifecycle_and_notification_format(harness: Harness) -> None:
     reply = harness.request(SetCommand(b"k", b"abc").encode())
     notes = harness.broker.published[-1:]
     assert [(n.topic, n.payload, n.user_properties) for n in notes] == [
-        (notification_topic("watcher", b"k"), b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\nabc\r\n", {"__ts": reply.user_properties["__ts"]})
+        (notification_topic("watcher", b"k"), b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\nabc\r\n",
+         {"__ts": reply.user_properties["__ts"], "__protVer": "1.0"})
     ]
     harness.request(DelCommand(b"k").encode())
     assert harness.broker.published[-1].payload == b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"
