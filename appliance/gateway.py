@@ -33,20 +33,26 @@ log = logging.getLogger("appliance")
 def build_services(config: GatewayConfig, on_factory_reset: Callable[[], None] = lambda: None) -> list[BrokerService]:
     """Every in-process service the broker hosts, in start order. Subsystems add themselves here.
 
-    ``on_factory_reset`` is the hardware button's long press; ``serve`` stops, resets and exits for a restart."""
+    ``on_factory_reset`` is the hardware button's long press; ``serve`` stops, resets and exits for a restart.
+    The hardware starts before forwarding, which takes its modem link state (no upstream connection attempts
+    while the modem is not registered) and drives its uplink and backlog LEDs (``docs/hardware.md``)."""
     services: list[BrokerService] = []
     if config.statestore.enabled:
         from appliance.statestore.service import StateStoreService
 
         services.append(StateStoreService(config.statestore, config.data_dir))
-    if config.forwarding.enabled:
-        from appliance.forwarding.service import ForwardingService
-
-        services.append(ForwardingService(config.forwarding, config.data_dir, config.gateway_id))
+    hardware = None
+    bridge = config.forwarding.enabled and config.forwarding.upstream.host is not None
     if config.hardware.enabled:
         from appliance.hardware.service import HardwareService
 
-        services.append(HardwareService(config.hardware, on_factory_reset))
+        # With a bridge the uplink LED means "connected to the cloud"; the bridge drives it.
+        hardware = HardwareService(config.hardware, on_factory_reset, uplink_led_follows_modem=not bridge)
+        services.append(hardware)
+    if config.forwarding.enabled:
+        from appliance.forwarding.service import ForwardingService
+
+        services.append(ForwardingService(config.forwarding, config.data_dir, config.gateway_id, hardware))
     return services
 
 

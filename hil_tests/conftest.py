@@ -2,8 +2,10 @@
 
 Scenarios ask for ``rig`` and get a connected `RigClient` whose every command lands in the scenario's
 timeline; on the local bench the rig process is spawned for the test and removed after it, on a real bench
-the configured serial device is opened and the link is RESET before and after the test. The timelines of
-a run are summarized in a table at the end of the pytest output.
+the configured serial device is opened and the link is RESET before and after the test. ``site`` says where
+the scenario's gateway runs and where its uplink connects: on a local netns bench the gateway and the
+cloud broker run inside the rig's namespaces (`hil_tests/netns_site.py`). The timelines of a run are
+summarized in a table at the end of the pytest output.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from hil_tests.bench import DEFAULT_BENCH, BenchConfig, load_bench
+from hil_tests.harness import Site
+from hil_tests.netns_site import CLOUD_BROKER_PORT, HostLinks, NamespacedGateway, NamespacedMosquitto, netns_refusal
 from hil_tests.rig.client import RigClient
 from hil_tests.rig.launcher import local_rig
 from hil_tests.timeline import Timeline, TimelineRun, format_summary, summarize
-from tests.support.processes import MosquittoProcess
+from tests.support.processes import GatewayProcess, MosquittoProcess
 
 RUN_KEY = pytest.StashKey[TimelineRun]()
 
@@ -49,14 +53,49 @@ def timeline(request: pytest.FixtureRequest, hil_run: TimelineRun) -> Iterator[T
         yield scenario_timeline
 
 
+def _local_netns(bench: BenchConfig) -> bool:
+    return bench.rig.local and bench.rig.backend == "netns"
+
+
 @pytest.fixture
-def cloud_endpoint(bench: BenchConfig, tmp_path: Path) -> Iterator[tuple[str, int]]:
-    """The cloud-side broker: a local mosquitto when the bench says ``start = true``, else the configured one."""
+def cloud_endpoint(request: pytest.FixtureRequest, bench: BenchConfig, tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """The cloud-side broker as the host reaches it: a local mosquitto when the bench says ``start = true``
+    (on a local netns bench inside the rig's cloud namespace), else the configured one."""
     if not bench.cloud.start:
         yield bench.cloud.host, bench.cloud.port
         return
+    if _local_netns(bench):
+        links: HostLinks = request.getfixturevalue("host_links")
+        with NamespacedMosquitto(tmp_path / "cloud", links.cloud) as broker:
+            yield broker.host, broker.port
+        return
     with MosquittoProcess(tmp_path / "cloud", port=bench.cloud.port or None) as broker:
         yield broker.host, broker.port
+
+
+@pytest.fixture
+def host_links(rig: RigClient) -> Iterator[HostLinks]:
+    """The host's unshaped links into the local netns rig's namespaces (`hil_tests/netns_site.py`)."""
+    status = rig.status()
+    with HostLinks(status["gateway_ns"], status["cloud_ns"]) as links:
+        yield links
+
+
+@pytest.fixture
+def site(request: pytest.FixtureRequest, bench: BenchConfig, rig: RigClient) -> Site:
+    """Userspace rig: a host gateway whose uplink goes to the relay's ``listen``. Local netns rig: the gateway
+    in the gateway namespace, its uplink to the rig's delay ``relay`` in the cloud namespace, across the
+    shaped veth."""
+    status = rig.status()
+    if "listen" in status:
+        host, port = status["listen"].rsplit(":", 1)
+        return Site((host, int(port)), lambda data_dir, config: GatewayProcess(data_dir, config=config))
+    if _local_netns(bench):
+        links: HostLinks = request.getfixturevalue("host_links")
+        host, port = status["relay"].rsplit(":", 1)
+        namespace, address = links.gateway.namespace, links.gateway.address
+        return Site((host, int(port)), lambda data_dir, config: NamespacedGateway(namespace, address, data_dir, config))
+    pytest.skip("a real rig's uplink is wired by hand: the scenarios start their gateway behind a local rig only")
 
 
 @pytest.fixture
@@ -72,6 +111,12 @@ def rig(request: pytest.FixtureRequest, bench: BenchConfig, timeline: Timeline, 
     if bench.rig.backend == "userspace":
         host, port = request.getfixturevalue("cloud_endpoint")
         args += ["--target", f"{host}:{port}"]
+    else:
+        refusal = netns_refusal()
+        if refusal is not None:
+            pytest.skip(refusal)
+        # The cloud broker starts in the cloud namespace after the rig has made it; its port is fixed there.
+        args += ["--target", f"127.0.0.1:{CLOUD_BROKER_PORT}"]
     with local_rig(args, tmp_path / "rig.log") as ready:
         with RigClient(ready["serial"], baudrate=bench.rig.baud, on_command=timeline.rig) as client:
             yield client

@@ -100,11 +100,25 @@ def priority_of(routes: tuple[Route, ...], device: str, output: str) -> int | No
     return min((r.priority for r in routes if r.matches(device, output)), default=None)
 
 
-def write_gateway_config(folder: Path, upstream: tuple[str, int], routes: tuple[Route, ...]) -> Path:
+@dataclass(frozen=True)
+class Site:
+    """How a scenario's gateway is wired on this bench: where its uplink connects, and how it is started
+    (on the host, or inside the netns rig's gateway namespace; the ``site`` fixture decides)."""
+
+    upstream: tuple[str, int]
+    gateway: Callable[[Path, Path], GatewayProcess]  # (data dir, config file) -> a gateway not yet started
+
+
+def write_gateway_config(
+    folder: Path, upstream: tuple[str, int], routes: tuple[Route, ...], keepalive_s: int = 1
+) -> Path:
     """A gateway with store-and-forward to ``upstream`` (the rig's relay), tuned for compressed time.
 
     A 1 s upstream keep-alive makes a dead link show within about 2 s, a 0.5 s cleanup removes expired
-    messages promptly, and short reconnect back-offs bring the bridge back soon after ``UP``.
+    messages promptly, and short reconnect back-offs bring the bridge back soon after ``UP``. A keep-alive
+    must outlast the link's queueing delay, though: on the kernel-shaped 9.6 kbit/s link a PINGREQ waits
+    behind the batch already queued in TCP and tbf, and a 1 s keep-alive then takes a slow link for a dead
+    one (a reconnect that costs an alert seconds), so scenarios that do not time outage detection give more.
     """
     folder.mkdir(parents=True, exist_ok=True)
     desired = {
@@ -126,7 +140,7 @@ cleanup_interval_s = 0.5
 [forwarding.upstream]
 host = "{upstream[0]}"
 port = {upstream[1]}
-keepalive_s = 1
+keepalive_s = {keepalive_s}
 backoff_min_s = 0.05
 backoff_max_s = 0.5
 """

@@ -152,6 +152,9 @@ class Broker:
             self._restore(time.time())
         for service in self.services:
             await service.start(self)
+        # Before any client can connect: wills whose delay ran out while the gateway was down go out now
+        # (services are up, so they see them too), and sessions that expired meanwhile end.
+        self._expire(time.time())
         self._tick_handle = self._loop.call_later(1.0, self._tick)
         self._flush()
 
@@ -480,7 +483,7 @@ class Broker:
         if self.store is not None and (expiry or was_durable):
             if expiry:
                 session.journal = self.store
-                self.store.save_session(self._stored_session(session, connection, None))
+                self.store.save_session(self._stored_session(session, connection, None, session.will))
             else:
                 self.store.delete_session(client_id)
                 session.journal = None
@@ -861,16 +864,19 @@ class Broker:
                 log.exception("service %s failed in on_client_disconnected", type(service).__name__)
         will = session.will
         session.will = None
+        delayed_will = None
         if will is not None and not connection.clean_disconnect:
             delay = will_delay(will, session.expiry_interval) if connection.v5 else 0
             if delay:
                 self.wills.schedule(session.client_id, will, now + delay)
+                delayed_will = will
             else:
                 self._publish_will(session.client_id, will, now)
         if session.expiry_interval == 0:
             self._end_session(session)
         elif self.store is not None and session.journal is not None:
-            self.store.save_session(self._stored_session(session, connection, now, will if not connection.clean_disconnect else None))
+            # Only a will still waiting is stored: a restart before its time schedules it again.
+            self.store.save_session(self._stored_session(session, connection, now, delayed_will))
 
     def _end_session(self, session: Session) -> None:
         self.tree.remove_client(session.client_id)
@@ -882,9 +888,11 @@ class Broker:
         session.clear()
 
     def _publish_will(self, client_id: str, will: pk.Will, now: float) -> None:
+        session = self.sessions.get(client_id)
+        if self.store is not None and session is not None and session.journal is not None:
+            self.store.clear_will(client_id)  # committed with the deliveries below: published once
         acl = self.acl
         if acl is not None:
-            session = self.sessions.get(client_id)
             if not acl.can_publish(client_id, session.username if session is not None else None, will.topic):
                 return
         properties = dict(will.properties)
@@ -894,8 +902,7 @@ class Broker:
         self._route(Message(will.topic, will.payload, will.qos, will.retain, properties, client_id, expires_at), now)
 
     def _stored_session(self, session: Session, connection: Connection, disconnected_at: float | None,
-                        will: pk.Will | None = None) -> StoredSession:
-        will = will if will is not None else session.will
+                        will: pk.Will | None) -> StoredSession:
         stored_will = None
         if will is not None:
             stored_will = StoredWill(
@@ -913,14 +920,7 @@ class Broker:
         assert self._loop is not None
         now = time.time()
         try:
-            for client_id, will in self.wills.due(now):
-                self._publish_will(client_id, will, now)
-            for session in [s for s in self.sessions.values() if s.connection is None and s.disconnected_at is not None]:
-                if session.expiry_interval != NEVER_EXPIRES and now >= session.disconnected_at + session.expiry_interval:
-                    pending = self.wills.cancel(session.client_id)
-                    if pending is not None:
-                        self._publish_will(session.client_id, pending, now)
-                    self._end_session(session)
+            self._expire(now)
             interval = self.limits.sys_interval
             if interval and now - self._last_sys >= interval:
                 self._last_sys = now
@@ -931,6 +931,18 @@ class Broker:
             log.exception("periodic broker tick failed")
         self._tick_handle = self._loop.call_later(1.0, self._tick)
         self._schedule_flush()
+
+    def _expire(self, now: float) -> None:
+        """Publish the wills whose delay is over; end the sessions that expired (a will still pending
+        goes out first: MQTT 5 3.1.3.2.2, the session ending ends the delay)."""
+        for client_id, will in self.wills.due(now):
+            self._publish_will(client_id, will, now)
+        for session in [s for s in self.sessions.values() if s.connection is None and s.disconnected_at is not None]:
+            if session.expiry_interval != NEVER_EXPIRES and now >= session.disconnected_at + session.expiry_interval:
+                pending = self.wills.cancel(session.client_id)
+                if pending is not None:
+                    self._publish_will(session.client_id, pending, now)
+                self._end_session(session)
 
     # -- writing --------------------------------------------------------------------------------------
 
@@ -1021,7 +1033,7 @@ class Broker:
     # -- restart --------------------------------------------------------------------------------------
 
     def _restore(self, now: float) -> None:
-        """Rebuild sessions, subscriptions, queues and retained messages from the store."""
+        """Rebuild sessions, subscriptions, queues, retained messages and pending wills from the store."""
         assert self.store is not None
         state = self.store.load()
         messages: dict[int, Message] = {}
@@ -1036,21 +1048,22 @@ class Broker:
         for client_id, loaded in state.sessions.items():
             stored = loaded.session
             disconnected_at = stored.disconnected_at
-            if stored.will is not None and disconnected_at is None:
-                # The gateway died while this client was connected: that is an abnormal end.
+            if disconnected_at is None:
+                # The gateway died while this client was connected: an abnormal end, as of now.
+                disconnected_at = now
+                self.store.set_disconnected(client_id, now)
+            if stored.will is not None:
+                # Either that abnormal end, or a client that was already away and whose will was
+                # still waiting out its delay: due at its original time (past times: at ``start``).
                 will = stored.will
                 props = self._properties_from(will.properties)
                 if will.delay_interval:
                     props[pr.WILL_DELAY_INTERVAL] = will.delay_interval
                 pending_will = pk.Will(will.topic, will.payload, will.qos, will.retain, props)
                 delay = will_delay(pending_will, stored.expiry_interval)
-                self.wills.schedule(client_id, pending_will, now + delay)
-            if disconnected_at is None:
-                disconnected_at = now
-                self.store.set_disconnected(client_id, now)
-            if stored.expiry_interval != NEVER_EXPIRES and now >= disconnected_at + stored.expiry_interval:
-                self.store.delete_session(client_id)
-                continue
+                self.wills.schedule(client_id, pending_will, disconnected_at + delay)
+            # Sessions that expired while the gateway was down are restored too: ``start`` publishes
+            # their wills (the ACL needs the session's user name) and then ends them.
             session = Session(client_id, self.limits.max_queued_messages)
             session.expiry_interval = stored.expiry_interval
             session.username = stored.username

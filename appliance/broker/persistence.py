@@ -31,7 +31,9 @@ keys are property names chosen by the caller and whose values are int, str, byte
 is self-describing, readable with the ``sqlite3`` shell, and never unpickles anything.
 
 Schema versions: ``SCHEMA_VERSION`` is written in ``meta``. Opening a database from a newer gateway
-raises ``SchemaTooNewError`` (we never guess at a newer layout); an older one would be migrated here.
+raises ``SchemaTooNewError`` (we never guess at a newer layout); an older one is migrated on opening, in
+one transaction (``_migrate``). Version 2 has version 1's tables; what changed is the meaning of an away
+session's will (see ``StoredSession``), so a version 1 gateway refuses a version 2 file.
 A file that is not a broker database raises ``CorruptDatabaseError`` naming the file.
 """
 
@@ -49,7 +51,7 @@ from typing import Union
 
 from appliance.broker.topic_tree import SubscriptionOptions
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SYNCHRONOUS_LEVELS = ("normal", "full")
 DB_FILENAME = "broker.db"
 
@@ -113,7 +115,9 @@ class StoredWill:
 @dataclass(frozen=True, slots=True)
 class StoredSession:
     """A durable session. ``disconnected_at`` is None while connected: after a crash such a session's
-    client did not disconnect normally, so its will is due and its expiry counts from the restart."""
+    client did not disconnect normally, so its will is due and its expiry counts from the restart.
+    Once disconnected, ``will`` is set only while the will waits out its Will Delay Interval (it is
+    cleared when published), so a restart can publish it at ``disconnected_at`` + the delay."""
 
     client_id: str
     protocol_level: int  # 4 = MQTT 3.1.1, 5 = MQTT 5
@@ -276,6 +280,10 @@ _UPSERT_SESSION = (
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SET_DISCONNECTED = "UPDATE sessions SET disconnected_at = ? WHERE client_id = ?"
+_CLEAR_WILL = (
+    "UPDATE sessions SET will_topic = NULL, will_payload = NULL, will_qos = NULL, will_retain = NULL,"
+    " will_properties = NULL, will_delay_interval = NULL WHERE client_id = ?"
+)
 _UPSERT_SUBSCRIPTION = (
     "INSERT OR REPLACE INTO subscriptions (client_id, topic_filter, qos, no_local, retain_as_published,"
     " retain_handling, subscription_identifier) VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -371,6 +379,14 @@ class BrokerStore:
     def set_disconnected(self, client_id: str, at: float | None) -> None:
         """Record when the client went away (None: connected again)."""
         self._operations.append((_SET_DISCONNECTED, (at, client_id)))
+
+    def clear_will(self, client_id: str) -> None:
+        """The will was published (or dropped by the ACL): after a restart it must not be published again.
+
+        A stored will of a disconnected session means "still waiting out its delay", so the restart can
+        schedule it; clearing it in the same turn that routed it keeps the two in one transaction.
+        """
+        self._operations.append((_CLEAR_WILL, (client_id,)))
 
     def delete_session(self, client_id: str) -> None:
         """Forget a session with its subscriptions, queue and inbound QoS 2 state (clean start, expiry).
@@ -622,6 +638,26 @@ def _prepare(connection: sqlite3.Connection, path: Path, synchronous: str) -> No
             f"{path}: written by a newer gateway (schema version {version}; this one understands up to "
             f"{SCHEMA_VERSION}); upgrade the gateway or move the file away"
         )
+    if version < SCHEMA_VERSION:
+        _migrate(connection, version)
+
+
+def _migrate(connection: sqlite3.Connection, version: int) -> None:
+    """Bring a database written by an older gateway up to ``SCHEMA_VERSION``, in one transaction.
+
+    1 -> 2: version 1 kept an away client's will after publishing it; version 2 keeps it only while it
+    waits out its delay, and a restart publishes what it keeps. A version 1 row cannot tell the two
+    apart, so its away wills are dropped: a will published twice is worse than a delayed one lost, and
+    version 1 lost those anyway. Wills of sessions that were connected (``disconnected_at`` NULL) stay.
+    """
+    connection.execute("BEGIN")
+    if version < 2:
+        connection.execute(
+            "UPDATE sessions SET will_topic = NULL, will_payload = NULL, will_qos = NULL, will_retain = NULL,"
+            " will_properties = NULL, will_delay_interval = NULL WHERE disconnected_at IS NOT NULL"
+        )
+    connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+    connection.execute("COMMIT")
 
 
 def _create_schema(connection: sqlite3.Connection) -> None:

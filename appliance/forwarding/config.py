@@ -25,7 +25,8 @@ from appliance.config.fields import (
 )
 
 DEFAULT_TOPIC_TEMPLATE = "gateways/{gateway_id}/devices/{device_id}/messages/events"
-TOPIC_FIELDS = ("gateway_id", "device_id", "module_id", "output")
+#: ``message_id`` and ``priority`` carry the identity MQTT 3.1.1 cannot send as user properties.
+TOPIC_FIELDS = ("gateway_id", "device_id", "module_id", "output", "message_id", "priority")
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,11 +35,16 @@ class EndpointSender(Protocol):
         all of it is acknowledged, else raise ``SendFailed``."""
 
 
+def message_id(item: QueuedMessage, gateway_id: str) -> str:
+    """Stable across retries and restarts (the sequence number is durable): the cloud's duplicate key."""
+    return f"{gateway_id}:{item.seq}"
+
+
 def identity_properties(item: QueuedMessage, gateway_id: str, sent_ms: int) -> list[tuple[str, str]]:
     """The ``gw-*`` user properties of docs/message-format.md, then the device's own."""
     message = item.message
     props = [
-        ("gw-message-id", f"{gateway_id}:{item.seq}"),
+        ("gw-message-id", message_id(item, gateway_id)),
         ("gw-gateway-id", gateway_id),
         ("gw-device-id", message.device_id),
     ]

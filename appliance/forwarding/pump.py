@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from appliance.forwarding.endpoints import EndpointSender, SendFailed
 from appliance.forwarding.metrics import ForwardingMetrics
@@ -39,13 +40,16 @@ class Pump:
         metrics: ForwardingMetrics,
         retry_min_s: float = 0.05,
         retry_max_s: float = 5.0,
+        on_checkpoint: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_checkpoint`` runs after every batch taken off a queue (the backlog LED follows the depth)."""
         self.sender = sender
         self.store = store
         self.thread = thread
         self.metrics = metrics
         self.retry_min_s = retry_min_s
         self.retry_max_s = retry_max_s
+        self.on_checkpoint = on_checkpoint
         self.wake = asyncio.Event()
         self.preempt = asyncio.Event()
         self._sending_priority: int | None = None
@@ -122,6 +126,7 @@ class Pump:
             self._checkpoints[priority] = offset
             self.batches += 1
             self._batch_done.set()
+            self.on_checkpoint()
             last_done = time.monotonic()
             self.metrics.count("sent", self.sender.id, priority, sent)
             self.metrics.count("expired", self.sender.id, priority, expired)

@@ -1,7 +1,10 @@
 """``ForwardingService``: the store-and-forward pipeline as a ``BrokerService`` inside the broker.
 
 ``on_publish`` runs the routes and commits the message with all its queue entries before it returns, so
-the device's PUBACK means "stored". Everything after that - pumps, the upstream bridge, cleanup, metrics,
+the device's PUBACK means "stored". Commits are grouped: publishes that arrive while a commit is running
+(from other clients - the broker awaits one client's publishes in order) queue up and go to the store
+thread together as the next transaction, each caller resuming when that one commit is durable. Under load
+one fsync then covers a whole batch of devices; alone, a publish waits for no timer. Everything after that - pumps, the upstream bridge, cleanup, metrics,
 manifest reloads - runs as tasks next to the broker and never blocks a publisher.
 
 A reload (file change; SIGHUP, which the gateway's handler forwards to ``reload``; ``appliance routes
@@ -9,29 +12,36 @@ reload``) swaps the evaluator only if the new manifest
 is valid in full; pending messages keep the priority and TTL they were stored with, and pumps of endpoints
 the new routes no longer mention keep draining what is queued for them. The outcome of the last load is
 written to ``forwarding-routes.json`` in the data dir for ``appliance routes show``.
+
+With ``hardware`` (the gateway passes its ``HardwareService``) the modem's link state gates the upstream
+bridge (no connection attempts while the modem is not registered), the uplink LED shows whether the bridge
+is connected, and the backlog LED follows the number of queued entries, re-read at most every
+``BACKLOG_REFRESH_S`` so a burst of publishes costs one ``COUNT(*)``, not one per message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from appliance.broker.api import ACCEPTED, BrokerHandle, InboundPublish, PublishVerdict
 from appliance.forwarding.config import ForwardingConfig
 from appliance.forwarding.endpoints import BrokeredSender, EndpointSender
 from appliance.forwarding.manifest import Manifest, ManifestError, load_manifest
-from appliance.forwarding.messages import message_from_publish
+from appliance.forwarding.messages import Message, message_from_publish
 from appliance.forwarding.metrics import ForwardingMetrics, LinkStats
 from appliance.forwarding.pump import Pump
-from appliance.forwarding.queues import MessageStore, StoreFull
-from appliance.forwarding.routes import UPSTREAM, Endpoint, Evaluator
+from appliance.forwarding.queues import MessageStore, QueueKey, StoreFull
+from appliance.forwarding.routes import UPSTREAM, Endpoint, Evaluator, RouteResult
 from appliance.forwarding.upstream import UpstreamSender
 from appliance.forwarding.worker import StoreThread
 
@@ -41,6 +51,23 @@ STORE_FILE = "forwarding.db"
 STATUS_FILE = "forwarding-routes.json"
 PID_FILE = "forwarding.pid"
 QUOTA_EXCEEDED = 0x97
+#: The backlog LED is a glance indicator: a quarter second behind the queue is soon enough.
+BACKLOG_REFRESH_S = 0.25
+
+
+class LinkPanel(Protocol):
+    """What forwarding needs from the hardware (``appliance.hardware.service.HardwareService``)."""
+
+    @property
+    def link_up(self) -> bool: ...
+
+    def on_link_change(self, listener: Callable[[bool], None]) -> Callable[[], None]: ...
+
+    def show_uplink(self, up: bool) -> None: ...
+
+    def show_backlog(self, queued: int) -> None: ...
+
+    def prometheus(self) -> str: ...
 
 
 def _brokered_endpoint(endpoint_id: str) -> Endpoint:
@@ -48,11 +75,22 @@ def _brokered_endpoint(endpoint_id: str) -> Endpoint:
     return Endpoint(endpoint_id, module, input_name)
 
 
+def with_expiry(results: list[RouteResult], expiry_s: int) -> list[RouteResult]:
+    """MQTT 5 Message Expiry Interval: the device says the message is worthless after ``expiry_s``, so
+    each queue keeps it for the smaller of its route's TTL and that (0: expired on arrival, never sent)."""
+    return [dataclasses.replace(r, ttl_s=min(r.ttl_s, expiry_s)) for r in results]
+
+
 class ForwardingService:
     topic_filters = ("devices/#",)
 
-    def __init__(self, config: ForwardingConfig, data_dir: Path, gateway_id: str) -> None:
+    def __init__(self, config: ForwardingConfig, data_dir: Path, gateway_id: str, hardware: LinkPanel | None = None) -> None:
         self.config = config
+        self.hardware = hardware
+        self._backlog_dirty = asyncio.Event()
+        self._unsubscribe_link: Callable[[], None] = lambda: None
+        self._commit_queue: list[tuple[Message, list[RouteResult], asyncio.Future[tuple[int, Counter[QueueKey]]]]] = []
+        self._committer: asyncio.Task[None] | None = None
         self.data_dir = Path(data_dir)
         self.gateway_id = gateway_id
         self.metrics = ForwardingMetrics()
@@ -83,6 +121,10 @@ class ForwardingService:
         if self.config.upstream.host is not None:
             stats = self.metrics.links.setdefault(UPSTREAM, LinkStats())
             self.upstream = UpstreamSender(self.config.upstream, self.gateway_id, stats)
+            if self.hardware is not None:
+                self.upstream.on_connection_change = self.hardware.show_uplink
+                self.upstream.set_link(self.hardware.link_up)  # before the thread starts: no attempt while down
+                self._unsubscribe_link = self.hardware.on_link_change(self.upstream.set_link)
             self.upstream.start()
         self.reload()
         for endpoint_id in await self.thread.call(self.store.endpoints):
@@ -93,6 +135,9 @@ class ForwardingService:
         ]
         if self.config.manifest is not None:
             self._tasks.append(asyncio.create_task(self._watch_manifest(), name="forwarding-watch"))
+        if self.hardware is not None:
+            self._backlog_dirty.set()  # show what a restart found queued
+            self._tasks.append(asyncio.create_task(self._backlog_loop(self.hardware), name="forwarding-backlog-led"))
         if self.config.metrics_port is not None:
             self._http = await asyncio.start_server(self._serve_metrics, self.config.metrics_host, self.config.metrics_port)
             self.metrics_port = self._http.sockets[0].getsockname()[1]
@@ -100,6 +145,7 @@ class ForwardingService:
             self._write_status()
 
     async def stop(self) -> None:
+        self._unsubscribe_link()
         if self._http is not None:
             self._http.close()
         for task in self._tasks + [p.task for p in self.pumps.values() if p.task is not None]:
@@ -125,19 +171,53 @@ class ForwardingService:
         results = self.evaluator.evaluate(parsed)
         if not results:
             return ACCEPTED
+        if message.message_expiry_interval is not None:
+            results = with_expiry(results, message.message_expiry_interval)
         try:
-            _, dropped = await self.thread.call(self.store.add, parsed, results)
+            _, dropped = await self._store(parsed, results)
         except StoreFull as exc:
             for result in results:
                 self.metrics.count("dropped", result.endpoint.id, result.priority)
             log.warning("forwarding: refused a message from %s: %s", message.client_id, exc)
             return PublishVerdict(reason_code=QUOTA_EXCEEDED, reason_string="gateway store full")
         self.metrics.add("dropped", dropped)
+        self._backlog_dirty.set()
         for result in results:
             pump = self._pump_for(result.endpoint)
             if pump is not None:
                 pump.notify(result.priority)
         return ACCEPTED
+
+    async def _store(self, message: Message, results: list[RouteResult]) -> tuple[int, Counter[QueueKey]]:
+        """Queue the message for the next group commit and wait until that commit is durable."""
+        future: asyncio.Future[tuple[int, Counter[QueueKey]]] = asyncio.get_running_loop().create_future()
+        self._commit_queue.append((message, results, future))
+        if self._committer is None:
+            # Runs from the next loop turn, so every publish handled in this turn joins the first batch.
+            self._committer = asyncio.create_task(self._commit_queued(), name="forwarding-group-commit")
+        return await future
+
+    async def _commit_queued(self) -> None:
+        assert self.store is not None
+        try:
+            while self._commit_queue:
+                batch, self._commit_queue = self._commit_queue, []
+                try:
+                    outcomes = await self.thread.call(self.store.add_many, [(m, r) for m, r, _ in batch])
+                except Exception as exc:  # the commit failed: nothing of the batch is stored
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, _, future), outcome in zip(batch, outcomes):
+                    if future.done():  # its publisher's task was cancelled meanwhile
+                        continue
+                    if isinstance(outcome, Exception):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
+        finally:
+            self._committer = None
 
     def _pump_for(self, endpoint: Endpoint) -> Pump | None:
         """The endpoint's pump, started on first use; None for $upstream when no upstream is configured
@@ -153,7 +233,7 @@ class ForwardingService:
                 sender = BrokeredSender(endpoint, self._broker, self.gateway_id)
             if sender is None:
                 return None
-            pump = Pump(sender, self.store, self.thread, self.metrics)
+            pump = Pump(sender, self.store, self.thread, self.metrics, on_checkpoint=self._backlog_dirty.set)
             self.pumps[endpoint.id] = pump
             pump.start()
         return pump
@@ -217,10 +297,19 @@ class ForwardingService:
         while True:
             expired: Counter[tuple[str, int]] = await self.thread.call(self.store.cleanup)
             if expired:
+                self._backlog_dirty.set()
                 self.metrics.add("expired", expired)
                 log.info("forwarding: cleanup removed %d expired messages: %s", sum(expired.values()),
                          ", ".join(f"{e}_Pri{p}={n}" for (e, p), n in sorted(expired.items())))
             await asyncio.sleep(self.config.cleanup_interval_s)
+
+    async def _backlog_loop(self, hardware: LinkPanel) -> None:
+        assert self.store is not None
+        while True:
+            await self._backlog_dirty.wait()
+            self._backlog_dirty.clear()
+            hardware.show_backlog(await self.thread.call(self.store.entry_count))
+            await asyncio.sleep(BACKLOG_REFRESH_S)  # a rate limit: changes meanwhile wait for the next round
 
     async def metrics_document(self) -> bytes:
         assert self.store is not None
@@ -243,7 +332,10 @@ class ForwardingService:
             if path == b"/metrics":
                 assert self.store is not None
                 depths = await self.thread.call(self.store.depths)
-                body = self.metrics.to_prometheus(depths, int(time.time() * 1000)).encode()
+                text = self.metrics.to_prometheus(depths, int(time.time() * 1000))
+                if self.hardware is not None:
+                    text += self.hardware.prometheus()  # the modem's signal and registration next to the link
+                body = text.encode()
                 head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
             else:
                 body, head = b"not found\n", b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"

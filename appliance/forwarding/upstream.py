@@ -8,6 +8,10 @@
   its own in-flight copies on reconnect while the pump resends the batch too.
 * Acknowledgements are timestamped on the network thread and resolved on the event loop (via
   ``call_soon_threadsafe``), so a future is always registered before its PUBACK is looked at.
+* The link under the bridge (the cellular modem) may be known to be down: ``set_link(False)`` closes the
+  connection and the network thread makes no attempt at all until ``set_link(True)``, which also skips
+  any backoff still running - retrying blindly over a modem that is not registered only burns the
+  backoff ceiling, and the link coming back is the best moment to connect.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import random
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -25,7 +30,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from appliance.forwarding.config import UpstreamConfig
-from appliance.forwarding.endpoints import SendFailed, identity_properties
+from appliance.forwarding.endpoints import SendFailed, identity_properties, message_id
 from appliance.forwarding.metrics import LinkStats
 from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.routes import UPSTREAM
@@ -59,6 +64,12 @@ class UpstreamSender:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = asyncio.Event()
         self._stop = threading.Event()
+        # Guards the two things the network thread waits for: stop, and the link state (with a counter
+        # of up-transitions, so a backoff wait can tell that the link came back while it slept).
+        self._wake = threading.Condition()
+        self._link_up = True
+        self._link_ups = 0
+        self.on_connection_change: Callable[[bool], None] | None = None  # on the event loop
         self._thread: threading.Thread | None = None
         self._client: mqtt.Client | None = None
         self._pending: dict[int, asyncio.Future[float]] = {}
@@ -75,11 +86,34 @@ class UpstreamSender:
         self._thread.start()
 
     async def stop(self) -> None:
-        self._stop.set()
+        with self._wake:
+            self._stop.set()
+            self._wake.notify_all()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10)
 
+    def set_link(self, up: bool) -> None:
+        """The link under the bridge went up or down (thread-safe; called from the event loop)."""
+        with self._wake:
+            if up == self._link_up:
+                return
+            self._link_up = up
+            if up:
+                self._link_ups += 1
+            self._wake.notify_all()
+        log.info("upstream: link %s: %s", "up" if up else "down", "connecting" if up else "no connection attempts until it is back")
+
     # -- network thread
+
+    def _wait_for_link(self) -> None:
+        with self._wake:
+            self._wake.wait_for(lambda: self._stop.is_set() or self._link_up)
+
+    def _backoff(self, delay: float) -> None:
+        """Sleep ``delay``, but wake at once on stop or when the link comes (back) up meanwhile."""
+        with self._wake:
+            ups = self._link_ups
+            self._wake.wait_for(lambda: self._stop.is_set() or self._link_ups != ups, timeout=delay)
 
     def _new_client(self) -> mqtt.Client:
         s = self.settings
@@ -110,6 +144,10 @@ class UpstreamSender:
     def _network_main(self) -> None:
         attempt = 0
         while not self._stop.is_set():
+            self._wait_for_link()
+            if self._stop.is_set():
+                break
+            ups = self._link_ups
             client = self._new_client()
             self._client = client
             try:
@@ -117,20 +155,22 @@ class UpstreamSender:
             except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; ValueError: bad host name
                 log.info("upstream %s:%s: connect failed: %s", self.settings.host, self.settings.port, exc)
             else:
-                while not self._stop.is_set():
+                while not self._stop.is_set() and self._link_up:
                     if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
                         break
                     if self._ready_flag:
                         attempt = 0
-                if self._stop.is_set():
+                if self._stop.is_set() or not self._link_up:
                     client.disconnect()
                     client.loop(timeout=0.1)
             self._set_ready(False)
             self._client = None
-            if not self._stop.is_set():
+            if self._link_ups != ups:
+                attempt = 0  # the link came back since this attempt began: a new link, try at once
+            elif not self._stop.is_set() and self._link_up:
                 delay = backoff_delay(attempt, self.settings.backoff_min_s, self.settings.backoff_max_s, self._rng)
                 attempt += 1
-                self._stop.wait(delay)
+                self._backoff(delay)
 
     def _set_ready(self, ready: bool) -> None:
         if ready == self._ready_flag:
@@ -162,6 +202,8 @@ class UpstreamSender:
     # -- event loop side
 
     def _apply_ready(self, ready: bool) -> None:
+        if self.on_connection_change is not None:
+            self.on_connection_change(ready)
         if ready:
             self.estimate.reset()
             self._ready.set()
@@ -190,7 +232,8 @@ class UpstreamSender:
     def topic_for(self, item: QueuedMessage) -> str:
         m = item.message
         return self.settings.topic_template.format(
-            gateway_id=self.gateway_id, device_id=m.device_id, module_id=m.module_id or "", output=m.output or ""
+            gateway_id=self.gateway_id, device_id=m.device_id, module_id=m.module_id or "", output=m.output or "",
+            message_id=message_id(item, self.gateway_id), priority=item.priority,
         )
 
     def publish_direct(self, topic: str, payload: bytes) -> None:

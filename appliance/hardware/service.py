@@ -5,6 +5,12 @@ It claims no topics; it only publishes. gpiozero calls the button callbacks on i
 onto the event loop with ``call_soon_threadsafe`` before touching anything. Both parts are optional: with
 ``[hardware.gpio]`` and ``[hardware.modem]`` disabled (the default) ``start`` opens nothing, the LED methods
 do nothing, and ``link_up`` stays True so forwarding is never held back by a modem that does not exist.
+
+Link listeners may subscribe before ``start`` (the gateway wires forwarding while building services); with
+a modem configured the link counts as down until the modem reports registration. The uplink LED shows the
+modem's registration unless ``uplink_led_follows_modem`` is False: then another uplink - the forwarding
+bridge, which only connects while the modem is registered - drives it through ``show_uplink``, so the LED
+means "connected to the cloud", not just "registered".
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ class HardwareService:
         config: HardwareConfig,
         on_factory_reset: Callable[[], None],
         status_report: Callable[[], Mapping[str, object]] = dict,
+        uplink_led_follows_modem: bool = True,
     ) -> None:
         """``on_factory_reset`` is the long press: the gateway stops, resets (``factory_reset.py``) and
         exits to be restarted. ``status_report`` gives what a short press logs (clients, backlog...)."""
@@ -42,18 +49,27 @@ class HardwareService:
         self._published: dict[str, str] = {}
         self._reset_requested = False
         self._modem_task: asyncio.Task[None] | None = None
+        self._uplink_led_follows_modem = uplink_led_follows_modem
+        self._link_listeners: list[LinkListener] = []
         self.panel: StatusPanel | None = None
         self.modem: ModemMonitor | None = None
 
     @property
     def link_up(self) -> bool:
-        return self.modem.link_up if self.modem is not None else True
+        if self.modem is not None:
+            return self.modem.link_up
+        return not self._config.modem.enabled  # configured but not started yet: not registered yet
 
     def on_link_change(self, listener: LinkListener) -> Callable[[], None]:
         """For the forwarding pump: ``listener(up)`` on every modem link change. No modem: never called."""
-        if self.modem is None:
-            return lambda: None
-        return self.modem.on_link_change(listener)
+        self._link_listeners.append(listener)
+        return lambda: self._link_listeners.remove(listener)
+
+    def _link_changed(self, up: bool) -> None:
+        if self._uplink_led_follows_modem:
+            self.show_uplink(up)
+        for listener in list(self._link_listeners):
+            listener(up)
 
     async def start(self, broker: BrokerHandle) -> None:
         self._broker = broker
@@ -67,7 +83,7 @@ class HardwareService:
         if self._config.modem.enabled:
             self.modem = ModemMonitor(self._config.modem, self.panel.relay if self.panel else None)
             self.modem.on_status(self._publish_modem)
-            self.modem.on_link_change(self.show_uplink)
+            self.modem.on_link_change(self._link_changed)
             self._modem_task = asyncio.create_task(self.modem.run(), name="modem-monitor")
 
     def show_ready(self) -> None:
@@ -81,6 +97,22 @@ class HardwareService:
     def show_backlog(self, queued: int) -> None:
         if self.panel is not None:
             self.panel.show_backlog(queued)
+
+    def prometheus(self) -> str:
+        """The modem's readings as Prometheus text (``gateway_modem_*``), for the gateway's metrics endpoint;
+        numbers and flags as gauges, the text readings as labels of ``gateway_modem_info``. No modem: ""."""
+        if self.modem is None:
+            return ""
+        lines: list[str] = []
+        labels: list[str] = []
+        for name, value in self.modem.status.as_metrics().items():
+            if isinstance(value, str):
+                escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+                labels.append(f'{name}="{escaped}"')
+            elif value is not None:  # unknown: no sample rather than a made-up number
+                lines += [f"# TYPE gateway_modem_{name} gauge", f"gateway_modem_{name} {int(value)}"]
+        lines += ["# TYPE gateway_modem_info gauge", f"gateway_modem_info{{{','.join(labels)}}} 1"]
+        return "\n".join(lines) + "\n"
 
     def log_status(self) -> None:
         report: dict[str, object] = dict(self._status_report())

@@ -1,7 +1,8 @@
 """The ``system`` fixture: gateway (uplink through the rig), cloud collector, gateway tap and thermostats.
 
 A scenario calls ``system(routes, thermostats=N, telemetry_ms=...)`` once and gets everything running and
-connected: the gateway's store-and-forward bridge points at the rig's relay, the collector listens on the
+connected: the gateway runs where the bench's ``site`` says (on the host, or in the netns rig's gateway
+namespace), its store-and-forward bridge points across the rig, the collector listens on the
 cloud broker behind it, and every thermostat has registered its set point key. Everything it started is
 stopped when the test ends, also when it fails.
 """
@@ -21,6 +22,7 @@ from hil_tests.harness import (
     GatewayTap,
     Recorder,
     Route,
+    Site,
     System,
     Thermostat,
     thermostat_config,
@@ -41,20 +43,18 @@ def recorder(timeline: Timeline, rig: RigClient) -> Recorder:
 
 @pytest.fixture
 def system(
-    bench: BenchConfig, rig: RigClient, recorder: Recorder, cloud_endpoint: tuple[str, int], tmp_path: Path
+    request: pytest.FixtureRequest, bench: BenchConfig, recorder: Recorder, tmp_path: Path
 ) -> Iterator[Callable[..., System]]:
     """Start the system of a scenario; the logs of gateway, rig and cloud broker are kept with its timeline."""
     if not (bench.gateway.start and bench.devices.start):
         pytest.skip("the scenarios start the gateway and the thermostats themselves (gateway.start, devices.start)")
-    relay = rig.status().get("listen")
-    if relay is None:
-        pytest.skip("the gateway's uplink is wired to the userspace rig's relay only (netns wiring: see docs/hil.md)")
-    relay_host, relay_port = relay.rsplit(":", 1)
+    site: Site = request.getfixturevalue("site")
+    cloud_endpoint: tuple[str, int] = request.getfixturevalue("cloud_endpoint")
     with contextlib.ExitStack() as stack:
 
-        def start(routes: tuple[Route, ...], thermostats: int, telemetry_ms: int) -> System:
-            config = write_gateway_config(tmp_path / "gateway", (relay_host, int(relay_port)), routes)
-            gateway = GatewayProcess(tmp_path / "gateway" / "data", config=config)
+        def start(routes: tuple[Route, ...], thermostats: int, telemetry_ms: int, keepalive_s: int = 1) -> System:
+            config = write_gateway_config(tmp_path / "gateway", site.upstream, routes, keepalive_s)
+            gateway = site.gateway(tmp_path / "gateway" / "data", config)
             fleet: list[Thermostat] = []
             stack.callback(keep_logs, gateway, fleet, tmp_path, recorder.timeline.path)
             stack.callback(gateway.kill9)

@@ -40,15 +40,15 @@ ROUTES = (Route("data", "data", priority=1, ttl_s=120),)
 class Controller:
     """A controller process and the JSON events it prints; writes it starts go into the timeline."""
 
-    def __init__(self, name: str, port: int, key: str, base: float, recorder: Recorder, log: Path) -> None:
+    def __init__(self, name: str, gateway: tuple[str, int], key: str, base: float, recorder: Recorder, log: Path) -> None:
         self.name = name
         self.recorder = recorder
         self.events: list[dict[str, Any]] = []
         self.cond = threading.Condition()
         self._stderr = open(log, "w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "hil_tests.scenarios.controller", "--port", str(port), "--name", name,
-             "--key", key, "--base", str(base), "--ttl-ms", str(LEASE_TTL_MS)],
+            [sys.executable, "-m", "hil_tests.scenarios.controller", "--host", gateway[0], "--port", str(gateway[1]),
+             "--name", name, "--key", key, "--base", str(base), "--ttl-ms", str(LEASE_TTL_MS)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
         )
         threading.Thread(target=self._pump, daemon=True).start()
@@ -109,14 +109,15 @@ def test_standby_takes_over_after_the_lease_and_a_stale_write_is_fenced_off(
     thermostat = bench.thermostats[0]
     gateway = bench.gateway
     controllers: list[Controller] = []
+    endpoint = (gateway.host, gateway.port)
     with StateStoreClient(gateway.host, gateway.port, client_id="hil-auditor", timeout=5) as auditor:
         history = KeyHistory(bench.recorder, thermostat.name)
         auditor.keynotify(thermostat.key, history)
         try:
-            active = Controller("A", gateway.port, thermostat.key, 21, bench.recorder, tmp_path / "controller-A.log")
+            active = Controller("A", endpoint, thermostat.key, 21, bench.recorder, tmp_path / "controller-A.log")
             controllers.append(active)
             active.wait_for("active")
-            standby = Controller("B", gateway.port, thermostat.key, 23, bench.recorder, tmp_path / "controller-B.log")
+            standby = Controller("B", endpoint, thermostat.key, 23, bench.recorder, tmp_path / "controller-B.log")
             controllers.append(standby)
             standby.wait_for("standby")
             active.wait_for("renewed", RENEWALS_WATCHED)

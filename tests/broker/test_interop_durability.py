@@ -3,12 +3,18 @@ and nothing QoS 2 is delivered twice."""
 
 from __future__ import annotations
 
+import sqlite3
+import time
+from contextlib import closing
 from pathlib import Path
+
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec.writer import encode
-from tests.broker.clients import RawClient
+from tests.broker.clients import PahoClient, RawClient
 from tests.support.processes import GatewayProcess
 
 EXPIRY = {pr.SESSION_EXPIRY_INTERVAL: 3600}
@@ -262,3 +268,128 @@ def test_sigterm_publishes_every_will_before_disconnecting(tmp_path: Path) -> No
         retained = fresh.expect(pk.Publish)
         assert (retained.topic, retained.payload, retained.retain) == ("status/plain", b"gone", True)
         fresh.close()
+
+
+# -- wills waiting out their delay while the gateway is down -------------------------------------------
+
+CLOCK_TOLERANCE = 0.1  # seconds: the test's and the gateway's time.time() are read at different moments
+
+
+def leave_abruptly_with_delayed_will(gateway: GatewayProcess, client_id: str, delay: int, expiry: int) -> float:
+    """A real paho v5 client with a will (``delay`` s) drops its connection without DISCONNECT. Returns
+    once broker.db records the client as away with its will still pending (so a kill -9 after this
+    tests the restart, not a race with the commit), with the disconnect time recorded there: the
+    moment the will delay counts from (wall clock, like the tests' ``time.time()``)."""
+    device = PahoClient(gateway.port, client_id)
+    properties = Properties(PacketTypes.WILLMESSAGE)
+    properties.WillDelayInterval = delay
+    device.client.will_set(f"status/{client_id}", b"offline", 1, properties=properties)
+    device.connect(session_expiry=expiry)
+    device.stop()
+    database = f"file:{gateway.data_dir / 'broker.db'}?mode=ro"
+    deadline = time.monotonic() + 10
+    while True:
+        with closing(sqlite3.connect(database, uri=True)) as db:
+            row = db.execute("SELECT disconnected_at, will_topic FROM sessions WHERE client_id = ?",
+                             (client_id,)).fetchone()
+        if row is not None and None not in row:
+            return float(row[0])
+        assert time.monotonic() < deadline, f"broker.db never recorded {client_id} as away with its will"
+        time.sleep(0.02)
+
+
+def durable_watcher(port: int, clean_start: bool = True) -> RawClient:
+    watcher = RawClient(port)
+    watcher.connect("will-watcher", clean_start=clean_start, properties=EXPIRY)
+    if clean_start:
+        watcher.subscribe("status/#", 1)
+    return watcher
+
+
+def test_a_delayed_will_pending_at_kill9_is_published_when_its_delay_ends(tmp_path: Path) -> None:
+    """MQTT 5 3.1.3.2.2: the will goes out when the delay ends, counted from the client's disconnect,
+    not from the restart, and not at once either."""
+    delay = 4
+    gateway = GatewayProcess(tmp_path / "data")
+    with gateway:
+        watcher = durable_watcher(gateway.port)
+        left_at = leave_abruptly_with_delayed_will(gateway, "delayed", delay, expiry=60)
+        gateway.kill9()
+        assert time.time() < left_at + delay, "the machine was too slow: the delay ended before the kill"
+        watcher.close()
+        gateway.start()
+        watcher = durable_watcher(gateway.port, clean_start=False)
+        will = watcher.expect(pk.Publish, timeout=delay + 5)
+        received_at = time.time()
+        assert (will.topic, will.payload) == ("status/delayed", b"offline")
+        assert received_at >= left_at + delay - CLOCK_TOLERANCE
+        watcher.close()
+
+
+def test_a_client_back_after_kill9_before_its_will_delay_ends_cancels_the_will(tmp_path: Path) -> None:
+    delay = 6  # room for a restart on a busy 2-core machine (seen: up to 5 s)
+    gateway = GatewayProcess(tmp_path / "data")
+    with gateway:
+        watcher = durable_watcher(gateway.port)
+        left_at = leave_abruptly_with_delayed_will(gateway, "returning", delay, expiry=60)
+        gateway.kill9()
+        watcher.close()
+        gateway.start()
+        watcher = durable_watcher(gateway.port, clean_start=False)
+        device = RawClient(gateway.port)
+        assert device.connect("returning", clean_start=False, properties=EXPIRY).session_present
+        assert time.time() < left_at + delay, "the machine was too slow: the delay ended before the reconnect"
+        # The absence of the will is the claim: wait past its moment (plus the 1 s tick), then a marker
+        # published afterwards must be the first thing the watcher sees.
+        quiet_until = left_at + delay + 1.5
+        try:
+            unexpected = watcher.recv(timeout=quiet_until - time.time())
+        except TimeoutError:
+            pass
+        else:
+            raise AssertionError(f"the will was published although the client came back: {unexpected}")
+        device.send(pk.Publish("status/marker", b"still here", 1, packet_id=1))
+        device.expect(pk.PubAck)
+        marker = watcher.expect(pk.Publish)
+        assert (marker.topic, marker.payload) == ("status/marker", b"still here")
+        device.close()
+        watcher.close()
+
+
+def test_wills_due_while_the_gateway_was_down_are_published_at_restart_and_only_once(tmp_path: Path) -> None:
+    """One will whose delay ended while the gateway was down, one whose session expired meanwhile
+    (MQTT 5 3.1.3.2.2: the session ending publishes the will, and the session is gone); both go out
+    at the restart, and a further restart does not publish them again."""
+    gateway = GatewayProcess(tmp_path / "data")
+    with gateway:
+        watcher = durable_watcher(gateway.port)
+        watcher.send(pk.Disconnect())
+        watcher.expect_closed()
+        short_delay = leave_abruptly_with_delayed_will(gateway, "short-delay", delay=1, expiry=60)
+        short_expiry = leave_abruptly_with_delayed_will(gateway, "short-expiry", delay=600, expiry=2)
+        gateway.kill9()
+        # The gateway is down: time passing is what this test is about, nothing to wait on.
+        time.sleep(max(0.0, max(short_delay + 1, short_expiry + 2) + CLOCK_TOLERANCE - time.time()))
+        gateway.start()
+        restarted_at = time.time()
+        watcher = durable_watcher(gateway.port, clean_start=False)
+        wills = [watcher.expect(pk.Publish) for _ in range(2)]
+        assert time.time() - restarted_at < 1.0, "the wills waited for something after the restart"
+        assert sorted((will.topic, will.payload) for will in wills) == [
+            ("status/short-delay", b"offline"), ("status/short-expiry", b"offline")]
+        for will in wills:
+            watcher.send(pk.PubAck(will.packet_id))
+        watcher.send(pk.PingReq())
+        watcher.expect(pk.PingResp)  # the acknowledgements are committed by now
+        expired = RawClient(gateway.port)
+        assert not expired.connect("short-expiry", clean_start=False, properties=EXPIRY).session_present
+        expired.send(pk.Disconnect())
+        expired.expect_closed()
+
+        gateway.kill9()
+        watcher.close()
+        gateway.start()
+        watcher = durable_watcher(gateway.port, clean_start=False)
+        watcher.send(pk.PingReq())
+        assert isinstance(watcher.recv(), pk.PingResp), "a will was published a second time"
+        watcher.close()

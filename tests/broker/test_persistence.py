@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,41 @@ def test_sessions_subscriptions_inbound_and_retained_can_be_removed(db_path: Pat
     assert state.sessions["c"].session.disconnected_at == 123.0
     assert state.sessions["c"].subscriptions == {} and state.sessions["c"].inbound_qos2 == set()
     assert state.retained == {}
+
+
+def test_clear_will_keeps_the_session_and_forgets_only_its_will(db_path: Path) -> None:
+    """A published will is cleared so that a restart does not publish it a second time."""
+    store = BrokerStore.open(db_path)
+    will = StoredWill("status/c", b"gone", qos=1, properties={"content_type": "text/plain"}, delay_interval=30)
+    store.save_session(StoredSession("c", 5, 60, "u", disconnected_at=123.0, will=will))
+    store.save_subscription("c", "a", SubscriptionOptions(1))
+    store.commit()
+    store.clear_will("c")
+    store.commit()
+    loaded = store.load().sessions["c"]
+    assert loaded.session == StoredSession("c", 5, 60, "u", 123.0, None)
+    assert loaded.subscriptions == {"a": SubscriptionOptions(1)}
+    store.close()
+
+
+def test_a_version_1_database_is_migrated_and_forgets_only_the_wills_of_away_clients(db_path: Path) -> None:
+    """Version 1 kept an away client's will after publishing it; kept, version 2 would publish it again."""
+    store = BrokerStore.open(db_path)
+    will = StoredWill("status/x", b"gone", qos=1)
+    store.save_session(StoredSession("away", 5, 60, disconnected_at=123.0, will=will))
+    store.save_session(StoredSession("connected", 5, 60, will=will))
+    store.commit()
+    store.close()
+    with closing(sqlite3.connect(db_path)) as connection, connection:
+        connection.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+
+    store = BrokerStore.open(db_path)
+    sessions = store.load().sessions
+    store.close()
+    assert sessions["away"].session == StoredSession("away", 5, 60, None, 123.0, None)
+    assert sessions["connected"].session.will == will
+    with closing(sqlite3.connect(db_path)) as connection:
+        assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
 
 
 def test_unsupported_property_value_is_refused_before_buffering(db_path: Path) -> None:

@@ -166,3 +166,40 @@ class TestBoundedStore:
         assert dropped == {("upstream", 0): 1}, "within one priority the oldest goes"
         assert read_all(store, "upstream", 0) == kept[1:] + [7]
         store.close()
+
+
+def test_add_many_commits_whole_messages_together_and_undoes_only_a_failing_one(tmp_path: Path, clock: Clock) -> None:
+    """Group commit: one transaction for several messages; a message that cannot be stored (here: two
+    entries for one queue, a constraint error) is rolled back alone, its neighbours still commit."""
+    store = MessageStore(tmp_path / "forwarding.db", clock=clock)
+    try:
+        outcomes = store.add_many([
+            (msg(1), [RouteResult(UP, 0, 60), RouteResult(MOD, 3, 60)]),
+            (msg(2), [RouteResult(UP, 0, 60), RouteResult(UP, 0, 60)]),
+            (msg(3), [RouteResult(UP, 0, 60)]),
+        ])
+        assert isinstance(outcomes[1], sqlite3.IntegrityError)
+        assert isinstance(outcomes[0], tuple) and isinstance(outcomes[2], tuple)
+        assert read_all(store, UP.id, 0) == [1, 3] and read_all(store, MOD.id, 3) == [1]
+        stored = store.stored_bytes
+    finally:
+        store.close()
+    reopened = MessageStore(tmp_path / "forwarding.db", clock=clock)  # committed for real, and counted right
+    try:
+        assert reopened.message_count() == 2 and reopened.stored_bytes == stored
+    finally:
+        reopened.close()
+
+
+def test_add_many_store_full_refuses_one_message_and_keeps_what_it_would_have_dropped(tmp_path: Path, clock: Clock) -> None:
+    store = MessageStore(tmp_path / "forwarding.db", max_bytes=2 * (1000 + 300), clock=clock)
+    try:
+        outcomes = store.add_many([
+            (msg(1, 1000), [RouteResult(UP, 0, 60)]),
+            (msg(2, 1000), [RouteResult(UP, 0, 60)]),
+            (msg(3, 1000), [RouteResult(UP, 5, 60)]),  # only P0 to drop: refused, nothing dropped
+        ])
+        assert isinstance(outcomes[2], StoreFull)
+        assert read_all(store, UP.id, 0) == [1, 2] and read_all(store, UP.id, 5) == []
+    finally:
+        store.close()

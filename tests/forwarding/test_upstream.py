@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.forwarding.config import UpstreamConfig
+from appliance.forwarding.config import DEFAULT_TOPIC_TEMPLATE, UpstreamConfig
 from appliance.forwarding.messages import Message
 from appliance.forwarding.metrics import ForwardingMetrics, LinkStats
 from appliance.forwarding.pump import Pump
@@ -41,8 +41,10 @@ def relay(mosquitto: MosquittoProcess):
         yield shaped
 
 
-def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[..., Awaitable[None]]) -> tuple[UpstreamSender, ForwardingMetrics]:
-    settings = UpstreamConfig(host="127.0.0.1", port=port, protocol=protocol, keepalive_s=2, backoff_min_s=0.05, backoff_max_s=0.2)
+def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[..., Awaitable[None]],
+               topic_template: str = DEFAULT_TOPIC_TEMPLATE) -> tuple[UpstreamSender, ForwardingMetrics]:
+    settings = UpstreamConfig(host="127.0.0.1", port=port, protocol=protocol, keepalive_s=2, backoff_min_s=0.05, backoff_max_s=0.2,
+                              topic_template=topic_template)
     metrics = ForwardingMetrics()
 
     async def main() -> UpstreamSender:
@@ -91,6 +93,24 @@ def test_bridge_delivers_with_qos1_and_identity(tmp_path: Path, mosquitto: Mosqu
         assert first["gw-gateway-id"] == "gw1" and first["gw-device-id"] == "t1" and first["gw-output"] == "data"
         assert first["gw-message-id"].startswith("gw1:") and first["gw-priority"] == "0" and first["gw-ttl-s"] == "60"
         assert len({r.user_properties["gw-message-id"] for r in received}) == 5
+
+
+def test_over_mqtt_311_the_identity_travels_in_the_topic(tmp_path: Path, mosquitto: MosquittoProcess) -> None:
+    """MQTT 3.1.1 has no user properties; ``{message_id}`` and ``{priority}`` in the template carry them."""
+    collector = Collector(mosquitto.host, mosquitto.port, "gateways/#")
+    try:
+        async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+            await add(0, priority=0)
+            await add(1, priority=3)
+            await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 10)
+
+        run_bridge(tmp_path, mosquitto.port, "3.1.1", scenario,
+                   topic_template="gateways/{gateway_id}/devices/{device_id}/p{priority}/{message_id}")
+        received = collector.wait_for(2)
+    finally:
+        collector.close()
+    assert sorted(r.topic for r in received) == ["gateways/gw1/devices/t1/p0/gw1:1", "gateways/gw1/devices/t1/p3/gw1:2"]
+    assert all(r.user_properties == {} for r in received)
 
 
 async def _until(predicate: Callable[[], bool], thread: StoreThread) -> None:

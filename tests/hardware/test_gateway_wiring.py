@@ -1,21 +1,35 @@
-"""The hardware inside the real gateway (``appliance.gateway.serve`` in this process, so the button's mock
-pin can be pressed): a long press backs up and clears the databases, and the gateway exits with the
-status systemd restarts on."""
+"""The hardware inside the real gateway (``appliance.gateway.serve`` in this process, so the mock pins can
+be pressed and read): a long press backs up and clears the databases, and the gateway exits with the
+status systemd restarts on; the modem's link state gates the forwarding bridge, and the uplink and backlog
+LEDs follow the bridge and the queues."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import re
+import signal
 import sqlite3
-from collections.abc import Iterator
+import statistics
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from gpiozero import Device
-from gpiozero.pins.mock import MockFactory
+from gpiozero.pins.mock import MockFactory, MockPin
 
 from appliance.config import load_config
 from appliance.gateway import serve
 from appliance.hardware.factory_reset import FACTORY_RESET_EXIT_STATUS
+from hil_tests.rig.relay import RelayThread
+from tests.forwarding.peers import Collector
+from tests.forwarding.peers import Device as PeerDevice
+from tests.forwarding.rig import manifest
+from tests.hardware.modem_emulator import ModemEmulator
+from tests.support.processes import MosquittoProcess
 from tests.systemd.notify_socket import NotifySocket
 
 BUTTON, POWER = 23, 17
@@ -63,3 +77,117 @@ def test_long_press_in_the_running_gateway_resets_and_exits_for_a_restart(
     [backup] = (data / "backups").glob("factory-reset-*.tar.gz")
     assert backup.stat().st_size > 0
     assert [message for _, message in receiver.messages][-1] == "STOPPING=1"
+
+
+UPLINK, BACKLOG = 27, 22
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def blink_period(pin: MockPin, changes: int = 6, timeout: float = 5.0) -> float:
+    """The median time between the pin's next ``changes`` state changes (the LED must be blinking)."""
+    pin.clear_states()
+    deadline = time.monotonic() + timeout
+    while len(pin.states) <= changes:  # gpiozero's blink thread appends; nothing to wait on but the list
+        assert time.monotonic() < deadline, f"pin not blinking: {pin.states}"
+        time.sleep(0.02)
+    return statistics.median(state.timestamp for state in pin.states[2:])
+
+
+def test_modem_link_gates_the_bridge_and_the_leds_follow_bridge_and_backlog(
+    tmp_path: Path, factory: MockFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Registration lost -> the bridge disconnects and makes no attempt at all (the relay, standing in for
+    the cellular network, is down too, so every attempt would be counted there); devices' messages wait,
+    the backlog LED blinks slow then fast. Registration back -> one connection at once (the 5 s backoff
+    floor is skipped), the backlog drains, the LEDs go to "connected" and "empty"."""
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    caplog.set_level(logging.INFO, logger="appliance")
+    emulator = ModemEmulator().start()
+    cloud_broker = MosquittoProcess(tmp_path / "cloud").start()
+    relay = RelayThread(cloud_broker.host, cloud_broker.port)
+    relay.start()
+    (tmp_path / "manifest.json").write_text(manifest({"all": "FROM /messages/* INTO $upstream"}))
+    config_file = tmp_path / "gateway.toml"
+    config_file.write_text(
+        f'[gateway]\nid = "gw1"\ndata_dir = "{tmp_path / "data"}"\n'
+        '[[broker.listeners]]\nhost = "127.0.0.1"\nport = 0\n'
+        f"[hardware.gpio]\nenabled = true\nuplink_led = {UPLINK}\nbacklog_led = {BACKLOG}\n"
+        "backlog_slow_from = 1\nbacklog_fast_from = 5\n"
+        f'[hardware.modem]\nenabled = true\nport = "{emulator.port}"\ncommand_timeout = 0.5\npoll_interval = 0.2\n'
+        '[forwarding]\nenabled = true\nmanifest = "manifest.json"\nmetrics_port = 0\n'
+        f'[forwarding.upstream]\nhost = "127.0.0.1"\nport = {relay.port}\nkeepalive_s = 5\n'
+        "backoff_min_s = 5\nbackoff_max_s = 10\n"
+    )
+    uplink, backlog = factory.pin(UPLINK), factory.pin(BACKLOG)
+
+    def attempts() -> int:
+        stats = relay.stats()
+        return stats.connections_total + stats.connections_refused
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        gateway = asyncio.create_task(serve(load_config(config_file)))
+        cloud = device = None
+        try:
+            await until(lambda: "appliance ready" in caplog.text)
+            port = int(re.search(r"tcp://127\.0\.0\.1:(\d+)", caplog.text).group(1))  # type: ignore[union-attr]
+            await until(lambda: uplink.state is True)  # modem registered, then the bridge connected
+            assert attempts() == 1
+            cloud = await loop.run_in_executor(None, Collector, cloud_broker.host, cloud_broker.port, "gateways/#")
+            device = await loop.run_in_executor(None, PeerDevice, "127.0.0.1", port, "t1")
+
+            emulator.creg = emulator.cereg = 0
+            emulator.send_urc("+CREG: 0")
+            emulator.send_urc("+CEREG: 0")
+            await until(lambda: uplink.state is False)  # the bridge let go of its connection
+            relay.set(up=False)  # the cellular network is gone as well
+            relay.cut()
+            before = attempts()
+            for n in range(6):
+                assert await loop.run_in_executor(None, device.publish, "data", b"x", {"n": str(n)}) == 0
+                if n == 2:
+                    assert await loop.run_in_executor(None, blink_period, backlog) > 0.3  # slow: 0.5 s
+            assert await loop.run_in_executor(None, blink_period, backlog) < 0.2  # fast: 0.1 s
+            polls = emulator.commands.count("AT+CSQ")
+            await until(lambda: emulator.commands.count("AT+CSQ") >= polls + 5)  # >= 1 s of polling while down
+            assert attempts() == before and cloud.messages == []  # no attempt, nothing sent
+
+            relay.set(up=True)
+            emulator.creg = emulator.cereg = 1
+            back_at = loop.time()
+            emulator.send_urc("+CEREG: 1")
+            await until(lambda: uplink.state is True)
+            assert loop.time() - back_at < 2.0  # not after the 5 s backoff floor
+            received = await loop.run_in_executor(None, cloud.wait_for, 6)
+            assert sorted(r.n for r in received) == list(range(6))
+            assert attempts() == before + 1
+            metrics_url = re.search(r"metrics on (http://\S+)", caplog.text).group(1)  # type: ignore[union-attr]
+            metrics = await loop.run_in_executor(None, lambda: urllib.request.urlopen(metrics_url, timeout=5).read().decode())
+            assert "gateway_modem_registered 1\n" in metrics and 'gateway_link_connected{endpoint="upstream"} 1' in metrics
+            await until(lambda: backlog.state is False)
+            backlog.clear_states()
+            polls = emulator.commands.count("AT+CSQ")
+            await until(lambda: emulator.commands.count("AT+CSQ") >= polls + 4)  # longer than a slow blink
+            assert len(backlog.states) == 1  # off for good, not between two blinks
+        finally:
+            if device is not None:
+                device.close()
+            if cloud is not None:
+                cloud.close()
+            if not gateway.done():
+                os.kill(os.getpid(), signal.SIGTERM)  # serve's own handler: the normal shutdown path
+            assert await asyncio.wait_for(gateway, 20) == 0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        relay.stop()
+        cloud_broker.stop()
+        emulator.close()

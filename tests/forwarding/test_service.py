@@ -1,0 +1,83 @@
+"""ForwardingService ingest on a real store: publishes from many clients in one loop turn share one commit,
+and each caller still gets its own outcome; an MQTT 5 Message Expiry Interval caps the stored TTL."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+from appliance.broker.api import ACCEPTED, InboundPublish
+from appliance.forwarding.config import ForwardingConfig
+from appliance.forwarding.queues import MessageStore
+from appliance.forwarding.service import QUOTA_EXCEEDED, ForwardingService
+
+#: No upstream is configured, so what is stored stays queued and can be counted afterwards.
+ROUTES = '{"schemaVersion": "1.1.0", "routes": {"all": {"route": "FROM /messages/* INTO $upstream", "priority": 9}}}'
+
+
+class SilentBroker:
+    """The smallest BrokerHandle; nothing here publishes locally."""
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False, **properties: object) -> None:
+        pass
+
+    def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
+        raise AssertionError("forwarding never disconnects clients")
+
+
+def publish(n: int, size: int = 10) -> InboundPublish:
+    return InboundPublish(f"d{n}", None, 5, f"devices/d{n}/messages/events", bytes(size), 1, False)
+
+
+def test_publishes_of_one_loop_turn_go_in_one_transaction(tmp_path: Path) -> None:
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(ROUTES)
+    config = ForwardingConfig(enabled=True, manifest=manifest, max_store_bytes=60 * 200)
+    service = ForwardingService(config, tmp_path, "gw1")
+    batches: list[int] = []
+
+    async def body() -> None:
+        await service.start(SilentBroker())
+        assert service.store is not None
+        add_many = service.store.add_many
+
+        def counting_add_many(items):  # type: ignore[no-untyped-def]
+            batches.append(len(items))
+            return add_many(items)
+
+        service.store.add_many = counting_add_many  # type: ignore[method-assign]
+        try:
+            verdicts = await asyncio.gather(*(service.on_publish(publish(n)) for n in range(50)))
+            assert all(v is ACCEPTED for v in verdicts)
+            big = await asyncio.gather(*(service.on_publish(publish(n, 20_000)) for n in range(3)))
+            assert [v.reason_code for v in big] == [QUOTA_EXCEEDED] * 3  # larger than the whole store
+        finally:
+            await service.stop()
+
+    asyncio.run(body())
+    assert batches[0] == 50 and sum(batches) == 53 and len(batches) <= 2
+    store = MessageStore(tmp_path / "forwarding.db")
+    try:
+        assert store.message_count() == 50  # committed; what the refused ones would have dropped is back
+    finally:
+        store.close()
+
+
+def test_message_expiry_interval_shortens_the_ttl_and_never_lengthens_it(tmp_path: Path) -> None:
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(ROUTES.replace('"priority": 9', '"priority": 9, "timeToLiveSecs": 600'))
+    service = ForwardingService(ForwardingConfig(enabled=True, manifest=manifest), tmp_path, "gw1")
+
+    async def body() -> list[int]:
+        await service.start(SilentBroker())
+        assert service.store is not None
+        try:
+            for n, expiry in enumerate((None, 30, 3600)):
+                message = dataclasses.replace(publish(n), message_expiry_interval=expiry)
+                assert await service.on_publish(message) is ACCEPTED
+            return [item.ttl_s for item in await service.thread.call(service.store.read, "upstream", 9, 0, 10)]
+        finally:
+            await service.stop()
+
+    assert asyncio.run(body()) == [600, 30, 600]
