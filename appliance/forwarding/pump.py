@@ -24,7 +24,7 @@ from appliance.forwarding.endpoints import EndpointSender, SendFailed
 from appliance.forwarding.metrics import ForwardingMetrics
 from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.routes import DEFAULT_PRIORITY
-from appliance.forwarding.worker import StoreThread
+from appliance.store_thread import StoreThread
 
 log = logging.getLogger(__name__)
 

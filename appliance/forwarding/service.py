@@ -43,7 +43,7 @@ from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore, QueueKey, StoreFull
 from appliance.forwarding.routes import UPSTREAM, Endpoint, Evaluator, RouteResult
 from appliance.forwarding.upstream import UpstreamSender
-from appliance.forwarding.worker import StoreThread
+from appliance.store_thread import StoreThread
 
 log = logging.getLogger("appliance.forwarding")
 
@@ -97,7 +97,7 @@ class ForwardingService:
         self.evaluator = Evaluator(())
         self.manifest: Manifest | None = None
         self.store: MessageStore | None = None
-        self.thread = StoreThread()
+        self.thread = StoreThread("forwarding-store")
         self.pumps: dict[str, Pump] = {}
         self.upstream: UpstreamSender | None = None
         self.metrics_port: int | None = None

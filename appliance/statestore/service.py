@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from appliance.broker.api import BrokerHandle, InboundPublish, PublishVerdict
-from appliance.forwarding.worker import StoreThread
 from appliance.statestore import errors, resp3
 from appliance.statestore.acl import KeyAuthorizer
 from appliance.statestore.commands import (
@@ -60,6 +59,7 @@ from appliance.statestore.errors import StateStoreError
 from appliance.statestore.hlc import Hlc, HlcFormatError
 from appliance.statestore.notify import NOTIFY_TOPIC_PREFIX, SYSTEM_ID, NotificationRegistry
 from appliance.statestore.store import EXPIRE_BATCH, Change, Quotas, StateStore
+from appliance.store_thread import StoreThread
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class StateStoreService:
 
     async def start(self, broker: BrokerHandle) -> None:
         self._broker = broker
-        self.thread = StoreThread()
+        self.thread = StoreThread("statestore-store")
         quotas = Quotas(self.config.max_keys, self.config.max_bytes)
         # Opened on the worker thread: the connection belongs to it from the first statement on.
         self.store = await self.thread.call(self.store_factory, self.data_dir, self.config.node_id, quotas, self.config.sync)

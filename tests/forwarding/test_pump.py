@@ -11,7 +11,7 @@ from appliance.forwarding.metrics import ForwardingMetrics
 from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.routes import Endpoint, RouteResult
-from appliance.forwarding.worker import StoreThread
+from appliance.store_thread import StoreThread
 from tests.forwarding.endpoints_for_tests import PreemptibleEndpoint, RecordingEndpoint
 
 UP = Endpoint("upstream")
@@ -22,7 +22,7 @@ def msg(n: int) -> Message:
 
 
 async def _with_pump(tmp_path: Path, endpoint: RecordingEndpoint, scenario) -> ForwardingMetrics:
-    thread = StoreThread()
+    thread = StoreThread("test-store")
     store = MessageStore(tmp_path / "forwarding.db")
     metrics = ForwardingMetrics()
     pump = Pump(endpoint, store, thread, metrics, retry_min_s=0.01, retry_max_s=0.02)

@@ -16,7 +16,7 @@ from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.routes import Endpoint, RouteResult
 from appliance.forwarding.upstream import UpstreamSender, backoff_delay
-from appliance.forwarding.worker import StoreThread
+from appliance.store_thread import StoreThread
 from hil_tests.rig.relay import RelayThread
 from tests.forwarding.peers import Collector
 from tests.support.processes import MosquittoProcess
@@ -48,7 +48,7 @@ def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[...,
     metrics = ForwardingMetrics()
 
     async def main() -> UpstreamSender:
-        thread = StoreThread()
+        thread = StoreThread("test-store")
         store = MessageStore(tmp_path / "forwarding.db")
         sender = UpstreamSender(settings, "gw1", metrics.links.setdefault("upstream", LinkStats()))
         pump = Pump(sender, store, thread, metrics, retry_min_s=0.01, retry_max_s=0.1)

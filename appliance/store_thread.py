@@ -1,7 +1,8 @@
-"""One thread for the SQLite store, so commits (with fsync) never stall the broker's event loop.
+"""One thread per SQLite store, so commits (with fsync) never stall the broker's event loop.
 
-A single worker keeps every store call in submission order, which is what the store's "one thread at a
-time" rule and the broker's "calls for one client arrive in publish order" rule both need.
+A single worker keeps every store call in submission order, which is what a store's "one thread at a
+time" rule and the broker's "calls for one client arrive in publish order" rule both need. The
+forwarding queues and the state store each own one.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ T = TypeVar("T")
 
 
 class StoreThread:
-    def __init__(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forwarding-store")
+    def __init__(self, name: str) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         loop = asyncio.get_running_loop()
