@@ -14,11 +14,10 @@ import sqlite3
 import statistics
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from gpiozero import Device
 from gpiozero.pins.mock import MockFactory, MockPin
 
 from appliance.config import load_config
@@ -33,15 +32,6 @@ from tests.support.processes import MosquittoProcess
 from tests.systemd.notify_socket import NotifySocket
 
 BUTTON, POWER = 23, 17
-
-
-@pytest.fixture
-def factory() -> Iterator[MockFactory]:
-    mock = MockFactory()
-    Device.pin_factory = mock
-    yield mock
-    mock.reset()
-    Device.pin_factory = None
 
 
 def test_long_press_in_the_running_gateway_resets_and_exits_for_a_restart(

@@ -12,22 +12,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from gpiozero import Device
 from gpiozero.pins.mock import MockFactory, MockPin
 
 from appliance.hardware.config import GpioConfig
 from appliance.hardware.gpio import FAST_BLINK, SLOW_BLINK, BacklogLevel, ModemPowerRelay, StatusPanel, backlog_level
 
 POWER, UPLINK, BACKLOG, BUTTON, RELAY = 17, 27, 22, 23, 24
-
-
-@pytest.fixture
-def factory() -> Iterator[MockFactory]:
-    mock = MockFactory()
-    Device.pin_factory = mock
-    yield mock
-    mock.reset()
-    Device.pin_factory = None
 
 
 class Presses:

@@ -6,10 +6,7 @@ light it. Its readings also go out as Prometheus text next to forwarding's metri
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
-import pytest
-from gpiozero import Device
 from gpiozero.pins.mock import MockFactory
 
 from appliance.hardware.config import GpioConfig, HardwareConfig, ModemConfig
@@ -18,22 +15,6 @@ from tests.hardware.modem_emulator import ModemEmulator
 from tests.hardware.test_service import RecordingBroker, until
 
 UPLINK = 27
-
-
-@pytest.fixture
-def factory() -> Iterator[MockFactory]:
-    mock = MockFactory()
-    Device.pin_factory = mock
-    yield mock
-    mock.reset()
-    Device.pin_factory = None
-
-
-@pytest.fixture
-def emulator() -> Iterator[ModemEmulator]:
-    modem = ModemEmulator().start()
-    yield modem
-    modem.close()
 
 
 def test_listeners_from_before_start_hear_the_modem_and_the_bridge_owns_the_uplink_led(

@@ -21,13 +21,6 @@ RELAY_PIN, SENSE_PIN = 24, 25
 
 
 @pytest.fixture
-def emulator() -> Iterator[ModemEmulator]:
-    modem = ModemEmulator().start()
-    yield modem
-    modem.close()
-
-
-@pytest.fixture
 def relay(emulator: ModemEmulator) -> Iterator[ModemPowerRelay]:
     factory = MockFactory()
     Device.pin_factory = factory

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 
 import pytest
-from gpiozero import Device
 from gpiozero.pins.mock import MockFactory
 
 from appliance.hardware.config import GpioConfig, HardwareConfig, ModemConfig
@@ -31,22 +29,6 @@ class RecordingBroker:
 
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         raise AssertionError("the hardware service never disconnects clients")
-
-
-@pytest.fixture
-def factory() -> Iterator[MockFactory]:
-    mock = MockFactory()
-    Device.pin_factory = mock
-    yield mock
-    mock.reset()
-    Device.pin_factory = None
-
-
-@pytest.fixture
-def emulator() -> Iterator[ModemEmulator]:
-    modem = ModemEmulator().start()
-    yield modem
-    modem.close()
 
 
 async def until(condition, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
