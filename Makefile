@@ -32,6 +32,7 @@ system-deps:
 	fi
 
 test: system-deps $(STAMP)
+	$(BIN)/ruff check .
 	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
