@@ -15,7 +15,7 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from appliance.broker.acl import Acl, AclFileError
 from appliance.broker.api import BrokerService
@@ -30,10 +30,15 @@ from appliance.sdnotify import Notifier
 log = logging.getLogger("appliance")
 
 
-def build_services(config: GatewayConfig, on_factory_reset: Callable[[], None] = lambda: None) -> list[BrokerService]:
+def build_services(
+    config: GatewayConfig,
+    on_factory_reset: Callable[[], None] = lambda: None,
+    status_report: Callable[[], Mapping[str, object]] = dict,
+) -> list[BrokerService]:
     """Every in-process service the broker hosts, in start order. Subsystems add themselves here.
 
     ``on_factory_reset`` is the hardware button's long press; ``serve`` stops, resets and exits for a restart.
+    ``status_report`` is what the button's short press logs about the broker.
     The hardware starts before forwarding, which takes its modem link state (no upstream connection attempts
     while the modem is not registered) and drives its uplink and backlog LEDs (``docs/hardware.md``)."""
     services: list[BrokerService] = []
@@ -47,7 +52,9 @@ def build_services(config: GatewayConfig, on_factory_reset: Callable[[], None] =
         from appliance.hardware.service import HardwareService
 
         # With a bridge the uplink LED means "connected to the cloud"; the bridge drives it.
-        hardware = HardwareService(config.hardware, on_factory_reset, uplink_led_follows_modem=not bridge)
+        hardware = HardwareService(
+            config.hardware, on_factory_reset, status_report, uplink_led_follows_modem=not bridge
+        )
         services.append(hardware)
     if config.forwarding.enabled:
         from appliance.forwarding.service import ForwardingService
@@ -97,7 +104,12 @@ async def serve(config: GatewayConfig) -> int:
         exit_status = FACTORY_RESET_EXIT_STATUS
         stop.set()
 
-    broker = Broker(config.broker, store, authenticator, acl, build_services(config, restart_after_factory_reset))
+    def broker_status() -> dict[str, object]:
+        return {"clients": broker.stats.clients_connected}
+
+    broker = Broker(
+        config.broker, store, authenticator, acl, build_services(config, restart_after_factory_reset, broker_status)
+    )
     notifier = Notifier()  # systemd: READY=1 and watchdog pings; a no-op outside systemd
     watchdog: asyncio.Task[None] | None = None
     servers: list[asyncio.Server] = []

@@ -41,7 +41,8 @@ class HardwareService:
         uplink_led_follows_modem: bool = True,
     ) -> None:
         """``on_factory_reset`` is the long press: the gateway stops, resets (``factory_reset.py``) and
-        exits to be restarted. ``status_report`` gives what a short press logs (clients, backlog...)."""
+        exits to be restarted. ``status_report`` gives what a short press logs from the broker (clients...);
+        the forwarding backlog is the last value shown on the backlog LED."""
         self._config = config
         self._status_report = status_report
         self._on_factory_reset = on_factory_reset
@@ -53,6 +54,7 @@ class HardwareService:
         self._link_listeners: list[LinkListener] = []
         self.panel: StatusPanel | None = None
         self.modem: ModemMonitor | None = None
+        self._backlog: int | None = None
 
     @property
     def link_up(self) -> bool:
@@ -95,6 +97,7 @@ class HardwareService:
             self.panel.show_uplink(up)
 
     def show_backlog(self, queued: int) -> None:
+        self._backlog = queued
         if self.panel is not None:
             self.panel.show_backlog(queued)
 
@@ -116,6 +119,8 @@ class HardwareService:
 
     def log_status(self) -> None:
         report: dict[str, object] = dict(self._status_report())
+        if self._backlog is not None:
+            report["backlog"] = self._backlog
         if self.modem is not None:
             report.update({f"modem_{name}": value for name, value in self.modem.status.as_metrics().items()})
         log.info("status: %s", ", ".join(f"{name}={value}" for name, value in report.items()) or "no status sources")

@@ -69,6 +69,30 @@ def test_long_press_in_the_running_gateway_resets_and_exits_for_a_restart(
     assert [message for _, message in receiver.messages][-1] == "STOPPING=1"
 
 
+def test_short_press_in_the_running_gateway_logs_the_broker_status(
+    tmp_path: Path, factory: MockFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The short press's status line carries the broker's own numbers, not just the modem's."""
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    caplog.set_level(logging.INFO, logger="appliance")
+    config_file = tmp_path / "gateway.toml"
+    config_file.write_text(
+        f'[gateway]\ndata_dir = "{tmp_path / "data"}"\n[[broker.listeners]]\nhost = "127.0.0.1"\nport = 0\n'
+        f"[hardware.gpio]\nenabled = true\nbutton = {BUTTON}\nlong_press_seconds = 5\n"
+    )
+
+    async def press_and_stop() -> int:
+        gateway = asyncio.create_task(serve(load_config(config_file)))
+        await until(lambda: "appliance ready" in caplog.text)
+        factory.pin(BUTTON).drive_low()
+        factory.pin(BUTTON).drive_high()
+        await until(lambda: "status: clients=0" in caplog.text)
+        os.kill(os.getpid(), signal.SIGTERM)  # serve's own handler: the normal shutdown path
+        return await asyncio.wait_for(gateway, 10)
+
+    assert asyncio.run(press_and_stop()) == 0
+
+
 UPLINK, BACKLOG = 27, 22
 
 

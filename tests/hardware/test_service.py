@@ -74,10 +74,11 @@ def test_modem_readings_are_published_and_drive_the_uplink_led_and_buttons_work(
             assert broker.retained["$SYS/gateway/modem/rssi_dbm"] == b"-71"
 
             button = factory.pin(BUTTON)
+            service.show_backlog(7)  # what the forwarding pipeline reports as its queue depth
             with caplog.at_level(logging.INFO, logger="appliance.hardware.service"):
                 button.drive_low()
                 button.drive_high()
-                await until(lambda: "status: clients=3" in caplog.text)
+                await until(lambda: "status: clients=3, backlog=7" in caplog.text)
             assert "modem_operator=Emu Mobile" in caplog.text
 
             button.drive_low()
