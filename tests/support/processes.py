@@ -18,6 +18,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 READY_PATTERN = re.compile(r"appliance ready.*?tcp://([0-9.]+):(\d+)")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -153,12 +155,12 @@ class MosquittoProcess:
         self.host = "127.0.0.1"
 
     def start(self, timeout: float = 10.0, attempts: int = 3) -> "MosquittoProcess":
-        """Start and wait until mosquitto itself says it listens.
+        """Start and wait until the mosquitto process itself listens on the port.
 
         A port from ``free_port()`` can be taken by another process before mosquitto binds it; a plain
         "something accepts connections" check would then report that other program as our broker. So we
-        wait for mosquitto's own "Opening ipv4 listen socket on port N" line, and pick another port when
-        the bind failed (unless the caller chose the port).
+        wait until mosquitto's own process holds the listening socket, and pick another port when the bind
+        failed (unless the caller chose the port).
         """
         for attempt in range(attempts):
             if self._start_once(timeout):
@@ -188,17 +190,25 @@ class MosquittoProcess:
         )
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
-        listening = f"listen socket on port {self.port}"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 return False
-            if listening in self.log_text():
-                wait_for_port(self.host, self.port, max(0.1, deadline - time.monotonic()))
+            if self._owns_listening_socket():
                 return True
             time.sleep(0.02)
         self.stop()
         return False
+
+    def _owns_listening_socket(self) -> bool:
+        """Whether mosquitto itself listens on our port: its log line comes before bind(), and a plain
+        connect could reach whoever else holds the port."""
+        assert self.process is not None
+        try:
+            sockets = psutil.Process(self.process.pid).net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            return False
+        return any(sock.status == psutil.CONN_LISTEN and sock.laddr.port == self.port for sock in sockets)
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
