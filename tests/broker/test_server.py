@@ -9,75 +9,59 @@ flooding connection happened in; it asserts the structure, not a time.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 import uvloop
 
-from appliance.broker.auth import Authenticator
 from appliance.broker.broker import Broker
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.writer import encode
-from appliance.broker.config import BrokerConfig, ListenerConfig
-from appliance.broker.server import READ_BUFFER_BYTES, ClientProtocol, start_listener
+from appliance.broker.server import READ_BUFFER_BYTES, ClientProtocol
 from tests.broker.clients import RawClient
+from tests.support.inprocess import InProcessBroker
 
 
-class RecordingBroker:
-    """A broker on a uvloop thread whose reads are recorded as (loop iteration, client id, bytes)."""
+class ReadRecorder:
+    """Records the broker's reads as (loop iteration, client id, bytes); a callback that re-schedules
+    itself counts the loop's iterations (one run per iteration)."""
 
     def __init__(self) -> None:
-        self.loop = uvloop.new_event_loop()
-        self.ready = threading.Event()
         self.iteration = 0
         self.reads: list[tuple[int, str, int]] = []
-        self.port = 0
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._start())
-        self.ready.set()
-        self.loop.run_forever()
-
-    def _tick(self) -> None:
-        self.iteration += 1
-        self.loop.call_soon(self._tick)
-
-    async def _start(self) -> None:
-        listener = ListenerConfig("tcp", "127.0.0.1", 0)
-        self.broker = Broker(BrokerConfig((listener,)), None, Authenticator(None, True), None)
-        await self.broker.start()
-        handle = self.broker.data_received
+    def install(self, broker: Broker) -> None:
+        handle = broker.data_received
 
         def recording(link: ClientProtocol, data: bytes, now: float) -> int:
             self.reads.append((self.iteration, link.connection.client_id, len(data)))
             return handle(link, data, now)
 
-        self.broker.data_received = recording  # type: ignore[method-assign]
-        self.server, url = await start_listener(self.broker, listener)
-        self.port = int(url.rsplit(":", 1)[1])
+        broker.data_received = recording  # type: ignore[method-assign]
         self._tick()
 
-    def stop(self) -> None:
-        async def shutdown() -> None:
-            self.server.close()
-            await self.broker.stop()
+    def _tick(self) -> None:
+        self.iteration += 1
+        asyncio.get_running_loop().call_soon(self._tick)
 
-        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
+
+class RecordingBroker(InProcessBroker):
+    """A broker on a uvloop thread, as the gateway runs it, whose reads are recorded."""
+
+    def __init__(self) -> None:
+        self.recorder = ReadRecorder()
+        super().__init__(None, loop=uvloop.new_event_loop(), before_listen=self.recorder.install)
+
+    @property
+    def reads(self) -> list[tuple[int, str, int]]:
+        return self.recorder.reads
 
 
 @pytest.fixture
 def recording() -> Iterator[RecordingBroker]:
-    runner = RecordingBroker()
-    runner.thread.start()
-    assert runner.ready.wait(10)
-    yield runner
-    runner.stop()
+    with RecordingBroker() as broker:
+        yield broker
 
 
 def test_a_flooding_client_gets_one_small_read_per_loop_iteration(recording: RecordingBroker) -> None:

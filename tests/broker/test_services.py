@@ -8,22 +8,17 @@ implementation with named behaviours per topic, in the spirit of Edge Hub's ``Fa
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from appliance.broker.api import ACCEPTED, BrokerHandle, InboundPublish, PublishVerdict
-from appliance.broker.auth import Authenticator
-from appliance.broker.broker import Broker
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
-from appliance.broker.config import BrokerConfig, ListenerConfig
-from appliance.broker.persistence import BrokerStore
-from appliance.broker.server import start_listener
 from tests.broker.clients import RawClient
+from tests.support.inprocess import InProcessBroker
 
 
 class ScriptedService:
@@ -69,54 +64,19 @@ class ScriptedService:
         self.stopped = True
 
 
-class BrokerThread:
-    def __init__(self, data: Path) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.service = ScriptedService()
-        self.data = data
-        self.port = 0
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._start())
-        self.ready.set()
-        self.loop.run_forever()
-
-    async def _start(self) -> None:
-        listener = ListenerConfig("tcp", "127.0.0.1", 0)
-        self.store = BrokerStore.open(self.data / "broker.db")
-        self.broker = Broker(BrokerConfig((listener,)), self.store, Authenticator(None, True), None, [self.service])
-        await self.broker.start()
-        self.server, url = await start_listener(self.broker, listener)
-        self.port = int(url.rsplit(":", 1)[1])
-
-    def call(self, function):  # run on the loop thread and wait
-        return asyncio.run_coroutine_threadsafe(function(), self.loop).result(10)
-
-    def stop(self) -> None:
-        async def shutdown() -> None:
-            self.server.close()
-            await self.broker.stop()
-            self.store.close()
-
-        self.call(shutdown)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
+@pytest.fixture
+def service() -> ScriptedService:
+    return ScriptedService()
 
 
 @pytest.fixture
-def hosted(tmp_path: Path) -> Iterator[BrokerThread]:
-    runner = BrokerThread(tmp_path)
-    runner.thread.start()
-    assert runner.ready.wait(10)
-    yield runner
-    runner.stop()
-    assert runner.service.stopped
+def hosted(tmp_path: Path, service: ScriptedService) -> Iterator[InProcessBroker]:
+    with InProcessBroker(tmp_path, [service]) as broker:
+        yield broker
+    assert service.stopped
 
 
-def test_request_response_through_a_service(hosted: BrokerThread) -> None:
+def test_request_response_through_a_service(hosted: InProcessBroker, service: ScriptedService) -> None:
     client = RawClient(hosted.port)
     client.connect("requester")
     client.subscribe("reply/requester", 1)
@@ -129,12 +89,12 @@ def test_request_response_through_a_service(hosted: BrokerThread) -> None:
     assert response.properties[pr.CORRELATION_DATA] == b"\x01\x02"
     assert response.properties[pr.USER_PROPERTY] == [("status", "ok")]
     assert response.properties[pr.CONTENT_TYPE] == "text/plain"
-    seen = hosted.service.seen[0]
+    seen = service.seen[0]
     assert (seen.client_id, seen.protocol_level, seen.qos, seen.user_properties) == ("requester", 5, 1, [("a", "b")])
     client.close()
 
 
-def test_puback_waits_for_the_service_and_packets_keep_their_order(hosted: BrokerThread) -> None:
+def test_puback_waits_for_the_service_and_packets_keep_their_order(hosted: InProcessBroker, service: ScriptedService) -> None:
     watcher = RawClient(hosted.port)
     watcher.connect("watcher")
     watcher.subscribe("#", 0)
@@ -143,14 +103,14 @@ def test_puback_waits_for_the_service_and_packets_keep_their_order(hosted: Broke
     client.send(encode_all([pk.Publish("svc/slow", b"1", 1, packet_id=1), pk.Publish("plain/x", b"2", 1, packet_id=2)]))
     with pytest.raises(TimeoutError):
         client.recv(timeout=0.5)  # neither acknowledgement while the service holds the first message
-    hosted.loop.call_soon_threadsafe(hosted.service.release.set)
+    hosted.loop.call_soon_threadsafe(service.release.set)
     assert [client.expect(pk.PubAck).packet_id, client.expect(pk.PubAck).packet_id] == [1, 2]
     assert [watcher.expect(pk.Publish).payload, watcher.expect(pk.Publish).payload] == [b"1", b"2"]
     client.close()
     watcher.close()
 
 
-def test_service_verdicts_reach_the_publisher(hosted: BrokerThread) -> None:
+def test_service_verdicts_reach_the_publisher(hosted: InProcessBroker) -> None:
     watcher = RawClient(hosted.port)
     watcher.connect("watcher")
     watcher.subscribe("svc/#", 0)
@@ -175,7 +135,7 @@ def test_service_verdicts_reach_the_publisher(hosted: BrokerThread) -> None:
     watcher.close()
 
 
-def test_services_hear_about_disconnects_and_can_disconnect_clients(hosted: BrokerThread) -> None:
+def test_services_hear_about_disconnects_and_can_disconnect_clients(hosted: InProcessBroker, service: ScriptedService) -> None:
     client = RawClient(hosted.port)
     client.connect("leaver")
     client.send(pk.Disconnect())
@@ -186,10 +146,10 @@ def test_services_hear_about_disconnects_and_can_disconnect_clients(hosted: Brok
     async def kick() -> None:
         hosted.broker.disconnect("target", rc.ADMINISTRATIVE_ACTION, "maintenance")
 
-    hosted.call(kick)
+    hosted.call(kick())
     seen = target.expect_closed()
     assert seen[-1] == pk.Disconnect(rc.ADMINISTRATIVE_ACTION, {pr.REASON_STRING: "maintenance"})
-    assert hosted.service.disconnected[:2] == ["leaver", "target"]
+    assert service.disconnected[:2] == ["leaver", "target"]
 
 
 def encode_all(packets: list[pk.Packet]) -> bytes:

@@ -8,27 +8,18 @@ Everything else is the real thing - the broker, its listener on a real socket (p
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
-from appliance.broker.auth import Authenticator
-from appliance.broker.broker import Broker
-from appliance.broker.config import BrokerConfig, ListenerConfig
-from appliance.broker.persistence import BrokerStore
-from appliance.broker.server import start_listener
 from appliance.statestore.client import StateStoreClient
 from appliance.statestore.config import StateStoreConfig
 from appliance.statestore.service import StateStoreService, StoreFactory, wall_clock_ms
 from appliance.statestore.store import StateStore
+from tests.support.inprocess import InProcessBroker
 
-T = TypeVar("T")
 
-
-class HostedGateway:
-    host = "127.0.0.1"
+class HostedGateway(InProcessBroker):
+    """The in-process broker hosting a state store service built with the test's store class and clock."""
 
     def __init__(
         self,
@@ -37,12 +28,9 @@ class HostedGateway:
         store_factory: StoreFactory = StateStore,
         clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
-        self.data_dir = data_dir
         self.service = StateStoreService(config, data_dir, clock_ms=clock_ms, store_factory=store_factory)
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
+        super().__init__(data_dir, [self.service])
         self._clients: list[StateStoreClient] = []
-        self._thread = threading.Thread(target=self.loop.run_forever, name="hosted-gateway", daemon=True)
 
     @property
     def store(self) -> StateStore:
@@ -55,35 +43,13 @@ class HostedGateway:
         self._clients.append(client)
         return client
 
-    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine on the gateway's loop and wait for it."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(10)
-
     def __enter__(self) -> "HostedGateway":
-        self._thread.start()
-        self.call(self._start())
+        super().__enter__()
         return self
-
-    async def _start(self) -> None:
-        listener = ListenerConfig("tcp", self.host, 0)
-        self._broker_store = BrokerStore.open(self.data_dir / "broker.db")
-        self.broker = Broker(BrokerConfig((listener,)), self._broker_store, Authenticator(None, True), None, [self.service])
-        await self.broker.start()
-        self._server, url = await start_listener(self.broker, listener)
-        self.port = int(url.rsplit(":", 1)[1])
-
-    async def _stop(self) -> None:
-        self._server.close()
-        await self.broker.stop()
-        await self._server.wait_closed()
-        self._broker_store.close()
 
     def __exit__(self, *exc_info: object) -> None:
         try:
             for client in self._clients:
                 client.close()
-            self.call(self._stop())
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(10)
-            self.loop.close()
+            super().__exit__(*exc_info)
