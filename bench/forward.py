@@ -39,6 +39,7 @@ from paho.mqtt.properties import Properties
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from appliance.forwarding.batch import decode_batch  # noqa: E402
 from hil_tests.rig.relay import RelayThread  # noqa: E402
 from tests.support.processes import GatewayProcess, MosquittoProcess  # noqa: E402
 
@@ -68,12 +69,19 @@ class Cloud:
 
     def on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         now = time.monotonic()
+        if message.topic.endswith("/metrics"):
+            return
+        if message.topic.endswith("/batches"):
+            payloads = [record.payload for record in decode_batch(message.payload).records]
+        else:
+            payloads = [message.payload]
         with self.cond:
-            if message.payload.startswith(b"ALERT"):
-                self.alerts[int(message.payload.split(b":")[1])] = now
-            elif not message.topic.endswith("/metrics"):
-                self.count += 1
-            self.payload_bytes += len(message.payload)
+            for payload in payloads:
+                if payload.startswith(b"ALERT"):
+                    self.alerts[int(payload.split(b":")[1])] = now
+                else:
+                    self.count += 1
+                self.payload_bytes += len(payload)
             self.cond.notify_all()
 
     def wait(self, predicate, timeout: float) -> bool:
@@ -130,7 +138,7 @@ class Publisher:
         self.client.disconnect()
 
 
-def start_ours(stack: ExitStack, work: Path, relay: RelayThread) -> tuple[str, int]:
+def start_ours(stack: ExitStack, work: Path, relay: RelayThread, upstream_format: str) -> tuple[str, int]:
     (work / "manifest.json").write_text(json.dumps({"schemaVersion": "1.1.0", "routes": {
         "data": {"route": "FROM /messages/* WHERE $outputName = 'data' INTO $upstream", "priority": 9},
         "alerts": {"route": "FROM /messages/* WHERE $outputName = 'alerts' INTO $upstream", "priority": 0},
@@ -144,6 +152,7 @@ manifest = "manifest.json"
 host = "127.0.0.1"
 port = {relay.port}
 keepalive_s = 10
+format = "{upstream_format}"
 backoff_min_s = 0.1
 backoff_max_s = 1
 """)
@@ -173,7 +182,7 @@ def run(kind: str, backlog: int, alerts: int, drain_timeout: float, devices: int
         stack.callback(relay.stop)
         cloud = Cloud(cloud_broker.host, cloud_broker.port)
         stack.callback(cloud.close)
-        host, port = (start_ours if kind == "ours" else start_mosquitto_bridge)(stack, work, relay)
+        host, port = KINDS[kind](stack, work, relay)
         device = Publisher(host, port)
         stack.callback(device.close)
         result: dict[str, object] = {}
@@ -236,27 +245,35 @@ def run(kind: str, backlog: int, alerts: int, drain_timeout: float, devices: int
         return result
 
 
+KINDS = {
+    "ours-batch": lambda stack, work, relay: start_ours(stack, work, relay, "batch"),
+    "ours-message": lambda stack, work, relay: start_ours(stack, work, relay, "message"),
+    "mosquitto": start_mosquitto_bridge,
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--alerts", type=int, default=60, help="seconds of one P0 alert per second")
     parser.add_argument("--drain-timeout", type=float, default=600)
-    parser.add_argument("--brokers", default="ours,mosquitto", help="which to run: ours, mosquitto or both")
+    parser.add_argument("--brokers", default=",".join(KINDS), help=f"which to run, of {', '.join(KINDS)}")
     parser.add_argument("--devices", type=int, default=16, help="devices publishing at once for ingest_devices (1 = skip)")
     args = parser.parse_args()
-    rows: dict[str, dict[str, object]] = {"ours": {}, "mosquitto": {}}
-    for kind in args.brokers.split(","):
+    kinds = args.brokers.split(",")
+    rows: dict[str, dict[str, object]] = {}
+    for kind in kinds:
         rows[kind] = run(kind, args.backlog, args.alerts, args.drain_timeout, args.devices)
         print(kind, rows[kind], flush=True)
     print(f"backlog {args.backlog} x {PAYLOAD} B, link {LINK_BPS // 1000} kbit/s for the priority run\n")
-    print("| figure | ours | mosquitto bridge |\n|---|---|---|")
+    print("| figure | " + " | ".join(kinds) + " |\n|---|" + "---|" * len(kinds))
     for key, unit in (("ingest", "msg/s"), ("ingest_devices", "msg/s"), ("drain", "msg/s"), ("drain_note", ""), ("alerts_arrived", ""), ("p0_p50_ms", "ms"),
                       ("p0_p99_ms", "ms"), ("link_busy", ""), ("goodput", "")):
         cells = []
-        for kind in ("ours", "mosquitto"):
+        for kind in kinds:
             value = rows[kind].get(key, "-")
             cells.append(f"{value:.2f} {unit}".strip() if isinstance(value, float) else str(value))
-        print(f"| {key} | {cells[0]} | {cells[1]} |")
+        print(f"| {key} | " + " | ".join(cells) + " |")
     return 0
 
 

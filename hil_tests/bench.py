@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from appliance.forwarding.config import FORMATS as UPSTREAM_FORMATS
+
 DEFAULT_BENCH = Path(__file__).resolve().parent / "bench.toml"
 BACKENDS = ("userspace", "netns")
 
@@ -48,6 +50,14 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class GatewayConfig(Endpoint):
+    """The gateway under test. ``upstream_formats``: the ``[forwarding.upstream] format`` values the
+    forwarding scenarios run with, each once (docs/message-format.md); every other scenario uses the first."""
+
+    upstream_formats: tuple[str, ...] = UPSTREAM_FORMATS[:1]
+
+
+@dataclass(frozen=True)
 class DevicesConfig:
     count: int
     id_prefix: str
@@ -61,7 +71,7 @@ class DevicesConfig:
 class BenchConfig:
     source: Path
     rig: RigConfig
-    gateway: Endpoint
+    gateway: GatewayConfig
     cloud: Endpoint
     devices: DevicesConfig
     artifacts_dir: Path
@@ -82,7 +92,7 @@ def load_bench(path: Path = DEFAULT_BENCH) -> BenchConfig:
     config = BenchConfig(
         source=path.resolve(),
         rig=RigConfig(_get(rig, "rig", "serial", str), backend, _get(rig, "rig", "baud", int)),
-        gateway=_endpoint(data, "gateway"),
+        gateway=_gateway(data),
         cloud=_endpoint(data, "cloud"),
         devices=DevicesConfig(
             count=_get(devices, "devices", "count", int),
@@ -121,6 +131,19 @@ def _get(table: dict[str, Any], section: str, key: str, kind: type) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise BenchConfigError(path, f"expected {kind.__name__}, got {value!r}")
     return value
+
+
+def _gateway(data: dict[str, Any]) -> GatewayConfig:
+    endpoint = _endpoint(data, "gateway")
+    table = data["gateway"]
+    if "upstream_formats" not in table:  # optional: bench files from before the batch format
+        return GatewayConfig(endpoint.start, endpoint.host, endpoint.port)
+    formats = _get(table, "gateway", "upstream_formats", list)
+    if not formats or not all(f in UPSTREAM_FORMATS for f in formats) or len(set(formats)) != len(formats):
+        raise BenchConfigError(
+            "gateway.upstream_formats", f"expected distinct values of {', '.join(UPSTREAM_FORMATS)}, got {formats!r}"
+        )
+    return GatewayConfig(endpoint.start, endpoint.host, endpoint.port, tuple(formats))
 
 
 def _endpoint(data: dict[str, Any], section: str) -> Endpoint:

@@ -24,6 +24,7 @@ from hil_tests.timeline import Timeline, TimelineRun, format_summary, summarize
 from tests.support.processes import GatewayProcess, MosquittoProcess
 
 RUN_KEY = pytest.StashKey[TimelineRun]()
+BENCH_KEY = pytest.StashKey[BenchConfig]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -35,9 +36,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "forwarding: a store-and-forward scenario; runs once per gateway.upstream_formats of the bench"
+    )
+
+
+def bench_of(config: pytest.Config) -> BenchConfig:
+    """The ``--bench`` configuration, loaded once per session (collection parametrizes by it, too)."""
+    if BENCH_KEY not in config.stash:
+        config.stash[BENCH_KEY] = load_bench(Path(config.getoption("--bench")))
+    return config.stash[BENCH_KEY]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A scenario marked ``forwarding`` runs once per upstream format of the bench (``upstream_format``)."""
+    if "upstream_format" in metafunc.fixturenames and metafunc.definition.get_closest_marker("forwarding"):
+        formats = bench_of(metafunc.config).gateway.upstream_formats
+        metafunc.parametrize("upstream_format", formats, ids=formats)
+
+
 @pytest.fixture(scope="session")
 def bench(request: pytest.FixtureRequest) -> BenchConfig:
-    return load_bench(Path(request.config.getoption("--bench")))
+    return bench_of(request.config)
 
 
 @pytest.fixture(scope="session")

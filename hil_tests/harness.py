@@ -5,7 +5,10 @@ prints every switch), what enters the gateway (a subscriber on the gateway's own
 what reaches the cloud broker behind the rig (the *collector*). Both taps name every message the same way
 (`message_key`, from the device's JSON payload), so a message's ``sent`` record (it entered the gateway,
 which stores it before routing it to any subscriber) and its ``received`` record (it reached the cloud)
-meet in the timeline. Duplicates are counted by the gateway's stable ``gw-message-id``.
+meet in the timeline. Duplicates are counted by the gateway's stable ``gw-message-id``. The collector reads
+both upstream formats (docs/message-format.md): a batch PUBLISH is unpacked into one message per record,
+with the ``gw-*`` properties the record would carry as a PUBLISH of its own (`batch_properties`), so a
+scenario sees the same messages whichever format the gateway sends.
 
 Every wait is on a condition with a deadline (a condition variable, or the gateway's log, polled as
 `GatewayProcess.wait_for_log` does); nothing here sleeps to synchronize. Time is compressed by
@@ -30,12 +33,15 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
+from appliance.forwarding.batch import Batch, BatchFormatError, BatchRecord, decode_batch
+from appliance.forwarding.config import DEFAULT_BATCH_TOPIC
 from hil_tests.timeline import Timeline
 from tests.support.processes import GatewayProcess
 
 GATEWAY_ID = "gw-hil"
 TELEMETRY_TOPICS = "devices/+/messages/events/+"
-CLOUD_TOPICS = f"gateways/{GATEWAY_ID}/devices/#"
+BATCH_TOPIC = DEFAULT_BATCH_TOPIC.format(gateway_id=GATEWAY_ID)  # [forwarding.upstream] format = "batch"
+CLOUD_TOPICS = (f"gateways/{GATEWAY_ID}/devices/#", BATCH_TOPIC)
 SET_POINT_SUFFIX = "\\setPoint"  # the firmware's key: `<thermostat>\setPoint`, a literal backslash
 
 
@@ -110,9 +116,13 @@ class Site:
 
 
 def write_gateway_config(
-    folder: Path, upstream: tuple[str, int], routes: tuple[Route, ...], keepalive_s: int = 1
+    folder: Path, upstream: tuple[str, int], routes: tuple[Route, ...], keepalive_s: int = 1,
+    upstream_format: str = "message",
 ) -> Path:
     """A gateway with store-and-forward to ``upstream`` (the rig's relay), tuned for compressed time.
+
+    ``upstream_format`` is ``[forwarding.upstream] format``: ``message`` (one PUBLISH per message) or
+    ``batch`` (several per PUBLISH on `BATCH_TOPIC`); the collector reads both.
 
     A 1 s upstream keep-alive makes a dead link show within about 2 s, a 0.5 s cleanup removes expired
     messages promptly, and short reconnect back-offs bring the bridge back soon after ``UP``. A keep-alive
@@ -141,6 +151,7 @@ cleanup_interval_s = 0.5
 host = "{upstream[0]}"
 port = {upstream[1]}
 keepalive_s = {keepalive_s}
+format = "{upstream_format}"
 backoff_min_s = 0.05
 backoff_max_s = 0.5
 """
@@ -224,34 +235,36 @@ class Seen:
 class _Subscriber:
     """A paho MQTT 5 subscriber (QoS 1) that subscribes again after every reconnect and keeps what arrives."""
 
-    def __init__(self, host: str, port: int, topic: str, client_name: str) -> None:
+    def __init__(self, host: str, port: int, topics: tuple[str, ...], client_name: str) -> None:
         self.messages: list[Seen] = []
         self.cond = threading.Condition()
-        self._topic = topic
+        self._topics = [(topic, 1) for topic in topics]
         self._subscribed = threading.Event()
         self.client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2, client_id=f"{client_name}-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5
         )
         self.client.reconnect_delay_set(0.05, 0.5)
-        self.client.on_connect = lambda client, *_: client.subscribe(self._topic, qos=1)
+        self.client.on_connect = lambda client, *_: client.subscribe(self._topics)
         self.client.on_subscribe = lambda *_: self._subscribed.set()
         self.client.on_message = self._on_message
         self.client.connect(host, port, keepalive=5)
         self.client.loop_start()
         if not self._subscribed.wait(10):
             self.close()
-            raise TimeoutError(f"{client_name}: no SUBACK for {topic} from {host}:{port}")
+            raise TimeoutError(f"{client_name}: no SUBACK for {', '.join(topics)} from {host}:{port}")
 
     def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         seen = self.parse(message, time.monotonic())
-        if seen is None:
+        if not seen:
             return
         with self.cond:
-            self.messages.append(seen)
+            self.messages.extend(seen)
             self.cond.notify_all()
-        self.record(seen)
+        for one in seen:
+            self.record(one)
 
-    def parse(self, message: mqtt.MQTTMessage, at: float) -> Seen | None:
+    def parse(self, message: mqtt.MQTTMessage, at: float) -> list[Seen]:
+        """The messages in ``message`` (a batch PUBLISH holds several), none if it is not one of ours."""
         raise NotImplementedError
 
     def record(self, seen: Seen) -> None:
@@ -281,36 +294,77 @@ class GatewayTap(_Subscriber):
     def __init__(self, host: str, port: int, recorder: Recorder, routes: tuple[Route, ...]) -> None:
         self.recorder = recorder
         self.routes = routes
-        super().__init__(host, port, TELEMETRY_TOPICS, "hil-tap")
+        super().__init__(host, port, (TELEMETRY_TOPICS,), "hil-tap")
 
-    def parse(self, message: mqtt.MQTTMessage, at: float) -> Seen | None:
+    def parse(self, message: mqtt.MQTTMessage, at: float) -> list[Seen]:
         _, device, _, _, output = message.topic.split("/")
         key = message_key(device, output, message.payload)
         priority = priority_of(self.routes, device, output)
         if key is None or priority is None:  # no route takes it upstream
-            return None
-        return Seen(key, priority, device, output, at, message.payload)
+            return []
+        return [Seen(key, priority, device, output, at, message.payload)]
 
     def record(self, seen: Seen) -> None:
         self.recorder.sent(seen.key, seen.priority, seen.device, output=seen.output)
 
 
+def batch_properties(batch: Batch, record: BatchRecord) -> dict[str, str]:
+    """The user properties ``record`` would carry as a one-message PUBLISH: the ``gw-*`` identity (as
+    `appliance.forwarding.endpoints.identity_properties` writes it), then the device's own."""
+    source = record.source
+    properties = [("gw-message-id", record.message_id), ("gw-gateway-id", batch.gateway_id),
+                  ("gw-device-id", source.device_id)]
+    if source.module_id:
+        properties.append(("gw-module-id", source.module_id))
+    if source.output:
+        properties.append(("gw-output", source.output))
+    properties += [("gw-priority", str(batch.priority)), ("gw-enqueued-ms", str(record.enqueued_ms)),
+                   ("gw-sent-ms", str(batch.sent_ms)), ("gw-ttl-s", str(source.ttl_s))]
+    return dict(properties + list(source.properties))
+
+
+def upstream_messages(topic: str, payload: bytes, user_properties: dict[str, str], at: float) -> list[Seen]:
+    """The thermostat messages in one upstream PUBLISH of either format, each with its ``gw-*`` properties.
+
+    A batch (`BATCH_TOPIC`) gives one per record, all arriving at ``at``; raises ``BatchFormatError`` for
+    a batch the decoder refuses. Anything without the gateway's identity or a thermostat payload is skipped.
+    """
+    if topic == BATCH_TOPIC:
+        batch = decode_batch(payload)
+        found = [(record.payload, batch_properties(batch, record)) for record in batch.records]
+    else:
+        found = [(payload, user_properties)]
+    seen = []
+    for body, properties in found:
+        device, output = properties.get("gw-device-id"), properties.get("gw-output")
+        if device is None or output is None or "gw-message-id" not in properties:
+            continue
+        key = message_key(device, output, body)
+        if key is not None:
+            seen.append(Seen(key, int(properties["gw-priority"]), device, output, at, body, properties))
+    return seen
+
+
 class CloudCollector(_Subscriber):
-    """Subscribed to the gateway's upstream topics on the cloud broker: each arrival is a ``received`` record."""
+    """Subscribed to the gateway's upstream topics on the cloud broker: each arrival is a ``received`` record.
+
+    Either upstream format (`upstream_messages`); a batch the decoder refuses is kept in ``malformed``
+    (`System.settle` fails on it) instead of vanishing as lost messages.
+    """
 
     def __init__(self, host: str, port: int, recorder: Recorder) -> None:
         self.recorder = recorder
+        self.malformed: list[str] = []
         super().__init__(host, port, CLOUD_TOPICS, "hil-cloud")
 
-    def parse(self, message: mqtt.MQTTMessage, at: float) -> Seen | None:
+    def parse(self, message: mqtt.MQTTMessage, at: float) -> list[Seen]:
         properties = dict(getattr(message.properties, "UserProperty", None) or [])
-        device, output = properties.get("gw-device-id"), properties.get("gw-output")
-        if device is None or output is None or "gw-message-id" not in properties:
-            return None
-        key = message_key(device, output, message.payload)
-        if key is None:
-            return None
-        return Seen(key, int(properties["gw-priority"]), device, output, at, message.payload, properties)
+        try:
+            return upstream_messages(message.topic, message.payload, properties, at)
+        except BatchFormatError as error:
+            with self.cond:
+                self.malformed.append(f"{message.topic}: {error}")
+            return []
 
     def record(self, seen: Seen) -> None:
         self.recorder.received(seen.key, seen.priority, seen.device, gw_message_id=seen.gw_message_id)
@@ -512,13 +566,14 @@ class System:
 
         The thermostats are paused first so that the set is final. Messages whose TTL passed undelivered
         are recorded as expired and returned; one still neither delivered nor expired at the deadline is
-        a lost message, and this raises.
+        a lost message, and this raises, as it does for a batch the collector could not decode.
         """
         for thermostat in self.thermostats:
             thermostat.pause()
         deadline = time.monotonic() + timeout
         with self.cloud.cond:
             while True:
+                assert not self.cloud.malformed, f"batches the decoder refused: {self.cloud.malformed}"
                 delivered = {m.key for m in self.cloud.messages}
                 now = time.monotonic()
                 tapped = self.tap.snapshot()

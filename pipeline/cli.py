@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from pipeline.envelope import DEFAULT_METRICS_FILTER
+from pipeline.envelope import DEFAULT_BATCH_FILTER, DEFAULT_METRICS_FILTER
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -22,8 +22,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         port=args.port,
         landing=args.landing,
         group=args.group,
-        topics=args.topic or (DEFAULT_EVENTS_FILTER, args.metrics_topic),
+        topics=args.topic or (DEFAULT_EVENTS_FILTER, args.metrics_topic, args.batch_topic),
         metrics_filter=args.metrics_topic,
+        batch_filter=args.batch_topic,
         username=args.username,
         password=args.password,
         session_expiry_s=args.session_expiry,
@@ -106,12 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--landing", required=True, help="landing zone folder")
     ingest.add_argument("--client-id", help="MQTT client id, stable across restarts (default ingest-<hostname>)")
     ingest.add_argument("--group", default="ingest", help="shared subscription group")
-    ingest.add_argument("--topic", action="append", help="topic filter (repeatable; default events and metrics)")
+    ingest.add_argument("--topic", action="append",
+                        help="topic filter (repeatable; default events, metrics and batches)")
     ingest.add_argument("--metrics-topic", default=DEFAULT_METRICS_FILTER, help="filter that marks metrics")
+    ingest.add_argument("--batch-topic", default=DEFAULT_BATCH_FILTER, help="filter that marks upstream batches")
     ingest.add_argument("--username")
     ingest.add_argument("--password")
     ingest.add_argument("--session-expiry", type=int, default=3600, help="seconds the broker keeps our session")
-    ingest.add_argument("--max-batch", type=int, default=500, help="messages per commit at most")
+    ingest.add_argument("--max-batch", type=int, default=500, help="PUBLISHes per commit at most (a batch counts once)")
     ingest.add_argument("--max-delay-ms", type=float, default=50, help="longest wait before a commit")
     ingest.add_argument("--roll-seconds", type=float, default=60, help="seal landing files this old")
     ingest.set_defaults(func=cmd_ingest)

@@ -1,9 +1,14 @@
-"""From one upstream MQTT message to one landing-zone record, or to a quarantine record with the reason.
+"""From one upstream MQTT message to landing-zone records, or to quarantine records with the reason.
 
 No I/O here: the ingest feeds it what paho received and writes what it returns, so every rule about what
 the cloud accepts is in this file and is tested without a broker. The message format it reads is
-``docs/message-format.md`` (topic, ``gw-*`` user properties, metrics messages); the record it writes is
-``LANDING_FIELDS``, documented in ``docs/pipeline.md`` and mirrored by ``pipeline.jobs.schemas.LANDING``.
+``docs/message-format.md`` (topic, ``gw-*`` user properties, metrics messages, upstream batches); the
+record it writes is ``LANDING_FIELDS``, documented in ``docs/pipeline.md`` and mirrored by
+``pipeline.jobs.schemas.LANDING``.
+
+``land_all`` is the ingest's entry point: a batch PUBLISH becomes one record per message in it, anything
+else one record (``land``). Each message of a batch is landed as the one-message PUBLISH it stands for
+(same ``gw-*`` identity, same checks), so a record does not depend on the format the gateway chose.
 
 The ingest only checks what it needs to land a message: the gateway's envelope (the ``gw-*`` properties)
 and, for JSON content, that the payload parses. Whether telemetry fits the thermostat schema is the Spark
@@ -15,8 +20,12 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from paho.mqtt.client import topic_matches_sub
+
+if TYPE_CHECKING:
+    from appliance.forwarding.batch import Batch
 
 EVENTS = "events"
 METRICS = "metrics"
@@ -57,6 +66,12 @@ GATEWAY_PROPERTIES = {
     "gw-ttl-s": ("ttl_s", int, False),
 }
 DEFAULT_METRICS_FILTER = "gateways/+/metrics"
+DEFAULT_BATCH_FILTER = "gateways/+/batches"
+# The device's own user properties that the gateway turns into system properties ($contentEncoding,
+# $messageId). A batch carries them (the one-message format does not); they land in ``properties``
+# under these, their original names.
+CONTENT_ENCODING_PROPERTY = "content-encoding"
+DEVICE_MESSAGE_ID_PROPERTY = "message-id"
 
 
 @dataclass(frozen=True)
@@ -83,12 +98,89 @@ class Rejected(ValueError):
 
 def land(message: Incoming, metrics_filter: str = DEFAULT_METRICS_FILTER) -> Landed:
     """The landing record for ``message``; never raises: what cannot be landed goes to quarantine."""
-    try:
-        if topic_matches_sub(metrics_filter, message.topic):
+    if topic_matches_sub(metrics_filter, message.topic):
+        try:
             return Landed(METRICS, _metrics_record(message))
+        except Rejected as rejected:
+            return Landed(QUARANTINE, quarantine_record(message, str(rejected)))
+    return _land_event(message)
+
+
+def _land_event(message: Incoming) -> Landed:
+    try:
         return Landed(EVENTS, _event_record(message))
     except Rejected as rejected:
         return Landed(QUARANTINE, quarantine_record(message, str(rejected)))
+
+
+def land_all(message: Incoming, metrics_filter: str = DEFAULT_METRICS_FILTER,
+             batch_filter: str = DEFAULT_BATCH_FILTER) -> list[Landed]:
+    """The landing records of ``message``: one per message of a batch, else the one ``land`` gives."""
+    if topic_matches_sub(batch_filter, message.topic):
+        return land_batch(message, batch_filter)
+    return [land(message, metrics_filter)]
+
+
+def land_batch(message: Incoming, batch_filter: str = DEFAULT_BATCH_FILTER) -> list[Landed]:
+    """One landing record per message of the batch PUBLISH ``message``; never raises.
+
+    Each message lands exactly as the one-message PUBLISH with the same identity would (``as_messages``),
+    so a message that fails a check (priority, JSON) goes to quarantine on its own and the others land.
+    A payload that is not a batch at all, or holds no message, becomes one quarantine record, raw.
+    """
+    # Imported here: the Spark jobs import this module too, and spark-submit ships only ``pipeline``.
+    from appliance.forwarding.batch import BatchFormatError, decode_batch
+
+    try:
+        batch = decode_batch(message.payload)
+    except BatchFormatError as error:
+        return [Landed(QUARANTINE, batch_quarantine_record(message, f"malformed batch: {error}", batch_filter))]
+    if not batch.records:
+        return [Landed(QUARANTINE, batch_quarantine_record(message, "empty batch: no messages", batch_filter))]
+    return [_land_event(one) for one in as_messages(message, batch)]
+
+
+def as_messages(message: Incoming, batch: Batch) -> list[Incoming]:
+    """The one-message PUBLISHes (docs/message-format.md, "Upstream") that ``batch`` stands for.
+
+    Topic, receive time and DUP flag are the batch PUBLISH's; the ``gw-*`` properties, content type and
+    payload are each message's; the device's ``content-encoding`` and ``message-id``, which only a batch
+    carries, follow its application properties.
+    """
+    out = []
+    for record in batch.records:
+        source = record.source
+        props = [
+            ("gw-message-id", record.message_id),
+            ("gw-gateway-id", batch.gateway_id),
+            ("gw-device-id", source.device_id),
+        ]
+        if source.module_id:
+            props.append(("gw-module-id", source.module_id))
+        if source.output:
+            props.append(("gw-output", source.output))
+        props += [
+            ("gw-priority", str(batch.priority)),
+            ("gw-enqueued-ms", str(record.enqueued_ms)),
+            ("gw-sent-ms", str(batch.sent_ms)),
+            ("gw-ttl-s", str(source.ttl_s)),
+        ]
+        props += source.properties
+        if source.content_encoding is not None:
+            props.append((CONTENT_ENCODING_PROPERTY, source.content_encoding))
+        if record.device_message_id is not None:
+            props.append((DEVICE_MESSAGE_ID_PROPERTY, record.device_message_id))
+        out.append(Incoming(message.topic, record.payload, message.received_ms, props, source.content_type,
+                            message.redelivered))
+    return out
+
+
+def batch_quarantine_record(message: Incoming, reason: str, batch_filter: str = DEFAULT_BATCH_FILTER) -> dict:
+    """A batch PUBLISH that cannot be read: the raw payload, always as base64 (the format is binary)."""
+    record = quarantine_record(message, reason)
+    record["gateway_id"] = record["gateway_id"] or _gateway_from_topic(message.topic, batch_filter)
+    record["payload"], record["payload_base64"] = None, base64.b64encode(message.payload).decode("ascii")
+    return record
 
 
 def quarantine_record(message: Incoming, reason: str) -> dict:
@@ -166,6 +258,15 @@ def _metrics_record(message: Incoming) -> dict:
     record["properties"] = dict(message.user_properties)
     record["payload"] = message.payload.decode("utf-8")
     return record
+
+
+def _gateway_from_topic(topic: str, batch_filter: str) -> str | None:
+    """The topic level at the filter's first ``+`` (``gateways/+/batches``: the gateway id), if any."""
+    filter_levels, levels = batch_filter.split("/"), topic.split("/")
+    if "+" not in filter_levels:
+        return None
+    at = filter_levels.index("+")
+    return (levels[at] or None) if at < len(levels) else None
 
 
 def _payload_fields(payload: bytes) -> tuple[str | None, str | None]:

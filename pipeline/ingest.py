@@ -11,6 +11,9 @@ again when the process comes back, and lands then.
 
 Acks are group-committed: the loop drains what the socket already has (up to ``max_batch`` messages or
 ``max_delay_s``), commits once, then acks the lot. It runs on one thread; there are no locks.
+
+A batch PUBLISH (``gateways/+/batches``, docs/message-format.md) lands as one line per message in it; its
+one PUBACK waits for the commit that covers all of them, like any other message's.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from pipeline.envelope import DEFAULT_METRICS_FILTER, Incoming, land
+from pipeline.envelope import DEFAULT_BATCH_FILTER, DEFAULT_METRICS_FILTER, Incoming, land_all
 from pipeline.landing import LandingWriter
 
 log = logging.getLogger("pipeline.ingest")
@@ -44,8 +47,9 @@ class IngestConfig:
     landing: str = "landing"
     client_id: str = field(default_factory=lambda: f"ingest-{socket.gethostname()}")
     group: str = "ingest"
-    topics: Sequence[str] = (DEFAULT_EVENTS_FILTER, DEFAULT_METRICS_FILTER)
+    topics: Sequence[str] = (DEFAULT_EVENTS_FILTER, DEFAULT_METRICS_FILTER, DEFAULT_BATCH_FILTER)
     metrics_filter: str = DEFAULT_METRICS_FILTER
+    batch_filter: str = DEFAULT_BATCH_FILTER
     username: str | None = None
     password: str | None = None
     session_expiry_s: int = 3600
@@ -72,7 +76,7 @@ class Ingest:
         self.writer = LandingWriter(config.landing, config.client_id, config.roll_bytes, config.roll_seconds)
         self.stats = IngestStats()
         self.ready = threading.Event()
-        self._pending: list[tuple[int, int]] = []  # (mid, qos) written but not yet committed and acked
+        self._pending: list[tuple[int, int]] = []  # (mid, qos) of PUBLISHes written, not yet committed and acked
         self._pending_since = 0.0
         self._last_progress = time.monotonic()
         self.client = mqtt.Client(
@@ -122,9 +126,10 @@ class Ingest:
             content_type=getattr(props, "ContentType", None),
             redelivered=bool(message.dup),
         )
-        landed = land(incoming, self.config.metrics_filter)
-        self.writer.append(landed.kind, landed.record)
-        self.stats.landed[landed.kind] += 1
+        for landed in land_all(incoming, self.config.metrics_filter, self.config.batch_filter):
+            self.writer.append(landed.kind, landed.record)
+            self.stats.landed[landed.kind] += 1
+        # One PUBLISH, one PUBACK, whatever number of lines it became: all of them are in this commit.
         if message.qos > 0:
             if not self._pending:
                 self._pending_since = time.monotonic()

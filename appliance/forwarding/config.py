@@ -27,6 +27,11 @@ from appliance.config.fields import (
 DEFAULT_TOPIC_TEMPLATE = "gateways/{gateway_id}/devices/{device_id}/messages/events"
 #: ``message_id`` and ``priority`` carry the identity MQTT 3.1.1 cannot send as user properties.
 TOPIC_FIELDS = ("gateway_id", "device_id", "module_id", "output", "message_id", "priority")
+DEFAULT_BATCH_TOPIC = "gateways/{gateway_id}/batches"
+BATCH_TOPIC_FIELDS = ("gateway_id", "priority")
+#: "message": one PUBLISH per message with ``gw-*`` user properties; "batch": several per PUBLISH
+#: (appliance/forwarding/batch.py). Both in docs/message-format.md.
+FORMATS = ("message", "batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +48,9 @@ class UpstreamConfig:
     password: str | None = None
     client_id: str | None = None  # default: the gateway id
     topic_template: str = DEFAULT_TOPIC_TEMPLATE
+    format: str = "message"
+    batch_topic: str = DEFAULT_BATCH_TOPIC
+    batch_max_bytes: int = 2048  # device payload per batch PUBLISH
     keepalive_s: int = 30
     backoff_min_s: float = 0.5
     backoff_max_s: float = 60.0
@@ -70,13 +78,19 @@ def _path(raw: Mapping[str, Any], key: str, path: str, base_dir: Path) -> Path |
     return file if file.is_absolute() else base_dir / file
 
 
+def _template(raw: Mapping[str, Any], key: str, path: str, default: str, fields: tuple[str, ...]) -> str:
+    template = get_str(raw, key, path, default)
+    try:
+        template.format(**{name: "x" for name in fields})
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(join(path, key), f"fields are {', '.join('{' + f + '}' for f in fields)}: {exc}") from exc
+    return template
+
+
 def parse_upstream(raw: Mapping[str, Any], path: str, base_dir: Path) -> UpstreamConfig:
     reject_unknown(raw, path, UpstreamConfig.__dataclass_fields__)
-    template = get_str(raw, "topic_template", path, DEFAULT_TOPIC_TEMPLATE)
-    try:
-        template.format(**{name: "x" for name in TOPIC_FIELDS})
-    except (KeyError, IndexError, ValueError) as exc:
-        raise ConfigError(join(path, "topic_template"), f"fields are {', '.join('{' + f + '}' for f in TOPIC_FIELDS)}: {exc}") from exc
+    template = _template(raw, "topic_template", path, DEFAULT_TOPIC_TEMPLATE, TOPIC_FIELDS)
+    batch_topic = _template(raw, "batch_topic", path, DEFAULT_BATCH_TOPIC, BATCH_TOPIC_FIELDS)
     backoff_min = get_float(raw, "backoff_min_s", path, 0.5, minimum=0.01)
     backoff_max = get_float(raw, "backoff_max_s", path, 60.0, minimum=0.01)
     if backoff_max < backoff_min:
@@ -94,6 +108,9 @@ def parse_upstream(raw: Mapping[str, Any], path: str, base_dir: Path) -> Upstrea
         password=get_optional_str(raw, "password", path),
         client_id=get_optional_str(raw, "client_id", path),
         topic_template=template,
+        format=get_choice(raw, "format", path, FORMATS, "message"),
+        batch_topic=batch_topic,
+        batch_max_bytes=get_int(raw, "batch_max_bytes", path, 2048, minimum=64, maximum=1 << 24),
         keepalive_s=get_int(raw, "keepalive_s", path, 30, minimum=1, maximum=65535),
         backoff_min_s=backoff_min,
         backoff_max_s=backoff_max,

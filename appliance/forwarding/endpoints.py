@@ -16,7 +16,7 @@ from typing import Protocol
 from appliance.broker.api import BrokerHandle
 from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.routes import Endpoint
-from appliance.forwarding.window import LinkEstimate
+from appliance.forwarding.window import LinkEstimate, Window
 
 
 class SendFailed(Exception):
@@ -29,6 +29,9 @@ class EndpointSender(Protocol):
 
     async def wait_ready(self) -> None:
         """Return once a batch can be attempted (the link is up)."""
+
+    def window(self) -> Window:
+        """How much the pump reads for the next batch."""
 
     async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
         """Deliver a prefix of the batch (all of it unless ``preempt`` is set); return its length once
@@ -77,6 +80,9 @@ class BrokeredSender:
 
     async def wait_ready(self) -> None:
         return None
+
+    def window(self) -> Window:
+        return self.estimate.window()
 
     async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
         sent_ms = int(time.time() * 1000)

@@ -84,7 +84,7 @@ class Pump:
         while True:
             await self.sender.wait_ready()
             self.wake.clear()
-            window = self.sender.estimate.window()
+            window = self.sender.window()
             batch = []
             priority = -1
             for priority in PRIORITIES:

@@ -1,8 +1,12 @@
 """The ``$upstream`` endpoint: an MQTT bridge (paho-mqtt, MQTT 5 or 3.1.1) to the cloud broker.
 
 * QoS 1, and a message counts as sent only once its PUBACK (and those of the messages before it) is in:
-  the pump takes messages off their queue after that, never before (at-least-once; ``gw-message-id`` is
-  stable across retries). At most ``estimate.window()`` messages are unacknowledged at any time.
+  the pump takes messages off their queue after that, never before (at-least-once; the message id is
+  stable across retries). Two formats (docs/message-format.md): ``message`` publishes each message with
+  its ``gw-*`` user properties, at most ``estimate.window()`` unacknowledged; ``batch`` packs the pump's
+  batch into PUBLISHes of ``packed_window().chunk_bytes`` (appliance/forwarding/batch.py), at most a
+  window's worth of them unacknowledged - on a slow link the identity then costs a few bytes per message
+  instead of more than the payload.
 * One network thread per bridge runs the paho client by hand (``client.loop``) so that reconnecting is
   ours: exponential backoff with jitter, and a *fresh* client per connection - paho would otherwise replay
   its own in-flight copies on reconnect while the pump resends the batch too.
@@ -29,12 +33,13 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from appliance.forwarding.batch import encode_batch
 from appliance.forwarding.config import UpstreamConfig
 from appliance.forwarding.endpoints import SendFailed, identity_properties, message_id
 from appliance.forwarding.metrics import LinkStats
 from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.routes import UPSTREAM
-from appliance.forwarding.window import LinkEstimate
+from appliance.forwarding.window import LinkEstimate, Window
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +50,25 @@ def backoff_delay(attempt: int, minimum: float, maximum: float, rng: random.Rand
     return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 
-def wire_size(item: QueuedMessage, properties: Properties | None) -> int:
-    """Roughly the PUBLISH packet's size: what the link actually carries for this message."""
-    size = 2 + 2 + 2 + len(item.message.topic) + 8 + len(item.message.payload)
+def wire_size(topic: str, payload: bytes, properties: Properties | None) -> int:
+    """Roughly the PUBLISH packet's size: what the link actually carries for it."""
+    size = 2 + 2 + 2 + len(topic) + 8 + len(payload)
     for key, value in getattr(properties, "UserProperty", None) or ():
         size += 5 + len(key) + len(value)
     return size
+
+
+def pack(batch: list[QueuedMessage], chunk_bytes: int) -> list[list[QueuedMessage]]:
+    """Consecutive runs of ``batch`` of at most ``chunk_bytes`` payload each (at least one message)."""
+    chunks: list[list[QueuedMessage]] = []
+    size = 0
+    for item in batch:
+        if not chunks or size + item.size > chunk_bytes:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(item)
+        size += item.size
+    return chunks
 
 
 class UpstreamSender:
@@ -76,6 +94,7 @@ class UpstreamSender:
         self._acks: dict[int, tuple[float, bool]] = {}
         self._rng = random.Random()
         self._ready_flag = False
+        self._max_packet: int | None = None  # the upstream's Maximum Packet Size (MQTT 5 CONNACK)
         self.connects = 0
 
     # -- lifecycle
@@ -186,6 +205,7 @@ class UpstreamSender:
             client.disconnect()
             return
         self.connects += 1
+        self._max_packet = getattr(properties, "MaximumPacketSize", None)
         log.info("upstream connected to %s:%s", self.settings.host, self.settings.port)
         self._set_ready(True)
 
@@ -242,40 +262,72 @@ class UpstreamSender:
         if client is not None and self._ready.is_set():
             client.publish(topic, payload, qos=1)
 
+    def window(self) -> Window:
+        if self.settings.format == "message":
+            return self.estimate.window()
+        limit = self.settings.batch_max_bytes
+        if self._max_packet is not None:  # room for the fixed header, topic and batch header
+            limit = max(1, min(limit, self._max_packet - 512))
+        return self.estimate.packed_window(limit)
+
+    def _units(self, batch: list[QueuedMessage], sent_ms: int) -> list[tuple[list[QueuedMessage], str, bytes, Properties | None]]:
+        """What goes out for ``batch``: (messages, topic, payload, properties) per PUBLISH."""
+        if self.settings.format == "batch":
+            chunk = self.window().chunk_bytes
+            assert chunk is not None
+            return [
+                (items, self.settings.batch_topic.format(gateway_id=self.gateway_id, priority=items[0].priority),
+                 encode_batch(self.gateway_id, items[0].priority, sent_ms, items), None)
+                for items in pack(batch, chunk)
+            ]
+        units = []
+        for item in batch:
+            properties = None
+            if self.settings.protocol == "5":
+                properties = Properties(PacketTypes.PUBLISH)
+                properties.UserProperty = identity_properties(item, self.gateway_id, sent_ms)
+                if item.message.content_type:
+                    properties.ContentType = item.message.content_type
+            units.append(([item], self.topic_for(item), item.message.payload, properties))
+        return units
+
+    def _in_flight_limit(self) -> int:
+        """PUBLISHes that may be unacknowledged, re-read after every ack so it follows the link."""
+        window = self.window()
+        if window.chunk_bytes is None:
+            return window.messages
+        assert window.bytes is not None
+        return max(2, -(-window.bytes // window.chunk_bytes))
+
     async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
-        """Publish with at most ``in_flight`` unacknowledged (the window, re-read after every ack so it
-        follows the link while the batch runs); stop handing out messages once ``preempt`` is set."""
+        """Publish with at most ``_in_flight_limit()`` unacknowledged; stop handing out PUBLISHes once
+        ``preempt`` is set. Returns how many messages (a prefix of ``batch``) are acknowledged."""
         client = self._client
         if client is None or not self._ready.is_set():
             raise SendFailed("upstream not connected")
         assert self._loop is not None
-        v5 = self.settings.protocol == "5"
         sent_at = time.monotonic()
         sent_ms = int(time.time() * 1000)
         futures: list[asyncio.Future[float]] = []
         sizes: list[int] = []
         ack_times: list[float] = []
+        messages = 0
         try:
-            for item in batch:
-                while len(futures) - len(ack_times) >= self.estimate.window().messages:
+            for items, topic, payload, properties in self._units(batch, sent_ms):
+                while len(futures) - len(ack_times) >= self._in_flight_limit():
                     ack_times.append(await futures[len(ack_times)])
                     self.estimate.record_progress(sizes[: len(ack_times)], ack_times)
                 if preempt.is_set():
                     break
-                properties = None
-                if v5:
-                    properties = Properties(PacketTypes.PUBLISH)
-                    properties.UserProperty = identity_properties(item, self.gateway_id, sent_ms)
-                    if item.message.content_type:
-                        properties.ContentType = item.message.content_type
-                info = client.publish(self.topic_for(item), item.message.payload, qos=1, properties=properties)
+                info = client.publish(topic, payload, qos=1, properties=properties)
                 if info.rc != mqtt.MQTT_ERR_SUCCESS:
                     raise SendFailed(f"publish failed: {mqtt.error_string(info.rc)}")
                 # Registered before control returns to the loop, so the _resolve queued by the PUBACK finds it.
                 future: asyncio.Future[float] = self._loop.create_future()
                 self._pending[info.mid] = future
                 futures.append(future)
-                sizes.append(wire_size(item, properties))
+                sizes.append(wire_size(topic, payload, properties))
+                messages += len(items)
             while len(ack_times) < len(futures):
                 ack_times.append(await futures[len(ack_times)])
         except SendFailed:
@@ -286,7 +338,7 @@ class UpstreamSender:
                     f.exception()
             raise
         self.estimate.record(sizes, ack_times, sent_at)
-        self.stats.bytes_sent += sum(len(item.message.payload) for item in batch[: len(futures)])
+        self.stats.bytes_sent += sum(item.size for item in batch[:messages])
         self.stats.rate_bps = self.estimate.rate_bps
         self.stats.rtt_s = self.estimate.rtt_s
-        return len(futures)
+        return messages

@@ -12,7 +12,13 @@ come back at the rate the slowest hop delivers), the fixed cost from the first o
 serialization, plus the gap the pump itself leaves between batches (reading the next batch, committing
 the checkpoint) when it has a backlog; all smoothed. A window may at most double from one batch to the next, so a batch that
 slipped through a token bucket's burst allowance (acks close together: the link looks fast) cannot put a
-minute of data in flight ahead of an alert. Pure: no I/O, the caller passes the times.
+minute of data in flight ahead of an alert.
+
+A sender that packs several messages into one PUBLISH (the upstream batch format) asks for a
+``packed_window`` instead: the same bandwidth-delay target, but in bytes, and at least two PUBLISHes of
+``chunk_bytes`` each - two, so that the spacing of their acknowledgements keeps measuring the link, and
+each at most half a second of it, so an alert arriving during a batch waits for little more than one.
+Pure: no I/O, the caller passes the times.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class Window:
     messages: int
-    bytes: int
+    bytes: int | None = None  # payload bytes per batch; None: no limit but ``messages``
+    chunk_bytes: int | None = None  # packing senders: payload bytes per PUBLISH
 
 
 def _smooth(old: float | None, sample: float, weight: float) -> float:
@@ -54,6 +61,7 @@ class LinkEstimate:
         self.gap_s = 0.0
         self.average_size: float | None = None
         self.last_batch = self.initial_messages
+        self.last_batch_bytes: int | None = None
 
     @property
     def rate_bps(self) -> float | None:
@@ -66,15 +74,25 @@ class LinkEstimate:
         return None if self.fixed_s is None else self.fixed_s + self.gap_s
 
     def note_gap(self, seconds: float) -> None:
-        """The pump took ``seconds`` between two batches of a backlog (its own per-batch cost)."""
-        self.gap_s = _smooth(self.gap_s if self.seconds_per_byte is not None else None, max(seconds, 0.0), self.weight)
+        """The pump took ``seconds`` between two batches of a backlog (its own per-batch cost).
+
+        Ignored until a batch of this connection has been measured: the time since the last batch of the
+        previous connection is the outage in between, not the pump's cost (taken as one, a minute-long
+        outage once made every batch after it a minute of link long)."""
+        if self.seconds_per_byte is None:
+            return
+        self.gap_s = _smooth(self.gap_s, max(seconds, 0.0), self.weight)
 
     def record(self, sizes: list[int], ack_times: list[float], sent_at: float) -> None:
         """A batch of ``sizes`` bytes was written at ``sent_at``; its acks came at ``ack_times``."""
         if not sizes or len(ack_times) != len(sizes):
             return
         acks = sorted(ack_times)
-        self.last_batch = len(sizes)
+        if len(sizes) >= 2:
+            # The base the window may double from. A one-PUBLISH batch - typically a lone alert that
+            # preempted a backlog - says nothing about how much the link takes, and must not shrink it.
+            self.last_batch = len(sizes)
+            self.last_batch_bytes = sum(sizes)
         self.average_size = _smooth(self.average_size, sum(sizes) / len(sizes), self.weight)
         if len(sizes) >= 2 and acks[-1] > acks[0]:
             sample = (acks[-1] - acks[0]) / sum(sizes[1:])
@@ -83,11 +101,18 @@ class LinkEstimate:
             fixed = max(acks[0] - sent_at - sizes[0] * self.seconds_per_byte, 1e-4)
             self.fixed_s = _smooth(self.fixed_s, fixed, self.weight)
 
-    def target_messages(self) -> int | None:
-        """The window the link calls for (``factor`` bandwidth-delay products), before the growth limit."""
-        if self.seconds_per_byte is None or self.fixed_s is None or self.average_size is None:
+    def target_bytes(self) -> float | None:
+        """The bytes the link calls for in one batch (``factor`` bandwidth-delay products)."""
+        if self.seconds_per_byte is None or self.fixed_s is None:
             return None
-        return int(self.factor * (self.fixed_s + self.gap_s) / self.seconds_per_byte / self.average_size)
+        return self.factor * (self.fixed_s + self.gap_s) / self.seconds_per_byte
+
+    def target_messages(self) -> int | None:
+        """The window in messages, before the growth limit."""
+        target = self.target_bytes()
+        if target is None or self.average_size is None:
+            return None
+        return int(target / self.average_size)
 
     def record_progress(self, sizes: list[int], ack_times: list[float], every: int = 8) -> None:
         """Mid-batch: every ``every`` acks, update the time per byte from the latest ones, so a link
@@ -102,6 +127,22 @@ class LinkEstimate:
     def window(self) -> Window:
         target = self.target_messages()
         if target is None:
-            return Window(self.initial_messages, 1 << 30)
+            return Window(self.initial_messages)
         messages = min(target, 2 * self.last_batch, self.max_messages)
-        return Window(max(messages, self.min_messages), 1 << 30)
+        return Window(max(messages, self.min_messages))
+
+    def packed_window(self, max_chunk_bytes: int, chunk_seconds: float = 0.5, initial_chunk_bytes: int = 512) -> Window:
+        """The window of a packing sender: PUBLISHes of at most ``max_chunk_bytes`` and ``chunk_seconds`` of
+        the measured rate (``initial_chunk_bytes`` before a measurement), at least two per batch."""
+        rate = self.rate_bps
+        target = self.target_bytes()
+        if rate is None or target is None or self.last_batch_bytes is None:
+            chunk = min(max_chunk_bytes, initial_chunk_bytes)
+            return Window(self.max_messages, 2 * chunk, chunk)
+        chunk = min(max_chunk_bytes, max(1, int(rate * chunk_seconds)))
+        # Both limits grow at most twofold per batch: a first batch that fit in a token bucket's burst
+        # measures a link far faster than it is.
+        total = min(max(2 * chunk, int(target)), 2 * self.last_batch_bytes)
+        chunk = max(1, min(chunk, total // 2))
+        # A whole number of PUBLISHes: a remainder would go out as a nearly empty one.
+        return Window(self.max_messages, total // chunk * chunk, chunk)

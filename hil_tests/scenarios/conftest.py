@@ -5,6 +5,10 @@ connected: the gateway runs where the bench's ``site`` says (on the host, or in 
 namespace), its store-and-forward bridge points across the rig, the collector listens on the
 cloud broker behind it, and every thermostat has registered its set point key. Everything it started is
 stopped when the test ends, also when it fails.
+
+The bridge sends in the ``upstream_format`` fixture's format: a scenario marked ``forwarding`` runs once per
+format of the bench's ``gateway.upstream_formats`` (test ids ``[message]``, ``[batch]``), any other in the
+first of them.
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ from tests.support.processes import GatewayProcess
 
 
 @pytest.fixture
+def upstream_format(request: pytest.FixtureRequest, bench: BenchConfig) -> str:
+    """``[forwarding.upstream] format`` of the scenario's gateway (``forwarding`` scenarios are parametrized
+    by it in hil_tests/conftest.py)."""
+    return getattr(request, "param", bench.gateway.upstream_formats[0])
+
+
+@pytest.fixture
 def recorder(timeline: Timeline, rig: RigClient) -> Recorder:
     """The timeline behind a lock; the rig's commands go through it too, as they race the taps' records."""
     locked = Recorder(timeline)
@@ -43,7 +54,7 @@ def recorder(timeline: Timeline, rig: RigClient) -> Recorder:
 
 @pytest.fixture
 def system(
-    request: pytest.FixtureRequest, bench: BenchConfig, recorder: Recorder, tmp_path: Path
+    request: pytest.FixtureRequest, bench: BenchConfig, recorder: Recorder, upstream_format: str, tmp_path: Path
 ) -> Iterator[Callable[..., System]]:
     """Start the system of a scenario; the logs of gateway, rig and cloud broker are kept with its timeline."""
     if not (bench.gateway.start and bench.devices.start):
@@ -53,7 +64,7 @@ def system(
     with contextlib.ExitStack() as stack:
 
         def start(routes: tuple[Route, ...], thermostats: int, telemetry_ms: int, keepalive_s: int = 1) -> System:
-            config = write_gateway_config(tmp_path / "gateway", site.upstream, routes, keepalive_s)
+            config = write_gateway_config(tmp_path / "gateway", site.upstream, routes, keepalive_s, upstream_format)
             gateway = site.gateway(tmp_path / "gateway" / "data", config)
             fleet: list[Thermostat] = []
             stack.callback(keep_logs, gateway, fleet, tmp_path, recorder.timeline.path)

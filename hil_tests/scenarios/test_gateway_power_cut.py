@@ -22,12 +22,15 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import paho.mqtt.client as mqtt
+import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from appliance.statestore.client import StateStoreClient
 from hil_tests.harness import Recorder, Route, Seen, System, identity_problems
 from hil_tests.rig.client import RigClient
+
+pytestmark = pytest.mark.forwarding  # runs in each upstream format of the bench
 
 BACKLOG = 30
 QUEUED_FOR_SESSION = 10

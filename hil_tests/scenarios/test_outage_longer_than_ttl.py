@@ -20,6 +20,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
+import pytest
+
 from hil_tests.harness import (
     Route,
     Seen,
@@ -31,6 +33,8 @@ from hil_tests.harness import (
     wait_for_gateway_log,
 )
 from hil_tests.rig.client import RigClient
+
+pytestmark = pytest.mark.forwarding  # runs in each upstream format of the bench
 
 DATA_TTL_S = 2
 LINK_DELAY_MS = 150

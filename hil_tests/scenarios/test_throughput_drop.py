@@ -12,8 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from hil_tests.harness import Route, Seen, System, raise_alert
 from hil_tests.rig.client import RigClient
+
+pytestmark = pytest.mark.forwarding  # runs in each upstream format of the bench
 
 SLOW_LINK_BPS = 9600
 ALERTS = 8

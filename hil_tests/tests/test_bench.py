@@ -22,6 +22,14 @@ def test_default_bench_is_the_local_simulated_one():
     assert config.devices.count == 20
     assert config.devices.micropython == REPO_ROOT / ".venv" / "bin" / "micropython"
     assert config.artifacts_dir == REPO_ROOT / "artifacts" / "hil"
+    assert config.gateway.upstream_formats == ("message", "batch")
+
+
+def test_upstream_formats_is_optional_and_defaults_to_the_message_format(tmp_path):
+    text = DEFAULT_BENCH.read_text()
+    path = tmp_path / "bench.toml"
+    path.write_text(text.replace('upstream_formats = ["message", "batch"]', ""))
+    assert load_bench(path).gateway.upstream_formats == ("message",)
 
 
 @pytest.mark.parametrize(
@@ -34,6 +42,10 @@ def test_default_bench_is_the_local_simulated_one():
         ("[cloud]\n# The cloud-side MQTT broker behind the rig. start = true: a local mosquitto on a free port.\nstart = true",
          "[cloud]\nstart = false", "cloud.port"),
         ("[artifacts]", "[extra]\n[artifacts]", "extra"),
+        ('upstream_formats = ["message", "batch"]', 'upstream_formats = ["message", "blob"]', "gateway.upstream_formats"),
+        ('upstream_formats = ["message", "batch"]', "upstream_formats = []", "gateway.upstream_formats"),
+        ('upstream_formats = ["message", "batch"]', 'upstream_formats = ["batch", "batch"]', "gateway.upstream_formats"),
+        ('upstream_formats = ["message", "batch"]', 'upstream_formats = "batch"', "gateway.upstream_formats"),
     ],
 )  # fmt: skip
 def test_errors_name_the_field(tmp_path, old, new, field):

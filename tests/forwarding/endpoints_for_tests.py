@@ -6,7 +6,7 @@ import asyncio
 
 from appliance.forwarding.endpoints import SendFailed
 from appliance.forwarding.queues import QueuedMessage
-from appliance.forwarding.window import LinkEstimate
+from appliance.forwarding.window import LinkEstimate, Window
 
 
 class RecordingEndpoint:
@@ -29,6 +29,9 @@ class RecordingEndpoint:
 
     async def wait_ready(self) -> None:
         return None
+
+    def window(self) -> Window:
+        return self.estimate.window()
 
     async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
         assert len({item.priority for item in batch}) == 1, "a batch never mixes priorities"

@@ -5,11 +5,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+
+from appliance.forwarding.batch import BatchRecord, decode_batch
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,12 @@ class Collector:
                 raise TimeoutError(f"got {len(self.messages)} of {count} messages")
             return list(self.messages)
 
+    def wait_until(self, predicate: Callable[[], bool], timeout: float, what: Callable[[], str]) -> None:
+        """Until ``predicate()`` holds, re-checked on every arrival; ``what()`` describes a timeout."""
+        with self._cond:
+            if not self._cond.wait_for(predicate, timeout):
+                raise TimeoutError(what())
+
     def wait_for_topic(self, topic: str, timeout: float = 15.0) -> Received:
         with self._cond:
             if not self._cond.wait_for(lambda: any(m.topic == topic for m in self.messages), timeout):
@@ -62,6 +71,44 @@ class Collector:
     def close(self) -> None:
         self.client.loop_stop()
         self.client.disconnect()
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """One message as the cloud got it, from either upstream format."""
+
+    n: int  # the test's "n" application property
+    message_id: str
+    priority: int
+
+
+def delivered(collector: Collector, count: int, timeout: float = 15.0) -> list[Delivered]:
+    """Every message on ``gateways/...`` (batches unpacked), in arrival order, once ``count`` distinct ids are in."""
+
+    def unpack() -> list[Delivered]:
+        out = []
+        for m in collector.messages:
+            if m.topic.endswith("/batches"):
+                batch = decode_batch(m.payload)
+                out += [Delivered(int(dict(r.source.properties)["n"]), r.message_id, batch.priority) for r in batch.records]
+            elif not m.topic.endswith("/metrics"):
+                out.append(Delivered(m.n, m.user_properties["gw-message-id"], int(m.user_properties["gw-priority"])))
+        return out
+
+    collector.wait_until(lambda: len({d.message_id for d in unpack()}) >= count, timeout,
+                         lambda: f"got {len(unpack())} of {count} messages")
+    return unpack()
+
+
+def batch_records(collector: Collector, count: int, timeout: float = 15.0) -> list[BatchRecord]:
+    """The messages of the batches on ``gateways/+/batches``, in arrival order, once ``count`` distinct ids are in."""
+
+    def records() -> list[BatchRecord]:
+        return [r for m in collector.messages if m.topic.endswith("/batches") for r in decode_batch(m.payload).records]
+
+    collector.wait_until(lambda: len({r.message_id for r in records()}) >= count, timeout,
+                         lambda: f"got {len(records())} of {count} batched messages")
+    return records()
 
 
 class Device:

@@ -25,7 +25,8 @@ def manifest(routes: dict[str, Any], global_ttl: int = 7200) -> str:
 
 
 class ForwardingRig:
-    def __init__(self, tmp_path: Path, routes: dict[str, Any], extra_forwarding: str = "", global_ttl: int = 7200) -> None:
+    def __init__(self, tmp_path: Path, routes: dict[str, Any], extra_forwarding: str = "", global_ttl: int = 7200,
+                 extra_upstream: str = "") -> None:
         self.tmp = tmp_path
         self.stack = ExitStack()
         self.mosquitto = self.stack.enter_context(MosquittoProcess(tmp_path / "cloud"))
@@ -51,6 +52,7 @@ port = {self.relay.port}
 keepalive_s = 2
 backoff_min_s = 0.05
 backoff_max_s = 0.3
+{extra_upstream}
 """
         )
         self.gateway = GatewayProcess(tmp_path / "data", config=self.config)

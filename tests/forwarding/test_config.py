@@ -16,6 +16,7 @@ def test_defaults_and_relative_paths(tmp_path: Path) -> None:
     assert config.upstream.host == "cloud" and config.upstream.port == 1883 and config.upstream.protocol == "5"
     assert config.upstream.ca_file == Path("/etc/ca.pem")
     assert config.max_store_bytes is None and config.metrics_port is None
+    assert (config.upstream.format, config.upstream.batch_topic) == ("message", "gateways/{gateway_id}/batches")
 
 
 @pytest.mark.parametrize(
@@ -24,6 +25,9 @@ def test_defaults_and_relative_paths(tmp_path: Path) -> None:
         ({"upstream": {"port": 70000}}, "forwarding.upstream.port"),
         ({"upstream": {"protocol": "4"}}, "forwarding.upstream.protocol"),
         ({"upstream": {"topic_template": "x/{nope}"}}, "forwarding.upstream.topic_template"),
+        ({"upstream": {"format": "batches"}}, "forwarding.upstream.format"),
+        ({"upstream": {"batch_topic": "gw/{device_id}"}}, "forwarding.upstream.batch_topic"),
+        ({"upstream": {"batch_max_bytes": 10}}, "forwarding.upstream.batch_max_bytes"),
         ({"upstream": {"backoff_min_s": 5, "backoff_max_s": 1}}, "forwarding.upstream.backoff_max_s"),
         ({"upstream": {"hots": "x"}}, "forwarding.upstream.hots"),
         ({"max_store_bytes": 10}, "forwarding.max_store_bytes"),

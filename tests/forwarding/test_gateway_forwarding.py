@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.forwarding.peers import Collector
+from tests.forwarding.peers import Collector, delivered
 from tests.forwarding.rig import ForwardingRig, manifest
 
 DATA = "FROM /messages/* WHERE $outputName = 'data' INTO $upstream"
@@ -79,6 +79,29 @@ def test_priority_order_under_a_saturated_link(make_rig) -> None:
     assert {r.user_properties["gw-priority"] for r in received if r.n >= 1000} == {"0"}
 
 
+def test_batch_format_alerts_overtake_a_saturated_link(make_rig) -> None:
+    """The batch format keeps the priority guarantee: an alert waits for the batch PUBLISHes in flight."""
+    rig = make_rig({"data": {"route": DATA, "priority": 9}, "alerts": {"route": ALERTS, "priority": 0}},
+                   extra_upstream='format = "batch"')
+    rig.relay.set(rate_bps=24000)
+    device = rig.device("t1")
+    backlog = 120
+    for n in range(backlog):
+        device.publish("data", b"d" * 150, {"n": str(n)}, wait=False)
+    device.publish("data", b"d", {"n": "999"})
+    for n in range(1000, 1003):
+        device.publish("alerts", b"ALERT", {"n": str(n)})
+    received = delivered(rig.cloud, backlog + 4, timeout=60)
+    order = [r.n for r in received]
+    last_alert = max(order.index(n) for n in range(1000, 1003))
+    # At 3,000 B/s a batch PUBLISH holds half a second (~10 readings) and two are in flight: the alerts
+    # overtake most of the 18 kB backlog.
+    assert len(order) - 1 - last_alert >= 60, order
+    assert {r.priority for r in received if r.n >= 1000} == {0}
+    assert {r.priority for r in received if r.n < 1000} == {9}
+    assert len({r.message_id for r in received}) == backlog + 4
+
+
 def test_ttl_expiry_during_an_outage_never_sends(make_rig) -> None:
     rig = make_rig({"short": {"route": ALERTS, "priority": 0, "timeToLiveSecs": 1},
                     "long": {"route": DATA, "priority": 5, "timeToLiveSecs": 600}})
@@ -98,8 +121,9 @@ def test_ttl_expiry_during_an_outage_never_sends(make_rig) -> None:
     assert all(r.n >= 100 for r in rig.cloud.messages)
 
 
-def test_restart_with_a_backlog_after_kill9_loses_nothing(make_rig) -> None:
-    rig = make_rig({"data": {"route": DATA, "priority": 3}})
+@pytest.mark.parametrize("upstream_format", ["message", "batch"])
+def test_restart_with_a_backlog_after_kill9_loses_nothing(make_rig, upstream_format: str) -> None:
+    rig = make_rig({"data": {"route": DATA, "priority": 3}}, extra_upstream=f'format = "{upstream_format}"')
     rig.relay.cut()
     rig.relay.set(up=False)
     device = rig.device("t1")
@@ -109,8 +133,9 @@ def test_restart_with_a_backlog_after_kill9_loses_nothing(make_rig) -> None:
     rig.gateway.kill9()
     rig.gateway.start()
     rig.relay.set(up=True)
-    received = rig.cloud.wait_for(40, timeout=30)
+    received = delivered(rig.cloud, 40, timeout=30)
     assert sorted({r.n for r in received}) == list(range(40))
+    assert {r.priority for r in received} == {3}
 
 
 def test_manifest_reload_keeps_pending_messages_as_stored(make_rig) -> None:

@@ -6,9 +6,11 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from appliance.forwarding.batch import decode_batch
 from appliance.forwarding.config import DEFAULT_TOPIC_TEMPLATE, UpstreamConfig
 from appliance.forwarding.messages import Message
 from appliance.forwarding.metrics import ForwardingMetrics, LinkStats
@@ -18,7 +20,7 @@ from appliance.forwarding.routes import Endpoint, RouteResult
 from appliance.forwarding.upstream import UpstreamSender, backoff_delay
 from appliance.store_thread import StoreThread
 from hil_tests.rig.relay import RelayThread
-from tests.forwarding.peers import Collector
+from tests.forwarding.peers import Collector, batch_records
 from tests.support.processes import MosquittoProcess
 
 UP = Endpoint("upstream")
@@ -42,15 +44,15 @@ def relay(mosquitto: MosquittoProcess):
 
 
 def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[..., Awaitable[None]],
-               topic_template: str = DEFAULT_TOPIC_TEMPLATE) -> tuple[UpstreamSender, ForwardingMetrics]:
-    settings = UpstreamConfig(host="127.0.0.1", port=port, protocol=protocol, keepalive_s=2, backoff_min_s=0.05, backoff_max_s=0.2,
-                              topic_template=topic_template)
+               topic_template: str = DEFAULT_TOPIC_TEMPLATE, **settings: Any) -> tuple[UpstreamSender, ForwardingMetrics]:
+    upstream = UpstreamConfig(host="127.0.0.1", port=port, protocol=protocol, keepalive_s=2, backoff_min_s=0.05, backoff_max_s=0.2,
+                              topic_template=topic_template, **settings)
     metrics = ForwardingMetrics()
 
     async def main() -> UpstreamSender:
         thread = StoreThread("test-store")
         store = MessageStore(tmp_path / "forwarding.db")
-        sender = UpstreamSender(settings, "gw1", metrics.links.setdefault("upstream", LinkStats()))
+        sender = UpstreamSender(upstream, "gw1", metrics.links.setdefault("upstream", LinkStats()))
         pump = Pump(sender, store, thread, metrics, retry_min_s=0.01, retry_max_s=0.1)
 
         async def add(n: int, priority: int = 0, size: int = 50) -> None:
@@ -165,6 +167,93 @@ def test_window_follows_the_measured_link(tmp_path: Path, mosquitto: MosquittoPr
     fast, _ = run_bridge(tmp_path / "fast", relay.port, "5", backlog(300))
     assert slow.estimate.target_messages() <= 2, "nine bandwidth-delay products are at most two messages"
     assert fast.estimate.target_messages() > 20, (fast.estimate.rate_bps, fast.estimate.rtt_s)
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_batch_format_packs_messages_with_their_identity(tmp_path: Path, mosquitto: MosquittoProcess, protocol: str) -> None:
+    """Over either protocol version the batch carries the whole identity (3.1.1 has no user properties)."""
+    collector = Collector(mosquitto.host, mosquitto.port, "gateways/#")
+    try:
+        async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+            for n in range(30):
+                await add(n, priority=4)
+            await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 10)
+
+        sender, metrics = run_bridge(tmp_path, mosquitto.port, protocol, scenario, format="batch")
+        records = batch_records(collector, 30)
+    finally:
+        collector.close()
+    publishes = list(collector.messages)
+    assert {r.topic for r in publishes} == {"gateways/gw1/batches"}
+    assert all(r.user_properties == {} for r in publishes)
+    # 512 bytes of payload per PUBLISH before the link is measured: ten 50-byte messages at most.
+    assert 3 <= len(publishes) < 30
+    assert [int(dict(r.source.properties)["n"]) for r in records] == list(range(30))
+    first = records[0]
+    assert first.message_id.startswith("gw1:") and first.source.device_id == "t1" and first.source.output == "data"
+    assert first.source.ttl_s == 60 and first.source.content_type == "application/json" and first.payload == b"p" * 50
+    assert len({r.message_id for r in records}) == 30
+    assert metrics.counters["sent"][("upstream", 4)] == 30
+
+
+def test_batches_never_mix_priorities_and_the_highest_goes_first(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread) -> None:
+    collector = Collector(mosquitto.host, mosquitto.port, "gateways/#")
+    try:
+        async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+            await add(-1, priority=0)
+            await asyncio.wait_for(pump.wait_batches(1), 10)
+            relay.cut()
+            relay.set(up=False)
+            for n in range(10):
+                await add(n, priority=5 if n % 2 else 1)
+            relay.set(up=True)
+            await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 15)
+
+        run_bridge(tmp_path, relay.port, "5", scenario, format="batch")
+        batch_records(collector, 11)
+    finally:
+        collector.close()
+    batches = [decode_batch(r.payload) for r in collector.messages]
+    assert [b.priority for b in batches] == sorted(b.priority for b in batches), "P0, then P1, then P5"
+    expected_parity = {0: {-1}, 1: {0}, 5: {1}}  # n = -1 is the P0 alert; even n went in at P1, odd at P5
+    for batch in batches:
+        ns = {int(dict(r.source.properties)["n"]) for r in batch.records}
+        assert {n if n < 0 else n % 2 for n in ns} == expected_parity[batch.priority]
+
+
+def test_batches_respect_the_upstream_maximum_packet_size(tmp_path: Path) -> None:
+    """mosquitto announces ``max_packet_size`` in its CONNACK; a batch bigger than that would close the link."""
+    with MosquittoProcess(tmp_path / "small", extra_config="max_packet_size 1024\n") as small:
+        collector = Collector(small.host, small.port, "gateways/#")
+        try:
+            async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+                for n in range(40):
+                    await add(n, size=100)
+                await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 15)
+
+            sender, _ = run_bridge(tmp_path, small.port, "5", scenario, format="batch", batch_max_bytes=8192)
+            batch_records(collector, 40)
+        finally:
+            collector.close()
+    assert sender.connects == 1, "never disconnected for an oversized packet"
+    assert max(len(r.payload) for r in collector.messages) <= 1024
+
+
+def test_batch_window_follows_the_measured_link(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread) -> None:
+    """At 9.6 kbit/s a batch PUBLISH is about half a second of link; the batch is two of them."""
+    relay.set(rate_bps=9600, delay_ms=20)
+
+    async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+        for n in range(60):
+            await add(n, size=100)
+        await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 60)
+
+    slow, _ = run_bridge(tmp_path, relay.port, "5", scenario, format="batch")
+    assert slow.estimate.rate_bps is not None and 600 < slow.estimate.rate_bps < 1800, slow.estimate.rate_bps
+    window = slow.window()
+    assert window.chunk_bytes is not None and window.bytes is not None
+    assert abs(window.chunk_bytes - slow.estimate.rate_bps / 2) <= 1
+    assert window.bytes >= 2 * window.chunk_bytes
 
 
 def test_backoff_grows_exponentially_with_jitter() -> None:

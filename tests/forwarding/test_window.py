@@ -56,3 +56,70 @@ def test_reset_forgets_the_link() -> None:
     feed(estimate, rate=1_000_000, fixed=0.01, size=300, batches=10)
     estimate.reset()
     assert estimate.window().messages == 2 and estimate.rate_bps is None
+
+
+def feed_packed(estimate: LinkEstimate, rate: float, fixed: float, batches: int, max_chunk: int = 2048) -> None:
+    """Batches of a packing sender on a link of ``rate`` bytes/s: PUBLISHes of ``chunk_bytes`` each."""
+    now = 0.0
+    for _ in range(batches):
+        window = estimate.packed_window(max_chunk)
+        assert window.bytes is not None and window.chunk_bytes is not None
+        sizes = [window.chunk_bytes] * max(1, window.bytes // window.chunk_bytes)
+        acks = [now + fixed + sum(sizes[: i + 1]) / rate for i in range(len(sizes))]
+        estimate.record(sizes, acks, now)
+        now = acks[-1]
+
+
+def test_packed_window_starts_with_two_small_publishes() -> None:
+    window = LinkEstimate().packed_window(2048)
+    assert (window.chunk_bytes, window.bytes) == (512, 1024)
+
+
+def test_packed_window_on_a_slow_link_is_two_half_second_publishes() -> None:
+    estimate = LinkEstimate()
+    feed_packed(estimate, rate=1200, fixed=0.05, batches=10)
+    window = estimate.packed_window(2048)
+    assert window.chunk_bytes == 600 and window.bytes == 1200
+
+
+def test_packed_window_on_a_fast_link_uses_full_publishes_and_nine_bdp() -> None:
+    estimate = LinkEstimate()
+    seen = []
+    for _ in range(14):
+        feed_packed(estimate, rate=10_000_000, fixed=0.002, batches=1)
+        seen.append(estimate.packed_window(2048).bytes)
+    assert all(b <= 2 * a for a, b in zip(seen, seen[1:])), "at most doubling per batch"
+    window = estimate.packed_window(2048)
+    assert window.chunk_bytes == 2048
+    assert abs(window.bytes - 9 * 0.002 * 10_000_000) < 2048
+
+
+def test_a_burst_cannot_make_the_publishes_huge_at_once() -> None:
+    """Two publishes that both passed a token bucket's burst measure a link thousands of times too fast."""
+    estimate = LinkEstimate()
+    estimate.record([545, 545], [0.0431, 0.0432], 0.0)
+    window = estimate.packed_window(1 << 20)
+    assert window.bytes is not None and window.bytes <= 2 * 1090
+    assert window.chunk_bytes is not None and window.chunk_bytes <= 1090
+
+
+def test_a_lone_alert_between_backlog_batches_does_not_shrink_the_window() -> None:
+    for packed in (False, True):
+        estimate = LinkEstimate()
+        (feed_packed if packed else feed)(estimate, rate=8000, fixed=0.05, batches=10, **({} if packed else {"size": 200}))
+        before = estimate.packed_window(2048) if packed else estimate.window()
+        estimate.record([90], [100.05 + 90 / 8000], 100.0)  # one small PUBLISH, one round trip + its bytes later
+        after = estimate.packed_window(2048) if packed else estimate.window()
+        assert after.messages >= before.messages
+        assert (after.bytes, after.chunk_bytes) == (before.bytes, before.chunk_bytes)
+
+
+def test_the_time_across_a_reconnect_is_not_a_gap_between_batches() -> None:
+    estimate = LinkEstimate()
+    feed_packed(estimate, rate=8000, fixed=0.05, batches=10)
+    before = estimate.packed_window(2048)
+    estimate.reset()  # the connection dropped; 73 s later it is back and the pump sends its next batch
+    estimate.note_gap(73.0)
+    feed_packed(estimate, rate=8000, fixed=0.05, batches=10)
+    assert estimate.packed_window(2048) == before
+    assert estimate.rtt_s is not None and estimate.rtt_s < 0.1

@@ -57,6 +57,42 @@ def reading(gateway: str, device: str, seq: int, minute: float, temperature: flo
     )
 
 
+def queued(device: str, seq: int, minute: float, *, payload: bytes | None = None, output: str | None = "data",
+           module: str | None = None, properties: tuple[tuple[str, str], ...] = (),
+           content_type: str | None = "application/json", content_encoding: str | None = None,
+           device_message_id: str | None = None, priority: int = 5, ttl_s: int = 3600):
+    """A thermostat reading taken at ``minute`` as the gateway's store holds it (for upstream batches)."""
+    from appliance.forwarding.messages import Message
+    from appliance.forwarding.queues import QueuedMessage
+
+    ts = at(minute)
+    body = payload if payload is not None else json.dumps(
+        {"temperature": 20.0 + seq / 10, "set_point": 21.0, "heater": seq % 2 == 0, "device": device, "ts_ms": ts}
+    ).encode()
+    source = f"/messages/modules/{module}/outputs/{output}" if module else "/messages/events"
+    message = Message(source, f"devices/{device}/messages/events/{output}", body, device, module, output,
+                      list(properties), content_type, content_encoding, device_message_id)
+    return QueuedMessage(seq, "upstream", priority, ts, ttl_s, ts + ttl_s * 1000, message)
+
+
+def batch_publish(gateway: str, items: list, *, sent_ms: int, received_ms: int, priority: int | None = None,
+                  redelivered: bool = False) -> Incoming:
+    """``items`` (QueuedMessages of one priority) as the gateway sends them with ``format = "batch"``."""
+    from appliance.forwarding.batch import encode_batch
+
+    priority = items[0].priority if priority is None else priority
+    return Incoming(f"gateways/{gateway}/batches", encode_batch(gateway, priority, sent_ms, items), received_ms,
+                    redelivered=redelivered)
+
+
+def single_publish(gateway: str, item, *, sent_ms: int, received_ms: int, redelivered: bool = False) -> Incoming:
+    """``item`` as the gateway sends it with ``format = "message"`` (its own identity_properties)."""
+    from appliance.forwarding.endpoints import identity_properties
+
+    return Incoming(f"gateways/{gateway}/devices/{item.message.device_id}/messages/events", item.message.payload,
+                    received_ms, identity_properties(item, gateway, sent_ms), item.message.content_type, redelivered)
+
+
 def metrics(gateway: str, minute: float, queues: dict[int, dict], endpoint: str = "upstream",
             received_delay_ms: int = 500) -> Incoming:
     ts = at(minute)
