@@ -33,7 +33,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from appliance.forwarding.batch import Batch, BatchFormatError, BatchRecord, decode_batch
+from appliance.forwarding.batch import Batch, BatchFormatError, BatchRecord, decode_batch, record_properties
 from appliance.forwarding.config import DEFAULT_BATCH_TOPIC
 from hil_tests.timeline import Timeline
 from tests.support.processes import GatewayProcess
@@ -309,18 +309,8 @@ class GatewayTap(_Subscriber):
 
 
 def batch_properties(batch: Batch, record: BatchRecord) -> dict[str, str]:
-    """The user properties ``record`` would carry as a one-message PUBLISH: the ``gw-*`` identity (as
-    `appliance.forwarding.endpoints.identity_properties` writes it), then the device's own."""
-    source = record.source
-    properties = [("gw-message-id", record.message_id), ("gw-gateway-id", batch.gateway_id),
-                  ("gw-device-id", source.device_id)]
-    if source.module_id:
-        properties.append(("gw-module-id", source.module_id))
-    if source.output:
-        properties.append(("gw-output", source.output))
-    properties += [("gw-priority", str(batch.priority)), ("gw-enqueued-ms", str(record.enqueued_ms)),
-                   ("gw-sent-ms", str(batch.sent_ms)), ("gw-ttl-s", str(source.ttl_s))]
-    return dict(properties + list(source.properties))
+    """The user properties ``record`` would carry as a one-message PUBLISH."""
+    return dict(record_properties(batch, record))
 
 
 def upstream_messages(topic: str, payload: bytes, user_properties: dict[str, str], at: float) -> list[Seen]:

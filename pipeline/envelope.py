@@ -147,25 +147,12 @@ def as_messages(message: Incoming, batch: Batch) -> list[Incoming]:
     payload are each message's; the device's ``content-encoding`` and ``message-id``, which only a batch
     carries, follow its application properties.
     """
+    from appliance.forwarding.batch import record_properties  # see land_batch
+
     out = []
     for record in batch.records:
         source = record.source
-        props = [
-            ("gw-message-id", record.message_id),
-            ("gw-gateway-id", batch.gateway_id),
-            ("gw-device-id", source.device_id),
-        ]
-        if source.module_id:
-            props.append(("gw-module-id", source.module_id))
-        if source.output:
-            props.append(("gw-output", source.output))
-        props += [
-            ("gw-priority", str(batch.priority)),
-            ("gw-enqueued-ms", str(record.enqueued_ms)),
-            ("gw-sent-ms", str(batch.sent_ms)),
-            ("gw-ttl-s", str(source.ttl_s)),
-        ]
-        props += source.properties
+        props = record_properties(batch, record)
         if source.content_encoding is not None:
             props.append((CONTENT_ENCODING_PROPERTY, source.content_encoding))
         if record.device_message_id is not None:

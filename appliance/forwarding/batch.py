@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from appliance.forwarding.identity import gateway_properties
+
 if TYPE_CHECKING:  # the cloud side decodes without loading the gateway's store
     from appliance.forwarding.queues import QueuedMessage
 
@@ -226,3 +228,12 @@ def decode_batch(data: bytes) -> Batch:
     if r.at != len(data):
         raise r.fail(f"{len(data) - r.at} bytes after the last record")
     return Batch(gateway_id, priority, sent_ms, records)
+
+
+def record_properties(batch: Batch, record: BatchRecord) -> list[tuple[str, str]]:
+    """The user properties ``record`` would carry as a one-message PUBLISH: ``gw-*``, then the device's own."""
+    source = record.source
+    return gateway_properties(
+        record.message_id, batch.gateway_id, source.device_id, source.module_id, source.output, batch.priority,
+        record.enqueued_ms, batch.sent_ms, source.ttl_s,
+    ) + list(source.properties)

@@ -14,6 +14,7 @@ import time
 from typing import Protocol
 
 from appliance.broker.api import BrokerHandle
+from appliance.forwarding.identity import gateway_properties
 from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.routes import Endpoint
 from appliance.forwarding.window import LinkEstimate, Window
@@ -45,23 +46,10 @@ def message_id(item: QueuedMessage, gateway_id: str) -> str:
 
 def identity_properties(item: QueuedMessage, gateway_id: str, sent_ms: int) -> list[tuple[str, str]]:
     """The ``gw-*`` user properties of docs/message-format.md, then the device's own."""
-    message = item.message
-    props = [
-        ("gw-message-id", message_id(item, gateway_id)),
-        ("gw-gateway-id", gateway_id),
-        ("gw-device-id", message.device_id),
-    ]
-    if message.module_id:
-        props.append(("gw-module-id", message.module_id))
-    if message.output:
-        props.append(("gw-output", message.output))
-    props += [
-        ("gw-priority", str(item.priority)),
-        ("gw-enqueued-ms", str(item.enqueued_ms)),
-        ("gw-sent-ms", str(sent_ms)),
-        ("gw-ttl-s", str(item.ttl_s)),
-    ]
-    return props + list(message.properties)
+    m = item.message
+    return gateway_properties(
+        message_id(item, gateway_id), gateway_id, m.device_id, m.module_id, m.output, item.priority, item.enqueued_ms, sent_ms, item.ttl_s
+    ) + list(m.properties)
 
 
 class BrokeredSender:
