@@ -1,9 +1,10 @@
-"""``appliance routes check | reload | show``.
+"""``appliance routes check | reload | show | dead-letters``.
 
 ``check`` validates a manifest offline (and, with ``--message``, shows which routes a sample message
 takes). ``reload`` asks the running gateway - found through ``forwarding.pid`` in its data dir - to reload
 its manifest (SIGHUP) and reports the outcome the gateway writes to ``forwarding-routes.json``; ``show``
-prints that file: the routes actually running.
+prints that file: the routes actually running. ``dead-letters`` lists, one JSON object a line, the messages
+an endpoint kept refusing (docs/forwarding.md), newest last.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 from appliance.config import load_config
 from appliance.forwarding.conditions import DictMessage
 from appliance.forwarding.manifest import ManifestError, load_manifest
-from appliance.forwarding.service import PID_FILE, STATUS_FILE
+from appliance.forwarding.queues import MessageStore
+from appliance.forwarding.service import PID_FILE, STATUS_FILE, STORE_FILE
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
@@ -63,6 +65,25 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    path = _data_dir(args) / STORE_FILE
+    if not path.exists():
+        print(f"appliance routes: no forwarding store at {path}", file=sys.stderr)
+        return 1
+    store = MessageStore(path)
+    try:
+        for letter in store.dead_letters(args.limit):
+            m = letter.message
+            print(json.dumps({
+                "seq": letter.seq, "endpoint": letter.endpoint, "priority": letter.priority, "reason": letter.reason,
+                "enqueued_ms": letter.enqueued_ms, "dead_ms": letter.dead_ms, "topic": m.topic, "device_id": m.device_id,
+                "output": m.output, "content_type": m.content_type, "payload_bytes": len(m.payload),
+            }))
+    finally:
+        store.close()
+    return 0
+
+
 def cmd_reload(args: argparse.Namespace) -> int:
     data_dir = _data_dir(args)
     status_file = data_dir / STATUS_FILE
@@ -97,10 +118,16 @@ def register(subparsers: Any) -> None:
     check.add_argument("manifest")
     check.add_argument("--message", help='JSON sample: {"source": ..., "properties": {...}, "system": {...}, "body": ...}')
     check.set_defaults(handler=cmd_check)
-    for name, handler, text in (("reload", cmd_reload, "reload the running gateway's manifest"), ("show", cmd_show, "print the running routes")):
+    for name, handler, text in (
+        ("reload", cmd_reload, "reload the running gateway's manifest"),
+        ("show", cmd_show, "print the running routes"),
+        ("dead-letters", cmd_dead_letters, "list the messages an endpoint kept refusing"),
+    ):
         command = sub.add_parser(name, help=text)
         command.add_argument("--data-dir", help="the gateway's data dir")
         command.add_argument("--config", "-c", help="the gateway's configuration file (for its data dir)")
         if name == "reload":
             command.add_argument("--timeout", type=float, default=10.0)
+        if name == "dead-letters":
+            command.add_argument("--limit", type=int, default=100, help="the newest N (default 100)")
         command.set_defaults(handler=handler)

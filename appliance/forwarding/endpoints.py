@@ -4,13 +4,16 @@ Every endpoint - the upstream bridge or a local module input - goes through the 
 only ``send`` differs. ``send`` returns how many messages of the batch - a prefix - are acknowledged: all of
 them, or fewer when ``preempt`` was set (a message of higher priority arrived) and the sender stopped
 handing out the rest. On failure it raises ``SendFailed`` and the pump sends the batch again later
-(at-least-once: the stable ``gw-message-id`` lets the receiver drop duplicates).
+(at-least-once: the stable ``gw-message-id`` lets the receiver drop duplicates); ``Refused`` when the
+endpoint itself said no to some messages, which the pump moves to the dead letters after a few refusals
+instead of retrying them - and everything queued behind them - until they expire.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
 from appliance.broker.api import BrokerHandle
@@ -22,6 +25,17 @@ from appliance.forwarding.window import LinkEstimate, Window
 
 class SendFailed(Exception):
     """The batch was not (entirely) acknowledged; none of it is taken off the queue."""
+
+
+class Refused(SendFailed):
+    """The endpoint answered, and refused (an MQTT 5 PUBACK reason code of 0x80 or more): ``seqs`` are the
+    refused messages, the first ``acked`` of the batch were acknowledged before them."""
+
+    def __init__(self, reason: str, seqs: Sequence[int] = (), acked: int = 0) -> None:
+        super().__init__(f"refused: {reason}")
+        self.reason = reason
+        self.seqs = list(seqs)
+        self.acked = acked
 
 
 class EndpointSender(Protocol):

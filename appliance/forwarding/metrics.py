@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from appliance.forwarding.queues import QueueDepth, QueueKey
 
-COUNTERS = ("sent", "expired", "dropped", "retries")
+COUNTERS = ("sent", "expired", "dropped", "retries", "dead_lettered")
 
 
 @dataclass(slots=True)
@@ -37,7 +37,7 @@ class ForwardingMetrics:
             self.counters[name][(endpoint, priority)] += n
 
     def snapshot(self, depths: list[QueueDepth], now_ms: int) -> dict[str, dict[str, dict[str, float]]]:
-        """``{endpoint: {priority: {depth, oldest_age_s, sent, expired, dropped, retries}}}``."""
+        """``{endpoint: {priority: {depth, oldest_age_s, sent, expired, dropped, retries, dead_lettered}}}``."""
         keys = set().union(*(set(c) for c in self.counters.values())) | {(d.endpoint, d.priority) for d in depths}
         by_key = {(d.endpoint, d.priority): d for d in depths}
         out: dict[str, dict[str, dict[str, float]]] = {}
@@ -71,6 +71,7 @@ class ForwardingMetrics:
             ("expired", "counter", "messages removed unsent because their TTL ran out"),
             ("dropped", "counter", "messages dropped to keep the store under its size limit"),
             ("retries", "counter", "messages sent again after a failed batch"),
+            ("dead_lettered", "counter", "messages the endpoint kept refusing, moved to the dead letters"),
         )
         for name, kind, help_text in families:
             metric = f"gateway_forwarding_{name}" + ("_total" if kind == "counter" else "")

@@ -10,7 +10,10 @@ intended trade (the spec says so).
 
 Expired messages are never sent: the store skips them when reading, and a batch is filtered once more
 right before it goes out (it may have waited for the link). A failed batch is read and sent again after a
-backoff; it is not taken off its queue until the endpoint has acknowledged all of it.
+backoff; it is not taken off its queue until the endpoint has acknowledged all of it. A message the
+endpoint itself refuses (MQTT 5 PUBACK reason >= 0x80: not authorized, topic invalid, packet too large)
+would otherwise block its queue until it expires: after ``max_refusals`` refusals it is moved to the
+store's dead letters with the reason (kept for the operator, ``appliance routes dead-letters``).
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 
-from appliance.forwarding.endpoints import EndpointSender, SendFailed
+from appliance.forwarding.endpoints import EndpointSender, Refused, SendFailed
 from appliance.forwarding.metrics import ForwardingMetrics
-from appliance.forwarding.queues import MessageStore
+from appliance.forwarding.queues import MessageStore, QueuedMessage
 from appliance.forwarding.routes import DEFAULT_PRIORITY
 from appliance.store_thread import StoreThread
 
@@ -41,8 +45,10 @@ class Pump:
         retry_min_s: float = 0.05,
         retry_max_s: float = 5.0,
         on_checkpoint: Callable[[], None] = lambda: None,
+        max_refusals: int = 3,
     ) -> None:
-        """``on_checkpoint`` runs after every batch taken off a queue (the backlog LED follows the depth)."""
+        """``on_checkpoint`` runs after every batch taken off a queue (the backlog LED follows the depth);
+        a message the endpoint refuses ``max_refusals`` times goes to the dead letters."""
         self.sender = sender
         self.store = store
         self.thread = thread
@@ -50,6 +56,8 @@ class Pump:
         self.retry_min_s = retry_min_s
         self.retry_max_s = retry_max_s
         self.on_checkpoint = on_checkpoint
+        self.max_refusals = max_refusals
+        self._refusals: Counter[int] = Counter()  # seq -> times refused (in memory: a restart tries again)
         self.wake = asyncio.Event()
         self.preempt = asyncio.Event()
         self._sending_priority: int | None = None
@@ -106,6 +114,11 @@ class Pump:
                 count = await self.sender.send(live, self.preempt) if live else 0
             except SendFailed as exc:
                 last_done = None
+                if isinstance(exc, Refused):
+                    await self._complete(priority, batch, live, exc.acked)
+                    if await self._dead_letter_if_refused_enough(priority, exc):
+                        failures = 0
+                        continue
                 failures += 1
                 self.metrics.count("retries", self.sender.id, priority, len(live))
                 delay = min(self.retry_max_s, self.retry_min_s * 2 ** min(failures, 20))
@@ -115,18 +128,37 @@ class Pump:
             finally:
                 self._sending_priority = None
             failures = 0
-            # Done: everything up to the last acknowledged message (expired ones in between included).
-            done = live[:count]
-            offset = done[-1].seq if count < len(live) else batch[-1].seq
-            if not done and count < len(live):
-                continue
-            sent, expired = await self.thread.call(
-                self.store.checkpoint, self.sender.id, priority, offset, [item.seq for item in done]
-            )
-            self._checkpoints[priority] = offset
-            self.batches += 1
-            self._batch_done.set()
-            self.on_checkpoint()
-            last_done = time.monotonic()
-            self.metrics.count("sent", self.sender.id, priority, sent)
-            self.metrics.count("expired", self.sender.id, priority, expired)
+            if await self._complete(priority, batch, live, count):
+                last_done = time.monotonic()
+
+    async def _complete(self, priority: int, batch: list[QueuedMessage], live: list[QueuedMessage], count: int) -> bool:
+        """Checkpoint what the first ``count`` messages of ``live`` finish: everything up to the last
+        acknowledged one (expired ones in between included), or the whole batch. False if nothing was."""
+        done = live[:count]
+        if not done and count < len(live):
+            return False
+        offset = done[-1].seq if count < len(live) else batch[-1].seq
+        sent, expired = await self.thread.call(self.store.checkpoint, self.sender.id, priority, offset, [item.seq for item in done])
+        self._checkpoints[priority] = offset
+        self.batches += 1
+        self._batch_done.set()
+        self.on_checkpoint()
+        self.metrics.count("sent", self.sender.id, priority, sent)
+        self.metrics.count("expired", self.sender.id, priority, expired)
+        return True
+
+    async def _dead_letter_if_refused_enough(self, priority: int, refused: Refused) -> bool:
+        """Count the refusal; once a message has been refused ``max_refusals`` times, move the refused
+        messages to the store's dead letters (with the reason) so the queue behind them moves on."""
+        for seq in refused.seqs:
+            self._refusals[seq] += 1
+        if max(self._refusals[seq] for seq in refused.seqs) < self.max_refusals:
+            return False
+        moved = await self.thread.call(self.store.dead_letter, self.sender.id, priority, refused.seqs, refused.reason)
+        for seq in refused.seqs:
+            del self._refusals[seq]
+        self.metrics.count("dead_lettered", self.sender.id, priority, moved)
+        self.on_checkpoint()
+        log.warning("endpoint %s: %d messages of priority %d refused %d times (%s); moved to the dead letters",
+                    self.sender.id, moved, priority, self.max_refusals, refused.reason)
+        return True

@@ -60,10 +60,23 @@ CREATE TABLE IF NOT EXISTS entries (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS entries_by_seq ON entries (seq);
 CREATE TABLE IF NOT EXISTS checkpoints (queue TEXT PRIMARY KEY, offset INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq INTEGER NOT NULL,
+    endpoint TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    enqueued_ms INTEGER NOT NULL,
+    dead_ms INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    envelope TEXT NOT NULL,
+    payload BLOB NOT NULL
+);
 """
 
 #: Bookkeeping bytes counted per message on top of body and envelope (rows, index entries).
 ROW_OVERHEAD = 64
+#: Dead letters kept for the operator; beyond this the oldest go (they are outside ``max_bytes``).
+MAX_DEAD_LETTERS = 1000
 
 
 def queue_name(endpoint: str, priority: int) -> str:
@@ -88,6 +101,17 @@ class QueuedMessage:
     @property
     def size(self) -> int:
         return len(self.message.payload)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    seq: int
+    endpoint: str
+    priority: int
+    enqueued_ms: int
+    dead_ms: int
+    reason: str
+    message: Message
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +302,48 @@ class MessageStore:
         self.stored_bytes -= freed
         done = sum(1 for s in seqs if s in sent_set)
         return done, len(seqs) - done
+
+    def dead_letter(self, endpoint: str, priority: int, seqs: Iterable[int], reason: str) -> int:
+        """Move the entries ``seqs`` of one queue to the dead letters (a copy of the message each, with
+        ``reason``), free bodies nobody references, keep the newest ``MAX_DEAD_LETTERS``; one
+        transaction. Returns how many entries moved."""
+        queue = queue_name(endpoint, priority)
+        wanted = sorted(set(seqs))
+        now = self.now_ms()
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            moved = 0
+            for seq in wanted:
+                row = self.db.execute(
+                    "SELECT e.enqueued_ms, m.envelope, m.payload FROM entries e JOIN messages m ON m.seq = e.seq "
+                    "WHERE e.queue = ? AND e.seq = ?", (queue, seq),
+                ).fetchone()
+                if row is None:
+                    continue  # expired and cleaned up meanwhile
+                self.db.execute(
+                    "INSERT INTO dead_letters (seq, endpoint, priority, enqueued_ms, dead_ms, reason, envelope, payload) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (seq, endpoint, priority, row[0], now, reason, row[1], row[2]),
+                )
+                self.db.execute("DELETE FROM entries WHERE queue = ? AND seq = ?", (queue, seq))
+                moved += 1
+            self.db.execute(
+                "DELETE FROM dead_letters WHERE id <= (SELECT MAX(id) FROM dead_letters) - ?", (MAX_DEAD_LETTERS,)
+            )
+            freed = self._free_orphans(wanted)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.stored_bytes -= freed
+        return moved
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The newest ``limit`` dead letters, oldest first."""
+        rows = self.db.execute(
+            "SELECT seq, endpoint, priority, enqueued_ms, dead_ms, reason, envelope, payload FROM dead_letters "
+            "ORDER BY id DESC LIMIT ?", (limit,),
+        ).fetchall()
+        return [DeadLetter(*row[:6], _message(row[6], row[7])) for row in reversed(rows)]
 
     def cleanup(self) -> Counter[QueueKey]:
         """Delete expired entries and the bodies they kept alive; returns expired counts per queue.

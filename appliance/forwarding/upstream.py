@@ -35,7 +35,7 @@ from paho.mqtt.properties import Properties
 
 from appliance.forwarding.batch import encode_batch
 from appliance.forwarding.config import UpstreamConfig
-from appliance.forwarding.endpoints import SendFailed, identity_properties, message_id
+from appliance.forwarding.endpoints import Refused, SendFailed, identity_properties, message_id
 from appliance.forwarding.metrics import LinkStats
 from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.routes import UPSTREAM
@@ -91,7 +91,7 @@ class UpstreamSender:
         self._thread: threading.Thread | None = None
         self._client: mqtt.Client | None = None
         self._pending: dict[int, asyncio.Future[float]] = {}
-        self._acks: dict[int, tuple[float, bool]] = {}
+        self._acks: dict[int, tuple[float, str | None]] = {}  # mid -> (when, refusal reason or None)
         self._rng = random.Random()
         self._ready_flag = False
         self._max_packet: int | None = None  # the upstream's Maximum Packet Size (MQTT 5 CONNACK)
@@ -214,8 +214,8 @@ class UpstreamSender:
         self._set_ready(False)
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
-        ok = not (hasattr(reason, "is_failure") and reason.is_failure)
-        self._acks[mid] = (time.monotonic(), ok)
+        refusal = f"{reason} (0x{reason.value:02X})" if getattr(reason, "is_failure", False) else None
+        self._acks[mid] = (time.monotonic(), refusal)
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._resolve, mid)
 
@@ -240,11 +240,11 @@ class UpstreamSender:
         ack = self._acks.pop(mid, None)
         if future is None or ack is None or future.done():
             return
-        at, ok = ack
-        if ok:
+        at, refusal = ack
+        if refusal is None:
             future.set_result(at)
         else:
-            future.set_exception(SendFailed("upstream refused a message"))
+            future.set_exception(Refused(refusal))
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -311,11 +311,20 @@ class UpstreamSender:
         futures: list[asyncio.Future[float]] = []
         sizes: list[int] = []
         ack_times: list[float] = []
-        messages = 0
+        published: list[list[QueuedMessage]] = []  # the messages of each PUBLISH handed out
+
+        async def next_ack() -> None:
+            index = len(ack_times)
+            try:
+                ack_times.append(await futures[index])
+            except Refused as refused:
+                acked = sum(len(items) for items in published[:index])
+                raise Refused(refused.reason, [item.seq for item in published[index]], acked) from None
+
         try:
             for items, topic, payload, properties in self._units(batch, sent_ms):
                 while len(futures) - len(ack_times) >= self._in_flight_limit():
-                    ack_times.append(await futures[len(ack_times)])
+                    await next_ack()
                     self.estimate.record_progress(sizes[: len(ack_times)], ack_times)
                 if preempt.is_set():
                     break
@@ -327,9 +336,9 @@ class UpstreamSender:
                 self._pending[info.mid] = future
                 futures.append(future)
                 sizes.append(wire_size(topic, payload, properties))
-                messages += len(items)
+                published.append(items)
             while len(ack_times) < len(futures):
-                ack_times.append(await futures[len(ack_times)])
+                await next_ack()
         except SendFailed:
             for f in futures:
                 if not f.done():
@@ -338,6 +347,7 @@ class UpstreamSender:
                     f.exception()
             raise
         self.estimate.record(sizes, ack_times, sent_at)
+        messages = sum(len(items) for items in published)
         self.stats.bytes_sent += sum(item.size for item in batch[:messages])
         self.stats.rate_bps = self.estimate.rate_bps
         self.stats.rtt_s = self.estimate.rtt_s

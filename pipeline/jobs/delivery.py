@@ -4,7 +4,7 @@ gateway's metrics messages, over tumbling windows aligned to the Unix epoch.
 * ``latency``: latency = cloud receive time - ``gw-enqueued-ms`` (first copy of each message), bucketed by
   receive time, so a backlog flushed after an outage shows up when it arrives rather than being dropped
   as late. p50/p95/p99 are ``percentile_approx`` with accuracy 10000 (rank error at most 1/10000).
-* ``queue_counters``: the metrics' ``sent``/``expired``/``dropped``/``retries`` are read as counters that
+* ``queue_counters``: the metrics' ``sent``/``expired``/``dropped``/``retries``/``dead_lettered`` are read as counters that
   only grow while the gateway runs (its restart resets them to zero), so a window gets the increase over
   the samples in it: a counter below the previous sample is a reset and counts from zero, the first sample
   seen counts from zero, and a repeated sample adds nothing. ``depth`` and ``oldest_age_s`` are gauges:
@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pipeline.jobs.ordered import OrderedFold
 from pipeline.jobs.schemas import METRICS
 
-COUNTERS = ("sent", "expired", "dropped", "retries")
+COUNTERS = ("sent", "expired", "dropped", "retries", "dead_lettered")
 GAUGES = ("depth", "oldest_age_s")
 
 

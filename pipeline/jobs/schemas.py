@@ -51,6 +51,7 @@ QUEUE_STATS = T.StructType(
         T.StructField("expired", T.LongType()),
         T.StructField("dropped", T.LongType()),
         T.StructField("retries", T.LongType()),
+        T.StructField("dead_lettered", T.LongType()),  # absent before the gateway had dead letters: 0
     ]
 )
 METRICS = T.StructType(

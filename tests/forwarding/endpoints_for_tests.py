@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from appliance.forwarding.endpoints import SendFailed
+from appliance.forwarding.endpoints import Refused, SendFailed
 from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.window import LinkEstimate, Window
 
@@ -70,3 +70,26 @@ class PreemptibleEndpoint(RecordingEndpoint):
         self.batches.append((batch[0].priority, sent))
         self.changed.set()
         return len(sent)
+
+
+class RefusingEndpoint(RecordingEndpoint):
+    """Acknowledges every message but those whose ``n`` is in ``refuse`` - refused ``times`` times each
+    (forever if None), as an MQTT 5 broker refuses with a PUBACK reason code."""
+
+    def __init__(self, refuse: set[int], times: int | None = None, batch_size: int = 10) -> None:
+        super().__init__(batch_size=batch_size)
+        self.refuse = refuse
+        self.times = times
+        self.refused: list[int] = []
+
+    async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
+        for index, item in enumerate(batch):
+            n = int(item.message.app_property("n"))
+            if n in self.refuse and (self.times is None or self.refused.count(n) < self.times):
+                self.refused.append(n)
+                acked = [int(i.message.app_property("n")) for i in batch[:index]]
+                if acked:
+                    self.batches.append((batch[0].priority, acked))
+                    self.changed.set()
+                raise Refused("Not authorized (0x87)", [item.seq], index)
+        return await super().send(batch, preempt)

@@ -26,10 +26,10 @@ def manifest(routes: dict[str, Any], global_ttl: int = 7200) -> str:
 
 class ForwardingRig:
     def __init__(self, tmp_path: Path, routes: dict[str, Any], extra_forwarding: str = "", global_ttl: int = 7200,
-                 extra_upstream: str = "") -> None:
+                 extra_upstream: str = "", cloud_config: str = "") -> None:
         self.tmp = tmp_path
         self.stack = ExitStack()
-        self.mosquitto = self.stack.enter_context(MosquittoProcess(tmp_path / "cloud"))
+        self.mosquitto = self.stack.enter_context(MosquittoProcess(tmp_path / "cloud", extra_config=cloud_config))
         self.relay = RelayThread(self.mosquitto.host, self.mosquitto.port)
         self.relay.start()
         self.stack.callback(self.relay.stop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import signal
@@ -100,6 +101,56 @@ def test_batch_format_alerts_overtake_a_saturated_link(make_rig) -> None:
     assert {r.priority for r in received if r.n >= 1000} == {0}
     assert {r.priority for r in received if r.n < 1000} == {9}
     assert len({r.message_id for r in received}) == backlog + 4
+
+
+def cloud_acl(tmp_path: Path, *writable: str) -> str:
+    """mosquitto configuration for a cloud that lets the gateway write only ``writable``."""
+    acl = tmp_path / "cloud.acl"
+    acl.write_text("topic read #\n" + "".join(f"topic write {topic}\n" for topic in writable))
+    # mosquitto started as root would drop to its own user, which cannot read the test's folder
+    return f"acl_file {acl}\nuser {getpass.getuser()}\n"
+
+
+def test_messages_the_cloud_keeps_refusing_go_to_the_dead_letters_and_the_queue_moves_on(make_rig, tmp_path: Path) -> None:
+    """The cloud's ACL refuses one device (PUBACK 0x87): without dead letters its message would block the
+    queue - and every message behind it - until its TTL ran out."""
+    rig = make_rig({"data": {"route": DATA, "priority": 2}},
+                   cloud_config=cloud_acl(tmp_path, "gateways/gw1/devices/good/#", "gateways/gw1/metrics"))
+    rig.relay.cut()
+    rig.relay.set(up=False)
+    bad, good = rig.device("bad"), rig.device("good")
+    assert bad.publish("data", b"not for the cloud", {"n": "1"}) == 0
+    assert good.publish("data", b"fine", {"n": "2"}) == 0
+    rig.relay.set(up=True)
+    received = delivered(rig.cloud, 1, timeout=20)
+    assert [r.n for r in received] == [2]
+    rig.gateway.wait_for_log(r"1 messages of priority 2 refused 3 times \(Not authorized \(0x87\)\)")
+    text = rig.prometheus()
+    assert 'gateway_forwarding_dead_lettered_total{endpoint="upstream",priority="2"} 1' in text
+    assert 'gateway_forwarding_depth{endpoint="upstream",priority="2"} 0' in text
+    listing = rig.cli("routes", "dead-letters", "--data-dir", str(rig.gateway.data_dir))
+    assert listing.returncode == 0, listing.stderr
+    [letter] = [json.loads(line) for line in listing.stdout.splitlines()]
+    assert (letter["device_id"], letter["priority"], letter["payload_bytes"]) == ("bad", 2, len(b"not for the cloud"))
+    assert letter["reason"] == "Not authorized (0x87)"
+
+
+def test_a_batch_the_cloud_refuses_goes_to_the_dead_letters_whole(make_rig, tmp_path: Path) -> None:
+    """A batch PUBLISH is refused as one: all its messages go to the dead letters; other priorities flow."""
+    rig = make_rig({"data": {"route": DATA, "priority": 2}, "alerts": {"route": ALERTS, "priority": 1}},
+                   extra_upstream='format = "batch"\nbatch_topic = "gateways/{gateway_id}/p{priority}/batches"',
+                   cloud_config=cloud_acl(tmp_path, "gateways/gw1/p1/batches", "gateways/gw1/metrics"))
+    rig.relay.cut()
+    rig.relay.set(up=False)
+    device = rig.device("t1")
+    for n in range(3):
+        assert device.publish("data", b"d", {"n": str(n)}) == 0
+    assert device.publish("alerts", b"a", {"n": "10"}) == 0
+    rig.relay.set(up=True)
+    assert [r.n for r in delivered(rig.cloud, 1, timeout=20)] == [10]
+    rig.gateway.wait_for_log(r"3 messages of priority 2 refused 3 times \(Not authorized \(0x87\)\)", timeout=20)
+    listing = rig.cli("routes", "dead-letters", "--data-dir", str(rig.gateway.data_dir))
+    assert [json.loads(line)["priority"] for line in listing.stdout.splitlines()] == [2, 2, 2]
 
 
 def test_ttl_expiry_during_an_outage_never_sends(make_rig) -> None:

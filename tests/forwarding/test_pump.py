@@ -12,7 +12,7 @@ from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.routes import Endpoint, RouteResult
 from appliance.store_thread import StoreThread
-from tests.forwarding.endpoints_for_tests import PreemptibleEndpoint, RecordingEndpoint
+from tests.forwarding.endpoints_for_tests import PreemptibleEndpoint, RecordingEndpoint, RefusingEndpoint
 
 UP = Endpoint("upstream")
 
@@ -108,3 +108,38 @@ def test_a_failed_batch_stays_queued_and_is_retried(tmp_path: Path) -> None:
     metrics = asyncio.run(_with_pump(tmp_path, endpoint, scenario))
     assert endpoint.batches == [(0, [1, 2])]
     assert metrics.counters["retries"][("upstream", 0)] == 4
+
+
+def test_a_message_refused_three_times_goes_to_the_dead_letters_and_the_queue_moves_on(tmp_path: Path) -> None:
+    endpoint = RefusingEndpoint({2})
+
+    async def scenario(pump: Pump, add, store: MessageStore, thread) -> None:
+        for n in range(5):
+            await add(n, 4)
+        pump.start()
+        await endpoint.wait_for(4)
+        letters = await thread.call(store.dead_letters)
+        assert [d.message.app_property("n") for d in letters] == ["2"]
+        assert await thread.call(store.message_count) == 0
+
+    metrics = asyncio.run(_with_pump(tmp_path, endpoint, scenario))
+    assert endpoint.refused == [2, 2, 2]
+    # The prefix before the refusal is acknowledged once; what follows goes after the dead-lettering.
+    assert endpoint.batches == [(4, [0, 1]), (4, [3, 4])]
+    assert metrics.counters["dead_lettered"][("upstream", 4)] == 1
+    assert metrics.counters["sent"][("upstream", 4)] == 4
+
+
+def test_a_refusal_that_clears_up_is_only_retried(tmp_path: Path) -> None:
+    endpoint = RefusingEndpoint({0}, times=2)
+
+    async def scenario(pump: Pump, add, store: MessageStore, thread) -> None:
+        for n in range(3):
+            await add(n, 1)
+        pump.start()
+        await endpoint.wait_for(3)
+        assert await thread.call(store.dead_letters) == []
+
+    metrics = asyncio.run(_with_pump(tmp_path, endpoint, scenario))
+    assert endpoint.refused == [0, 0] and endpoint.batches == [(1, [0, 1, 2])]
+    assert metrics.counters["dead_lettered"][("upstream", 1)] == 0

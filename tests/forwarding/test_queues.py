@@ -203,3 +203,22 @@ def test_add_many_store_full_refuses_one_message_and_keeps_what_it_would_have_dr
         assert read_all(store, UP.id, 0) == [1, 2] and read_all(store, UP.id, 5) == []
     finally:
         store.close()
+
+
+def test_dead_letters_keep_the_message_and_free_only_unreferenced_bodies(store: MessageStore, clock: Clock) -> None:
+    both, alone = store.add(msg(1), [RouteResult(UP, 2, 60), RouteResult(MOD, 5, 60)])[0], store.add(msg(2), [RouteResult(UP, 2, 60)])[0]
+    assert store.dead_letter("upstream", 2, [both, alone, 999], "Not authorized (0x87)") == 2
+    assert store.read("upstream", 2, 0, 10) == []
+    assert [m.seq for m in store.read(MOD.id, 5, 0, 10)] == [both], "the other endpoint still has its copy"
+    assert store.message_count() == 1
+    letters = store.dead_letters()
+    assert [(d.seq, d.reason, d.message.app_property("n")) for d in letters] == [(both, "Not authorized (0x87)", "1"), (alone, "Not authorized (0x87)", "2")]
+    assert letters[0].dead_ms == store.now_ms() and letters[0].priority == 2
+
+
+def test_dead_letters_keep_the_newest_thousand(store: MessageStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("appliance.forwarding.queues.MAX_DEAD_LETTERS", 3)
+    seqs = [store.add(msg(n), [RouteResult(UP, 0, 60)])[0] for n in range(5)]
+    for seq in seqs:
+        store.dead_letter("upstream", 0, [seq], "refused")
+    assert [d.seq for d in store.dead_letters()] == seqs[2:]
