@@ -29,7 +29,8 @@ import json
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,6 +169,17 @@ class MessageStore:
     def close(self) -> None:
         self.db.close()
 
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (the COMMIT's own included)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
 
@@ -192,8 +204,7 @@ class MessageStore:
         fails, nothing is stored and the error is raised."""
         outcomes: list[tuple[int, Counter[QueueKey]] | Exception] = []
         change = 0
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction():
             for message, results in items:
                 self.db.execute("SAVEPOINT message")
                 try:
@@ -206,10 +217,6 @@ class MessageStore:
                 self.db.execute("RELEASE message")
                 change += size_change
                 outcomes.append((seq, dropped))
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
         self.stored_bytes += change
         return outcomes
 
@@ -286,8 +293,7 @@ class MessageStore:
         """
         queue = queue_name(endpoint, priority)
         sent_set = set(sent)
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction():
             seqs = [r[0] for r in self.db.execute("SELECT seq FROM entries WHERE queue = ? AND seq <= ?", (queue, offset))]
             self.db.execute("DELETE FROM entries WHERE queue = ? AND seq <= ?", (queue, offset))
             self.db.execute(
@@ -295,10 +301,6 @@ class MessageStore:
                 (queue, offset),
             )
             freed = self._free_orphans(seqs)
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
         self.stored_bytes -= freed
         done = sum(1 for s in seqs if s in sent_set)
         return done, len(seqs) - done
@@ -310,8 +312,7 @@ class MessageStore:
         queue = queue_name(endpoint, priority)
         wanted = sorted(set(seqs))
         now = self.now_ms()
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction():
             moved = 0
             for seq in wanted:
                 row = self.db.execute(
@@ -330,10 +331,6 @@ class MessageStore:
                 "DELETE FROM dead_letters WHERE id <= (SELECT MAX(id) FROM dead_letters) - ?", (MAX_DEAD_LETTERS,)
             )
             freed = self._free_orphans(wanted)
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
         self.stored_bytes -= freed
         return moved
 
@@ -353,8 +350,7 @@ class MessageStore:
         """
         now = self.now_ms()
         expired: Counter[QueueKey] = Counter()
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction():
             if self.check_entire_queue_on_cleanup:
                 doomed = self.db.execute(
                     "SELECT queue, seq, endpoint, priority FROM entries WHERE expires_ms <= ?", (now,)
@@ -373,10 +369,6 @@ class MessageStore:
             for _, _, endpoint, priority in doomed:
                 expired[(endpoint, priority)] += 1
             freed = self._free_orphans([s for _, s, _, _ in doomed])
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
         self.stored_bytes -= freed
         return expired
 
