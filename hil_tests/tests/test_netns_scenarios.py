@@ -23,7 +23,7 @@ from hil_tests.timeline import TimelineRun
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NETNS_BENCH = REPO_ROOT / "hil_tests" / "bench-netns.toml"
 SCENARIOS = REPO_ROOT / "hil_tests" / "scenarios"
-SCENARIO_COUNT = 6
+SCENARIO_COUNT = 9  # six scenarios, the three forwarding ones in both upstream formats
 RUN_TIMEOUT_S = 240
 
 
