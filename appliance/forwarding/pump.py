@@ -140,6 +140,9 @@ class Pump:
         offset = done[-1].seq if count < len(live) else batch[-1].seq
         sent, expired = await self.thread.call(self.store.checkpoint, self.sender.id, priority, offset, [item.seq for item in done])
         self._checkpoints[priority] = offset
+        if self._refusals:  # a refusal that cleared up: forget it, or the counts would only grow
+            for item in done:
+                self._refusals.pop(item.seq, None)
         self.batches += 1
         self._batch_done.set()
         self.on_checkpoint()
