@@ -7,7 +7,7 @@ what reaches the cloud broker behind the rig (the *collector*). Both taps name e
 which stores it before routing it to any subscriber) and its ``received`` record (it reached the cloud)
 meet in the timeline. Duplicates are counted by the gateway's stable ``gw-message-id``. The collector reads
 both upstream formats (docs/message-format.md): a batch PUBLISH is unpacked into one message per record,
-with the ``gw-*`` properties the record would carry as a PUBLISH of its own (`batch_properties`), so a
+with the ``gw-*`` properties the record would carry as a PUBLISH of its own (`record_properties`), so a
 scenario sees the same messages whichever format the gateway sends.
 
 Every wait is on a condition with a deadline (a condition variable, or the gateway's log, polled as
@@ -33,7 +33,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from appliance.forwarding.batch import Batch, BatchFormatError, BatchRecord, decode_batch, record_properties
+from appliance.forwarding.batch import BatchFormatError, decode_batch, record_properties
 from appliance.forwarding.config import DEFAULT_BATCH_TOPIC
 from hil_tests.timeline import Timeline
 from tests.support.processes import GatewayProcess
@@ -308,11 +308,6 @@ class GatewayTap(_Subscriber):
         self.recorder.sent(seen.key, seen.priority, seen.device, output=seen.output)
 
 
-def batch_properties(batch: Batch, record: BatchRecord) -> dict[str, str]:
-    """The user properties ``record`` would carry as a one-message PUBLISH."""
-    return dict(record_properties(batch, record))
-
-
 def upstream_messages(topic: str, payload: bytes, user_properties: dict[str, str], at: float) -> list[Seen]:
     """The thermostat messages in one upstream PUBLISH of either format, each with its ``gw-*`` properties.
 
@@ -321,7 +316,7 @@ def upstream_messages(topic: str, payload: bytes, user_properties: dict[str, str
     """
     if topic == BATCH_TOPIC:
         batch = decode_batch(payload)
-        found = [(record.payload, batch_properties(batch, record)) for record in batch.records]
+        found = [(record.payload, dict(record_properties(batch, record))) for record in batch.records]
     else:
         found = [(payload, user_properties)]
     seen = []

@@ -12,7 +12,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from appliance.forwarding.batch import BatchRecord, decode_batch
+from appliance.forwarding.batch import BatchRecord, decode_batch, record_properties
 
 
 @dataclass(frozen=True)
@@ -86,14 +86,14 @@ def delivered(collector: Collector, count: int, timeout: float = 15.0) -> list[D
     """Every message on ``gateways/...`` (batches unpacked), in arrival order, once ``count`` distinct ids are in."""
 
     def unpack() -> list[Delivered]:
-        out = []
+        properties = []
         for m in collector.messages:
             if m.topic.endswith("/batches"):
                 batch = decode_batch(m.payload)
-                out += [Delivered(int(dict(r.source.properties)["n"]), r.message_id, batch.priority) for r in batch.records]
+                properties += [dict(record_properties(batch, record)) for record in batch.records]
             elif not m.topic.endswith("/metrics"):
-                out.append(Delivered(m.n, m.user_properties["gw-message-id"], int(m.user_properties["gw-priority"])))
-        return out
+                properties.append(m.user_properties)
+        return [Delivered(int(p["n"]), p["gw-message-id"], int(p["gw-priority"])) for p in properties]
 
     collector.wait_until(lambda: len({d.message_id for d in unpack()}) >= count, timeout,
                          lambda: f"got {len(unpack())} of {count} messages")

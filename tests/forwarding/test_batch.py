@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.forwarding.batch import BatchFormatError, decode_batch, encode_batch, source_of
+from appliance.forwarding.batch import BatchFormatError, decode_batch, encode_batch, record_properties, source_of
+from appliance.forwarding.endpoints import identity_properties
 from appliance.forwarding.messages import Message
 from appliance.forwarding.queues import QueuedMessage
 
@@ -58,6 +59,14 @@ def test_a_message_costs_a_few_bytes_beyond_its_payload() -> None:
     per_message = (len(encoded) - 2 * 50) / 10 - 200
     assert per_message <= 6, per_message
     assert len(encoded) < 2200
+
+
+def test_a_record_has_the_user_properties_of_its_one_message_publish() -> None:
+    """``record_properties`` rebuilds exactly what the one-message format sends (``identity_properties``)."""
+    items = [reading(5, "t01"), reading(8, "t02")]
+    batch = decode_batch(encode_batch("gw1", 9, 1234, items))
+    for record, item in zip(batch.records, items, strict=True):
+        assert record_properties(batch, record) == identity_properties(item, "gw1", 1234)
 
 
 def test_sources_are_listed_once() -> None:
