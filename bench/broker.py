@@ -17,6 +17,9 @@ The scenarios (issue 2, "Benchmark"):
 * ``qos0_fanin``: 4 publishers flood QoS 0, 64-byte payloads, to 1 subscriber; messages/s received.
 * ``qos1``: the same with QoS 1 end to end: each publisher keeps 64 messages unacknowledged, the
   subscriber announces Receive Maximum 64 and acknowledges everything; messages/s received.
+* ``qos1_durable``: ``qos1`` with a durable subscriber (a session that outlives its connection), so
+  every message goes through ``broker.db`` before its PUBACK; ``--synchronous full`` adds an fsync per
+  commit (mosquitto keeps such a session in memory and snapshots it, so it never waits for the disk).
 * ``qos1_latency``: one publisher paced at 2,000 messages/s, QoS 1 as above; p50/p99 from the send
   time stamped in the payload to the subscriber's read.
 * ``fanout``: one publisher floods QoS 0 to 100 subscribers of the same topic; deliveries/s received.
@@ -51,7 +54,7 @@ MOSQUITTO_CONFIG = "max_queued_messages 0\nmax_inflight_messages 64\nset_tcp_nod
 #: Our gateway with the same 64-message outbound window (its default cap is 20, like mosquitto's).
 GATEWAY_CONFIG = "[broker.limits]\nmax_inflight_messages = 64\n"
 
-SCENARIOS = ("connections", "qos0_fanin", "qos1", "qos1_latency", "fanout", "qos1_latency_flood")
+SCENARIOS = ("connections", "qos0_fanin", "qos1", "qos1_durable", "qos1_latency", "fanout", "qos1_latency_flood")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +176,10 @@ def _errors(results: list[WorkerResult]) -> list[str]:
     return [f"worker {result.index} ({result.role}): {error}" for result in results for error in result.errors]
 
 
-def fan_in(target: Target, sizes: Sizes, schedule: Schedule, qos: int, tag: str) -> Measurement:
+def fan_in(target: Target, sizes: Sizes, schedule: Schedule, qos: int, tag: str, durable: bool = False) -> Measurement:
     """``sizes.fanin_publishers`` publishers (two processes) to one subscriber (its own process)."""
     subscriber = WorkerSpec("subscriber", target.host, target.port, 1, f"{tag}-sub", topic=f"bench/{tag}", qos=qos,
-                            version=sizes.version, receive_maximum=sizes.window if qos else None)
+                            version=sizes.version, receive_maximum=sizes.window if qos else None, durable=durable)
     publishers = [
         WorkerSpec("publisher", target.host, target.port, count, f"{tag}-pub{index}", topic=f"bench/{tag}", qos=qos,
                    version=sizes.version, payload_size=sizes.payload, window=sizes.window)
@@ -262,6 +265,7 @@ RUNNERS: dict[str, Callable[[Target, Sizes, Schedule], Measurement]] = {
     "connections": connections,
     "qos0_fanin": lambda t, s, sch: fan_in(t, s, sch, 0, "qos0_fanin"),
     "qos1": lambda t, s, sch: fan_in(t, s, sch, 1, "qos1"),
+    "qos1_durable": lambda t, s, sch: fan_in(t, s, sch, 1, "qos1_durable", durable=True),
     "qos1_latency": qos1_latency,
     "fanout": fanout,
     "qos1_latency_flood": lambda t, s, sch: qos1_latency(t, s, sch, flood=True),
@@ -287,6 +291,7 @@ class Metric:
 METRICS = (
     Metric("qos0_fanin", "QoS 0 fan-in 4->1, msgs/s", "{:,.0f}", True, ratio_target=0.5),
     Metric("qos1", "QoS 1 4->1 window 64, msgs/s", "{:,.0f}", True, ratio_target=0.5),
+    Metric("qos1_durable", "QoS 1 4->1 window 64 to a durable subscriber, msgs/s", "{:,.0f}", True),
     Metric("latency_p50", "QoS 1 latency p50 at 2,000/s, ms", "{:.2f}", False),
     Metric("latency_p99", "QoS 1 latency p99 at 2,000/s, ms", "{:.2f}", False, ratio_target=2.0),
     Metric("fanout", "fan-out 1->100, deliveries/s", "{:,.0f}", True),
@@ -340,11 +345,12 @@ def table(collected: dict[str, dict[str, list[float]]], sizes: Sizes) -> str:
 
 
 @contextmanager
-def brokers(work_dir: Path) -> Iterator[list[Target]]:
-    """Start our gateway and mosquitto, both on OS-chosen ports, and stop them at the end."""
+def brokers(work_dir: Path, synchronous: str = "normal") -> Iterator[list[Target]]:
+    """Start our gateway (``broker.db`` with ``synchronous``) and mosquitto, both on OS-chosen ports, and
+    stop them at the end."""
     with ExitStack() as stack:
         gateway_config = work_dir / "gateway.toml"
-        gateway_config.write_text(GATEWAY_CONFIG)
+        gateway_config.write_text(f'{GATEWAY_CONFIG}\n[broker.persistence]\nsynchronous = "{synchronous}"\n')
         gateway = stack.enter_context(GatewayProcess(data_dir=work_dir / "gateway", port=0, config=gateway_config))
         mosquitto = stack.enter_context(MosquittoProcess(work_dir / "mosquitto", extra_config=MOSQUITTO_CONFIG))
         assert gateway.process is not None and mosquitto.process is not None
@@ -362,6 +368,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, help="seconds of each measuring window (default 5, quick 1)")
     parser.add_argument("--rounds", type=int, help="rounds per scenario and broker (default 3, quick 1)")
     parser.add_argument("--mqtt", choices=("3.1.1", "5"), default="5", help="protocol level of every client")
+    parser.add_argument("--synchronous", choices=("normal", "full"), default="normal",
+                        help="our broker.db's synchronous setting (full: an fsync per commit)")
     args = parser.parse_args(argv)
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = sorted(set(args.only) - set(SCENARIOS))
@@ -381,8 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     collected: dict[str, dict[str, list[float]]] = {"ours": {}, "mosquitto": {}}
     failed = False
     print(f"bench: {', '.join(args.only)}; MQTT {args.mqtt}; {duration:g} s windows after {schedule.warmup:g} s warm-up, "
-          f"{rounds} round(s); {psutil.cpu_count()} cores, load average {psutil.getloadavg()[0]:.1f}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp, brokers(Path(tmp)) as targets:
+          f"{rounds} round(s); broker.db synchronous {args.synchronous}; {psutil.cpu_count()} cores, load average {psutil.getloadavg()[0]:.1f}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp, brokers(Path(tmp), args.synchronous) as targets:
         for name in [scenario for scenario in SCENARIOS if scenario in args.only]:
             for round_number in range(rounds):
                 order = targets if round_number % 2 == 0 else targets[::-1]

@@ -83,11 +83,17 @@ def frame(first: int, body: bytes) -> bytes:
     return bytes((first,)) + encode_varint(len(body)) + body
 
 
-def connect_packet(client_id: str, version: int, keep_alive: int = 60, receive_maximum: int | None = None) -> bytes:
-    """CONNECT with clean start; MQTT 5 may announce a Receive Maximum (how many QoS 1 we take unacked)."""
-    header = encode_string("MQTT") + bytes((version, 0x02)) + struct.pack(">H", keep_alive)
+def connect_packet(client_id: str, version: int, keep_alive: int = 60, receive_maximum: int | None = None,
+                   durable: bool = False) -> bytes:
+    """CONNECT with clean start; MQTT 5 may announce a Receive Maximum (how many QoS 1 we take unacked).
+    ``durable`` asks for a session that outlives the connection (3.1.1: clean session off; MQTT 5: clean
+    start with a Session Expiry Interval of one hour), so the broker stores its QoS 1/2 deliveries."""
+    flags = 0x00 if durable and version != MQTT_5 else 0x02
+    header = encode_string("MQTT") + bytes((version, flags)) + struct.pack(">H", keep_alive)
     if version == MQTT_5:
         properties = b"" if receive_maximum is None else b"\x21" + struct.pack(">H", receive_maximum)
+        if durable:
+            properties += b"\x11" + struct.pack(">I", 3600)
         header += encode_varint(len(properties)) + properties
     return frame(0x10, header + encode_string(client_id))
 
@@ -160,7 +166,8 @@ class WorkerSpec:
     """One process's share of a load. ``rate`` (messages/s per client) paces a publisher, None floods;
     ``window`` bounds a QoS 1 publisher's unacknowledged messages; ``receive_maximum`` is what a
     subscriber announces in CONNECT (MQTT 5); ``stamp`` puts the send time in the payload's last 8
-    bytes, and makes subscribers measure latency."""
+    bytes, and makes subscribers measure latency; ``durable`` gives a subscriber a session that outlives
+    its connection."""
 
     role: Role
     host: str
@@ -175,6 +182,7 @@ class WorkerSpec:
     window: int = 64
     receive_maximum: int | None = None
     stamp: bool = False
+    durable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,7 +519,7 @@ async def _work(index: int, spec: WorkerSpec, schedule: Schedule, channel: Chann
     for number in range(spec.clients):
         client_id = f"{spec.client_prefix}-{number}"
         if spec.role == "subscriber":
-            connect = connect_packet(client_id, spec.version, receive_maximum=spec.receive_maximum)
+            connect = connect_packet(client_id, spec.version, receive_maximum=spec.receive_maximum, durable=spec.durable)
             subscribe = subscribe_packet(1, spec.topic, spec.qos, spec.version)
             clients.append(await _open(loop, spec, lambda c=connect, s=subscribe: Subscriber(loop, c, s, spec.stamp)))
         elif spec.qos == 0:
