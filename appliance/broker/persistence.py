@@ -2,270 +2,79 @@
 
 What it holds: durable sessions (with their will message), their subscriptions, the QoS 1/2 messages
 queued for or in flight to each session, the inbound QoS 2 packet ids awaiting PUBREL, retained messages,
-and a ``meta`` table with the schema version.
+and a ``meta`` table with the schema version (the layout and its migrations: ``persistence_schema``; the
+records handed in and out: ``persistence_records``; how the broker's live objects map onto them:
+``storage``).
 
 Why it is built this way:
 
 * "We commit before we ack": the broker sends PUBACK/PUBREC/SUBACK only after the change is committed.
   Committing per message would cap throughput at the disk's commit rate, so every mutating method here
-  only *buffers* the change in memory, and the server calls ``commit()`` once per event-loop turn, after
+  only *buffers* the change in memory, and the broker calls ``commit()`` once per event-loop turn, after
   it has handled every packet read in that turn and before it writes the acknowledgements. One turn is
   one transaction, written with ``executemany``.
 * Work that cancels out inside one turn never reaches the disk: a delivery enqueued and acknowledged
   (or removed) in the same turn is dropped from the buffer, and a message no delivery refers to any more
   is not written at all. Message payloads are stored once (``messages``) and referenced by every
   session queue entry (``outbound``); a trigger deletes a message when its last queue entry goes.
-* ``synchronous``: ``normal`` survives a killed process (``kill -9``: the WAL is in the OS cache) and
-  commits with a ``write(2)``; ``full`` also survives power loss at the cost of an fsync per commit.
+* ``commit()`` runs on the event loop and blocks it for the write (and, with ``synchronous = "full"``,
+  the fsync). Measured with ``bench/broker.py`` (``qos1_durable``), ``full`` costs about 15 % of the
+  durable QoS 1 throughput here, and a commit that leaves the loop would have to carry every connection's
+  pending bytes with it to keep commit-before-ack; so the commit stays on the loop, the simplest way
+  that the rule holds on every path. A failed write raises ``PersistenceError`` and keeps the batch:
+  ``commit()`` retries it first next time, so nothing buffered is lost (but nothing may be acknowledged
+  until it succeeds).
 * Ids are assigned in memory (message ids, queue sequence numbers) so callers get them at once, without
   a round trip; queue order per session is sequence order.
-* ``commit()`` blocks (a write, plus an fsync in ``full`` mode). For ``full`` on slow storage the server
-  may split it: ``take_batch()`` on the loop, ``write_batch(batch)`` in a single worker thread, batches
-  strictly in order. A failed write raises ``PersistenceError`` and keeps the batch: ``commit()`` retries
-  it first next time, so nothing buffered is lost (but nothing may be acknowledged until it succeeds).
-* Times are wall-clock UNIX seconds (``time.time()``), because they must survive a restart.
-
-Publish properties (MQTT 5) are stored as one blob, ``encode_properties``: UTF-8 JSON of an object whose
-keys are property names chosen by the caller and whose values are int, str, bytes (written as
-``{"b64": "..."}``) or lists (user properties: lists of ``[key, value]`` pairs, read back as tuples). It
-is self-describing, readable with the ``sqlite3`` shell, and never unpickles anything.
-
-Schema versions: ``SCHEMA_VERSION`` is written in ``meta``. Opening a database from a newer gateway
-raises ``SchemaTooNewError`` (we never guess at a newer layout); an older one is migrated on opening, in
-one transaction (``_migrate``). Version 2 has version 1's tables; what changed is the meaning of an away
-session's will (see ``StoredSession``), so a version 1 gateway refuses a version 2 file.
-A file that is not a broker database raises ``CorruptDatabaseError`` naming the file.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import sqlite3
-import threading
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import IntEnum
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
+from appliance.broker.persistence_records import (
+    BrokerState,
+    LoadedSession,
+    OutboundState,
+    PropertyValue,
+    RetainedMessage,
+    StoredDelivery,
+    StoredMessage,
+    StoredSession,
+    StoredWill,
+    decode_properties,
+    encode_properties,
+)
+from appliance.broker.persistence_schema import (
+    SCHEMA_VERSION,
+    SYNCHRONOUS_LEVELS,
+    CorruptDatabaseError,
+    PersistenceError,
+    SchemaTooNewError,
+    prepare,
+)
 from appliance.broker.topic_tree import SubscriptionOptions
 
-SCHEMA_VERSION = 2
-SYNCHRONOUS_LEVELS = ("normal", "full")
+__all__ = [
+    "DB_FILENAME", "SCHEMA_VERSION", "SYNCHRONOUS_LEVELS", "BrokerState", "BrokerStore", "CorruptDatabaseError",
+    "LoadedSession", "OutboundState", "PersistenceError", "PropertyValue", "RetainedMessage", "SchemaTooNewError",
+    "StoredDelivery", "StoredMessage", "StoredSession", "StoredWill", "decode_properties", "encode_properties",
+]
+
 DB_FILENAME = "broker.db"
 
-PropertyValue = Union[int, str, bytes, Sequence[tuple[str, str]], Sequence[int]]
-
-
-class PersistenceError(Exception):
-    """The broker database cannot be opened, read or written."""
-
-
-class CorruptDatabaseError(PersistenceError):
-    """The file exists but is not a readable broker database."""
-
-
-class SchemaTooNewError(PersistenceError):
-    """The database was written by a newer gateway with a schema this version does not know."""
-
-
-class OutboundState(IntEnum):
-    """Where an outbound QoS 1/2 delivery stands."""
-
-    QUEUED = 0  # not sent yet (or sent and not recorded): send with a new packet id
-    PUBLISH_SENT = 1  # PUBLISH sent with ``packet_id``; resend with DUP after reconnect
-    PUBREL_SENT = 2  # QoS 2: PUBREC received, PUBREL sent; resend PUBREL after reconnect
-
-
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """A QoS 1/2 message, stored once however many sessions it is queued for."""
-
-    topic: str
-    payload: bytes
-    properties: Mapping[str, PropertyValue] = field(default_factory=dict)
-    expires_at: float | None = None  # from the message expiry interval; None: never
-
-
-@dataclass(frozen=True, slots=True)
-class StoredDelivery:
-    """One entry of a session's outbound queue; ``qos``/``retain`` are as delivered to this session."""
-
-    seq: int
-    client_id: str
-    message_id: int
-    qos: int
-    retain: bool = False
-    subscription_ids: tuple[int, ...] = ()
-    packet_id: int | None = None
-    state: OutboundState = OutboundState.QUEUED
-
-
-@dataclass(frozen=True, slots=True)
-class StoredWill:
-    topic: str
-    payload: bytes
-    qos: int = 0
-    retain: bool = False
-    properties: Mapping[str, PropertyValue] = field(default_factory=dict)
-    delay_interval: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class StoredSession:
-    """A durable session. ``disconnected_at`` is None while connected: after a crash such a session's
-    client did not disconnect normally, so its will is due and its expiry counts from the restart.
-    Once disconnected, ``will`` is set only while the will waits out its Will Delay Interval (it is
-    cleared when published), so a restart can publish it at ``disconnected_at`` + the delay."""
-
-    client_id: str
-    protocol_level: int  # 4 = MQTT 3.1.1, 5 = MQTT 5
-    expiry_interval: int  # seconds; 0xFFFFFFFF never expires
-    username: str | None = None
-    disconnected_at: float | None = None
-    will: StoredWill | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RetainedMessage:
-    topic: str
-    payload: bytes
-    qos: int
-    properties: Mapping[str, PropertyValue] = field(default_factory=dict)
-    expires_at: float | None = None
-
 
 @dataclass(slots=True)
-class LoadedSession:
-    """A session with everything hanging off it, as ``load`` returns it."""
-
-    session: StoredSession
-    subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)  # by topic filter as sent
-    outbound: list[StoredDelivery] = field(default_factory=list)  # in queue (sequence) order
-    inbound_qos2: set[int] = field(default_factory=set)  # packet ids awaiting PUBREL
-
-
-@dataclass(slots=True)
-class BrokerState:
-    """Everything needed to rebuild the broker after a restart."""
-
-    sessions: dict[str, LoadedSession]
-    messages: dict[int, StoredMessage]  # every message some outbound entry refers to
-    retained: dict[str, RetainedMessage]
-
-
-@dataclass(slots=True)
-class Batch:
-    """One turn's changes, in the order they must be applied (see ``take_batch``)."""
+class _Batch:
+    """One turn's changes, in the order they must be applied."""
 
     messages: list[tuple[object, ...]]
     deliveries: list[tuple[object, ...]]
     operations: list[tuple[str, tuple[object, ...]]]
 
-
-def encode_properties(properties: Mapping[str, PropertyValue]) -> bytes | None:
-    """The blob for a property mapping (None when empty); TypeError for an unsupported value."""
-    if not properties:
-        return None
-    encoded: dict[str, object] = {}
-    for name, value in properties.items():
-        if isinstance(value, bytes):
-            encoded[name] = {"b64": base64.b64encode(value).decode("ascii")}
-        elif isinstance(value, bool) or not isinstance(value, (int, str, list, tuple)):
-            raise TypeError(f"property {name!r}: cannot store a {type(value).__name__}")
-        elif isinstance(value, (list, tuple)):
-            encoded[name] = [_encode_item(name, item) for item in value]
-        else:
-            encoded[name] = value
-    return json.dumps(encoded, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
-def _encode_item(name: str, item: object) -> object:
-    if isinstance(item, int) and not isinstance(item, bool):
-        return item
-    if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(part, str) for part in item):
-        return [item[0], item[1]]
-    raise TypeError(f"property {name!r}: list items must be ints or (str, str) pairs, got {item!r}")
-
-
-def decode_properties(blob: bytes | None) -> dict[str, PropertyValue]:
-    """The inverse of ``encode_properties``."""
-    if blob is None:
-        return {}
-    decoded: dict[str, PropertyValue] = {}
-    for name, value in json.loads(blob).items():
-        if isinstance(value, dict):
-            decoded[name] = base64.b64decode(value["b64"])
-        elif isinstance(value, list):
-            decoded[name] = [tuple(item) if isinstance(item, list) else item for item in value]  # type: ignore[misc]
-        else:
-            decoded[name] = value
-    return decoded
-
-
-_SCHEMA = """
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-CREATE TABLE sessions (
-    client_id TEXT PRIMARY KEY,
-    protocol_level INTEGER NOT NULL,
-    expiry_interval INTEGER NOT NULL,
-    username TEXT,
-    disconnected_at REAL,
-    will_topic TEXT,
-    will_payload BLOB,
-    will_qos INTEGER,
-    will_retain INTEGER,
-    will_properties BLOB,
-    will_delay_interval INTEGER
-) WITHOUT ROWID;
-CREATE TABLE subscriptions (
-    client_id TEXT NOT NULL,
-    topic_filter TEXT NOT NULL,
-    qos INTEGER NOT NULL,
-    no_local INTEGER NOT NULL,
-    retain_as_published INTEGER NOT NULL,
-    retain_handling INTEGER NOT NULL,
-    subscription_identifier INTEGER,
-    PRIMARY KEY (client_id, topic_filter)
-) WITHOUT ROWID;
-CREATE TABLE messages (
-    id INTEGER PRIMARY KEY,
-    topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    properties BLOB,
-    expires_at REAL
-);
-CREATE TABLE outbound (
-    seq INTEGER PRIMARY KEY,
-    client_id TEXT NOT NULL,
-    message_id INTEGER NOT NULL,
-    qos INTEGER NOT NULL,
-    retain INTEGER NOT NULL,
-    subscription_ids TEXT,
-    packet_id INTEGER,
-    state INTEGER NOT NULL
-);
-CREATE INDEX outbound_by_client ON outbound (client_id, seq);
-CREATE INDEX outbound_by_message ON outbound (message_id);
-CREATE TRIGGER outbound_release_message AFTER DELETE ON outbound
-BEGIN
-    DELETE FROM messages WHERE id = OLD.message_id
-        AND NOT EXISTS (SELECT 1 FROM outbound WHERE message_id = OLD.message_id);
-END;
-CREATE TABLE inbound_qos2 (
-    client_id TEXT NOT NULL,
-    packet_id INTEGER NOT NULL,
-    PRIMARY KEY (client_id, packet_id)
-) WITHOUT ROWID;
-CREATE TABLE retained (
-    topic TEXT PRIMARY KEY,
-    payload BLOB NOT NULL,
-    qos INTEGER NOT NULL,
-    properties BLOB,
-    expires_at REAL
-) WITHOUT ROWID;
-"""
 
 _INSERT_MESSAGE = "INSERT INTO messages (id, topic, payload, properties, expires_at) VALUES (?, ?, ?, ?, ?)"
 _INSERT_DELIVERY = (
@@ -304,17 +113,16 @@ _DELETE_SESSION_QUEUE = "DELETE FROM outbound WHERE client_id = ? AND seq < ?"
 
 class BrokerStore:
     """The open ``broker.db``. Mutators buffer; ``commit()`` writes one transaction. Not thread-safe
-    except as ``take_batch``/``write_batch`` describe."""
+    from one thread at a time (the event loop's)."""
 
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
         """Use ``BrokerStore.open``."""
         self._db = connection
         self.path = path
-        self._write_lock = threading.Lock()
         self._next_message_id = 1 + (connection.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
         self._next_seq = 1 + (connection.execute("SELECT coalesce(max(seq), 0) FROM outbound").fetchone()[0])
         self._reset_buffer()
-        self._failed: list[Batch] = []
+        self._failed: list[_Batch] = []
 
     def _reset_buffer(self) -> None:
         self._new_messages: dict[int, tuple[object, ...]] = {}
@@ -337,7 +145,7 @@ class BrokerStore:
         except (OSError, sqlite3.Error) as exc:
             raise PersistenceError(f"{path}: cannot open the broker database: {exc}") from exc
         try:
-            _prepare(connection, path, synchronous)
+            prepare(connection, path, synchronous)
             return cls(connection, path)
         except sqlite3.DatabaseError as exc:
             connection.close()
@@ -516,50 +324,49 @@ class BrokerStore:
 
     def commit(self) -> None:
         """Write every buffered change in one transaction. Raises ``PersistenceError`` (changes kept)."""
-        batch = self.take_batch()
+        batch = self._take_batch()
         if batch is not None:
             self._failed.append(batch)
         while self._failed:
-            self.write_batch(self._failed[0])
+            self._write_batch(self._failed[0])
             self._failed.pop(0)
 
-    def take_batch(self) -> Batch | None:
-        """Detach the buffered changes (None if there are none); write them with ``write_batch``."""
+    def _take_batch(self) -> _Batch | None:
+        """Detach the buffered changes (None if there are none)."""
         if not (self._new_deliveries or self._operations or self._new_messages):
             return None
         messages = [row for message_id, row in self._new_messages.items() if self._new_message_refs[message_id] > 0]
-        batch = Batch(messages, [tuple(row) for row in self._new_deliveries.values()], self._operations)
+        batch = _Batch(messages, [tuple(row) for row in self._new_deliveries.values()], self._operations)
         self._reset_buffer()
         if not (batch.messages or batch.deliveries or batch.operations):
             return None
         return batch
 
-    def write_batch(self, batch: Batch) -> None:
-        """Apply one batch in one transaction; safe to call from one worker thread, batches in order."""
-        with self._write_lock:
-            try:
-                self._db.execute("BEGIN")
-                if batch.messages:
-                    self._db.executemany(_INSERT_MESSAGE, batch.messages)
-                if batch.deliveries:
-                    self._db.executemany(_INSERT_DELIVERY, batch.deliveries)
-                start = 0
-                operations = batch.operations
-                while start < len(operations):
-                    statement = operations[start][0]
-                    end = start + 1
-                    while end < len(operations) and operations[end][0] is statement:
-                        end += 1
-                    if end - start == 1:
-                        self._db.execute(statement, operations[start][1])
-                    else:
-                        self._db.executemany(statement, [params for _, params in operations[start:end]])
-                    start = end
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise PersistenceError(f"{self.path}: commit failed: {exc}") from exc
+    def _write_batch(self, batch: _Batch) -> None:
+        """Apply one batch in one transaction."""
+        try:
+            self._db.execute("BEGIN")
+            if batch.messages:
+                self._db.executemany(_INSERT_MESSAGE, batch.messages)
+            if batch.deliveries:
+                self._db.executemany(_INSERT_DELIVERY, batch.deliveries)
+            start = 0
+            operations = batch.operations
+            while start < len(operations):
+                statement = operations[start][0]
+                end = start + 1
+                while end < len(operations) and operations[end][0] is statement:
+                    end += 1
+                if end - start == 1:
+                    self._db.execute(statement, operations[start][1])
+                else:
+                    self._db.executemany(statement, [params for _, params in operations[start:end]])
+                start = end
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise PersistenceError(f"{self.path}: commit failed: {exc}") from exc
 
     # -- loading --------------------------------------------------------------------------------------
 
@@ -612,66 +419,3 @@ class BrokerStore:
             for row in db.execute("SELECT topic, payload, qos, properties, expires_at FROM retained")
         }
         return BrokerState(sessions, messages, retained)
-
-
-def _prepare(connection: sqlite3.Connection, path: Path, synchronous: str) -> None:
-    """Set the pragmas and create or check the schema; sqlite3 errors mean a bad file."""
-    tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-    if mode.lower() != "wal":
-        raise PersistenceError(f"{path}: cannot switch the database to WAL mode (got {mode!r})")
-    connection.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-    if not tables:
-        connection.execute("BEGIN")
-        _create_schema(connection)
-        connection.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        connection.execute("COMMIT")
-        return
-    if "meta" not in tables:
-        raise CorruptDatabaseError(f"{path}: an SQLite file, but not a broker database (no meta table); move it away")
-    row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    if row is None or not str(row[0]).isdigit():
-        raise CorruptDatabaseError(f"{path}: broker database without a valid schema version; move it away")
-    version = int(row[0])
-    if version > SCHEMA_VERSION:
-        raise SchemaTooNewError(
-            f"{path}: written by a newer gateway (schema version {version}; this one understands up to "
-            f"{SCHEMA_VERSION}); upgrade the gateway or move the file away"
-        )
-    if version < SCHEMA_VERSION:
-        _migrate(connection, version)
-
-
-def _migrate(connection: sqlite3.Connection, version: int) -> None:
-    """Bring a database written by an older gateway up to ``SCHEMA_VERSION``, in one transaction.
-
-    1 -> 2: version 1 kept an away client's will after publishing it; version 2 keeps it only while it
-    waits out its delay, and a restart publishes what it keeps. A version 1 row cannot tell the two
-    apart, so its away wills are dropped: a will published twice is worse than a delayed one lost, and
-    version 1 lost those anyway. Wills of sessions that were connected (``disconnected_at`` NULL) stay.
-    """
-    connection.execute("BEGIN")
-    if version < 2:
-        connection.execute(
-            "UPDATE sessions SET will_topic = NULL, will_payload = NULL, will_qos = NULL, will_retain = NULL,"
-            " will_properties = NULL, will_delay_interval = NULL WHERE disconnected_at IS NOT NULL"
-        )
-    connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
-    connection.execute("COMMIT")
-
-
-def _create_schema(connection: sqlite3.Connection) -> None:
-    # executescript would COMMIT the open transaction; run the statements one by one inside it.
-    for statement in _split_statements(_SCHEMA):
-        connection.execute(statement)
-
-
-def _split_statements(script: str) -> list[str]:
-    statements: list[str] = []
-    current = ""
-    for line in script.strip().splitlines():
-        current += line + "\n"
-        if sqlite3.complete_statement(current):
-            statements.append(current.strip())
-            current = ""
-    return statements

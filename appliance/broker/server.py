@@ -14,13 +14,11 @@ broker writes back through ``write``. What lives here is what needs the transpor
 * flow control: ``pause_writing`` marks the connection congested and stops reading from that client
   until ``resume_writing``, so a client that does not read cannot make us buffer without bound. The
   broker then holds back the publishers whose messages go to it (TCP backpressure, lossless), but only
-  for ``SLOW_CONSUMER_GRACE`` seconds: a consumer congested that long is overloaded, its QoS 0 messages
-  are dropped and counted, and the publishers run free again, so one stuck client cannot stall others;
+  for ``backpressure.SLOW_CONSUMER_GRACE`` seconds (that timer, and the keep-alive timer, live in the
+  broker core behind its clock port, so they are tested with a fake clock);
 * reading is also held while the broker awaits something for the connection (password check, a
   service's ``on_publish``) so its packets stay in order; each reason to hold is kept separately;
-* keep-alive: one ``loop.call_at`` timer per connection at 1.5x the keep-alive, which re-arms itself
-  if traffic arrived meanwhile instead of being rescheduled on every read; a connection that sends no
-  CONNECT within ``CONNECT_TIMEOUT`` is dropped;
+* a connection that sends no CONNECT within ``CONNECT_TIMEOUT`` is dropped;
 * WebSocket listeners unwrap frames here (``websocket.WebSocketServer``), so the broker only ever sees
   the MQTT byte stream.
 """
@@ -30,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from appliance.broker.broker import SLOW_CONSUMER_GRACE, Broker
+from appliance.broker.broker import Broker
 from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.config import ListenerConfig
 from appliance.broker.session import AWAITING_CONNECT, Connection
@@ -58,9 +56,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
-        self._keepalive = 0.0
         self._holds: set[str] = set()
-        self._slow_timer: asyncio.TimerHandle | None = None
         self._reading = True
         self._buffer = read_buffer if read_buffer is not None else memoryview(bytearray(READ_BUFFER_BYTES))
 
@@ -70,7 +66,6 @@ class ClientProtocol(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
         peer = transport.get_extra_info("peername")
         self.connection.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.connection.last_received = self._loop.time()
         high = self.broker.limits.outbound_buffer_bytes
         transport.set_write_buffer_limits(high=high, low=high // 4)
         self._timer = self._loop.call_at(self._loop.time() + CONNECT_TIMEOUT, self._check_connect)
@@ -103,7 +98,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
                 self.close()
             if not data:
                 return 0
-        return self.broker.data_received(self, data, self._loop.time())
+        return self.broker.data_received(self, data)
 
     def eof_received(self) -> bool | None:
         return None
@@ -112,21 +107,14 @@ class ClientProtocol(asyncio.BufferedProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._slow_timer is not None:
-            self._slow_timer.cancel()
-            self._slow_timer = None
         self.broker.connection_lost(self)
 
     def pause_writing(self) -> None:
         self.connection.congested = True
         self.hold_reading("writing", True)
-        self._slow_timer = self._loop.call_later(SLOW_CONSUMER_GRACE, self._overloaded)
         self.broker.congestion_changed(self, True)
 
     def resume_writing(self) -> None:
-        if self._slow_timer is not None:
-            self._slow_timer.cancel()
-            self._slow_timer = None
         self.connection.congested = False
         self.connection.overloaded = False
         self.hold_reading("writing", False)
@@ -151,12 +139,6 @@ class ClientProtocol(asyncio.BufferedProtocol):
             self._holds.discard(reason)
         self._update_reading()
 
-    def start_keepalive(self, seconds: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._keepalive = seconds
-        self._timer = self._loop.call_at(self.connection.last_received + seconds, self._check_keepalive)
-
     # -- internals ------------------------------------------------------------------------------------
 
     def _update_reading(self) -> None:
@@ -171,26 +153,12 @@ class ClientProtocol(asyncio.BufferedProtocol):
             else:
                 transport.pause_reading()
 
-    def _overloaded(self) -> None:
-        self._slow_timer = None
-        log.info("client %s: slow consumer, dropping its QoS 0 messages", self.connection.client_id or self.connection.peer)
-        self.connection.overloaded = True
-        self.broker.congestion_changed(self, False)
-
     def _check_connect(self) -> None:
         self._timer = None
         if self.connection.state == AWAITING_CONNECT:
             log.info("client %s: no CONNECT within %.0fs; closing", self.connection.peer, CONNECT_TIMEOUT)
             self.close()
 
-    def _check_keepalive(self) -> None:
-        due = self.connection.last_received + self._keepalive
-        now = self._loop.time()
-        if now < due:
-            self._timer = self._loop.call_at(due, self._check_keepalive)
-            return
-        self._timer = None
-        self.broker.keepalive_expired(self)
 
 
 def tls_context(listener: ListenerConfig) -> ssl.SSLContext:

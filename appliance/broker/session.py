@@ -23,7 +23,13 @@ from typing import Any, Protocol
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.properties import TOPIC_ALIAS
 from appliance.broker.codec.reader import PacketReader
-from appliance.broker.codec.reasons import PROTOCOL_ERROR, TOPIC_ALIAS_INVALID, TOPIC_NAME_INVALID, ProtocolError
+from appliance.broker.codec.reasons import (
+    PACKET_IDENTIFIER_NOT_FOUND,
+    PROTOCOL_ERROR,
+    TOPIC_ALIAS_INVALID,
+    TOPIC_NAME_INVALID,
+    ProtocolError,
+)
 from appliance.broker.codec.writer import encode_ack
 from appliance.broker.message import Message
 
@@ -268,7 +274,7 @@ class Session:
         connection = self.connection
         if delivery is None or delivery.qos != 2:
             if connection is not None:
-                connection.out += encode_ack(pk.PUBREL, packet_id, 0x92 if connection.v5 else 0)
+                connection.out += encode_ack(pk.PUBREL, packet_id, connection.protocol_level, PACKET_IDENTIFIER_NOT_FOUND)
             return None
         if reason_code >= 0x80:
             del self.inflight[packet_id]
@@ -279,7 +285,7 @@ class Session:
         if delivery.seq and self.journal is not None:
             self.journal.mark_pubrel_sent(delivery.seq, packet_id)
         if connection is not None:
-            connection.out += encode_ack(pk.PUBREL, packet_id)
+            connection.out += encode_ack(pk.PUBREL, packet_id, connection.protocol_level)
         return delivery
 
     def on_pubcomp(self, packet_id: int, now: float) -> Delivery | None:
@@ -299,7 +305,7 @@ class Session:
         expired: list[Delivery] = []
         for packet_id, delivery in list(self.inflight.items()):
             if delivery.released:
-                connection.out += encode_ack(pk.PUBREL, packet_id)
+                connection.out += encode_ack(pk.PUBREL, packet_id, connection.protocol_level)
             elif delivery.message.expired(now):
                 del self.inflight[packet_id]
                 self._finished(delivery)

@@ -7,7 +7,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import threading
 from contextlib import closing
 from pathlib import Path
 
@@ -291,19 +290,6 @@ def test_failed_commit_keeps_the_changes_for_the_next_commit(db_path: Path) -> N
     store.commit()
     assert not store.has_pending
     assert count(db_path, "retained") == 1 and count(db_path, "outbound") == 1 and count(db_path, "messages") == 1
-
-
-def test_batches_written_from_a_worker_thread_apply_in_order(db_path: Path) -> None:
-    store = BrokerStore.open(db_path)
-    store.set_retained(RetainedMessage("r", b"first", 0))
-    first = store.take_batch()
-    store.set_retained(RetainedMessage("r", b"second", 0))
-    second = store.take_batch()
-    assert first is not None and second is not None and store.take_batch() is None
-    worker = threading.Thread(target=lambda: (store.write_batch(first), store.write_batch(second)))
-    worker.start()
-    worker.join()
-    assert store.load().retained["r"].payload == b"second"
 
 
 CRASH_WRITER = textwrap.dedent(

@@ -34,9 +34,9 @@ class ReadRecorder:
     def install(self, broker: Broker) -> None:
         handle = broker.data_received
 
-        def recording(link: ClientProtocol, data: bytes, now: float) -> int:
+        def recording(link: ClientProtocol, data: bytes) -> int:
             self.reads.append((self.iteration, link.connection.client_id, len(data)))
-            return handle(link, data, now)
+            return handle(link, data)
 
         broker.data_received = recording  # type: ignore[method-assign]
         self._tick()

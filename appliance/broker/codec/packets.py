@@ -135,7 +135,7 @@ class Unsubscribe:
 
 @dataclass(slots=True)
 class Unsuback:
-    """``reason_codes`` is empty for MQTT 3.1.1, which has none."""
+    """``reason_codes`` is empty when read from MQTT 3.1.1, which has none (the writer leaves them out)."""
 
     type = UNSUBACK
     packet_id: int

@@ -1,6 +1,8 @@
 """Encode packets to bytes for a given protocol level.
 
-``encode`` handles every packet type for both versions; 3.1.1 simply leaves out what it cannot express.
+``encode`` handles every packet type for both versions (a ``match`` on the packet class, so each branch
+sees its own type); 3.1.1 simply leaves out what it cannot express. This is the one place the MQTT 3.1.1
+downgrade happens: handlers always pass MQTT 5 reason codes.
 The broker's hot path does not go through it: ``encode_publish`` and ``encode_ack`` build the two packets
 sent per message directly from their parts, without a packet object, and a PUBLISH delivered to many
 subscribers is encoded once per distinct header (see ``router``).
@@ -11,20 +13,28 @@ from __future__ import annotations
 import struct
 
 from appliance.broker.codec.packets import (
-    AUTH,
-    CONNACK,
-    CONNECT,
-    DISCONNECT,
     MQTT_5,
     PINGREQ,
     PINGRESP,
-    PUBLISH,
     PUBREL,
     SUBACK,
-    SUBSCRIBE,
     UNSUBACK,
-    UNSUBSCRIBE,
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
     Packet,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
 )
 from appliance.broker.codec.properties import Properties, encode_binary, encode_properties, encode_utf8, encode_varint
 from appliance.broker.codec.reasons import V311_CONNACK_CODES
@@ -60,10 +70,14 @@ def encode_publish(
     return bytes((first,)) + encode_varint(length) + head + payload
 
 
-def encode_ack(packet_type: int, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> bytes:
+def encode_ack(packet_type: int, packet_id: int, protocol_level: int, reason_code: int = 0,
+               properties: Properties | None = None) -> bytes:
     """PUBACK/PUBREC/PUBREL/PUBCOMP. The reason code and properties are omitted when they are the
-    defaults, which is both the MQTT 5 short form and the only form 3.1.1 knows."""
+    defaults (the MQTT 5 short form), and always for 3.1.1, which has neither: callers pass the MQTT 5
+    reason code whatever the version, and this is the one place it is dropped."""
     first = (packet_type << 4) | (2 if packet_type == PUBREL else 0)
+    if protocol_level != MQTT_5:
+        return _ACK_FIXED.pack(first, 2, packet_id)
     if properties:
         return _frame(first, _U16.pack(packet_id) + bytes((reason_code,)) + encode_properties(properties))
     if reason_code:
@@ -72,73 +86,70 @@ def encode_ack(packet_type: int, packet_id: int, reason_code: int = 0, propertie
 
 
 def encode(packet: Packet, protocol_level: int) -> bytes:
-    """Encode any packet; properties and reason codes are written only for MQTT 5."""
+    """Encode any packet. Reason codes are always the MQTT 5 ones; for 3.1.1 the writer leaves out what
+    that version cannot express (properties, most reason codes) and maps the rest (CONNACK return codes,
+    SUBACK's 0x80)."""
     v5 = protocol_level == MQTT_5
-    kind = packet.type
-    if kind == PUBLISH:
-        return encode_publish(
-            packet.topic.encode("utf-8"),
-            packet.payload,
-            packet.qos,
-            packet.retain,
-            packet.dup,
-            packet.packet_id,
-            encode_properties(packet.properties) if v5 else None,
-        )
-    if kind in (4, 5, 6, 7):
-        if v5:
-            return encode_ack(kind, packet.packet_id, packet.reason_code, packet.properties)
-        return encode_ack(kind, packet.packet_id)
-    if kind == CONNECT:
-        return _frame(0x10, _connect_body(packet, v5))
-    if kind == CONNACK:
-        code = packet.reason_code if v5 else V311_CONNACK_CODES.get(packet.reason_code, 5 if packet.reason_code else 0)
-        body = bytes((1 if packet.session_present else 0, code))
-        if v5:
-            body += encode_properties(packet.properties)
-        return _frame(0x20, body)
-    if kind == SUBSCRIBE:
-        body = bytearray(_U16.pack(packet.packet_id))
-        if v5:
-            body += encode_properties(packet.properties)
-        for request in packet.subscriptions:
-            body += encode_utf8(request.topic_filter)
-            options = request.qos
+    match packet:
+        case Publish():
+            return encode_publish(packet.topic.encode("utf-8"), packet.payload, packet.qos, packet.retain, packet.dup,
+                                  packet.packet_id, encode_properties(packet.properties) if v5 else None)
+        case PubAck() | PubRec() | PubRel() | PubComp():
+            return encode_ack(packet.type, packet.packet_id, protocol_level, packet.reason_code, packet.properties)
+        case Connect():
+            return _frame(0x10, _connect_body(packet, v5))
+        case Connack():
             if v5:
-                options |= (4 if request.no_local else 0) | (8 if request.retain_as_published else 0)
-                options |= request.retain_handling << 4
-            body.append(options)
-        return _frame(0x82, body)
-    if kind == SUBACK or kind == UNSUBACK:
-        body = bytearray(_U16.pack(packet.packet_id))
-        if v5:
-            body += encode_properties(packet.properties)
-            body += bytes(packet.reason_codes)
-        elif kind == SUBACK:
-            body += bytes(code if code < 0x80 else 0x80 for code in packet.reason_codes)
-        return _frame(kind << 4, body)
-    if kind == UNSUBSCRIBE:
-        body = bytearray(_U16.pack(packet.packet_id))
-        if v5:
-            body += encode_properties(packet.properties)
-        for topic_filter in packet.topic_filters:
-            body += encode_utf8(topic_filter)
-        return _frame(0xA2, body)
-    if kind == PINGREQ:
-        return PINGREQ_BYTES
-    if kind == PINGRESP:
-        return PINGRESP_BYTES
-    if kind == DISCONNECT or kind == AUTH:
-        if not v5 or (not packet.reason_code and not packet.properties):
-            return bytes((kind << 4, 0))
-        body = bytes((packet.reason_code,))
-        if packet.properties:
-            body += encode_properties(packet.properties)
-        return _frame(kind << 4, body)
-    raise ValueError(f"cannot encode packet type {kind}")
+                return _frame(0x20, bytes((int(packet.session_present), packet.reason_code))
+                              + encode_properties(packet.properties))
+            code = V311_CONNACK_CODES.get(packet.reason_code, 5 if packet.reason_code else 0)
+            return _frame(0x20, bytes((int(packet.session_present), code)))
+        case Subscribe():
+            body = bytearray(_U16.pack(packet.packet_id))
+            if v5:
+                body += encode_properties(packet.properties)
+            for request in packet.subscriptions:
+                body += encode_utf8(request.topic_filter)
+                options = request.qos
+                if v5:
+                    options |= (4 if request.no_local else 0) | (8 if request.retain_as_published else 0)
+                    options |= request.retain_handling << 4
+                body.append(options)
+            return _frame(0x82, body)
+        case Suback():
+            body = bytearray(_U16.pack(packet.packet_id))
+            if v5:
+                body += encode_properties(packet.properties) + bytes(packet.reason_codes)
+            else:
+                body += bytes(code if code < 0x80 else 0x80 for code in packet.reason_codes)
+            return _frame(SUBACK << 4, body)
+        case Unsuback():
+            body = bytearray(_U16.pack(packet.packet_id))
+            if v5:
+                body += encode_properties(packet.properties) + bytes(packet.reason_codes)
+            return _frame(UNSUBACK << 4, body)
+        case Unsubscribe():
+            body = bytearray(_U16.pack(packet.packet_id))
+            if v5:
+                body += encode_properties(packet.properties)
+            for topic_filter in packet.topic_filters:
+                body += encode_utf8(topic_filter)
+            return _frame(0xA2, body)
+        case PingReq():
+            return PINGREQ_BYTES
+        case PingResp():
+            return PINGRESP_BYTES
+        case Disconnect() | Auth():
+            if not v5 or (not packet.reason_code and not packet.properties):
+                return bytes((packet.type << 4, 0))
+            body = bytes((packet.reason_code,))
+            if packet.properties:
+                body += encode_properties(packet.properties)
+            return _frame(packet.type << 4, body)
+    raise ValueError(f"cannot encode {packet!r}")
 
 
-def _connect_body(packet: Packet, v5: bool) -> bytes:
+def _connect_body(packet: Connect, v5: bool) -> bytes:
     will = packet.will
     flags = 0x02 if packet.clean_start else 0
     if will is not None:

@@ -1,0 +1,51 @@
+"""``runtime.Runtime`` on an asyncio event loop: the production clock and scheduler of the broker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class AsyncioRuntime:
+    """Binds to the running loop on first use (the broker is built before the loop runs its ``start``)."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def now(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return self.loop.time()
+
+    def call_soon(self, callback: Callable[..., object], *args: Any) -> None:
+        self.loop.call_soon(callback, *args)
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> asyncio.TimerHandle:
+        return self.loop.call_later(delay, callback, *args)
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def sleep(self, delay: float) -> Awaitable[None]:
+        return asyncio.sleep(delay)
+
+    def run_blocking(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        return self.loop.run_in_executor(None, fn, *args)
+
+    def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()

@@ -1,0 +1,48 @@
+"""The broker's port to time and scheduling: what its logic may ask of the event loop, and nothing else.
+
+The handler, lifecycle and backpressure modules never import ``asyncio`` or ``time``; they get the clock
+and the scheduler through ``Runtime`` (a Protocol, so the asyncio loop in production and the fake clock
+of the tests both fit without inheritance). That keeps will delay, session expiry, keep-alive and
+slow-consumer handling testable in milliseconds: the test moves the fake clock instead of waiting.
+
+Two clocks, on purpose: ``now()`` is wall-clock UNIX seconds, because expiry times are persisted and
+must survive a restart; ``monotonic()`` measures intervals (keep-alive) and never jumps. The broker
+reads each once per batch of packets and hands that value down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Runtime(Protocol):
+    def now(self) -> float:
+        """Wall-clock UNIX seconds (persisted times: expiry, will delay)."""
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never jumps (intervals: keep-alive, flapping)."""
+
+    def call_soon(self, callback: Callable[..., object], *args: Any) -> None:
+        """Run ``callback`` after the current batch, in this loop turn's order."""
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Timer:
+        """Run ``callback`` ``delay`` seconds from now (monotonic)."""
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run a coroutine to its end; the runtime keeps it referenced and cancels it on ``close``."""
+
+    def sleep(self, delay: float) -> Awaitable[None]:
+        """For a spawned coroutine: resume ``delay`` seconds later (0: after the other ready work)."""
+
+    def run_blocking(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        """Run ``fn`` where it cannot stall the loop (a worker thread) and await its result."""
+
+    def close(self) -> None:
+        """Cancel what ``spawn`` started and is still running."""

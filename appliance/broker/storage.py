@@ -1,0 +1,142 @@
+"""The mapping between the broker's live objects and ``broker.db``'s records, both ways.
+
+``persistence`` knows rows and transactions, the broker knows sessions, deliveries and messages; this
+module is the one place that translates (mosquitto keeps the same seam between ``database.c`` and
+``persist_*.c``): what a session, a will, a queued delivery and a retained message are stored as, and
+how a restart rebuilds the broker from what was stored. It only buffers changes in the store; the
+broker's flush commits them before it sends any acknowledgement.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from appliance.broker.codec import packets as pk
+from appliance.broker.codec import properties as pr
+from appliance.broker.message import Message
+from appliance.broker.persistence import OutboundState, RetainedMessage, StoredMessage, StoredSession, StoredWill
+from appliance.broker.session import Connection, Delivery, Session
+from appliance.broker.topic_tree import TopicError
+from appliance.broker.will import will_delay
+
+if TYPE_CHECKING:
+    from appliance.broker.broker import Broker
+
+log = logging.getLogger("appliance.broker")
+
+#: PUBLISH properties that travel with a message, by the names they are stored under.
+STORED_PROPERTY_NAMES = {
+    pr.PAYLOAD_FORMAT_INDICATOR: "payload_format_indicator",
+    pr.CONTENT_TYPE: "content_type",
+    pr.RESPONSE_TOPIC: "response_topic",
+    pr.CORRELATION_DATA: "correlation_data",
+    pr.USER_PROPERTY: "user_properties",
+}
+PROPERTY_IDS = {name: ident for ident, name in STORED_PROPERTY_NAMES.items()}
+
+
+def stored_properties(properties: dict[int, Any]) -> dict[str, Any]:
+    return {STORED_PROPERTY_NAMES[k]: v for k, v in properties.items() if k in STORED_PROPERTY_NAMES}
+
+
+def properties_from(stored: dict[str, Any] | Any) -> dict[int, Any]:
+    return {PROPERTY_IDS[name]: value for name, value in stored.items() if name in PROPERTY_IDS}
+
+
+def stored_session(session: Session, connection: Connection, disconnected_at: float | None,
+                   will: pk.Will | None) -> StoredSession:
+    stored_will = None
+    if will is not None:
+        stored_will = StoredWill(will.topic, will.payload, will.qos, will.retain, stored_properties(will.properties),
+                                 will.properties.get(pr.WILL_DELAY_INTERVAL, 0))
+    return StoredSession(session.client_id, connection.protocol_level, session.expiry_interval,
+                         connection.username, disconnected_at, stored_will)
+
+
+def store_deliveries(broker: Broker, message: Message, durable: list[tuple[Session, Delivery]]) -> None:
+    """Queue entries for the deliveries of ``message`` to durable sessions (the body is stored once)."""
+    store = broker.store
+    if store is None:
+        return
+    message_id = store.add_message(
+        StoredMessage(message.topic, message.payload, stored_properties(message.properties), message.expires_at)
+    )
+    for session, delivery in durable:
+        delivery.seq = store.enqueue(session.client_id, message_id, delivery.qos, delivery.retain,
+                                     delivery.subscription_ids or ())
+        if delivery.packet_id:
+            store.mark_publish_sent(delivery.seq, delivery.packet_id)
+
+
+def store_retained(broker: Broker, message: Message) -> None:
+    """A retained message changed (an empty payload deletes it). ``$SYS`` values describe this run only;
+    they are republished after a restart, not stored."""
+    store = broker.store
+    if store is None or message.topic.startswith("$SYS/"):
+        return
+    if message.payload:
+        store.set_retained(RetainedMessage(message.topic, message.payload, message.qos,
+                                           stored_properties(message.properties), message.expires_at))
+    else:
+        store.delete_retained(message.topic)
+
+
+def restore(broker: Broker, now: float) -> None:
+    """Rebuild sessions, subscriptions, queues, retained messages and pending wills from the store."""
+    store = broker.store
+    assert store is not None
+    state = store.load()
+    messages: dict[int, Message] = {}
+    for message_id, stored in state.messages.items():
+        messages[message_id] = Message(stored.topic, stored.payload, 1, False, properties_from(stored.properties),
+                                       None, stored.expires_at)
+    for topic, retained in state.retained.items():
+        broker.retained.update(Message(topic, retained.payload, retained.qos, True,
+                                       properties_from(retained.properties), None, retained.expires_at))
+    broker.stats.retained_count = len(broker.retained)
+    for client_id, loaded in state.sessions.items():
+        stored_row = loaded.session
+        disconnected_at = stored_row.disconnected_at
+        if disconnected_at is None:
+            # The gateway died while this client was connected: an abnormal end, as of now.
+            disconnected_at = now
+            store.set_disconnected(client_id, now)
+        if stored_row.will is not None:
+            # Either that abnormal end, or a client that was already away and whose will was still
+            # waiting out its delay: due at its original time (past times: at ``start``).
+            will = stored_row.will
+            props = properties_from(will.properties)
+            if will.delay_interval:
+                props[pr.WILL_DELAY_INTERVAL] = will.delay_interval
+            pending_will = pk.Will(will.topic, will.payload, will.qos, will.retain, props)
+            broker.wills.schedule(client_id, pending_will,
+                                  disconnected_at + will_delay(pending_will, stored_row.expiry_interval))
+        # Sessions that expired while the gateway was down are restored too: ``start`` publishes their
+        # wills (the ACL needs the session's user name) and then ends them.
+        session = Session(client_id, broker.limits.max_queued_messages)
+        session.expiry_interval = stored_row.expiry_interval
+        session.username = stored_row.username
+        session.disconnected_at = disconnected_at
+        session.journal = store
+        session.inbound_qos2 = set(loaded.inbound_qos2)
+        for topic_filter, options in loaded.subscriptions.items():
+            try:
+                broker.tree.subscribe(client_id, topic_filter, options)
+            except TopicError:
+                log.warning("client %s: dropping stored subscription %r", client_id, topic_filter)
+        for entry in loaded.outbound:
+            message = messages.get(entry.message_id)
+            if message is None:
+                continue
+            delivery = Delivery(message, entry.qos, entry.retain, list(entry.subscription_ids) or None)
+            delivery.seq = entry.seq
+            if entry.state != OutboundState.QUEUED and entry.packet_id:
+                delivery.packet_id = entry.packet_id
+                delivery.sent = True
+                delivery.released = entry.state == OutboundState.PUBREL_SENT
+            session.restore(delivery)
+        broker.sessions[client_id] = session
+    if state.sessions or state.retained:
+        log.info("restored %d durable sessions and %d retained messages from %s", len(state.sessions),
+                 len(state.retained), store.path)
