@@ -126,9 +126,7 @@ async def serve(config: GatewayConfig) -> int:
 
         def reload_security() -> None:
             for service in broker.services:
-                reload_routes = getattr(service, "reload", None)
-                if callable(reload_routes):
-                    reload_routes()
+                service.reload()
             try:
                 new_authenticator, new_acl = load_security(config)
             except (PasswordFileError, AclFileError, OSError) as exc:
@@ -146,9 +144,7 @@ async def serve(config: GatewayConfig) -> int:
         # Pings come from this loop, so a stuck loop stops them and systemd restarts the gateway.
         watchdog = asyncio.create_task(notifier.ping_watchdog_forever(), name="systemd-watchdog")
         for service in broker.services:
-            show_ready = getattr(service, "show_ready", None)  # the hardware's power LED
-            if callable(show_ready):
-                show_ready()
+            service.show_ready()
         await stop.wait()
         log.info("shutting down")
     finally:

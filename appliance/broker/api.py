@@ -14,12 +14,46 @@ Ordering and durability rules a service can rely on:
 * Calls for one client arrive in that client's publish order.
 * ``BrokerHandle.publish`` only enqueues: it never blocks and never awaits the network, so a service can
   call it from inside ``on_publish`` and messages it publishes reach subscribers in call order.
+
+Reason codes: a service takes the ones it may use from here (``PUBLISH_REASON_CODES`` for a verdict,
+``DISCONNECT_REASON_CODES`` for ``disconnect``), always as MQTT 5 defines them; the broker's writer
+drops or maps them for MQTT 3.1.1 clients.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from appliance.broker.codec.reasons import (
+    ADMINISTRATIVE_ACTION,
+    IMPLEMENTATION_SPECIFIC_ERROR,
+    NO_MATCHING_SUBSCRIBERS,
+    NOT_AUTHORIZED,
+    PAYLOAD_FORMAT_INVALID,
+    QUOTA_EXCEEDED,
+    SUCCESS,
+    TOPIC_NAME_INVALID,
+    UNSPECIFIED_ERROR,
+)
+
+__all__ = [
+    "ACCEPTED", "ADMINISTRATIVE_ACTION", "DISCONNECT_REASON_CODES", "IMPLEMENTATION_SPECIFIC_ERROR",
+    "NOT_AUTHORIZED", "NO_MATCHING_SUBSCRIBERS", "PAYLOAD_FORMAT_INVALID", "PUBLISH_REASON_CODES", "QUOTA_EXCEEDED",
+    "SUCCESS", "TOPIC_NAME_INVALID", "UNSPECIFIED_ERROR", "BrokerHandle", "BrokerService", "InboundPublish",
+    "PublishVerdict", "ServiceDefaults",
+]
+
+#: What a PUBACK/PUBREC may carry (MQTT 5 3.4.2.1), and so what a ``PublishVerdict`` may say.
+PUBLISH_REASON_CODES = frozenset({
+    SUCCESS, NO_MATCHING_SUBSCRIBERS, UNSPECIFIED_ERROR, IMPLEMENTATION_SPECIFIC_ERROR, NOT_AUTHORIZED,
+    TOPIC_NAME_INVALID, QUOTA_EXCEEDED, PAYLOAD_FORMAT_INVALID,
+})
+#: What a service may close a client with (``PublishVerdict.disconnect``, ``BrokerHandle.disconnect``).
+DISCONNECT_REASON_CODES = frozenset({
+    UNSPECIFIED_ERROR, IMPLEMENTATION_SPECIFIC_ERROR, NOT_AUTHORIZED, TOPIC_NAME_INVALID, QUOTA_EXCEEDED,
+    ADMINISTRATIVE_ACTION, PAYLOAD_FORMAT_INVALID,
+})
 
 
 @dataclass(slots=True)
@@ -54,6 +88,12 @@ class PublishVerdict:
     reason_string: str | None = None
     disconnect: int | None = None
     route: bool = True
+
+    def __post_init__(self) -> None:
+        if self.reason_code not in PUBLISH_REASON_CODES:
+            raise ValueError(f"a PUBACK/PUBREC cannot carry reason code 0x{self.reason_code:02X}")
+        if self.disconnect is not None and self.disconnect not in DISCONNECT_REASON_CODES:
+            raise ValueError(f"a service cannot disconnect with reason code 0x{self.disconnect:02X}")
 
 
 ACCEPTED = PublishVerdict()
@@ -99,3 +139,23 @@ class BrokerService(Protocol):
 
     async def stop(self) -> None:
         """Called on shutdown after listeners have closed."""
+
+    def reload(self) -> None:
+        """SIGHUP: re-read what the service may re-read without a restart (before the broker's own ACL
+        and password file are reloaded)."""
+
+    def show_ready(self) -> None:
+        """The gateway is up: listeners accept, systemd was told READY (the hardware lights its LED)."""
+
+
+class ServiceDefaults:
+    """Base for services that have nothing to do on some of the contract's calls."""
+
+    def on_client_disconnected(self, client_id: str) -> None:
+        return None
+
+    def reload(self) -> None:
+        return None
+
+    def show_ready(self) -> None:
+        return None

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from appliance.broker.api import ACCEPTED, BrokerHandle, InboundPublish, PublishVerdict
+from appliance.broker.api import ACCEPTED, QUOTA_EXCEEDED, BrokerHandle, InboundPublish, PublishVerdict, ServiceDefaults
 from appliance.forwarding.config import ForwardingConfig
 from appliance.forwarding.endpoints import BrokeredSender, EndpointSender
 from appliance.forwarding.manifest import Manifest, ManifestError, load_manifest
@@ -50,7 +50,6 @@ log = logging.getLogger("appliance.forwarding")
 STORE_FILE = "forwarding.db"
 STATUS_FILE = "forwarding-routes.json"
 PID_FILE = "forwarding.pid"
-QUOTA_EXCEEDED = 0x97
 #: The backlog LED is a glance indicator: a quarter second behind the queue is soon enough.
 BACKLOG_REFRESH_S = 0.25
 
@@ -81,7 +80,7 @@ def with_expiry(results: list[RouteResult], expiry_s: int) -> list[RouteResult]:
     return [dataclasses.replace(r, ttl_s=min(r.ttl_s, expiry_s)) for r in results]
 
 
-class ForwardingService:
+class ForwardingService(ServiceDefaults):
     topic_filters = ("devices/#",)
 
     def __init__(self, config: ForwardingConfig, data_dir: Path, gateway_id: str, hardware: LinkPanel | None = None) -> None:

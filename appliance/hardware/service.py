@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from appliance.broker.api import ACCEPTED, BrokerHandle, InboundPublish, PublishVerdict
+from appliance.broker.api import ACCEPTED, BrokerHandle, InboundPublish, PublishVerdict, ServiceDefaults
 from appliance.hardware.config import HardwareConfig
 from appliance.hardware.gpio import StatusPanel
 from appliance.hardware.modem import LinkListener, ModemMonitor
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 MODEM_TOPIC = "$SYS/gateway/modem/"
 
 
-class HardwareService:
+class HardwareService(ServiceDefaults):
     topic_filters: tuple[str, ...] = ()
 
     def __init__(

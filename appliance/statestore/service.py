@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from appliance.broker.api import BrokerHandle, InboundPublish, PublishVerdict
+from appliance.broker.api import BrokerHandle, InboundPublish, PublishVerdict, ServiceDefaults
 from appliance.statestore import errors, resp3
 from appliance.statestore.acl import KeyAuthorizer
 from appliance.statestore.commands import (
@@ -121,7 +121,7 @@ class Reply:
 StoreFactory = Callable[[Path, str, Quotas, str], StateStore]
 
 
-class StateStoreService:
+class StateStoreService(ServiceDefaults):
     topic_filters = (REQUEST_TOPIC,)
 
     def __init__(

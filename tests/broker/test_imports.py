@@ -1,0 +1,107 @@
+"""The broker's protocol logic stays free of I/O and of the clock: checked by reading the imports.
+
+The handler, lifecycle and backpressure modules get time and scheduling only through
+``appliance.broker.runtime.Runtime``; the codec, session, router and topic tree import no I/O at all. An
+import under ``if TYPE_CHECKING:`` does not count (it never runs). The check follows imports of our own
+modules too, so an I/O module cannot sneak in through a helper.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+#: Modules that must not reach asyncio or the time module, directly or through our own imports.
+CLOCK_FREE = (
+    "appliance.broker.handle_connect",
+    "appliance.broker.handle_publish",
+    "appliance.broker.handle_subscribe",
+    "appliance.broker.lifecycle",
+    "appliance.broker.backpressure",
+    "appliance.broker.storage",
+    "appliance.broker.runtime",
+    "appliance.broker.link",
+)
+#: Sans-I/O cores: no asyncio, time, sockets, TLS, threads or SQLite, directly or through our imports.
+IO_FREE = (
+    "appliance.broker.session",
+    "appliance.broker.router",
+    "appliance.broker.topic_tree",
+    "appliance.broker.will",
+    "appliance.broker.retain",
+    "appliance.broker.message",
+    "appliance.broker.codec.packets",
+    "appliance.broker.codec.reader",
+    "appliance.broker.codec.writer",
+    "appliance.broker.codec.properties",
+    "appliance.broker.codec.reasons",
+    "appliance.broker.backpressure",
+)
+CLOCK = {"asyncio", "time", "uvloop"}
+IO = CLOCK | {"socket", "ssl", "selectors", "threading", "sqlite3", "concurrent"}
+
+
+def runtime_imports(module: str) -> set[str]:
+    """Top-level names of the modules ``module`` imports when it runs (not under TYPE_CHECKING)."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text())
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            if node.module.startswith("appliance") and _is_package(node.module):
+                # ``from appliance.broker import lifecycle`` imports a module
+                found.update(f"{node.module}.{alias.name}" for alias in node.names
+                             if importlib.util.find_spec(f"{node.module}.{alias.name}") is not None)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _is_package(module: str) -> bool:
+    spec = importlib.util.find_spec(module)
+    return spec is not None and spec.submodule_search_locations is not None
+
+
+def reached(module: str) -> dict[str, str]:
+    """Every module reachable from ``module`` through our own imports -> the module that imports it."""
+    seen: dict[str, str] = {module: ""}
+    todo = [module]
+    while todo:
+        current = todo.pop()
+        for name in runtime_imports(current):
+            if name not in seen:
+                seen[name] = current
+                if name.startswith("appliance.") and not _is_package(name):
+                    todo.append(name)
+    return seen
+
+
+@pytest.mark.parametrize("module", CLOCK_FREE)
+def test_handler_lifecycle_and_backpressure_modules_reach_neither_asyncio_nor_time(module: str) -> None:
+    bad = {name: by for name, by in reached(module).items() if name.split(".")[0] in CLOCK}
+    assert not bad, f"{module} reaches {bad} (module -> imported by)"
+
+
+@pytest.mark.parametrize("module", IO_FREE)
+def test_protocol_cores_reach_no_io(module: str) -> None:
+    bad = {name: by for name, by in reached(module).items() if name.split(".")[0] in IO}
+    assert not bad, f"{module} reaches {bad} (module -> imported by)"
+
+
+def test_the_scan_sees_an_import_that_breaks_the_rule() -> None:
+    assert "asyncio" in runtime_imports("appliance.broker.asyncio_runtime")
+    assert "sqlite3" in reached("appliance.broker.storage")

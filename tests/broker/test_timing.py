@@ -1,0 +1,251 @@
+"""Time-based broker behaviour on the fake clock (``tests/broker/pair.py``): will delay, session expiry,
+keep-alive, flapping and slow consumers, each under MQTT 3.1.1 and 5 where both have it. No sockets,
+no waiting: the clock moves when the test says so."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from appliance.broker.backpressure import SLOW_CONSUMER_GRACE
+from appliance.broker.codec import packets as pk
+from appliance.broker.codec import properties as pr
+from appliance.broker.codec import reasons as rc
+from appliance.broker.handle_connect import FLAP_FREE_TAKEOVERS
+from appliance.broker.router import QUEUE_HIGH_WATER
+from tests.broker.pair import BrokerPair
+
+LEVELS = [pytest.param(pk.MQTT_311, id="mqtt311"), pytest.param(pk.MQTT_5, id="mqtt5")]
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[BrokerPair]:
+    pair = BrokerPair(tmp_path, max_session_expiry=60)
+    yield pair
+    pair.stop()
+
+
+def durable(level: int, expiry: int = 60) -> dict[str, object]:
+    """CONNECT arguments for a session that outlives its connection by ``expiry`` seconds (3.1.1: clean
+    session off; its expiry is the broker's ``max_session_expiry``)."""
+    if level == pk.MQTT_5:
+        return {"clean_start": False, "properties": {pr.SESSION_EXPIRY_INTERVAL: expiry}}
+    return {"clean_start": False}
+
+
+def publishes(packets: list[pk.Packet]) -> list[pk.Publish]:
+    return [p for p in packets if isinstance(p, pk.Publish)]
+
+
+# -- wills ---------------------------------------------------------------------------------------------
+
+
+def test_a_delayed_will_goes_out_when_its_delay_is_over_not_before(pair: BrokerPair) -> None:
+    watcher = pair.client()
+    watcher.connect("watcher")
+    watcher.subscribe("wills/#")
+    client = pair.client()
+    will = pk.Will("wills/a", b"gone", properties={pr.WILL_DELAY_INTERVAL: 30})
+    client.connect("a", will=will, properties={pr.SESSION_EXPIRY_INTERVAL: 60})
+    client.drop()
+    pair.advance(29.5)
+    assert publishes(watcher.received()) == []
+    pair.advance(1.0)
+    [message] = publishes(watcher.received())
+    assert (message.topic, message.payload) == ("wills/a", b"gone")
+
+
+def test_reconnecting_within_the_will_delay_cancels_the_will(pair: BrokerPair) -> None:
+    watcher = pair.client()
+    watcher.connect("watcher")
+    watcher.subscribe("wills/#")
+    will = pk.Will("wills/a", b"gone", properties={pr.WILL_DELAY_INTERVAL: 30})
+    first = pair.client()
+    first.connect("a", will=will, properties={pr.SESSION_EXPIRY_INTERVAL: 60})
+    first.drop()
+    pair.advance(10)
+    pair.client().connect("a", clean_start=False, properties={pr.SESSION_EXPIRY_INTERVAL: 60})
+    pair.advance(60)
+    assert publishes(watcher.received()) == []
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_will_without_delay_goes_out_at_once_when_the_connection_breaks(pair: BrokerPair, level: int) -> None:
+    watcher = pair.client(level)
+    watcher.connect("watcher")
+    watcher.subscribe("wills/#")
+    client = pair.client(level)
+    client.connect("a", will=pk.Will("wills/a", b"gone"))
+    client.drop()
+    [message] = publishes(watcher.received())
+    assert message.payload == b"gone"
+
+
+def test_a_session_ending_before_the_will_delay_publishes_the_will_then(pair: BrokerPair) -> None:
+    """MQTT 5 3.1.3.2.2: the will goes out at the earlier of its delay and the session's end."""
+    watcher = pair.client()
+    watcher.connect("watcher")
+    watcher.subscribe("wills/#")
+    client = pair.client()
+    client.connect("a", will=pk.Will("wills/a", b"gone", properties={pr.WILL_DELAY_INTERVAL: 300}),
+                   properties={pr.SESSION_EXPIRY_INTERVAL: 20})
+    client.drop()
+    pair.advance(19)
+    assert publishes(watcher.received()) == []
+    pair.advance(2)
+    assert [m.payload for m in publishes(watcher.received())] == [b"gone"]
+
+
+# -- session expiry ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_an_away_session_keeps_its_messages_until_it_expires(pair: BrokerPair, level: int) -> None:
+    subscriber = pair.client(level)
+    subscriber.connect("sub", **durable(level, 60))
+    subscriber.subscribe("t", 1)
+    subscriber.drop()
+    publisher = pair.client(level)
+    publisher.connect("pub")
+    publisher.send(pk.Publish("t", b"kept", qos=1, packet_id=1))
+    pair.advance(59)
+    back = pair.client(level)
+    back.send(pk.Connect(level, "sub", **durable(level, 60)))  # type: ignore[arg-type]
+    connack, message = back.received()
+    assert isinstance(connack, pk.Connack) and connack.session_present
+    assert isinstance(message, pk.Publish) and message.payload == b"kept"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_an_expired_session_is_gone(pair: BrokerPair, level: int) -> None:
+    subscriber = pair.client(level)
+    subscriber.connect("sub", **durable(level, 60))
+    subscriber.subscribe("t", 1)
+    subscriber.drop()
+    pair.advance(61)
+    assert "sub" not in pair.broker.sessions
+    publisher = pair.client(level)
+    publisher.connect("pub")
+    publisher.send(pk.Publish("t", b"lost", qos=1, packet_id=1))
+    back = pair.client(level)
+    assert not back.connect("sub", **durable(level, 60)).session_present  # type: ignore[arg-type]
+    assert back.received() == []
+
+
+# -- keep-alive ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_silent_client_is_closed_after_one_and_a_half_keep_alives(pair: BrokerPair, level: int) -> None:
+    client = pair.client(level)
+    client.connect("quiet", keep_alive=10)
+    pair.advance(14.9)
+    assert not client.closed
+    pair.advance(0.2)
+    assert client.closed
+    if level == pk.MQTT_5:
+        [disconnect] = client.received()
+        assert isinstance(disconnect, pk.Disconnect) and disconnect.reason_code == rc.KEEP_ALIVE_TIMEOUT
+    else:
+        assert client.received() == []  # 3.1.1 has no server DISCONNECT
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_traffic_keeps_a_connection_alive(pair: BrokerPair, level: int) -> None:
+    client = pair.client(level)
+    client.connect("chatty", keep_alive=10)
+    for _ in range(5):
+        pair.advance(9)
+        client.send(pk.PingReq())
+        assert isinstance(client.expect(pk.PingResp), pk.PingResp)
+    assert not client.closed
+    pair.advance(15.1)
+    assert client.closed
+
+
+# -- flapping ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_client_id_taken_over_too_often_is_slowed_down(pair: BrokerPair, level: int) -> None:
+    clients = [pair.client(level)]
+    clients[0].connect("flap")
+    for _ in range(FLAP_FREE_TAKEOVERS):
+        clients.append(pair.client(level))
+        clients[-1].connect("flap")
+    late = pair.client(level)
+    late.send(pk.Connect(level, "flap"))
+    assert late.received() == []  # held back for 0.25 s
+    pair.advance(0.25)
+    assert isinstance(late.expect(pk.Connack), pk.Connack)
+
+
+# -- slow consumers ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_congested_subscriber_holds_its_publisher_back_for_the_grace_period_only(pair: BrokerPair, level: int) -> None:
+    subscriber = pair.client(level)
+    subscriber.connect("sub")
+    subscriber.subscribe("t", 0)
+    publisher = pair.client(level)
+    publisher.connect("pub")
+    subscriber.congest(True)
+    publisher.send(pk.Publish("t", b"1"))
+    assert "backpressure" in publisher.holds
+    pair.advance(SLOW_CONSUMER_GRACE - 0.1)
+    assert "backpressure" in publisher.holds
+    pair.advance(0.2)
+    assert "backpressure" not in publisher.holds
+    assert subscriber.connection.overloaded
+    subscriber.received()
+    publisher.send(pk.Publish("t", b"2"))
+    assert publishes(subscriber.received()) == []  # QoS 0 to a slow consumer: dropped and counted
+    assert pair.broker.sessions["sub"].dropped == 1
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_subscriber_that_drains_in_time_releases_its_publisher(pair: BrokerPair, level: int) -> None:
+    subscriber = pair.client(level)
+    subscriber.connect("sub")
+    subscriber.subscribe("t", 0)
+    publisher = pair.client(level)
+    publisher.connect("pub")
+    subscriber.congest(True)
+    publisher.send(pk.Publish("t", b"1"))
+    pair.advance(1.0)
+    subscriber.congest(False)
+    assert "backpressure" not in publisher.holds and not subscriber.connection.overloaded
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_subscriber_that_stops_acknowledging_is_a_slow_consumer_after_the_grace(pair: BrokerPair, level: int) -> None:
+    subscriber = pair.client(level)
+    subscriber.connect("sub")
+    subscriber.subscribe("t", 1)
+    publisher = pair.client(level)
+    publisher.connect("pub")
+    for start in range(1, QUEUE_HIGH_WATER + 200, 100):
+        publisher.send(*[pk.Publish("t", b"m", qos=1, packet_id=i) for i in range(start, start + 100)])
+    assert "backpressure" in publisher.holds
+    pair.advance(SLOW_CONSUMER_GRACE + 0.1)
+    assert "backpressure" not in publisher.holds
+    assert subscriber.connection.overloaded
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_slow_but_acknowledging_subscriber_keeps_its_publisher_held(pair: BrokerPair, level: int) -> None:
+    subscriber = pair.client(level)
+    subscriber.connect("sub")
+    subscriber.subscribe("t", 1)
+    publisher = pair.client(level)
+    publisher.connect("pub")
+    for start in range(1, QUEUE_HIGH_WATER + 200, 100):
+        publisher.send(*[pk.Publish("t", b"m", qos=1, packet_id=i) for i in range(start, start + 100)])
+    first = publishes(subscriber.received())[0]
+    pair.advance(SLOW_CONSUMER_GRACE - 0.5)
+    subscriber.send(pk.PubAck(first.packet_id or 0))
+    pair.advance(1.0)
+    assert "backpressure" in publisher.holds and not subscriber.connection.overloaded
