@@ -122,7 +122,8 @@ class Broker:
         self._since_flush = 0
         self._backlogs: dict[Connection, deque[pk.Packet]] = {}
         self._tick_timer: Timer | None = None
-        self._last_sys = 0.0
+        #: When ``$SYS`` was last published (``lifecycle.tick``).
+        self.last_sys = 0.0
 
     # -- starting and stopping ------------------------------------------------------------------------
 
@@ -315,15 +316,8 @@ class Broker:
 
     def _tick(self) -> None:
         """Once a second: due wills, expired sessions, ``$SYS``."""
-        now = self.runtime.now()
         try:
-            lifecycle.expire(self, now)
-            interval = self.limits.sys_interval
-            if interval and now - self._last_sys >= interval:
-                self._last_sys = now
-                self.stats.publish_dropped = sum(s.dropped for s in self.sessions.values())
-                for topic, payload in self.stats.snapshot(now):
-                    self.route(Message(topic, payload, 0, True, {}, None), now)
+            lifecycle.tick(self, self.runtime.now())
         except Exception:
             log.exception("periodic broker tick failed")
         self._tick_timer = self.runtime.call_later(1.0, self._tick)
@@ -404,17 +398,10 @@ class Broker:
         message_expiry_interval: int | None = None,
         payload_format_indicator: int | None = None,
     ) -> None:
-        properties: dict[int, Any] = {}
-        if payload_format_indicator is not None:
-            properties[pr.PAYLOAD_FORMAT_INDICATOR] = payload_format_indicator
-        if content_type is not None:
-            properties[pr.CONTENT_TYPE] = content_type
-        if response_topic is not None:
-            properties[pr.RESPONSE_TOPIC] = response_topic
-        if correlation_data is not None:
-            properties[pr.CORRELATION_DATA] = correlation_data
-        if user_properties:
-            properties[pr.USER_PROPERTY] = list(user_properties)
+        given = {pr.PAYLOAD_FORMAT_INDICATOR: payload_format_indicator, pr.CONTENT_TYPE: content_type,
+                 pr.RESPONSE_TOPIC: response_topic, pr.CORRELATION_DATA: correlation_data,
+                 pr.USER_PROPERTY: list(user_properties) if user_properties else None}
+        properties: dict[int, Any] = {ident: value for ident, value in given.items() if value is not None}
         now = self.runtime.now()
         expires_at = now + message_expiry_interval if message_expiry_interval is not None else None
         self.route(Message(topic, payload, qos, retain, properties, None, expires_at), now)

@@ -167,6 +167,17 @@ def expire(broker: Broker, now: float) -> None:
             end_session(broker, session)
 
 
+def tick(broker: Broker, now: float) -> None:
+    """The broker's one-second tick: due wills, expired sessions, and ``$SYS`` every ``sys_interval``."""
+    expire(broker, now)
+    interval = broker.limits.sys_interval
+    if interval and now - broker.last_sys >= interval:
+        broker.last_sys = now
+        broker.stats.publish_dropped = sum(s.dropped for s in broker.sessions.values())
+        for topic, payload in broker.stats.snapshot(now):
+            broker.route(Message(topic, payload, 0, True, {}, None), now)
+
+
 # -- keep-alive -------------------------------------------------------------------------------------------
 
 
