@@ -361,12 +361,13 @@ class Broker:
         self.stats.bytes_sent += sent
 
     def close_after_flush(self, link: Link) -> None:
-        """Write what is pending for this connection (after committing: it may hold acks) and close."""
+        """Write what is pending for this connection and close. The bytes may hold acknowledgements, so
+        they leave only once the store committed; if it cannot, the connection closes without them (the
+        client sends its unacknowledged QoS 1/2 messages again; the store keeps them for its next commit)."""
         connection = link.connection
         if connection.out:
-            if self.store is not None:
-                self.commit()
-            link.write(bytes(connection.out))
+            if self.store is None or self.commit():
+                link.write(bytes(connection.out))
             connection.out.clear()
         link.close()
 
