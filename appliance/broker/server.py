@@ -19,6 +19,10 @@ broker writes back through ``write``. What lives here is what needs the transpor
 * reading is also held while the broker awaits something for the connection (password check, a
   service's ``on_publish``) so its packets stay in order; each reason to hold is kept separately;
 * a connection that sends no CONNECT within ``CONNECT_TIMEOUT`` is dropped;
+* a lingering close: when the server ends a connection, its last bytes (a DISCONNECT) go out, then the
+  write side is shut down (FIN) and input is read and discarded for up to ``LINGER_SECONDS`` before the
+  socket closes. Closing at once would make the kernel answer a client that is still sending with a
+  reset, which throws away the DISCONNECT it had not read yet (paho.mqtt.testing sees a broken pipe);
 * WebSocket listeners unwrap frames here (``websocket.WebSocketServer``), so the broker only ever sees
   the MQTT byte stream.
 """
@@ -41,6 +45,8 @@ CONNECT_TIMEOUT = 10.0
 #: PUBLISHes), large enough that a read is not per packet. 4 KiB measured best for latency under a flood
 #: with the same flood throughput as 16 KiB (bench/RESULTS.md).
 READ_BUFFER_BYTES = 4096
+#: Seconds a connection the server ends is still drained (input discarded) after its FIN went out.
+LINGER_SECONDS = 2.0
 
 
 class ClientProtocol(asyncio.BufferedProtocol):
@@ -56,6 +62,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
+        self._lingering: asyncio.TimerHandle | None = None
         self._holds: set[str] = set()
         self._reading = True
         self._buffer = read_buffer if read_buffer is not None else memoryview(bytearray(READ_BUFFER_BYTES))
@@ -75,6 +82,8 @@ class ClientProtocol(asyncio.BufferedProtocol):
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._lingering is not None:
+            return  # closing: input is drained and discarded
         parsed = self._received(bytes(self._buffer[:nbytes]))
         if nbytes == len(self._buffer) and parsed and self._reading:
             # More is probably waiting; read it in the next loop iteration, after everyone else.
@@ -107,6 +116,8 @@ class ClientProtocol(asyncio.BufferedProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._lingering is not None:
+            self._lingering.cancel()
         self.broker.connection_lost(self)
 
     def pause_writing(self) -> None:
@@ -124,12 +135,22 @@ class ClientProtocol(asyncio.BufferedProtocol):
 
     def write(self, data: bytes) -> None:
         transport = self.transport
-        if transport is not None and not transport.is_closing():
+        if transport is not None and not transport.is_closing() and self._lingering is None:
             transport.write(frame(data) if self._websocket is not None else data)
 
     def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        """End the connection after what was written: a lingering close where the transport can half-close
+        (TCP), a plain one otherwise (TLS ends with its own close_notify)."""
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._lingering is not None:
+            return
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self._lingering = self._loop.call_later(LINGER_SECONDS, transport.close)
+        self._holds.clear()
+        self._update_reading()
 
     def hold_reading(self, reason: str, held: bool) -> None:
         """Stop (or resume) reading for one ``reason``; reading resumes when no reason is left."""
@@ -145,7 +166,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        want = not self._holds
+        want = not self._holds or self._lingering is not None  # a lingering close drains whatever comes
         if want != self._reading:
             self._reading = want
             if want:
