@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from appliance.broker import lifecycle, storage
@@ -42,9 +42,7 @@ from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.config import BrokerConfig
-from appliance.broker.handle_connect import handle_auth, handle_connect
-from appliance.broker.handle_publish import handle_puback, handle_pubcomp, handle_publish, handle_pubrec, handle_pubrel
-from appliance.broker.handle_subscribe import handle_subscribe, handle_unsubscribe
+from appliance.broker.dispatch import HANDLERS, ReadFailure, unexpected
 from appliance.broker.link import Link
 from appliance.broker.message import Message
 from appliance.broker.persistence import BrokerStore, PersistenceError
@@ -66,24 +64,6 @@ TURN_PACKET_BUDGET = 128
 EARLY_FLUSH_DELIVERIES = 2000
 #: Seconds between retries of a commit that failed (acknowledgements wait meanwhile).
 COMMIT_RETRY = 0.5
-
-Handler = Callable[["Broker", Link, Any, float], Awaitable[None] | None]
-
-#: The dispatch table: packet type -> its handler (mosquitto's ``read_handle.c``).
-HANDLERS: dict[int, Handler] = {
-    pk.CONNECT: handle_connect,
-    pk.PUBLISH: handle_publish,
-    pk.PUBACK: handle_puback,
-    pk.PUBREC: handle_pubrec,
-    pk.PUBREL: handle_pubrel,
-    pk.PUBCOMP: handle_pubcomp,
-    pk.SUBSCRIBE: handle_subscribe,
-    pk.UNSUBSCRIBE: handle_unsubscribe,
-    pk.PINGREQ: lifecycle.handle_pingreq,
-    pk.DISCONNECT: lifecycle.handle_disconnect,
-    pk.AUTH: handle_auth,
-}
-
 
 class Broker:
     """One broker instance; implements ``api.BrokerHandle``."""
@@ -179,9 +159,16 @@ class Broker:
         try:
             packets = connection.receive(data, self.runtime.monotonic())
         except ProtocolError as exc:
-            if exc.parsed and connection.session is not None and self._backlogs.get(connection) is None:
-                self._process(link, exc.parsed, 0, now)  # what came before the bad bytes still counts
-            lifecycle.fail(self, link, exc)
+            # What came before the bad bytes still counts, in order (a CONNECT gets its CONNACK, then the
+            # DISCONNECT with the reason); nothing after them can be framed, so reading stops.
+            link.hold_reading("input error", True)
+            failure = ReadFailure(exc)
+            backlog = self._backlogs.get(connection)
+            if backlog is not None:
+                backlog.extend(exc.parsed)
+                backlog.append(failure)  # type: ignore[arg-type]
+            else:
+                self._process(link, [*exc.parsed, failure], 0, now)  # type: ignore[list-item]
             return 0
         if not packets:
             return 0
@@ -236,7 +223,7 @@ class Broker:
                 packet = packets[index]
                 index += 1
                 if packet.type not in ALLOWED_PACKETS[connection.state]:
-                    raise ProtocolError(rc.PROTOCOL_ERROR, f"unexpected packet type {packet.type}")
+                    raise unexpected(packet)
                 pending = HANDLERS[packet.type](self, link, packet, now)
                 if pending is not None:
                     self._hold_backlog(link, pending, deque(packets[index:]))
@@ -275,7 +262,7 @@ class Broker:
                 handled += 1
                 packet = backlog.popleft()
                 if packet.type not in ALLOWED_PACKETS[connection.state]:
-                    raise ProtocolError(rc.PROTOCOL_ERROR, f"unexpected packet type {packet.type}")
+                    raise unexpected(packet)
                 more = HANDLERS[packet.type](self, link, packet, now)
                 if more is not None:
                     await more
@@ -291,6 +278,12 @@ class Broker:
             if connection.state != CLOSED:
                 link.hold_reading("backlog", False)
             self.mark(connection)
+
+    def may_receive(self, session: Session, topic: str) -> bool:
+        """The ACL's read check for a delivery leaving now (the ACL in force at that moment: a SIGHUP may
+        have replaced it since the message was queued)."""
+        acl = self.acl
+        return acl is None or acl.can_receive(session.client_id, session.username, topic)
 
     # -- routing --------------------------------------------------------------------------------------
 

@@ -97,6 +97,12 @@ def complete_connect(broker: Broker, link: Link, connect: pk.Connect, authorized
         reason = rc.BAD_USERNAME_OR_PASSWORD if connect.username is not None else rc.NOT_AUTHORIZED
         refuse(broker, link, reason, "not authorized")
         return
+    owned = broker.sessions.get(connect.client_id) if connect.client_id else None
+    if owned is not None and owned.username != connect.username:
+        # A session belongs to the user name that created it: another user may neither resume it (its
+        # queued messages) nor take it over (closing the owner's connection). docs/broker-security.md
+        refuse(broker, link, rc.NOT_AUTHORIZED, "client id in use by another user")
+        return
     limits = broker.limits
     client_id = connect.client_id
     connack_props: dict[int, Any] = {}
@@ -127,6 +133,7 @@ def complete_connect(broker: Broker, link: Link, connect: pk.Connect, authorized
     session_present = session is not None
     if session is None:
         session = Session(client_id, limits.max_queued_messages)
+        session.receive_check = broker.may_receive
         broker.sessions[client_id] = session
     was_durable = session.durable
     session.expiry_interval = expiry

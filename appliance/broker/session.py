@@ -18,6 +18,7 @@ Anything else is a protocol error, mapped to a reason code by the caller in one 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from appliance.broker.codec import packets as pk
@@ -200,7 +201,8 @@ class Session:
 
     __slots__ = (
         "client_id", "username", "expiry_interval", "inflight", "queue", "inbound_qos2", "connection", "will",
-        "disconnected_at", "dropped", "queue_limit", "journal", "completed", "_next_packet_id", "_queued_qos0",
+        "disconnected_at", "dropped", "queue_limit", "journal", "completed", "receive_check", "_next_packet_id",
+        "_queued_qos0",
     )
 
     def __init__(self, client_id: str, queue_limit: int) -> None:
@@ -221,6 +223,9 @@ class Session:
         self.journal: DeliveryJournal | None = None
         #: QoS 1/2 deliveries the client has acknowledged: tells a slow reader from a stuck one.
         self.completed = 0
+        #: The ACL read check for a delivery leaving the queue (None: everything may be read). A
+        #: delivery is checked when it is sent, not only when it was queued: the ACL may have changed.
+        self.receive_check: Callable[[Session, str], bool] | None = None
         self._next_packet_id = 1
         self._queued_qos0 = 0
 
@@ -299,14 +304,15 @@ class Session:
 
     def resume(self, connection: Connection, now: float) -> list[Delivery]:
         """Attach a new connection and redeliver: unacknowledged PUBLISHes again with DUP, PUBRELs again,
-        then the queue up to the window (MQTT 5 4.4). Returns deliveries that expired while waiting."""
+        then the queue up to the window (MQTT 5 4.4). Returns deliveries that expired while waiting or
+        that the ACL no longer lets this client read (both are dropped, not sent)."""
         self.connection = connection
         self.disconnected_at = None
         expired: list[Delivery] = []
         for packet_id, delivery in list(self.inflight.items()):
             if delivery.released:
                 connection.out += encode_ack(pk.PUBREL, packet_id, connection.protocol_level)
-            elif delivery.message.expired(now):
+            elif delivery.message.expired(now) or not self._readable(delivery):
                 del self.inflight[packet_id]
                 self._finished(delivery)
                 expired.append(delivery)
@@ -320,7 +326,8 @@ class Session:
         self.disconnected_at = now
 
     def fill_window(self, now: float) -> list[Delivery]:
-        """Move queued deliveries into flight while the client's Receive Maximum allows."""
+        """Move queued deliveries into flight while the client's Receive Maximum allows; each is checked
+        against the ACL as it leaves (``receive_check``). Returns those dropped as expired or unreadable."""
         connection = self.connection
         expired: list[Delivery] = []
         if connection is None:
@@ -333,7 +340,7 @@ class Session:
             if delivery.qos and len(inflight) >= quota:
                 break
             queue.popleft()
-            if delivery.message.expired(now):
+            if delivery.message.expired(now) or not self._readable(delivery):
                 expired.append(delivery)
                 self._finished(delivery)
                 if not delivery.qos:
@@ -372,6 +379,10 @@ class Session:
         if delivery.seq and self.journal is not None:
             self.journal.mark_publish_sent(delivery.seq, packet_id)
         self._write_publish(connection, delivery, now)
+
+    def _readable(self, delivery: Delivery) -> bool:
+        check = self.receive_check
+        return check is None or check(self, delivery.message.topic)
 
     def _finished(self, delivery: Delivery) -> None:
         self.completed += 1

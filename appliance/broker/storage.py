@@ -115,6 +115,7 @@ def restore(broker: Broker, now: float) -> None:
         # Sessions that expired while the gateway was down are restored too: ``start`` publishes their
         # wills (the ACL needs the session's user name) and then ends them.
         session = Session(client_id, broker.limits.max_queued_messages)
+        session.receive_check = broker.may_receive
         session.expiry_interval = stored_row.expiry_interval
         session.username = stored_row.username
         session.disconnected_at = disconnected_at

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from appliance.broker.acl import Acl
+from appliance.broker.auth import Authenticator, hash_password
 from appliance.broker.codec import packets as pk
+from appliance.broker.codec import reasons as rc
 from tests.broker.pair import BrokerPair
 from tests.broker.test_timing import LEVELS, durable, publishes
 
@@ -68,3 +71,113 @@ def test_publish_and_disconnect_in_one_read_get_the_puback_once_committed(pair: 
     assert publisher.closed
     [ack] = publisher.received()
     assert isinstance(ack, pk.PubAck) and ack.packet_id == 7
+
+
+# -- 12: CONNECT and a bad packet in one read ----------------------------------------------------------
+
+RESERVED_PACKET = b"\x00\x00"  # packet type 0 is reserved: 0x81 malformed packet
+
+
+def users(*names: str) -> Authenticator:
+    """A password file with ``names`` (password = name), hashed cheaply: checks still take the worker
+    path (``run_blocking``) the first time."""
+    return Authenticator({name: hash_password(name, iterations=1000) for name in names}, allow_anonymous=False)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("hashed", [False, True], ids=["anonymous", "password-check"])
+def test_connect_then_a_bad_packet_in_one_read_gets_connack_success_then_the_reason(
+    tmp_path: Path, level: int, hashed: bool
+) -> None:
+    pair = BrokerPair(tmp_path, authenticator=users("alice") if hashed else None)
+    client = pair.client(level)
+    credentials = {"username": "alice", "password": b"alice"} if hashed else {}
+    client.send(pk.Connect(level, "c", **credentials), RESERVED_PACKET)  # type: ignore[arg-type]
+    packets = client.received()
+    assert isinstance(packets[0], pk.Connack) and packets[0].reason_code == rc.SUCCESS
+    if level == pk.MQTT_5:
+        assert [type(p) for p in packets[1:]] == [pk.Disconnect]
+        assert packets[1].reason_code == rc.MALFORMED_PACKET  # type: ignore[union-attr]
+    else:
+        assert packets[1:] == []  # 3.1.1 has no server DISCONNECT
+    assert client.closed
+    pair.stop()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_packets_before_the_bad_one_in_a_read_are_handled_in_order(pair: BrokerPair, level: int) -> None:
+    watcher = pair.client(level)
+    watcher.connect("watcher")
+    watcher.subscribe("t", 1)
+    client = pair.client(level)
+    client.send(pk.Connect(level, "c"), pk.Publish("t", b"before", qos=1, packet_id=1), RESERVED_PACKET)
+    assert [type(p) for p in client.received()][:2] == [pk.Connack, pk.PubAck]
+    assert [m.payload for m in publishes(watcher.received())] == [b"before"]
+    assert client.closed
+
+
+# -- 1: a session belongs to the user that created it; deliveries are checked when sent -----------------
+
+ACL_BEFORE = "user alice\ntopic readwrite t/#\nuser bob\ntopic write t/#\n"
+ACL_AFTER = "user alice\ntopic readwrite t/open\nuser bob\ntopic write t/#\n"
+
+
+def login(name: str) -> dict[str, object]:
+    return {"username": name, "password": name.encode()}
+
+
+@pytest.fixture
+def users_pair(tmp_path: Path) -> Iterator[BrokerPair]:
+    pair = BrokerPair(tmp_path, authenticator=users("alice", "bob", "mallory"), acl=Acl.parse(ACL_BEFORE))
+    yield pair
+    pair.stop()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_another_user_cannot_resume_a_durable_session(users_pair: BrokerPair, level: int) -> None:
+    pair = users_pair
+    alice = pair.client(level)
+    alice.connect("dev", **durable(level), **login("alice"))  # type: ignore[arg-type]
+    alice.subscribe("t/#", 1)
+    alice.drop()
+    bob = pair.client(level)
+    bob.connect("bob", **login("bob"))  # type: ignore[arg-type]
+    bob.send(pk.Publish("t/a", b"for alice", qos=1, packet_id=1))
+    mallory = pair.client(level)
+    mallory.send(pk.Connect(level, "dev", **durable(level), **login("mallory")))  # type: ignore[arg-type]
+    [connack] = mallory.received()  # nothing queued for alice reaches mallory
+    assert isinstance(connack, pk.Connack) and connack.reason_code == rc.NOT_AUTHORIZED
+    assert not connack.session_present and mallory.closed
+    back = pair.client(level)
+    back.send(pk.Connect(level, "dev", **durable(level), **login("alice")))  # type: ignore[arg-type]
+    assert [m.payload for m in publishes(back.received())] == [b"for alice"]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_another_user_cannot_take_over_a_connected_client_id(users_pair: BrokerPair, level: int) -> None:
+    pair = users_pair
+    alice = pair.client(level)
+    alice.connect("dev", **login("alice"))  # type: ignore[arg-type]
+    mallory = pair.client(level)
+    assert mallory.connect("dev", **login("mallory")).reason_code == rc.NOT_AUTHORIZED  # type: ignore[arg-type]
+    assert not alice.closed and alice.received() == []
+    again = pair.client(level)
+    assert again.connect("dev", **login("alice")).reason_code == rc.SUCCESS  # type: ignore[arg-type]
+    assert alice.closed  # the same user may take its own session over
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_queued_messages_are_checked_against_the_acl_when_sent(users_pair: BrokerPair, level: int) -> None:
+    pair = users_pair
+    alice = pair.client(level)
+    alice.connect("dev", **durable(level), **login("alice"))  # type: ignore[arg-type]
+    alice.subscribe("t/#", 1)
+    alice.drop()
+    bob = pair.client(level)
+    bob.connect("bob", **login("bob"))  # type: ignore[arg-type]
+    bob.send(pk.Publish("t/secret", b"no longer yours", qos=1, packet_id=1),
+             pk.Publish("t/open", b"still yours", qos=1, packet_id=2))
+    pair.broker.reload_security(pair.broker.authenticator, Acl.parse(ACL_AFTER))  # SIGHUP with a new ACL
+    back = pair.client(level)
+    back.send(pk.Connect(level, "dev", **durable(level), **login("alice")))  # type: ignore[arg-type]
+    assert [m.topic for m in publishes(back.received())] == ["t/open"]

@@ -16,6 +16,7 @@ import pytest
 
 #: Modules that must not reach asyncio or the time module, directly or through our own imports.
 CLOCK_FREE = (
+    "appliance.broker.dispatch",
     "appliance.broker.handle_connect",
     "appliance.broker.handle_publish",
     "appliance.broker.handle_subscribe",
