@@ -233,3 +233,28 @@ def test_topic_names_are_decoded_once_and_every_copy_is_still_checked() -> None:
         with pytest.raises(ProtocolError) as info:
             reader.feed(b"\x30\x05\x00\x02a+\x00")
         assert info.value.reason_code == TOPIC_NAME_INVALID
+
+
+@pytest.mark.parametrize(
+    "packet",
+    [
+        pk.PubAck(1, 0x87, {pr.REASON_STRING: "no"}),
+        pk.PubRec(2, 0x97),
+        pk.PubRel(3, 0x92),
+        pk.PubComp(4, 0x92),
+        pk.Disconnect(0x8D, {pr.REASON_STRING: "keep alive"}),
+        pk.Unsuback(5, [0x11, 0x87]),
+    ],
+    ids=lambda p: type(p).__name__,
+)
+def test_the_writer_drops_mqtt5_reason_codes_for_mqtt311(packet: pk.Packet) -> None:
+    """Handlers always pass MQTT 5 reason codes; the writer is the one place 3.1.1 loses them."""
+    wire = encode(packet, pk.MQTT_311)
+    assert wire[1] == (2 if isinstance(packet, (pk.PubAck, pk.PubRec, pk.PubRel, pk.PubComp, pk.Unsuback)) else 0)
+    assert encode(packet, pk.MQTT_5) != wire
+
+
+def test_the_writer_maps_failure_codes_to_mqtt311_ones() -> None:
+    assert encode(pk.Suback(1, [1, 0x87, 0x8F]), pk.MQTT_311)[-3:] == bytes((1, 0x80, 0x80))
+    assert encode(pk.Connack(False, 0x87), pk.MQTT_311) == bytes((0x20, 2, 0, 5))
+    assert encode(pk.Connack(False, 0x86), pk.MQTT_311) == bytes((0x20, 2, 0, 4))
