@@ -18,10 +18,12 @@ Why it is built this way:
   is not written at all. Message payloads are stored once (``messages``) and referenced by every
   session queue entry (``outbound``); a trigger deletes a message when its last queue entry goes.
 * ``commit()`` runs on the event loop and blocks it for the write (and, with ``synchronous = "full"``,
-  the fsync). Measured with ``bench/broker.py`` (``qos1_durable``), ``full`` costs about 15 % of the
-  durable QoS 1 throughput here, and a commit that leaves the loop would have to carry every connection's
-  pending bytes with it to keep commit-before-ack; so the commit stays on the loop, the simplest way
-  that the rule holds on every path. A failed write raises ``PersistenceError`` and keeps the batch:
+  the fsync). Measured with ``bench/broker.py --only qos1_durable`` on the 2-core dev machine: on the
+  loop, about 12,500-13,000 msgs/s with ``normal`` and 10,800-11,000 with ``full``; a variant that
+  sealed each turn's batch on the loop and wrote it on a ``StoreThread`` (acknowledgements written when
+  the write returned) made about 9,950 and 9,500: the thread hop and the GIL hand-over cost more than the
+  fsync it takes off the loop. So the commit stays on the loop, which also keeps commit-before-ack
+  trivially true on every path. A failed write raises ``PersistenceError`` and keeps the batch:
   ``commit()`` retries it first next time, so nothing buffered is lost (but nothing may be acknowledged
   until it succeeds).
 * Ids are assigned in memory (message ids, queue sequence numbers) so callers get them at once, without
