@@ -27,10 +27,6 @@ def parse(text) -> tuple:
     return int(parts[0]), int(parts[1]), parts[2]
 
 
-def format_hlc(wall: int, counter: int, node: str) -> str:
-    return "%015d:%05d:%s" % (wall, counter, node)
-
-
 class HLC:
     def __init__(self, node_id: str, clock=wall_ms, max_drift_ms: int = 60000):
         self.node_id = node_id
@@ -40,7 +36,7 @@ class HLC:
         self.counter = 0
 
     def __str__(self) -> str:
-        return format_hlc(self.wall, self.counter, self.node_id)
+        return "%015d:%05d:%s" % (self.wall, self.counter, self.node_id)
 
     def send(self) -> str:
         """Advance for a local or send event and return the stamp to put in `__ts`."""

@@ -2,11 +2,17 @@
 
 Requests are QoS 1 PUBLISHes to the system topic with a response topic, correlation data and an
 HLC `__ts` user property; the reply comes back on our response topic with the same correlation
-data. Where the published spec and the official clients differ we follow the clients: NEX takes
-no argument, a failed NX/NEX or a VDEL mismatch is `:-1`, a deletion notifies `NOTIFY DELETE`.
+data. Where the published spec and the official clients differ we follow the clients: a deletion
+notifies `NOTIFY DELETE`. Only what a thermostat sends is here (GET, KEYNOTIFY): SET, DEL and VDEL
+are the cloud's and the operator's, and their code would cost a 64 KB heap for nothing.
 
 The module-level functions build and read payloads and topics with no I/O; `StateStoreClient`
 is the blocking layer on `mqtt5.MQTTClient` (one request in flight, like umqtt's QoS 1).
+
+Replies and notifications are decoded inside the MQTT callback, in place in the receive buffer:
+a value up to `max_value` bytes is copied out, a longer one (or one whose message did not even fit
+the buffer) becomes `resp3.TooLong(size)`. So no value, however large, costs more than
+`max_value` bytes of heap, and the caller still gets an answer it can report.
 """
 
 import binascii
@@ -14,7 +20,7 @@ import os
 import time
 
 import resp3
-from mqtt5_codec import CORRELATION_DATA, RESPONSE_TOPIC, USER_PROPERTY
+from mqtt5_codec import CORRELATION_DATA, RESPONSE_TOPIC, USER_PROPERTY, Oversized
 
 SYSTEM_TOPIC = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
 NOTIFY_ROOT = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/"
@@ -46,23 +52,6 @@ def response_topic(client_id) -> str:
     return "clients/%s/services/statestore/_any_/command/invoke/response" % client_id
 
 
-def set_request(key, value, nx=False, nex=False, px=None) -> bytes:
-    """SET key value [NX|NEX] [PX ms]. NX and NEX exclude each other; PX is whole milliseconds > 0."""
-    if nx and nex:
-        raise ValueError("NX and NEX exclude each other")
-    args = ["SET", key, value]
-    if nx:
-        args.append("NX")
-    elif nex:
-        args.append("NEX")
-    if px is not None:
-        if not isinstance(px, int) or px <= 0:
-            raise ValueError("PX must be a positive integer of milliseconds")
-        args.append("PX")
-        args.append(str(px))
-    return resp3.encode_command(*args)
-
-
 def keynotify_request(key, stop=False) -> bytes:
     return resp3.encode_command("KEYNOTIFY", key, "STOP") if stop else resp3.encode_command("KEYNOTIFY", key)
 
@@ -74,19 +63,28 @@ def user_property(props, name: str):
     return None
 
 
+def decode_payload(payload):
+    """RESP3 from a message payload: bytes, a memoryview, or the head of an `Oversized` one."""
+    if isinstance(payload, Oversized):
+        return resp3.decode(payload.head, True)
+    return resp3.decode(payload)
+
+
 def parse_notification(topic, payload):
-    """(key bytes, "SET" or "DELETE", value or None) from a notification; ValueError if malformed."""
+    """(key bytes, "SET" or "DELETE", value or None) from a notification; ValueError if malformed.
+    The value is whatever `decode_payload` made of it (a view into payload, or TooLong)."""
     topic = topic.decode() if isinstance(topic, (bytes, bytearray)) else topic
     _, sep, key_hex = topic.rpartition("/command/notify/")
     if not sep:
         raise ValueError("not a notification topic")
     key = binascii.unhexlify(key_hex)
-    message = resp3.decode(payload)
-    if not isinstance(message, list) or len(message) < 2 or message[0] != b"NOTIFY":
+    message = decode_payload(payload)
+    if (not isinstance(message, list) or len(message) < 2 or isinstance(message[0], resp3.TooLong)
+            or isinstance(message[1], resp3.TooLong) or bytes(message[0]) != b"NOTIFY"):
         raise ValueError("malformed notification")
-    operation = message[1].decode()
+    operation = bytes(message[1]).decode()
     if operation == "SET":
-        if len(message) != 4 or message[2] != b"VALUE":
+        if len(message) != 4 or isinstance(message[2], resp3.TooLong) or bytes(message[2]) != b"VALUE":
             raise ValueError("malformed SET notification")
         return key, "SET", message[3]
     if operation in ("DELETE", "DEL") and len(message) == 2:
@@ -100,10 +98,12 @@ class StateStoreClient:
 
     `on_notify(key, operation, value, version)` is called for every KEYNOTIFY notification.
     Call `start()` after every (re)connect: subscriptions and registrations die with the connection.
+    Values (GET replies, notifications) longer than `max_value` bytes arrive as `resp3.TooLong`.
     """
 
-    def __init__(self, mqtt, hlc, timeout_ms=5000, on_notify=None, on_other=None):
+    def __init__(self, mqtt, hlc, timeout_ms=5000, on_notify=None, on_other=None, max_value=256):
         self.mqtt = mqtt
+        self.max_value = max_value
         self.hlc = hlc
         self.timeout_ms = timeout_ms
         self.on_notify = on_notify
@@ -129,11 +129,22 @@ class StateStoreClient:
             except ValueError as e:
                 print("statestore: ignoring clock:", e)
 
+    def _keep(self, value):
+        """A bulk string out of the receive buffer: copied if short enough, else its size only."""
+        if isinstance(value, memoryview):
+            return bytes(value) if len(value) <= self.max_value else resp3.TooLong(len(value))
+        return value
+
     def _on_message(self, topic, payload, props) -> None:
+        # payload is a view into the receive buffer, valid only now: decode it here, keep little.
         if topic == self.resp_topic.encode():
             if props.get(CORRELATION_DATA) == self._waiting:
                 self._stamp(props)
-                self._reply = (payload, props)
+                try:
+                    value = self._keep(decode_payload(payload))
+                except ValueError as e:
+                    value = StateStoreError(str(e))
+                self._reply = (value, user_property(props, "__ts"))
             return
         if topic.startswith(NOTIFY_ROOT.encode()):
             self._stamp(props)
@@ -143,7 +154,7 @@ class StateStoreClient:
                 print("statestore: bad notification:", e)
                 return
             if self.on_notify:
-                self.on_notify(key, op, value, user_property(props, "__ts"))
+                self.on_notify(key, op, self._keep(value), user_property(props, "__ts"))
             return
         if self.on_other:
             self.on_other(topic, payload, props)
@@ -167,37 +178,20 @@ class StateStoreClient:
                 self.mqtt.wait_msg(left)
         finally:
             self._waiting = None
-        payload, props = self._reply
-        try:
-            value = resp3.decode(payload)
-        except ValueError as e:
-            raise StateStoreError(str(e))
+        value, version = self._reply
+        self._reply = None
+        if isinstance(value, StateStoreError):
+            raise value
         if isinstance(value, resp3.Resp3Error):
             raise StateStoreError(str(value))
-        return value, user_property(props, "__ts")
-
-    def set(self, key, value, nx=False, nex=False, px=None) -> bool:
-        """True if stored (`+OK`), False if an NX/NEX condition stopped it (`:-1`)."""
-        reply, _ = self.request(set_request(key, value, nx, nex, px))
-        if reply == "OK":
-            return True
-        if reply == -1:
-            return False
-        raise StateStoreError("unexpected SET reply %r" % (reply,))
+        return value, version
 
     def get(self, key):
-        """(value bytes or None, version or None)."""
+        """(value bytes, TooLong or None, version or None)."""
         reply, version = self.request(resp3.encode_command("GET", key))
-        if reply is not None and not isinstance(reply, bytes):
+        if reply is not None and not isinstance(reply, (bytes, resp3.TooLong)):
             raise StateStoreError("unexpected GET reply %r" % (reply,))
         return reply, version
-
-    def delete(self, key) -> int:
-        return self._count(resp3.encode_command("DEL", key))
-
-    def vdelete(self, key, value) -> int:
-        """1 deleted, 0 no such key, -1 the value did not match."""
-        return self._count(resp3.encode_command("VDEL", key, value))
 
     def keynotify(self, key, stop=False) -> bool:
         """Register (or STOP) notifications for key. False: STOP for a key not registered (`:0`).
@@ -214,9 +208,3 @@ class StateStoreClient:
         the spec requires so no change slips between the two."""
         self.mqtt.subscribe(notify_topic(self.client_id, key), 1)
         self.keynotify(key)
-
-    def _count(self, payload: bytes) -> int:
-        reply, _ = self.request(payload)
-        if not isinstance(reply, int):
-            raise StateStoreError("unexpected reply %r" % (reply,))
-        return reply

@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-BOOT_STUB = "import thermostat\nthermostat.main()\n"
+BOOT_STUB = "import app  # noqa: F401\n"
 
 
 class DeployError(Exception):

@@ -10,6 +10,7 @@ import pytest
 
 from tests.firmware.conftest import FIRMWARE, MICROPYTHON, ROOT
 from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
+from tests.support.processes import GatewayProcess
 
 BUILD = ROOT / "images" / "firmware" / "build.py"
 DEPLOY = ROOT / "images" / "firmware" / "deploy.py"
@@ -64,6 +65,32 @@ def test_bundle_boots_from_mpy_alone_within_64k_of_heap(bundle, tmp_path, mosqui
     peaks = [peer.next_json("/data")["mem_peak"] for _ in range(5)]
     assert fw.process.poll() is None and "MemoryError" not in fw.output(), fw.output()
     assert 10_000 < max(peaks) <= 65536, peaks
+
+
+def unpacked(bundle, into):
+    with zipfile.ZipFile(bundle) as archive:
+        archive.extractall(into)
+    assert not list(into.glob("*.py"))
+    return into
+
+
+def test_after_registration_16k_of_the_64k_heap_stay_free_with_a_4k_block(bundle, tmp_path, micropython, paho_peer):
+    code = unpacked(bundle, tmp_path / "flash")
+    with GatewayProcess(tmp_path / "gateway") as gateway:
+        peer = paho_peer(gateway.host, gateway.port)
+        peer.subscribe("devices/t-heap/messages/events/data")
+        fw = start_thermostat(micropython, code, thermostat_config("t-heap", gateway.host, gateway.port),
+                              code_dir=code, heap="64K")
+        fw.expect(r"^registered t-heap\\setPoint$")
+        samples = []
+        while len(samples) < 5:
+            data = peer.next_json("/data")
+            if data["registered"]:
+                samples.append((data["mem_free"], data["mem_largest"]))
+    assert "MemoryError" not in fw.output(), fw.output()
+    print("heap after registration (free, largest block):", samples)
+    assert min(free for free, _ in samples) >= 16 * 1024, samples
+    assert min(largest for _, largest in samples) >= 4 * 1024, samples
 
 
 def test_deploy_dry_run_prints_the_mpremote_commands(bundle, tmp_path):

@@ -108,7 +108,7 @@ def test_malformed_and_out_of_range_set_points_are_ignored_and_reported(tmp_path
     fw.expect(r"^set point 23.0 from notify$")
     peer = paho_peer(gateway.host, gateway.port)
     peer.subscribe("devices/t-bad/messages/events/data")
-    for raw, reason in ((b"hot", "not a number"), (b"99", "out of range [5.0, 30.0]"), (b"", "not a number"),
+    for raw, reason in ((b"hot", "not a number"), (b"99", "out of range [5.0, 30.0]"), (b"", "empty"),
                         (b"nan", "not a number")):
         mark = len(fw.lines)
         assert store.set(key("t-bad"), raw).applied
@@ -116,7 +116,8 @@ def test_malformed_and_out_of_range_set_points_are_ignored_and_reported(tmp_path
         deadline = time.monotonic() + 5
         while True:
             data = peer.next_json("/data")
-            if data["set_point_rejected"] == {"value": raw.decode(), "reason": reason}:
+            if data["set_point_rejected"] == {"value": raw.decode(), "size": len(raw), "reason": reason,
+                                              "source": "notify"}:
                 break
             assert time.monotonic() < deadline, data
         assert data["set_point"] == 23.0 and data["heater"] is True

@@ -1,0 +1,56 @@
+"""The unix port's stand-in hardware: a simulated room and a relay that prints its switches.
+
+The room's temperature follows the heater through a first-order thermal model; the relay prints
+every switch on stdout (the unix port has no pins; the print is what tests watch). A module of its
+own so a board never loads it, and the unix port never loads the pin drivers (`board_pins`).
+"""
+
+import os
+import time
+
+
+def _exists(path: str) -> bool:
+    try:
+        os.stat(path)
+        return True
+    except OSError:
+        return False
+
+
+class SimulatedRelay:
+    def __init__(self):
+        self.on = False
+
+    def value(self, on=None):
+        if on is None:
+            return int(self.on)
+        on = bool(on)
+        if on != self.on:
+            self.on = on
+            print("relay", "on" if on else "off")
+        return None
+
+
+class SimulatedRoom:
+    """dT/dt = heat_c_per_s * heater - loss_per_s * (T - ambient), integrated at every read.
+
+    `fault_file`: while that file exists the sensor fails, to exercise sensor-failure alerts."""
+
+    def __init__(self, relay, start_c=18.0, ambient_c=10.0, heat_c_per_s=0.05,
+                 loss_per_s=0.002, fault_file=None):
+        self.relay = relay
+        self.temp = start_c
+        self.ambient = ambient_c
+        self.heat = heat_c_per_s
+        self.loss = loss_per_s
+        self.fault_file = fault_file
+        self.last = time.ticks_ms()
+
+    def read(self) -> float:
+        now = time.ticks_ms()
+        dt = time.ticks_diff(now, self.last) / 1000
+        self.last = now
+        self.temp += dt * (self.heat * self.relay.value() - self.loss * (self.temp - self.ambient))
+        if self.fault_file and _exists(self.fault_file):
+            raise OSError("simulated sensor fault")
+        return self.temp
