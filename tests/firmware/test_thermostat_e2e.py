@@ -100,6 +100,26 @@ def test_gateway_restart_reconnect_reregister_and_catch_up(tmp_path, gateway, mi
     fw.expect(r"^relay off$", after=mark)  # 18 C room, 16 C set point
 
 
+def test_a_hung_gateway_is_detected_by_its_silence_and_reconnected_after(tmp_path, gateway, micropython):
+    # The case is keep-alive 10 s and SIGSTOP for 25 s; this is the same at a fifth of the
+    # scale. Telemetry every 300 ms keeps the thermostat sending, so only what it receives can tell.
+    config = thermostat_config("t-hung", gateway.host, gateway.port)
+    config["broker"]["keepalive"] = 2
+    fw = start_thermostat(micropython, tmp_path / "t-hung", config)
+    registered, _ = fw.expect(r"^registered t-hung\\setPoint$")
+    gateway.process.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        lost, _ = fw.expect(r"^connection lost: .*ETIMEDOUT", timeout=5, after=registered)
+        detected = fw.times[lost] - stopped
+        assert detected <= 2 * 1.5 + 0.5, f"detected after {detected:.1f} s"
+        time.sleep(6 - (time.monotonic() - stopped))  # the hang itself is the test's input, not a wait
+    finally:
+        gateway.process.send_signal(signal.SIGCONT)
+    fw.expect(r"^registered t-hung\\setPoint$", timeout=15, after=lost)
+    assert fw.process.poll() is None and "fault" not in fw.output()
+
+
 def test_malformed_and_out_of_range_set_points_are_ignored_and_reported(tmp_path, gateway, store, micropython, paho_peer):
     workdir = tmp_path / "t-bad"
     fw = start_thermostat(micropython, workdir, thermostat_config("t-bad", gateway.host, gateway.port))

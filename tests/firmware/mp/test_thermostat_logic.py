@@ -152,3 +152,49 @@ def test_alerts_queued_offline_are_bounded_to_the_newest_eight():
         sensor.temp = None if i % 2 == 0 else 20.0
         app.control()
     eq(len(app.pending_alerts), 8)
+
+
+class Stop(BaseException):
+    """Ends Thermostat.run() in a test (the last-resort handler catches Exception only)."""
+
+
+class FlakySensor:
+    """Raises an unexpected exception `failures` times, then reads 18 C, then stops the run."""
+
+    def __init__(self, failures):
+        self.failures = failures
+        self.reads = 0
+
+    def read(self):
+        self.reads += 1
+        if self.reads <= self.failures:
+            raise ZeroDivisionError("bug %d" % self.reads)
+        if self.reads > self.failures + 2:
+            raise Stop()
+        return 18.0
+
+
+def test_main_loop_survives_unexpected_exceptions_and_reports_them():
+    app, relay = offline_thermostat(FlakySensor(3))
+    app.timing["control_ms"] = 1
+    app.retry_at = 2 ** 29  # stay offline: this test is about the loop
+    raises(Stop, app.run)
+    eq(app.faults, 3)
+    eq(app.last_fault, "ZeroDivisionError: bug 3")
+    eq((app.heater, relay.value()), (True, 1))  # it went back to work
+    eq((app.telemetry()["faults"], app.telemetry()["last_fault"]), (3, "ZeroDivisionError: bug 3"))
+
+
+def test_too_many_faults_in_a_row_restart_the_device():
+    restarts = []
+    app, _ = offline_thermostat(FlakySensor(100))
+
+    def restart():
+        restarts.append(app.faults)
+        raise Stop()
+
+    app.restart = restart
+    app.timing["control_ms"] = 1
+    app.retry_at = 2 ** 29
+    raises(Stop, app.run)
+    eq(restarts, [11])  # MAX_FAULTS = 10 survived, the 11th within ten minutes restarts
