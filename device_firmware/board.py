@@ -34,4 +34,4 @@ def make_board(hardware: dict):
     if kind != "board":
         raise ValueError("config: hardware.kind must be 'simulated' or 'board', not %r" % kind)
     import board_pins
-    return board_pins.make(hardware)
+    return board_pins.make_board(hardware)

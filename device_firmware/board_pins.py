@@ -20,7 +20,7 @@ class TMP36Sensor:
         return (raw * self.vref / 65535 - 0.5) * 100
 
 
-def make(hardware: dict):
+def make_board(hardware: dict):
     """(sensor, relay, watchdog) on the pins the config names."""
     relay = machine.Pin(hardware["relay_pin"], machine.Pin.OUT, value=0)
     sensor = TMP36Sensor(hardware["sensor_pin"])

@@ -39,7 +39,7 @@ class MQTTClient:
         self.server = server
         self.port = port
         self.user = user
-        self.pswd = password
+        self.password = password
         self.keepalive = keepalive
         self.ssl = ssl
         self.session_expiry = session_expiry
@@ -99,10 +99,10 @@ class MQTTClient:
             cprops.update(props)
         try:
             self._send(self.packer.connect(self.client_id, self.keepalive, clean_session, cprops,
-                                           self.user, self.pswd))
+                                           self.user, self.password))
             packet = self._wait_packet(timeout_ms)
             if packet is None or packet[0] != CONNACK:
-                raise OSError(errno.ETIMEDOUT if packet is None else errno.EPROTO)
+                raise OSError(errno.ETIMEDOUT) if packet is None else codec.MQTTProtocolError("no CONNACK")
             present, reason, cprops = codec.decode_connack(packet[2])
             if reason >= 0x80:
                 raise MQTTException(reason, "CONNECT", cprops.get(REASON_STRING))

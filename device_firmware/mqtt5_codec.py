@@ -244,9 +244,9 @@ class Packer:
         self.buf = bytearray(size)
         self.mv = memoryview(self.buf)
 
-    def _body_fits(self, body_size: int) -> None:
-        if _HEADER_ROOM + body_size > len(self.buf):
-            raise ValueError("packet of %d bytes exceeds the %d byte send buffer" % (body_size, len(self.buf)))
+    def _body_fits(self, size: int) -> None:
+        if _HEADER_ROOM + size > len(self.buf):
+            raise ValueError("packet of %d bytes exceeds the %d byte send buffer" % (size, len(self.buf)))
 
     def _finish(self, first_byte: int, end: int):
         """Write the fixed header just in front of the body that starts at _HEADER_ROOM."""
@@ -256,13 +256,13 @@ class Packer:
         put_varint(self.buf, start + 1, length)
         return self.mv[start:end]
 
-    def connect(self, client_id, keepalive: int, clean_start: bool, props=None,
+    def connect(self, client_id, keepalive: int, clean_session: bool, props=None,
                 user=None, password=None):
         """No will: a thermostat's absence shows in its telemetry, and the code would cost heap."""
         client_id = _text(client_id)
         psize = props_size(props)
         size = 10 + varint_size(psize) + psize + 2 + len(client_id)
-        flags = 0x02 if clean_start else 0
+        flags = 0x02 if clean_session else 0
         if user is not None:
             size += 2 + len(_text(user))
             flags |= 0x80

@@ -30,15 +30,11 @@ class TooLong:
 _MAX_LINE = const(256)  # a simple string, error or length line longer than this is not one we can use
 
 
-def _arg(value) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
-
-
 def encode_command(*args) -> bytes:
     """`encode_command("GET", key)` -> `*2\\r\\n$3\\r\\nGET\\r\\n$..`; args are str or bytes."""
     parts = [b"*%d\r\n" % len(args)]
     for arg in args:
-        data = _arg(arg)
+        data = arg.encode() if isinstance(arg, str) else bytes(arg)
         parts.append(b"$%d\r\n" % len(data))
         parts.append(data)
         parts.append(b"\r\n")

@@ -34,17 +34,11 @@ class StateStoreTimeout(StateStoreError):
     """No reply in time; the MQTT connection itself may be fine (its keep-alive decides that)."""
 
 
-def _bytes(value) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
-
-
-def hex16(data) -> str:
-    """RFC 4648 base16, upper case, as the notification topic wants."""
-    return binascii.hexlify(_bytes(data)).decode().upper()
-
-
 def notify_topic(client_id, key) -> str:
-    return NOTIFY_ROOT + hex16(client_id) + "/command/notify/" + hex16(key)
+    """Client id and key in RFC 4648 base16, upper case."""
+    client_id, key = [(v.encode() if isinstance(v, str) else bytes(v)) for v in (client_id, key)]
+    return (NOTIFY_ROOT + binascii.hexlify(client_id).decode().upper() + "/command/notify/"
+            + binascii.hexlify(key).decode().upper())
 
 
 def response_topic(client_id) -> str:
@@ -114,6 +108,7 @@ class StateStoreClient:
         self._corr_count = 0
         self._waiting = None
         self._reply = None
+        self._merge_clock = True
         mqtt.set_callback(self._on_message)
 
     def start(self) -> None:
@@ -139,7 +134,8 @@ class StateStoreClient:
         # payload is a view into the receive buffer, valid only now: decode it here, keep little.
         if topic == self.resp_topic.encode():
             if props.get(CORRELATION_DATA) == self._waiting:
-                self._stamp(props)
+                if self._merge_clock:
+                    self._stamp(props)
                 try:
                     value = self._keep(decode_payload(payload))
                 except ValueError as e:
@@ -159,15 +155,17 @@ class StateStoreClient:
         if self.on_other:
             self.on_other(topic, payload, props)
 
-    def request(self, payload: bytes):
+    def request(self, payload: bytes, stamp=None):
         """Send one request and wait for its reply: (decoded RESP3 value, version or None).
+        stamp: the `__ts` to send instead of our HLC's next one.
 
         Raises StateStoreError for `-ERR`, StateStoreTimeout when no reply comes in time."""
         self._corr_count += 1
         corr = self._corr_prefix + self._corr_count.to_bytes(4, "big")
         props = {RESPONSE_TOPIC: self.resp_topic, CORRELATION_DATA: corr,
-                 USER_PROPERTY: [("__ts", self.hlc.send())]}
+                 USER_PROPERTY: [("__ts", stamp or self.hlc.send())]}
         self._waiting, self._reply = corr, None
+        self._merge_clock = stamp is None  # report()'s reply is the clock reading itself
         try:
             self.mqtt.publish(SYSTEM_TOPIC, payload, qos=1, props=props)
             deadline = time.ticks_add(time.ticks_ms(), self.timeout_ms)
@@ -185,6 +183,18 @@ class StateStoreClient:
         if isinstance(value, resp3.Resp3Error):
             raise StateStoreError(str(value))
         return value, version
+
+    def report(self, key, value):
+        """SET key value, stamped at time zero so that the store's clock, not ours, versions it:
+        returns that version, which is the gateway's time now. This is how the thermostat reads
+        the gateway's clock at every (re)connect whatever its own says (a stamp from a clock hours
+        ahead would be refused; one from the epoch never is). SET is the one request whose reply
+        carries the store's current time; GET replies carry the entry's, KEYNOTIFY's none."""
+        reply, version = self.request(resp3.encode_command("SET", key, value),
+                                      "%015d:%05d:%s" % (0, 0, self.hlc.node_id))
+        if reply != "OK" or not version:
+            raise StateStoreError("unexpected SET reply %r" % (reply,))
+        return version
 
     def get(self, key):
         """(value bytes, TooLong or None, version or None)."""

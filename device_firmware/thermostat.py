@@ -27,7 +27,6 @@ import statestore
 from version import VERSION
 from mqtt5_codec import CONTENT_TYPE, MQTTProtocolError
 
-SET_POINT_KEY_SUFFIX = "\\setPoint"  # literal backslash, as in the spec's example
 _MAX_FAULTS = const(10)  # unexpected exceptions survived before a restart, if each follows the last ...
 _FAULT_WINDOW_MS = const(600000)  # ... within ten minutes
 
@@ -126,11 +125,11 @@ def heap_headroom() -> tuple:
     return free, low
 
 
-def heater_should_be_on(temp: float, set_point: float, band: float, on: bool) -> bool:
-    """Hysteresis: switch on below set_point - band, off above set_point + band, else hold."""
-    if temp <= set_point - band:
+def heater_should_be_on(temp: float, set_point: float, hysteresis: float, on: bool) -> bool:
+    """Switch on below set_point - hysteresis, off above set_point + hysteresis, else hold."""
+    if temp <= set_point - hysteresis:
         return True
-    if temp >= set_point + band:
+    if temp >= set_point + hysteresis:
         return False
     return on
 
@@ -209,7 +208,7 @@ class Thermostat:
     def __init__(self, config: dict, sensor, relay, watchdog, restart):
         self.restart = restart
         self.name = config["thermostat"]
-        self.key = self.name + SET_POINT_KEY_SUFFIX
+        self.key = self.name + "\\setPoint"  # literal backslash, as in the spec's example
         self.sensor = sensor
         self.relay = relay
         self.watchdog = watchdog
@@ -242,9 +241,8 @@ class Thermostat:
         self.seq = 0
         self.control_now = True
         self.faults = 0  # unexpected exceptions the main loop survived, since boot
-        self.recent_faults = 0  # ... of which within _FAULT_WINDOW_MS of each other
         self.last_fault = None
-        self.last_fault_at = 0
+        self.fault_run = (0, 0)  # (faults each within _FAULT_WINDOW_MS of the previous, ticks_ms of the last)
 
     # --- state store ----------------------------------------------------------------------------
 
@@ -258,9 +256,23 @@ class Thermostat:
         else:
             print("set point: key deleted, keeping", self.set_point.value)
 
+    def _sync_clock(self) -> None:
+        """Report our firmware version (`<thermostat>\\firmware`) and take the time from its version."""
+        try:
+            version = self.store.report(self.name + "\\firmware", VERSION)
+            print("clock: %d ms off the gateway's, corrected" % hlc.set_wall_ms(hlc.parse(version)[0]))
+            self.store.hlc.resync()
+            self.store.hlc.receive(version)
+        except statestore.StateStoreTimeout:
+            raise
+        except (statestore.StateStoreError, ValueError) as e:  # e.g. an ACL that forbids the SET
+            print("clock: not synced from the gateway:", e)
+
     def _register(self) -> None:
-        """Subscribe (SUBACK), KEYNOTIFY, then GET: the order that loses no change."""
+        """Clock from the gateway, then subscribe (SUBACK), KEYNOTIFY, then GET: the order that
+        loses no change."""
         self.store.start()
+        self._sync_clock()
         self.store.watch(self.key)
         value, version = self.store.get(self.key)
         if value is not None and self.set_point.offer(value, version, "get"):
@@ -372,16 +384,16 @@ class Thermostat:
 
     def _fault(self, e) -> None:
         now = time.ticks_ms()
-        if self.faults and time.ticks_diff(now, self.last_fault_at) > _FAULT_WINDOW_MS:
-            self.recent_faults = 0
+        run, last = self.fault_run
+        if run and time.ticks_diff(now, last) > _FAULT_WINDOW_MS:
+            run = 0
+        self.fault_run = (run + 1, now)
         self.faults += 1
-        self.recent_faults += 1
-        self.last_fault_at = now
         gc.collect()  # a MemoryError leaves garbage behind; reporting it needs a little heap
         self.last_fault = ("%s: %s" % (type(e).__name__, e))[:80]
         print("fault %d: %s" % (self.faults, self.last_fault))
         sys.print_exception(e)
-        if self.recent_faults > _MAX_FAULTS:
+        if self.fault_run[0] > _MAX_FAULTS:
             print("too many faults, restarting")
             self.restart()
         try:
@@ -424,15 +436,15 @@ class Thermostat:
             self._idle(wait)
             now = time.ticks_ms()
 
-    def _idle(self, wait_ms: int) -> None:
+    def _idle(self, timeout_ms: int) -> None:
         """Sleep until the next tick, but handle incoming messages (set point changes) at once."""
-        wait_ms = max(0, wait_ms)
+        timeout_ms = max(0, timeout_ms)
         if not self.connected:
-            time.sleep_ms(wait_ms)
+            time.sleep_ms(timeout_ms)
             return
         try:
             self.mqtt.check_msg()  # keep-alive
-            self.mqtt.wait_msg(wait_ms)
+            self.mqtt.wait_msg(timeout_ms)
             self.mqtt.check_msg()
         except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
             self._drop(e)

@@ -8,6 +8,7 @@ every switch) and its telemetry show what the thermostat did.
 import json
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -98,6 +99,30 @@ def test_gateway_restart_reconnect_reregister_and_catch_up(tmp_path, gateway, mi
     back, _ = fw.expect(r"^registered t-rs\\setPoint$", timeout=10, after=mark)
     fw.expect(r"^set point 16.0 from get$", after=mark)
     fw.expect(r"^relay off$", after=mark)  # 18 C room, 16 C set point
+
+
+CLOCK_SHIFT = Path(__file__).resolve().parent / "clock_shift"
+
+
+@pytest.mark.parametrize("hours", [5, -5])
+def test_a_device_clock_hours_off_registers_and_takes_the_time_from_the_gateway(
+        tmp_path, gateway, store, micropython, paho_peer, monkeypatch, hours):
+    monkeypatch.setenv("CLOCK_SHIFT_S", str(hours * 3600))
+    name = "t-clk-ahead" if hours > 0 else "t-clk-behind"
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe(f"devices/{name}/messages/events/data")
+    fw = start_thermostat(micropython, tmp_path / name, thermostat_config(name, gateway.host, gateway.port),
+                          before=(CLOCK_SHIFT,))
+    _, off = fw.expect(r"^clock: (-?\d+) ms off the gateway's, corrected$")
+    assert abs(int(off.group(1)) + hours * 3600_000) < 5_000, off.group(0)
+    fw.expect(rf"^registered {name}\\setPoint$")
+    assert store.set(key(name), b"24").applied  # the thermostat's HLC now agrees with the store's
+    fw.expect(r"^set point 24.0 from notify$")
+    assert store.get(name + "\\firmware").value == b"0.1.0"  # what it reported to read the clock
+    while not (data := peer.next_json("/data"))["registered"]:
+        pass
+    assert abs(data["ts_ms"] - time.time() * 1000) < 5_000, data
+    assert "ignoring clock" not in fw.output()
 
 
 def test_a_hung_gateway_is_detected_by_its_silence_and_reconnected_after(tmp_path, gateway, micropython):

@@ -24,8 +24,10 @@ def thermostat_config(name: str, host: str, port: int, **overrides) -> dict:
     return config
 
 
-def start_thermostat(micropython, workdir: Path, config: dict, code_dir: Path = FIRMWARE, heap: str | None = None):
-    """Write config.json into workdir (the device's flash) and boot main there."""
+def start_thermostat(micropython, workdir: Path, config: dict, code_dir: Path = FIRMWARE, heap: str | None = None,
+                     before: tuple[Path, ...] = ()):
+    """Write config.json into workdir (the device's flash) and boot main there. before: directories
+    searched ahead of the firmware (test stand-ins such as clock_shift/)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(json.dumps(config))
-    return micropython(["-m", "main"], cwd=workdir, path=[code_dir], heap=heap)
+    return micropython(["-m", "main"], cwd=workdir, path=[*before, code_dir], heap=heap)

@@ -105,7 +105,8 @@ def test_load_config_merges_defaults_and_requires_a_name():
 
 
 def test_set_point_key_has_a_literal_backslash():
-    eq(("t-01" + thermostat.SET_POINT_KEY_SUFFIX).encode(), b"t-01\x5csetPoint")
+    app, _ = offline_thermostat(FakeSensor(20.0))
+    eq(app.key.encode(), b"t-unit\x5csetPoint")
 
 
 class FakeSensor:
