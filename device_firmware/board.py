@@ -25,12 +25,12 @@ def restart() -> None:
 
 
 def make_board(hardware: dict):
-    """(sensor, relay, watchdog) from the config's `hardware` section."""
+    """(sensor, relay, watchdog, status LED or None) from the config's `hardware` section."""
     kind = hardware.get("kind", "simulated")
     if kind == "simulated":
         import board_sim
         relay = board_sim.SimulatedRelay()
-        return board_sim.SimulatedRoom(relay, **hardware.get("room", {})), relay, NoWatchdog()
+        return board_sim.SimulatedRoom(relay, **hardware.get("room", {})), relay, NoWatchdog(), None
     if kind != "board":
         raise ValueError("config: hardware.kind must be 'simulated' or 'board', not %r" % kind)
     import board_pins

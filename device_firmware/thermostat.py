@@ -205,8 +205,11 @@ class SetPoint:
 
 
 class Thermostat:
-    def __init__(self, config: dict, sensor, relay, watchdog, restart):
+    def __init__(self, config: dict, sensor, relay, watchdog, restart, led=None, link=None):
+        """led: a status LED (on while registered) or None; link: the Wi-Fi `wifi.Station` or None."""
         self.restart = restart
+        self.led = led
+        self.link = link
         self.name = config["thermostat"]
         self.key = self.name + "\\setPoint"  # literal backslash, as in the spec's example
         self.sensor = sensor
@@ -283,6 +286,9 @@ class Thermostat:
     # --- connection -----------------------------------------------------------------------------
 
     def _connect(self) -> None:
+        if self.link and not self.link.up():
+            self.retry_at = time.ticks_add(time.ticks_ms(), 250)  # Wi-Fi keeps its own backoff: poll it
+            return
         try:
             self.mqtt.connect(clean_session=True)
         except (OSError, mqtt5.MQTTException) as e:
@@ -335,6 +341,8 @@ class Thermostat:
             self.heater = heater_should_be_on(self.temperature, self.set_point.value,
                                               self.hysteresis, self.heater)
         self.relay.value(self.heater)
+        if self.led:
+            self.led.value(self.registered)
         active = alerts_for(self.temperature, self.alert_limits[0], self.alert_limits[1])
         for name in active:
             if name not in self.active_alerts:
@@ -366,7 +374,8 @@ class Thermostat:
                 "set_point_rejected": self.set_point.rejected, "heater": self.heater,
                 "registered": self.registered, "mem_peak": self.mem_peak,
                 "mem_free": self.heap[0], "mem_largest": self.heap[1],
-                "faults": self.faults, "last_fault": self.last_fault}
+                "faults": self.faults, "last_fault": self.last_fault,
+                "wifi": self.link.status() if self.link else None}
 
     # --- main loop ------------------------------------------------------------------------------
 

@@ -93,6 +93,17 @@ def test_after_registration_16k_of_the_64k_heap_stay_free_with_a_4k_block(bundle
     assert min(largest for _, largest in samples) >= 4 * 1024, samples
 
 
+def test_safe_boot_file_holds_the_app_before_anything_is_armed(bundle, tmp_path, micropython):
+    code = unpacked(bundle, tmp_path / "flash")
+    (code / "SAFE_BOOT").write_text("")
+    fw = start_thermostat(micropython, code, thermostat_config("t-safe", "127.0.0.1", 9), code_dir=code, heap="64K")
+    assert fw.wait(10) == 0
+    assert fw.lines[:1] == ["safe boot: SAFE_BOOT present, thermostat not started"], fw.output()
+    (code / "SAFE_BOOT").unlink()
+    fw = start_thermostat(micropython, code, thermostat_config("t-safe", "127.0.0.1", 9), code_dir=code, heap="64K")
+    fw.expect(r"^thermostat t-safe starting$")
+
+
 def test_deploy_dry_run_prints_the_mpremote_commands(bundle, tmp_path):
     device = tmp_path / "device.json"
     device.write_text(json.dumps({"thermostat": "t-42", "broker": {"host": "10.0.0.1"}}))

@@ -199,3 +199,26 @@ def test_too_many_faults_in_a_row_restart_the_device():
     app.retry_at = 2 ** 29
     raises(Stop, app.run)
     eq(restarts, [11])  # MAX_FAULTS = 10 survived, the 11th within ten minutes restarts
+
+
+class LinkDown:
+    """A Wi-Fi station that never comes up (wifi.Station's interface)."""
+
+    def __init__(self):
+        self.polls = 0
+
+    def up(self):
+        self.polls += 1
+        return False
+
+    def status(self):
+        return {"status": "no_ap_found", "rssi": None, "attempts": self.polls, "last_failure": "no_ap_found"}
+
+
+def test_no_mqtt_attempt_while_wifi_is_down_and_its_status_is_in_telemetry():
+    app, _ = offline_thermostat(FakeSensor(20.0))
+    app.link = LinkDown()
+    backoff = app.backoff_ms
+    app._connect()
+    eq((app.connected, app.mqtt.sock, app.backoff_ms, app.link.polls), (False, None, backoff, 1))
+    eq(app.telemetry()["wifi"]["status"], "no_ap_found")
