@@ -1,4 +1,4 @@
-"""images/firmware: the .mpy bundle, its manifest, booting it alone, and the deploy command."""
+"""images/firmware/build.py: the .mpy bundle, its manifest, booting it alone (heap, safe boot)."""
 
 import hashlib
 import json
@@ -13,7 +13,6 @@ from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
 from tests.support.processes import GatewayProcess
 
 BUILD = ROOT / "images" / "firmware" / "build.py"
-DEPLOY = ROOT / "images" / "firmware" / "deploy.py"
 
 
 @pytest.fixture(scope="module")
@@ -102,35 +101,3 @@ def test_safe_boot_file_holds_the_app_before_anything_is_armed(bundle, tmp_path,
     (code / "SAFE_BOOT").unlink()
     fw = start_thermostat(micropython, code, thermostat_config("t-safe", "127.0.0.1", 9), code_dir=code, heap="64K")
     fw.expect(r"^thermostat t-safe starting$")
-
-
-def test_deploy_dry_run_prints_the_mpremote_commands(bundle, tmp_path):
-    device = tmp_path / "device.json"
-    device.write_text(json.dumps({"thermostat": "t-42", "broker": {"host": "10.0.0.1"}}))
-    proc = subprocess.run([sys.executable, str(DEPLOY), str(bundle), "--port", "/dev/ttyUSB0", "--config", str(device),
-                           "--dry-run"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert all(line.startswith("mpremote connect /dev/ttyUSB0 ") for line in lines[1:])
-    copied = [line.split()[-1] for line in lines if " fs cp " in line]
-    assert ":thermostat.mpy" in copied and ":mqtt5.mpy" in copied and ":main.mpy" not in copied
-    assert f"{device} :config.json" in proc.stdout and copied[-1] == ":main.py"
-    assert lines[-2:] == ["mpremote connect /dev/ttyUSB0 rtc --set", "mpremote connect /dev/ttyUSB0 reset"]
-
-
-def test_deploy_refuses_a_tampered_bundle_and_an_unfilled_config(bundle, tmp_path):
-    tampered = tmp_path / "tampered.zip"
-    with zipfile.ZipFile(bundle) as src, zipfile.ZipFile(tampered, "w") as dst:
-        for name in src.namelist():
-            data = src.read(name)
-            dst.writestr(name, data + b"\0" if name == "mqtt5.mpy" else data)
-    device = tmp_path / "device.json"
-    device.write_text(json.dumps({"thermostat": "t-42"}))
-    run = lambda b, c: subprocess.run([sys.executable, str(DEPLOY), str(b), "--port", "/dev/null", "--config", str(c),
-                                       "--dry-run"], capture_output=True, text=True)
-    proc = run(tampered, device)
-    assert proc.returncode == 1 and "mqtt5.mpy: sha256 does not match the manifest" in proc.stderr
-    with zipfile.ZipFile(bundle) as archive:
-        (tmp_path / "template.json").write_bytes(archive.read("config.template.json"))
-    proc = run(bundle, tmp_path / "template.json")
-    assert proc.returncode == 1 and "set 'thermostat'" in proc.stderr
