@@ -23,6 +23,9 @@ def _start() -> None:
     gc.collect()
 
     import board  # (after the config is unloaded: see the module docstring)
+
+    sensor, relay, watchdog, led, restart = board.make_board(settings["hardware"])
+    del sys.modules["board"], board
     import thermostat
 
     link = None
@@ -32,9 +35,8 @@ def _start() -> None:
         import wifi
         link = wifi.Station(network, wifi_config["ssid"], wifi_config["password"],
                             wifi_config["backoff_min_ms"], wifi_config["backoff_max_ms"])
-    sensor, relay, watchdog, led = board.make_board(settings["hardware"])
     print("thermostat", settings["thermostat"], "starting")
-    app = thermostat.Thermostat(settings, sensor, relay, watchdog, board.restart, led, link)
+    app = thermostat.Thermostat(settings, sensor, relay, watchdog, restart, led, link)
     del settings, wifi_config
     app.run()
 

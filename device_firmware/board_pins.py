@@ -38,12 +38,17 @@ class Output:
         return None
 
 
+def restart() -> None:
+    """A clean reboot after too many faults."""
+    machine.reset()
+
+
 def make_board(hardware: dict):
-    """(sensor, relay, watchdog, status LED or None) on the pins the config names. The watchdog is
-    armed last: once armed it cannot be stopped, so nothing slow may come after it."""
+    """(sensor, relay, watchdog, status LED or None, restart) on the pins the config names. The
+    watchdog is armed last: once armed it cannot be stopped, so nothing slow may come after it."""
     relay = Output(hardware["relay_pin"], hardware.get("relay_active_low", False))
     sensor = TMP36Sensor(hardware["sensor_pin"])
     led_pin = hardware.get("led_pin")
     led = Output(led_pin) if led_pin is not None else None
     watchdog = machine.WDT(timeout=hardware.get("watchdog_ms", 30000))
-    return sensor, relay, watchdog, led
+    return sensor, relay, watchdog, led, restart

@@ -23,6 +23,25 @@ class SimulatedRelay:
         return None
 
 
+class NoWatchdog:
+    """The unix port has no hardware watchdog; feeding it does nothing."""
+
+    def feed(self) -> None:
+        pass
+
+
+def restart() -> None:
+    """After too many faults: the unix port has no reset, so exit with status 3 (a supervisor, or
+    the test, decides what comes next)."""
+    raise SystemExit(3)
+
+
+def make_board(hardware: dict):
+    """(sensor, relay, watchdog, status LED, restart): the room of `hardware.room`, no LED."""
+    relay = SimulatedRelay()
+    return SimulatedRoom(relay, **hardware.get("room", {})), relay, NoWatchdog(), None, restart
+
+
 class SimulatedRoom:
     """dT/dt = heat_c_per_s * heater - loss_per_s * (T - ambient), integrated at every read.
 

@@ -46,10 +46,6 @@ def response_topic(client_id) -> str:
     return "clients/%s/services/statestore/_any_/command/invoke/response" % client_id
 
 
-def keynotify_request(key, stop=False) -> bytes:
-    return resp3.encode_command("KEYNOTIFY", key, "STOP") if stop else resp3.encode_command("KEYNOTIFY", key)
-
-
 def user_property(props, name: str):
     for pname, value in props.get(USER_PROPERTY, ()):
         if pname == name:
@@ -203,18 +199,11 @@ class StateStoreClient:
             raise StateStoreError("unexpected GET reply %r" % (reply,))
         return reply, version
 
-    def keynotify(self, key, stop=False) -> bool:
-        """Register (or STOP) notifications for key. False: STOP for a key not registered (`:0`).
-        Subscribe to `notify_topic()` first (see `watch`), or the first notification can be lost."""
-        reply, _ = self.request(keynotify_request(key, stop))
-        if reply == "OK":
-            return True
-        if reply == 0:
-            return False
-        raise StateStoreError("unexpected KEYNOTIFY reply %r" % (reply,))
-
     def watch(self, key) -> None:
         """Subscribe to key's notification topic, wait for the SUBACK, then KEYNOTIFY: the order
-        the spec requires so no change slips between the two."""
+        the spec requires so no change slips between the two. (No KEYNOTIFY STOP: registrations
+        end with the connection, and a thermostat never stops watching its key.)"""
         self.mqtt.subscribe(notify_topic(self.client_id, key), 1)
-        self.keynotify(key)
+        reply, _ = self.request(resp3.encode_command("KEYNOTIFY", key))
+        if reply != "OK":
+            raise StateStoreError("unexpected KEYNOTIFY reply %r" % (reply,))

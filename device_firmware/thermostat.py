@@ -24,9 +24,9 @@ from micropython import const
 import hlc
 import mqtt5
 import statestore
-from version import VERSION
 from mqtt5_codec import CONTENT_TYPE, MQTTProtocolError
 
+VERSION = "0.1.0"  # the firmware version: bundle name, telemetry `fw`, `<thermostat>\\firmware`
 _MAX_FAULTS = const(10)  # unexpected exceptions survived before a restart, if each follows the last ...
 _FAULT_WINDOW_MS = const(600000)  # ... within ten minutes
 
@@ -383,7 +383,7 @@ class Thermostat:
         """Run forever. The loop's last-resort handler reports an unexpected exception (printed,
         and in telemetry as `faults`/`last_fault`), drops the connection (its state is unknown)
         and carries on; more than _MAX_FAULTS within _FAULT_WINDOW_MS of each other is a defect no
-        retry will cure, so the device restarts (`board.restart`: machine.reset, or exit on unix)."""
+        retry will cure, so the device restarts (`restart`: machine.reset, or exit on unix)."""
         gc.collect()  # start mem_peak from the live heap, not from the garbage of importing
         while True:
             try:

@@ -68,9 +68,9 @@ class BuildError(Exception):
 
 
 def firmware_version() -> str:
-    match = re.search(r'^VERSION = "([^"]+)"', (FIRMWARE / "version.py").read_text(), re.M)
+    match = re.search(r'^VERSION = "([^"]+)"', (FIRMWARE / "thermostat.py").read_text(), re.M)
     if not match:
-        raise BuildError("device_firmware/version.py has no VERSION")
+        raise BuildError("device_firmware/thermostat.py has no VERSION")
     return match.group(1)
 
 

@@ -184,7 +184,7 @@ def campaign(tmp_path, bundle_code, micropython):
 def live_campaign(campaign, max_examples: int) -> None:
     campaign.boot().expect(r"^registered t-hv\\setPoint$", timeout=15)
 
-    @settings(max_examples=max_examples, deadline=None, derandomize=False,
+    @settings(max_examples=max_examples, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(VALUES)
     # The cases, always: not UTF-8, the MemoryError sizes, over 1 KB, the special numbers.

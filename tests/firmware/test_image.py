@@ -25,7 +25,7 @@ def bundle(tmp_path_factory):
 def test_bundle_is_versioned_and_its_manifest_is_true(bundle):
     version = json.loads(zipfile.ZipFile(bundle).read("manifest.json"))["version"]
     assert bundle.name == f"thermostat-fw-{version}.zip"
-    assert f'VERSION = "{version}"' in (FIRMWARE / "version.py").read_text()
+    assert f'VERSION = "{version}"' in (FIRMWARE / "thermostat.py").read_text()
     with zipfile.ZipFile(bundle) as archive:
         manifest = json.loads(archive.read("manifest.json"))
         names = set(archive.namelist())

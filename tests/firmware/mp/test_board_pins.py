@@ -70,7 +70,7 @@ def test_tmp36_conversion_attenuation_and_rail_failures():
 
 
 def test_make_board_arms_the_watchdog_with_the_configured_timeout():
-    sensor, relay, watchdog, led = board_pins.make_board(
+    sensor, relay, watchdog, led, restart = board_pins.make_board(
         {"sensor_pin": 26, "relay_pin": 15, "relay_active_low": True, "led_pin": "LED", "watchdog_ms": 8000})
-    eq((armed[-1], led.pin.pin, relay.value()), (8000, "LED", 0))
+    eq((armed[-1], led.pin.pin, relay.value(), restart), (8000, "LED", 0, board_pins.restart))
     eq(board_pins.make_board({"sensor_pin": 26, "relay_pin": 15})[3], None)

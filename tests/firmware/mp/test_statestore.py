@@ -14,11 +14,6 @@ def test_topics():
     eq(rt.startswith("clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8"), False)
 
 
-def test_keynotify_requests():
-    eq(statestore.keynotify_request("SOMEKEY"), b"*2\r\n$9\r\nKEYNOTIFY\r\n$7\r\nSOMEKEY\r\n")
-    eq(statestore.keynotify_request("k", stop=True), b"*3\r\n$9\r\nKEYNOTIFY\r\n$1\r\nk\r\n$4\r\nSTOP\r\n")
-
-
 def test_parse_notification_set_and_delete():
     topic = statestore.notify_topic("c", "k\\setPoint").encode()
     eq(statestore.parse_notification(topic, b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$2\r\n21\r\n"),

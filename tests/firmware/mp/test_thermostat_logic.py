@@ -120,13 +120,12 @@ class FakeSensor:
 
 
 def offline_thermostat(sensor):
-    import board
     import board_sim
     path = TMP + "-app.json"
     with open(path, "w") as f:
         json.dump({"thermostat": "t-unit", "state_file": TMP + "-app-sp.json"}, f)
     relay = board_sim.SimulatedRelay()
-    return thermostat.Thermostat(config.load_config(path), sensor, relay, board.NoWatchdog(), board.restart), relay
+    return thermostat.Thermostat(config.load_config(path), sensor, relay, board_sim.NoWatchdog(), board_sim.restart), relay
 
 
 def test_failed_sensor_switches_the_heater_off_and_alerts_once():
