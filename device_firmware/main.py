@@ -1,4 +1,2 @@
-# Boards run main.py at boot; the application lives in thermostat.py (compiled to .mpy).
-import thermostat
-
-thermostat.main()
+# Boards run main.py at boot (deploy.py writes the same line as main.py source); `app` boots the thermostat.
+import app  # noqa: F401

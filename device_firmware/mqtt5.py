@@ -4,7 +4,9 @@ umqtt.simple speaks MQTT 3.1.1 only; the state store needs MQTT 5 (response topi
 data, user properties). The method names and blocking behaviour match umqtt.simple so its users
 feel at home; the callback gets a third argument, the PUBLISH properties. Differences: the socket
 is non-blocking and read through `select.poll` into the codec's receive buffer (never byte by
-byte), `check_msg()` also sends keep-alive pings, and failures carry MQTT 5 reason codes.
+byte), payloads reach the callback as memoryviews into that buffer (valid during the call; a
+message larger than the buffer arrives as `mqtt5_codec.Oversized`), `check_msg()` also runs the
+keep-alive, judged on what we *receive*, and failures carry MQTT 5 reason codes.
 Packets are built and parsed by `mqtt5_codec` (no I/O there).
 """
 
@@ -31,12 +33,13 @@ class MQTTException(Exception):
 class MQTTClient:
     def __init__(self, client_id, server, port=1883, user=None, password=None, keepalive=0,
                  ssl=None, buf_size=1024, session_expiry=0, receive_maximum=8,
-                 timeout_ms=5000):
+                 timeout_ms=5000, recv_size=512):
+        # buf_size bounds what we send; recv_size only what we keep whole (larger is Oversized).
         self.client_id = client_id
         self.server = server
         self.port = port
         self.user = user
-        self.pswd = password
+        self.password = password
         self.keepalive = keepalive
         self.ssl = ssl
         self.session_expiry = session_expiry
@@ -45,22 +48,20 @@ class MQTTClient:
         self.sock = None
         self.poller = None
         self.cb = None
-        self.will = None
         self.connack_props = {}
         self.packer = codec.Packer(buf_size)
-        self.framer = codec.Framer(buf_size)
+        self.framer = codec.Framer(recv_size)
         self.pid = 0
         self.acks = {}  # packet id -> (reason codes, properties) of PUBACK/SUBACK not yet claimed
         self.last_tx = self.last_rx = 0
-        self.ping_outstanding = False
+        self.ping_sent = None  # ticks_ms of the unanswered PINGREQ, None when none is outstanding
         self.max_send = buf_size
 
     def set_callback(self, f) -> None:
-        """f(topic: bytes, payload: bytes, props: dict) for every incoming PUBLISH."""
+        """f(topic: bytes, payload, props: dict) for every incoming PUBLISH. payload is a memoryview
+        valid only during the call (copy what you keep), or `Oversized` for a message larger than
+        the receive buffer."""
         self.cb = f
-
-    def set_last_will(self, topic, msg, retain=False, qos=0, props=None) -> None:
-        self.will = (topic, msg, qos, retain, props)
 
     def _next_pid(self) -> int:
         self.pid = self.pid % 65535 + 1
@@ -69,8 +70,9 @@ class MQTTClient:
     def connect(self, clean_session=True, timeout_ms=None, props=None) -> bool:
         """Open the connection; returns the CONNACK's session-present flag.
 
-        props: extra CONNECT properties. Session expiry, receive maximum and maximum packet
-        size (our receive buffer, so the broker drops what we could not frame) are always sent.
+        props: extra CONNECT properties. Session expiry and receive maximum are always sent; no
+        Maximum Packet Size, because any size is framed (an oversized message is skipped and
+        still reported), and a broker that dropped it instead would leave a request unanswered.
         """
         timeout_ms = timeout_ms or self.timeout_ms
         self.close()
@@ -90,17 +92,17 @@ class MQTTClient:
         self.poller.register(sock, select.POLLIN)
         self.framer.reset()
         self.acks = {}
-        self.ping_outstanding = False
-        cprops = {SESSION_EXPIRY: self.session_expiry, RECEIVE_MAXIMUM: self.receive_maximum,
-                  MAXIMUM_PACKET_SIZE: len(self.framer.buf)}
+        self.ping_sent = None
+        self.last_rx = time.ticks_ms()
+        cprops = {SESSION_EXPIRY: self.session_expiry, RECEIVE_MAXIMUM: self.receive_maximum}
         if props:
             cprops.update(props)
         try:
             self._send(self.packer.connect(self.client_id, self.keepalive, clean_session, cprops,
-                                           self.user, self.pswd, self.will))
+                                           self.user, self.password))
             packet = self._wait_packet(timeout_ms)
             if packet is None or packet[0] != CONNACK:
-                raise OSError(errno.ETIMEDOUT if packet is None else errno.EPROTO)
+                raise OSError(errno.ETIMEDOUT) if packet is None else codec.MQTTProtocolError("no CONNACK")
             present, reason, cprops = codec.decode_connack(packet[2])
             if reason >= 0x80:
                 raise MQTTException(reason, "CONNECT", cprops.get(REASON_STRING))
@@ -131,7 +133,8 @@ class MQTTClient:
 
     def ping(self) -> None:
         self._send(self.packer.pingreq())
-        self.ping_outstanding = True
+        if self.ping_sent is None:
+            self.ping_sent = time.ticks_ms()
 
     def publish(self, topic, msg, retain=False, qos=0, props=None, timeout_ms=None):
         """Send a PUBLISH. QoS 1 waits for the PUBACK (dispatching incoming messages meanwhile)
@@ -166,7 +169,8 @@ class MQTTClient:
 
     def check_msg(self) -> None:
         """Handle every packet that has already arrived, without blocking, and keep the connection
-        alive: PINGREQ when we have been quiet for the keep-alive, OSError when the broker has."""
+        alive: PINGREQ when the broker has been quiet for half the keep-alive (or we for 3/4 of
+        it), OSError(ETIMEDOUT) when that PINGREQ stays unanswered for a whole keep-alive."""
         while True:
             packet = self._wait_packet(0)
             if packet is None:
@@ -177,15 +181,19 @@ class MQTTClient:
     # --- internals ---------------------------------------------------------------------------
 
     def _keep_alive(self) -> None:
+        # Judged on what we receive: telemetry keeps us sending, so a broker that hangs with its
+        # socket open is only noticed by its silence. Anything received (PINGRESP, PUBACK, a
+        # message) proves it alive and clears the outstanding ping.
         if not self.keepalive:
             return
         now = time.ticks_ms()
         period = self.keepalive * 1000
-        if self.ping_outstanding and time.ticks_diff(now, self.last_rx) > period:
-            self.close()
-            raise OSError(errno.ETIMEDOUT)
-        # Ping at 3/4 of the interval so the broker's 1.5x grace period is never at risk.
-        if time.ticks_diff(now, self.last_tx) >= period * 3 // 4:
+        if self.ping_sent is not None:
+            if time.ticks_diff(now, self.ping_sent) > period:
+                self.close()
+                raise OSError(errno.ETIMEDOUT)
+        elif (time.ticks_diff(now, self.last_rx) >= period // 2
+              or time.ticks_diff(now, self.last_tx) >= period * 3 // 4):
             self.ping()
 
     def _send(self, packet) -> None:
@@ -218,6 +226,7 @@ class MQTTClient:
             packet = self.framer.next_packet()
             if packet is not None:
                 self.last_rx = time.ticks_ms()
+                self.ping_sent = None
                 return packet
             left = -1 if deadline is None else max(0, time.ticks_diff(deadline, time.ticks_ms()))
             events = self.poller.poll(left)
@@ -242,9 +251,9 @@ class MQTTClient:
         return self.acks.pop(pid)
 
     def _handle(self, packet) -> None:
-        kind, flags, body = packet
+        kind, flags, body, length = packet
         if kind == PUBLISH:
-            topic, payload, qos, pid, retain, props = codec.decode_publish(flags, body)
+            topic, payload, qos, pid, retain, props = codec.decode_publish(flags, body, length)
             if self.cb:
                 self.cb(topic, payload, props)
             if qos == 1:
@@ -259,7 +268,7 @@ class MQTTClient:
             pid, reasons, props = codec.decode_suback(body)
             self.acks[pid] = (reasons, props)
         elif kind == PINGRESP:
-            self.ping_outstanding = False
+            pass  # _wait_packet already cleared the outstanding ping
         elif kind == DISCONNECT:
             reason, props = codec.decode_disconnect(body)
             self.close()

@@ -3,27 +3,32 @@
 Why this shape: on a 64 KB heap, per-packet allocation fragments memory. `Packer` writes every
 outgoing packet into one preallocated buffer (the body first, then the fixed header in front of it,
 so no second pass) and `Framer` frames incoming packets inside one preallocated receive buffer,
-whatever way the socket split them. Only what the application keeps (topic, payload, properties)
-is copied out. `mqtt5.py` is the thin socket layer around these.
+whatever way the socket split them. Payloads are never copied: `decode_publish` returns a
+memoryview into the receive buffer, and a packet larger than the buffer is not an error but an
+`Oversized` payload: its head (topic, packet id, properties) is decoded from the buffer and the
+rest is skipped as it arrives, so a big message costs no heap and the caller still learns who sent
+what and how large it was. `mqtt5.py` is the thin socket layer around these.
 """
 
 import struct
 from micropython import const
 
 # Packet types (high nibble of the first byte).
-CONNECT = const(1)
+_CONNECT = const(1)
 CONNACK = const(2)
 PUBLISH = const(3)
 PUBACK = const(4)
-SUBSCRIBE = const(8)
+_SUBSCRIBE = const(8)
 SUBACK = const(9)
-PINGREQ = const(12)
+_PINGREQ = const(12)
 PINGRESP = const(13)
 DISCONNECT = const(14)
 
-# Property identifiers used by name elsewhere (MQTT 5 section 2.2.2.2).
-PAYLOAD_FORMAT = const(0x01)
-MESSAGE_EXPIRY = const(0x02)
+# Names used only here are private (`_X = const(...)`): the compiler then drops the name, which on
+# a 64 KB heap matters, since every public name is a qstr for the rest of the run.
+# Property identifiers (MQTT 5 section 2.2.2.2).
+_PAYLOAD_FORMAT = const(0x01)
+_MESSAGE_EXPIRY = const(0x02)
 CONTENT_TYPE = const(0x03)
 RESPONSE_TOPIC = const(0x08)
 CORRELATION_DATA = const(0x09)
@@ -32,8 +37,8 @@ ASSIGNED_CLIENT_ID = const(0x12)
 SERVER_KEEP_ALIVE = const(0x13)
 REASON_STRING = const(0x1F)
 RECEIVE_MAXIMUM = const(0x21)
-TOPIC_ALIAS_MAXIMUM = const(0x22)
-TOPIC_ALIAS = const(0x23)
+_TOPIC_ALIAS_MAXIMUM = const(0x22)
+_TOPIC_ALIAS = const(0x23)
 USER_PROPERTY = const(0x26)
 MAXIMUM_PACKET_SIZE = const(0x27)
 
@@ -43,11 +48,20 @@ MAXIMUM_PACKET_SIZE = const(0x27)
 _PROPERTY_KINDS = b"-BIS----SD-V-----ISH-SDBIBS-S--S-HHHBBPIBBB"
 
 
+_B = const(0x42)
+_H = const(0x48)
+_I = const(0x49)
+_V = const(0x56)
+_S = const(0x53)
+_D = const(0x44)
+_P = const(0x50)
+
+
 def _kind(pid: int):
-    """The wire type letter of a property id, or None for an unknown id."""
+    """The wire type of a property id (a letter's code: _B, _H ...), or None for an unknown id."""
     if pid >= len(_PROPERTY_KINDS) or _PROPERTY_KINDS[pid] == 0x2D:  # "-"
         return None
-    return chr(_PROPERTY_KINDS[pid])
+    return _PROPERTY_KINDS[pid]
 
 
 _HEADER_ROOM = const(5)  # first byte + up to four bytes of remaining length
@@ -55,6 +69,15 @@ _HEADER_ROOM = const(5)  # first byte + up to four bytes of remaining length
 
 class MQTTProtocolError(ValueError):
     """The peer sent bytes that are not a valid MQTT 5 packet."""
+
+
+class Oversized:
+    """The payload of a PUBLISH larger than the receive buffer: `size` bytes on the wire, of which
+    `head` (a memoryview, valid until the next read) is what fitted; the rest was skipped."""
+
+    def __init__(self, size: int, head):
+        self.size = size
+        self.head = head
 
 
 def _text(value) -> bytes:
@@ -115,15 +138,15 @@ def props_size(props) -> int:
         kind = _kind(pid)
         if kind is None:
             raise ValueError("unknown property 0x%02x" % pid)
-        if kind == "P":
+        if kind == _P:
             for name, val in value:
                 size += 5 + len(_text(name)) + len(_text(val))
-        elif kind == "S" or kind == "D":
+        elif kind == _S or kind == _D:
             size += 3 + len(_text(value))
-        elif kind == "V":
+        elif kind == _V:
             size += 1 + varint_size(value)
         else:
-            size += 1 + {"B": 1, "H": 2, "I": 4}[kind]
+            size += 2 if kind == _B else 3 if kind == _H else 5
     return size
 
 
@@ -133,21 +156,21 @@ def put_props(buf, pos: int, props, size: int) -> int:
         return pos
     for pid, value in props.items():
         kind = _kind(pid)
-        if kind == "P":
+        if kind == _P:
             for name, val in value:
                 buf[pos] = pid
                 pos = _put_bytes(buf, _put_bytes(buf, pos + 1, _text(name)), _text(val))
             continue
         buf[pos] = pid
         pos += 1
-        if kind == "S" or kind == "D":
+        if kind == _S or kind == _D:
             pos = _put_bytes(buf, pos, _text(value))
-        elif kind == "V":
+        elif kind == _V:
             pos = put_varint(buf, pos, value)
-        elif kind == "B":
+        elif kind == _B:
             buf[pos] = value
             pos += 1
-        elif kind == "H":
+        elif kind == _H:
             struct.pack_into(">H", buf, pos, value)
             pos += 2
         else:
@@ -169,25 +192,25 @@ def get_props(mv, pos: int, end: int):
         if kind is None:
             raise MQTTProtocolError("unknown property 0x%02x" % pid)
         pos += 1
-        if kind == "B":
+        if kind == _B:
             value = mv[pos]
             pos += 1
-        elif kind == "H":
+        elif kind == _H:
             value = struct.unpack_from(">H", mv, pos)[0]
             pos += 2
-        elif kind == "I":
+        elif kind == _I:
             value = struct.unpack_from(">I", mv, pos)[0]
             pos += 4
-        elif kind == "V":
+        elif kind == _V:
             value, pos = get_varint(mv, pos, stop)
-        elif kind == "P":
+        elif kind == _P:
             name, pos = get_string(mv, pos, stop)
             value, pos = get_string(mv, pos, stop)
             props.setdefault(USER_PROPERTY, []).append((name, value))
             continue
         else:
             value, pos = get_binary(mv, pos, stop)
-            if kind == "S":
+            if kind == _S:
                 value = value.decode()
         props[pid] = value
     if pos != stop:
@@ -221,9 +244,9 @@ class Packer:
         self.buf = bytearray(size)
         self.mv = memoryview(self.buf)
 
-    def _body_fits(self, body_size: int) -> None:
-        if _HEADER_ROOM + body_size > len(self.buf):
-            raise ValueError("packet of %d bytes exceeds the %d byte send buffer" % (body_size, len(self.buf)))
+    def _body_fits(self, size: int) -> None:
+        if _HEADER_ROOM + size > len(self.buf):
+            raise ValueError("packet of %d bytes exceeds the %d byte send buffer" % (size, len(self.buf)))
 
     def _finish(self, first_byte: int, end: int):
         """Write the fixed header just in front of the body that starts at _HEADER_ROOM."""
@@ -233,18 +256,13 @@ class Packer:
         put_varint(self.buf, start + 1, length)
         return self.mv[start:end]
 
-    def connect(self, client_id, keepalive: int, clean_start: bool, props=None,
-                user=None, password=None, will=None):
-        """will: (topic, payload, qos, retain, props) or None."""
+    def connect(self, client_id, keepalive: int, clean_session: bool, props=None,
+                user=None, password=None):
+        """No will: a thermostat's absence shows in its telemetry, and the code would cost heap."""
         client_id = _text(client_id)
         psize = props_size(props)
         size = 10 + varint_size(psize) + psize + 2 + len(client_id)
-        flags = 0x02 if clean_start else 0
-        if will:
-            wtopic, wpayload, wqos, wretain, wprops = will
-            wpsize = props_size(wprops)
-            size += varint_size(wpsize) + wpsize + 4 + len(_text(wtopic)) + len(wpayload)
-            flags |= 0x04 | (wqos << 3) | (0x20 if wretain else 0)
+        flags = 0x02 if clean_session else 0
         if user is not None:
             size += 2 + len(_text(user))
             flags |= 0x80
@@ -257,15 +275,11 @@ class Packer:
         struct.pack_into(">BBH", buf, pos, 5, flags, keepalive)
         pos = put_props(buf, pos + 4, props, psize)
         pos = _put_bytes(buf, pos, client_id)
-        if will:
-            pos = put_props(buf, pos, wprops, wpsize)
-            pos = _put_bytes(buf, pos, _text(wtopic))
-            pos = _put_bytes(buf, pos, wpayload)
         if user is not None:
             pos = _put_bytes(buf, pos, _text(user))
         if password is not None:
             pos = _put_bytes(buf, pos, _text(password))
-        return self._finish(CONNECT << 4, pos)
+        return self._finish(_CONNECT << 4, pos)
 
     def publish(self, topic, payload, qos: int, retain: bool, pid: int, props=None):
         topic = _text(topic)
@@ -296,10 +310,10 @@ class Packer:
         pos = put_props(buf, _HEADER_ROOM + 2, props, psize)
         pos = _put_bytes(buf, pos, topic)
         buf[pos] = qos  # subscription options: QoS only (no-local, retain flags left at 0)
-        return self._finish((SUBSCRIBE << 4) | 0x02, pos + 1)
+        return self._finish((_SUBSCRIBE << 4) | 0x02, pos + 1)
 
     def pingreq(self):
-        return self._finish(PINGREQ << 4, _HEADER_ROOM)
+        return self._finish(_PINGREQ << 4, _HEADER_ROOM)
 
     def disconnect(self, reason: int = 0):
         self.buf[_HEADER_ROOM] = reason
@@ -311,7 +325,9 @@ class Framer:
 
     The socket layer reads into `space()` and reports how much it read with `added(n)`;
     `next_packet()` then returns whole packets. The body view it returns is valid until the
-    next `space()` call, which compacts the buffer.
+    next `space()` call, which compacts the buffer. A packet longer than the buffer comes out
+    once the buffer is full, as its head (the view is then shorter than the length it reports);
+    its remaining bytes are dropped by `added()` as they arrive.
     """
 
     def __init__(self, size: int):
@@ -319,9 +335,10 @@ class Framer:
         self.mv = memoryview(self.buf)
         self.start = 0
         self.end = 0
+        self.skip = 0  # bytes of an oversized packet still to drop
 
     def reset(self) -> None:
-        self.start = self.end = 0
+        self.start = self.end = self.skip = 0
 
     def space(self):
         if self.start:
@@ -331,22 +348,31 @@ class Framer:
         return self.mv[self.end:]
 
     def added(self, n: int) -> None:
+        if self.skip:
+            drop = min(n, self.skip)
+            self.skip -= drop
+            if drop < n:  # the next packet starts inside this read: move it down over the dropped bytes
+                self.buf[self.end:self.end + n - drop] = self.mv[self.end + drop:self.end + n]
+            n -= drop
         self.end += n
 
     def next_packet(self):
-        """(packet type, flags, body memoryview) for the next whole packet, or None if incomplete."""
+        """(packet type, flags, body memoryview, body length) for the next packet, or None if
+        incomplete. `len(body) < length` means an oversized packet: body is its head."""
         if self.end - self.start < 2:
             return None
         length, body = get_varint(self.buf, self.start + 1, self.end)
         if length is None:
             return None
-        if body - self.start + length > len(self.buf):
-            raise MQTTProtocolError("packet of %d bytes exceeds the receive buffer" % length)
-        if body + length > self.end:
-            return None
         first = self.buf[self.start]
-        self.start = body + length
-        return first >> 4, first & 0x0F, self.mv[body:body + length]
+        if body + length <= self.end:
+            self.start = body + length
+            return first >> 4, first & 0x0F, self.mv[body:body + length], length
+        if body - self.start + length <= len(self.buf) or self.start or self.end < len(self.buf):
+            return None  # it will fit once compacted, or more of its head is still to come
+        self.skip = body + length - self.end
+        self.start = self.end = 0
+        return first >> 4, first & 0x0F, self.mv[body:len(self.buf)], length
 
 
 # Decoders for the packets a client receives. Each takes the body view from Framer.
@@ -359,8 +385,9 @@ def decode_connack(body):
     return bool(body[0] & 1), body[1], props
 
 
-def decode_publish(flags: int, body):
-    """(topic bytes, payload bytes, qos, packet id, retain, properties)."""
+def decode_publish(flags: int, body, length=None):
+    """(topic bytes, payload, qos, packet id, retain, properties). The payload is a memoryview
+    into body (no copy), or `Oversized` when body is only the head of a `length`-byte packet."""
     qos = (flags >> 1) & 3
     if qos == 3:
         raise MQTTProtocolError("PUBLISH with QoS 3")
@@ -373,7 +400,11 @@ def decode_publish(flags: int, body):
         pid = (body[pos] << 8) | body[pos + 1]
         pos += 2
     props, pos = get_props(body, pos, end)
-    return topic, bytes(body[pos:]), qos, pid, bool(flags & 1), props
+    if length is not None and length > end:
+        payload = Oversized(length - pos, body[pos:])
+    else:
+        payload = body[pos:]
+    return topic, payload, qos, pid, bool(flags & 1), props
 
 
 def decode_puback(body):

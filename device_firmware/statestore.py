@@ -2,11 +2,17 @@
 
 Requests are QoS 1 PUBLISHes to the system topic with a response topic, correlation data and an
 HLC `__ts` user property; the reply comes back on our response topic with the same correlation
-data. Where the published spec and the official clients differ we follow the clients: NEX takes
-no argument, a failed NX/NEX or a VDEL mismatch is `:-1`, a deletion notifies `NOTIFY DELETE`.
+data. Where the published spec and the official clients differ we follow the clients: a deletion
+notifies `NOTIFY DELETE`. Only what a thermostat sends is here (GET, KEYNOTIFY): SET, DEL and VDEL
+are the cloud's and the operator's, and their code would cost a 64 KB heap for nothing.
 
 The module-level functions build and read payloads and topics with no I/O; `StateStoreClient`
 is the blocking layer on `mqtt5.MQTTClient` (one request in flight, like umqtt's QoS 1).
+
+Replies and notifications are decoded inside the MQTT callback, in place in the receive buffer:
+a value up to `max_value` bytes is copied out, a longer one (or one whose message did not even fit
+the buffer) becomes `resp3.TooLong(size)`. So no value, however large, costs more than
+`max_value` bytes of heap, and the caller still gets an answer it can report.
 """
 
 import binascii
@@ -14,7 +20,7 @@ import os
 import time
 
 import resp3
-from mqtt5_codec import CORRELATION_DATA, RESPONSE_TOPIC, USER_PROPERTY
+from mqtt5_codec import CORRELATION_DATA, RESPONSE_TOPIC, USER_PROPERTY, Oversized
 
 SYSTEM_TOPIC = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
 NOTIFY_ROOT = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/"
@@ -28,43 +34,16 @@ class StateStoreTimeout(StateStoreError):
     """No reply in time; the MQTT connection itself may be fine (its keep-alive decides that)."""
 
 
-def _bytes(value) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
-
-
-def hex16(data) -> str:
-    """RFC 4648 base16, upper case, as the notification topic wants."""
-    return binascii.hexlify(_bytes(data)).decode().upper()
-
-
 def notify_topic(client_id, key) -> str:
-    return NOTIFY_ROOT + hex16(client_id) + "/command/notify/" + hex16(key)
+    """Client id and key in RFC 4648 base16, upper case."""
+    client_id, key = [(v.encode() if isinstance(v, str) else bytes(v)) for v in (client_id, key)]
+    return (NOTIFY_ROOT + binascii.hexlify(client_id).decode().upper() + "/command/notify/"
+            + binascii.hexlify(key).decode().upper())
 
 
 def response_topic(client_id) -> str:
     """The spec's recommended form; never under the system or notification topics."""
     return "clients/%s/services/statestore/_any_/command/invoke/response" % client_id
-
-
-def set_request(key, value, nx=False, nex=False, px=None) -> bytes:
-    """SET key value [NX|NEX] [PX ms]. NX and NEX exclude each other; PX is whole milliseconds > 0."""
-    if nx and nex:
-        raise ValueError("NX and NEX exclude each other")
-    args = ["SET", key, value]
-    if nx:
-        args.append("NX")
-    elif nex:
-        args.append("NEX")
-    if px is not None:
-        if not isinstance(px, int) or px <= 0:
-            raise ValueError("PX must be a positive integer of milliseconds")
-        args.append("PX")
-        args.append(str(px))
-    return resp3.encode_command(*args)
-
-
-def keynotify_request(key, stop=False) -> bytes:
-    return resp3.encode_command("KEYNOTIFY", key, "STOP") if stop else resp3.encode_command("KEYNOTIFY", key)
 
 
 def user_property(props, name: str):
@@ -74,19 +53,28 @@ def user_property(props, name: str):
     return None
 
 
+def decode_payload(payload):
+    """RESP3 from a message payload: bytes, a memoryview, or the head of an `Oversized` one."""
+    if isinstance(payload, Oversized):
+        return resp3.decode(payload.head, True)
+    return resp3.decode(payload)
+
+
 def parse_notification(topic, payload):
-    """(key bytes, "SET" or "DELETE", value or None) from a notification; ValueError if malformed."""
+    """(key bytes, "SET" or "DELETE", value or None) from a notification; ValueError if malformed.
+    The value is whatever `decode_payload` made of it (a view into payload, or TooLong)."""
     topic = topic.decode() if isinstance(topic, (bytes, bytearray)) else topic
     _, sep, key_hex = topic.rpartition("/command/notify/")
     if not sep:
         raise ValueError("not a notification topic")
     key = binascii.unhexlify(key_hex)
-    message = resp3.decode(payload)
-    if not isinstance(message, list) or len(message) < 2 or message[0] != b"NOTIFY":
+    message = decode_payload(payload)
+    if (not isinstance(message, list) or len(message) < 2 or isinstance(message[0], resp3.TooLong)
+            or isinstance(message[1], resp3.TooLong) or bytes(message[0]) != b"NOTIFY"):
         raise ValueError("malformed notification")
-    operation = message[1].decode()
+    operation = bytes(message[1]).decode()
     if operation == "SET":
-        if len(message) != 4 or message[2] != b"VALUE":
+        if len(message) != 4 or isinstance(message[2], resp3.TooLong) or bytes(message[2]) != b"VALUE":
             raise ValueError("malformed SET notification")
         return key, "SET", message[3]
     if operation in ("DELETE", "DEL") and len(message) == 2:
@@ -100,10 +88,12 @@ class StateStoreClient:
 
     `on_notify(key, operation, value, version)` is called for every KEYNOTIFY notification.
     Call `start()` after every (re)connect: subscriptions and registrations die with the connection.
+    Values (GET replies, notifications) longer than `max_value` bytes arrive as `resp3.TooLong`.
     """
 
-    def __init__(self, mqtt, hlc, timeout_ms=5000, on_notify=None, on_other=None):
+    def __init__(self, mqtt, hlc, timeout_ms=5000, on_notify=None, on_other=None, max_value=256):
         self.mqtt = mqtt
+        self.max_value = max_value
         self.hlc = hlc
         self.timeout_ms = timeout_ms
         self.on_notify = on_notify
@@ -114,6 +104,7 @@ class StateStoreClient:
         self._corr_count = 0
         self._waiting = None
         self._reply = None
+        self._merge_clock = True
         mqtt.set_callback(self._on_message)
 
     def start(self) -> None:
@@ -129,11 +120,23 @@ class StateStoreClient:
             except ValueError as e:
                 print("statestore: ignoring clock:", e)
 
+    def _keep(self, value):
+        """A bulk string out of the receive buffer: copied if short enough, else its size only."""
+        if isinstance(value, memoryview):
+            return bytes(value) if len(value) <= self.max_value else resp3.TooLong(len(value))
+        return value
+
     def _on_message(self, topic, payload, props) -> None:
+        # payload is a view into the receive buffer, valid only now: decode it here, keep little.
         if topic == self.resp_topic.encode():
             if props.get(CORRELATION_DATA) == self._waiting:
-                self._stamp(props)
-                self._reply = (payload, props)
+                if self._merge_clock:
+                    self._stamp(props)
+                try:
+                    value = self._keep(decode_payload(payload))
+                except ValueError as e:
+                    value = StateStoreError(str(e))
+                self._reply = (value, user_property(props, "__ts"))
             return
         if topic.startswith(NOTIFY_ROOT.encode()):
             self._stamp(props)
@@ -143,20 +146,22 @@ class StateStoreClient:
                 print("statestore: bad notification:", e)
                 return
             if self.on_notify:
-                self.on_notify(key, op, value, user_property(props, "__ts"))
+                self.on_notify(key, op, self._keep(value), user_property(props, "__ts"))
             return
         if self.on_other:
             self.on_other(topic, payload, props)
 
-    def request(self, payload: bytes):
+    def request(self, payload: bytes, stamp=None):
         """Send one request and wait for its reply: (decoded RESP3 value, version or None).
+        stamp: the `__ts` to send instead of our HLC's next one.
 
         Raises StateStoreError for `-ERR`, StateStoreTimeout when no reply comes in time."""
         self._corr_count += 1
         corr = self._corr_prefix + self._corr_count.to_bytes(4, "big")
         props = {RESPONSE_TOPIC: self.resp_topic, CORRELATION_DATA: corr,
-                 USER_PROPERTY: [("__ts", self.hlc.send())]}
+                 USER_PROPERTY: [("__ts", stamp or self.hlc.send())]}
         self._waiting, self._reply = corr, None
+        self._merge_clock = stamp is None  # report()'s reply is the clock reading itself
         try:
             self.mqtt.publish(SYSTEM_TOPIC, payload, qos=1, props=props)
             deadline = time.ticks_add(time.ticks_ms(), self.timeout_ms)
@@ -167,56 +172,38 @@ class StateStoreClient:
                 self.mqtt.wait_msg(left)
         finally:
             self._waiting = None
-        payload, props = self._reply
-        try:
-            value = resp3.decode(payload)
-        except ValueError as e:
-            raise StateStoreError(str(e))
+        value, version = self._reply
+        self._reply = None
+        if isinstance(value, StateStoreError):
+            raise value
         if isinstance(value, resp3.Resp3Error):
             raise StateStoreError(str(value))
-        return value, user_property(props, "__ts")
+        return value, version
 
-    def set(self, key, value, nx=False, nex=False, px=None) -> bool:
-        """True if stored (`+OK`), False if an NX/NEX condition stopped it (`:-1`)."""
-        reply, _ = self.request(set_request(key, value, nx, nex, px))
-        if reply == "OK":
-            return True
-        if reply == -1:
-            return False
-        raise StateStoreError("unexpected SET reply %r" % (reply,))
+    def report(self, key, value):
+        """SET key value, stamped at time zero so that the store's clock, not ours, versions it:
+        returns that version, which is the gateway's time now. This is how the thermostat reads
+        the gateway's clock at every (re)connect whatever its own says (a stamp from a clock hours
+        ahead would be refused; one from the epoch never is). SET is the one request whose reply
+        carries the store's current time; GET replies carry the entry's, KEYNOTIFY's none."""
+        reply, version = self.request(resp3.encode_command("SET", key, value),
+                                      "%015d:%05d:%s" % (0, 0, self.hlc.node_id))
+        if reply != "OK" or not version:
+            raise StateStoreError("unexpected SET reply %r" % (reply,))
+        return version
 
     def get(self, key):
-        """(value bytes or None, version or None)."""
+        """(value bytes, TooLong or None, version or None)."""
         reply, version = self.request(resp3.encode_command("GET", key))
-        if reply is not None and not isinstance(reply, bytes):
+        if reply is not None and not isinstance(reply, (bytes, resp3.TooLong)):
             raise StateStoreError("unexpected GET reply %r" % (reply,))
         return reply, version
 
-    def delete(self, key) -> int:
-        return self._count(resp3.encode_command("DEL", key))
-
-    def vdelete(self, key, value) -> int:
-        """1 deleted, 0 no such key, -1 the value did not match."""
-        return self._count(resp3.encode_command("VDEL", key, value))
-
-    def keynotify(self, key, stop=False) -> bool:
-        """Register (or STOP) notifications for key. False: STOP for a key not registered (`:0`).
-        Subscribe to `notify_topic()` first (see `watch`), or the first notification can be lost."""
-        reply, _ = self.request(keynotify_request(key, stop))
-        if reply == "OK":
-            return True
-        if reply == 0:
-            return False
-        raise StateStoreError("unexpected KEYNOTIFY reply %r" % (reply,))
-
     def watch(self, key) -> None:
         """Subscribe to key's notification topic, wait for the SUBACK, then KEYNOTIFY: the order
-        the spec requires so no change slips between the two."""
+        the spec requires so no change slips between the two. (No KEYNOTIFY STOP: registrations
+        end with the connection, and a thermostat never stops watching its key.)"""
         self.mqtt.subscribe(notify_topic(self.client_id, key), 1)
-        self.keynotify(key)
-
-    def _count(self, payload: bytes) -> int:
-        reply, _ = self.request(payload)
-        if not isinstance(reply, int):
-            raise StateStoreError("unexpected reply %r" % (reply,))
-        return reply
+        reply, _ = self.request(resp3.encode_command("KEYNOTIFY", key))
+        if reply != "OK":
+            raise StateStoreError("unexpected KEYNOTIFY reply %r" % (reply,))

@@ -12,68 +12,124 @@ being controlled. Pure decisions (`parse_set_point`, `heater_should_be_on`, `ale
 I/O so they are unit-tested on their own.
 """
 
+import binascii
 import gc
 import json
+import sys
 import os
 import random
 import time
+from micropython import const
 
 import hlc
 import mqtt5
 import statestore
-from version import VERSION
 from mqtt5_codec import CONTENT_TYPE, MQTTProtocolError
 
-SET_POINT_KEY_SUFFIX = "\\setPoint"  # literal backslash, as in the spec's example
+VERSION = "0.1.0"  # the firmware version: bundle name, telemetry `fw`, `<thermostat>\\firmware`
+_MAX_FAULTS = const(10)  # unexpected exceptions survived before a restart, if each follows the last ...
+_FAULT_WINDOW_MS = const(600000)  # ... within ten minutes
 
-DEFAULTS = {
-    "broker": {"host": "127.0.0.1", "port": 1883, "user": None, "password": None, "keepalive": 30},
-    "set_point": {"default": 20.0, "min": 5.0, "max": 30.0},
-    "hysteresis_c": 0.5,
-    "alerts": {"low_c": 5.0, "high_c": 35.0},
-    "timing": {"control_ms": 1000, "telemetry_ms": 10000, "backoff_min_ms": 500,
-               "backoff_max_ms": 30000, "request_timeout_ms": 5000},
-    "state_file": "setpoint.json",
-    "hardware": {"kind": "simulated"},
-}
+_MAX_SET_POINT_BYTES = const(32)  # the longest value read as a number; anything longer is refused unread
 
 
-def load_config(path: str) -> dict:
-    """The JSON config file merged over DEFAULTS (one level deep); `thermostat` is required."""
-    with open(path) as f:
-        config = json.load(f)
-    if not isinstance(config.get("thermostat"), str) or not config["thermostat"]:
-        raise ValueError("config: 'thermostat' (the device name) is required")
-    merged = {}
-    for name, default in DEFAULTS.items():
-        value = config.get(name, default)
-        if isinstance(default, dict):
-            if not isinstance(value, dict):
-                raise ValueError("config: '%s' must be an object" % name)
-            value = dict(default, **value)
-        merged[name] = value
-    merged["thermostat"] = config["thermostat"]
-    return merged
+def _is_decimal(text: bytes) -> bool:
+    """[+-]digits[.digits][(e|E)[+-]digits], or .digits: the numbers a set point may be written as.
+    Stricter than MicroPython's float(), which also takes "." and "1__0" and "inf"."""
+    n = len(text)
+    i = 1 if n and text[0] in b"+-" else 0
+    start = i
+    while i < n and 48 <= text[i] <= 57:
+        i += 1
+    digits = i - start
+    if i < n and text[i] == 46:  # "."
+        i += 1
+        start = i
+        while i < n and 48 <= text[i] <= 57:
+            i += 1
+        digits += i - start
+    if not digits:
+        return False
+    if i < n and text[i] in b"eE":
+        i += 1
+        if i < n and text[i] in b"+-":
+            i += 1
+        start = i
+        while i < n and 48 <= text[i] <= 57:
+            i += 1
+        if i == start:
+            return False
+    return i == n
 
 
 def parse_set_point(raw, low: float, high: float) -> float:
-    """The set point in a state store value, or ValueError saying why it is unusable."""
+    """The set point in a state store value (bytes, str or resp3.TooLong), or ValueError saying
+    why it is unusable. Total: no byte sequence raises anything else."""
+    if isinstance(raw, (int, float)):  # the copy in flash is JSON
+        raw = str(raw)
+    if isinstance(raw, str):
+        raw = raw.encode()
+    size = len(raw)
+    if size > _MAX_SET_POINT_BYTES:
+        raise ValueError("too long (%d bytes)" % size)
+    text = bytes(raw).strip(b" \t")
+    if not text:
+        raise ValueError("empty")
     try:
-        value = float(raw.decode() if isinstance(raw, (bytes, bytearray)) else raw)
-    except (ValueError, UnicodeError):
+        text.decode()
+    except UnicodeError:
+        raise ValueError("not UTF-8")
+    if not _is_decimal(text):
         raise ValueError("not a number")
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError("not a number")
+    value = float(text) + 0.0  # + 0.0 turns -0.0 into 0.0
+    if value in (float("inf"), float("-inf")):
+        raise ValueError("not finite")
     if not low <= value <= high:
         raise ValueError("out of range [%s, %s]" % (low, high))
     return value
 
 
-def heater_should_be_on(temp: float, set_point: float, band: float, on: bool) -> bool:
-    """Hysteresis: switch on below set_point - band, off above set_point + band, else hold."""
-    if temp <= set_point - band:
+def shown_value(raw):
+    """A rejected value as telemetry can carry it: the text if short UTF-8, else hex of its head,
+    None if it was never read (too long)."""
+    if isinstance(raw, str):
+        return raw[:_MAX_SET_POINT_BYTES]
+    if len(raw) > _MAX_SET_POINT_BYTES:
+        return None
+    raw = bytes(raw)
+    try:
+        return raw.decode()
+    except UnicodeError:
+        return "hex:" + binascii.hexlify(raw).decode()
+
+
+def heap_headroom() -> tuple:
+    """(gc.mem_free(), largest free block) after a collection. The largest block is found by a
+    binary search of bytearray allocations with the collector off (so a failed try costs no
+    collection); the unix port's micropython.mem_info(1) only prints its heap map to stdout."""
+    gc.collect()
+    free = gc.mem_free()
+    gc.disable()
+    low, high = 0, free
+    try:
+        while high - low > 16:
+            mid = (low + high) // 2
+            try:
+                bytearray(mid)  # kept by nobody: the collection in `finally` frees it
+                low = mid
+            except MemoryError:
+                high = mid
+    finally:
+        gc.enable()
+        gc.collect()
+    return free, low
+
+
+def heater_should_be_on(temp: float, set_point: float, hysteresis: float, on: bool) -> bool:
+    """Switch on below set_point - hysteresis, off above set_point + hysteresis, else hold."""
+    if temp <= set_point - hysteresis:
         return True
-    if temp >= set_point + band:
+    if temp >= set_point + hysteresis:
         return False
     return on
 
@@ -126,9 +182,9 @@ class SetPoint:
         try:
             value = parse_set_point(raw, self.low, self.high)
         except ValueError as e:
-            shown = raw.decode() if isinstance(raw, (bytes, bytearray)) else str(raw)
-            self.rejected = {"value": shown[:32], "reason": str(e)}
-            print("set point: rejected %r: %s" % (shown[:32], e))
+            shown = shown_value(raw)
+            self.rejected = {"value": shown, "size": len(raw), "reason": str(e), "source": source}
+            print("set point: rejected %r (%d bytes) from %s: %s" % (shown, len(raw), source, e))
             return False
         changed = value != self.value
         self.value, self.version, self.source = value, version, source
@@ -149,23 +205,30 @@ class SetPoint:
 
 
 class Thermostat:
-    def __init__(self, config: dict, sensor, relay, watchdog):
-        self.config = config
+    def __init__(self, config: dict, sensor, relay, watchdog, restart, led=None, link=None):
+        """led: a status LED (on while registered) or None; link: the Wi-Fi `wifi.Station` or None."""
+        self.restart = restart
+        self.led = led
+        self.link = link
         self.name = config["thermostat"]
-        self.key = self.name + SET_POINT_KEY_SUFFIX
+        self.key = self.name + "\\setPoint"  # literal backslash, as in the spec's example
         self.sensor = sensor
         self.relay = relay
         self.watchdog = watchdog
         timing = config["timing"]
         self.timing = timing
+        self.hysteresis = config["hysteresis_c"]
+        self.alert_limits = (config["alerts"]["low_c"], config["alerts"]["high_c"])
         sp = config["set_point"]
         self.set_point = SetPoint(config["state_file"], sp["default"], sp["min"], sp["max"])
         broker = config["broker"]
         self.mqtt = mqtt5.MQTTClient(self.name, broker["host"], broker["port"], broker["user"],
                                      broker["password"], keepalive=broker["keepalive"],
-                                     timeout_ms=timing["request_timeout_ms"])
+                                     timeout_ms=timing["request_timeout_ms"], buf_size=768)
         self.store = statestore.StateStoreClient(self.mqtt, hlc.HLC(self.name),
-                                                 timing["request_timeout_ms"], self._on_notify)
+                                                 timing["request_timeout_ms"], self._on_notify,
+                                                 max_value=_MAX_SET_POINT_BYTES)
+        self.key_bytes = self.key.encode()
         self.data_topic = "devices/%s/messages/events/data" % self.name
         self.alerts_topic = "devices/%s/messages/events/alerts" % self.name
         self.connected = False
@@ -177,13 +240,17 @@ class Thermostat:
         self.active_alerts = ()
         self.pending_alerts = []  # alerts raised while offline, sent on reconnect
         self.mem_peak = 0
+        self.heap = (0, 0)  # (gc.mem_free(), largest free block) measured at the last telemetry
         self.seq = 0
         self.control_now = True
+        self.faults = 0  # unexpected exceptions the main loop survived, since boot
+        self.last_fault = None
+        self.fault_run = (0, 0)  # (faults each within _FAULT_WINDOW_MS of the previous, ticks_ms of the last)
 
     # --- state store ----------------------------------------------------------------------------
 
     def _on_notify(self, key, operation, value, version) -> None:
-        if key != self.key.encode():
+        if key != self.key_bytes:
             print("notification for a key not ours:", key)
             return
         if operation == "SET":
@@ -192,9 +259,23 @@ class Thermostat:
         else:
             print("set point: key deleted, keeping", self.set_point.value)
 
+    def _sync_clock(self) -> None:
+        """Report our firmware version (`<thermostat>\\firmware`) and take the time from its version."""
+        try:
+            version = self.store.report(self.name + "\\firmware", VERSION)
+            print("clock: %d ms off the gateway's, corrected" % hlc.set_wall_ms(hlc.parse(version)[0]))
+            self.store.hlc.resync()
+            self.store.hlc.receive(version)
+        except statestore.StateStoreTimeout:
+            raise
+        except (statestore.StateStoreError, ValueError) as e:  # e.g. an ACL that forbids the SET
+            print("clock: not synced from the gateway:", e)
+
     def _register(self) -> None:
-        """Subscribe (SUBACK), KEYNOTIFY, then GET: the order that loses no change."""
+        """Clock from the gateway, then subscribe (SUBACK), KEYNOTIFY, then GET: the order that
+        loses no change."""
         self.store.start()
+        self._sync_clock()
         self.store.watch(self.key)
         value, version = self.store.get(self.key)
         if value is not None and self.set_point.offer(value, version, "get"):
@@ -205,6 +286,9 @@ class Thermostat:
     # --- connection -----------------------------------------------------------------------------
 
     def _connect(self) -> None:
+        if self.link and not self.link.up():
+            self.retry_at = time.ticks_add(time.ticks_ms(), 250)  # Wi-Fi keeps its own backoff: poll it
+            return
         try:
             self.mqtt.connect(clean_session=True)
         except (OSError, mqtt5.MQTTException) as e:
@@ -255,10 +339,11 @@ class Thermostat:
             self.heater = False  # fail safe: never heat blind
         else:
             self.heater = heater_should_be_on(self.temperature, self.set_point.value,
-                                              self.config["hysteresis_c"], self.heater)
+                                              self.hysteresis, self.heater)
         self.relay.value(self.heater)
-        alerts = self.config["alerts"]
-        active = alerts_for(self.temperature, alerts["low_c"], alerts["high_c"])
+        if self.led:
+            self.led.value(self.registered)
+        active = alerts_for(self.temperature, self.alert_limits[0], self.alert_limits[1])
         for name in active:
             if name not in self.active_alerts:
                 self._raise_alert(name)
@@ -287,13 +372,47 @@ class Thermostat:
                 "temperature": None if self.temperature is None else round(self.temperature, 2),
                 "set_point": self.set_point.value, "set_point_source": self.set_point.source,
                 "set_point_rejected": self.set_point.rejected, "heater": self.heater,
-                "registered": self.registered, "mem_peak": self.mem_peak}
+                "registered": self.registered, "mem_peak": self.mem_peak,
+                "mem_free": self.heap[0], "mem_largest": self.heap[1],
+                "faults": self.faults, "last_fault": self.last_fault,
+                "wifi": self.link.status() if self.link else None}
 
     # --- main loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Run forever. An unexpected exception ends it; on a board the watchdog then resets it."""
+        """Run forever. The loop's last-resort handler reports an unexpected exception (printed,
+        and in telemetry as `faults`/`last_fault`), drops the connection (its state is unknown)
+        and carries on; more than _MAX_FAULTS within _FAULT_WINDOW_MS of each other is a defect no
+        retry will cure, so the device restarts (`restart`: machine.reset, or exit on unix)."""
         gc.collect()  # start mem_peak from the live heap, not from the garbage of importing
+        while True:
+            try:
+                self._loop()
+            except Exception as e:
+                self._fault(e)
+
+    def _fault(self, e) -> None:
+        now = time.ticks_ms()
+        run, last = self.fault_run
+        if run and time.ticks_diff(now, last) > _FAULT_WINDOW_MS:
+            run = 0
+        self.fault_run = (run + 1, now)
+        self.faults += 1
+        gc.collect()  # a MemoryError leaves garbage behind; reporting it needs a little heap
+        self.last_fault = ("%s: %s" % (type(e).__name__, e))[:80]
+        print("fault %d: %s" % (self.faults, self.last_fault))
+        sys.print_exception(e)
+        if self.fault_run[0] > _MAX_FAULTS:
+            print("too many faults, restarting")
+            self.restart()
+        try:
+            self._drop(e)
+        except Exception as again:
+            print("fault while dropping the connection:", again)
+            self.mqtt.sock = None
+            self.connected = self.registered = False
+
+    def _loop(self) -> None:
         now = time.ticks_ms()
         next_control = next_telemetry = now
         while True:
@@ -310,6 +429,8 @@ class Thermostat:
             now = time.ticks_ms()
             if time.ticks_diff(now, next_telemetry) >= 0:
                 next_telemetry = time.ticks_add(now, self.timing["telemetry_ms"])
+                self.mem_peak = max(self.mem_peak, gc.mem_alloc())
+                self.heap = heap_headroom()
                 if self.connected:
                     try:
                         self._publish(self.data_topic, self.telemetry(), 0)
@@ -324,23 +445,15 @@ class Thermostat:
             self._idle(wait)
             now = time.ticks_ms()
 
-    def _idle(self, wait_ms: int) -> None:
+    def _idle(self, timeout_ms: int) -> None:
         """Sleep until the next tick, but handle incoming messages (set point changes) at once."""
-        wait_ms = max(0, wait_ms)
+        timeout_ms = max(0, timeout_ms)
         if not self.connected:
-            time.sleep_ms(wait_ms)
+            time.sleep_ms(timeout_ms)
             return
         try:
             self.mqtt.check_msg()  # keep-alive
-            self.mqtt.wait_msg(wait_ms)
+            self.mqtt.wait_msg(timeout_ms)
             self.mqtt.check_msg()
         except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
             self._drop(e)
-
-
-def main(config_path: str = "config.json") -> None:
-    import board
-    config = load_config(config_path)
-    sensor, relay, watchdog = board.make_board(config["hardware"])
-    print("thermostat", config["thermostat"], "starting")
-    Thermostat(config, sensor, relay, watchdog).run()

@@ -12,6 +12,7 @@ Usage: python images/firmware/build.py [--out DIR]
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import io
 import json
@@ -27,19 +28,39 @@ ROOT = Path(__file__).resolve().parents[2]
 FIRMWARE = ROOT / "device_firmware"
 NAME = "thermostat-fw"
 ENTRY = "main"  # boards autostart main.py; deploy.py writes a main.py that imports `thermostat`
+# -O3 drops asserts; no-source-lines drops line-number tables (tracebacks name the function, not
+# the line): on the 64-bit unix port together about 1.5 KB of the 64 KB heap the app runs in.
+MPY_CROSS_FLAGS = ["-O3", "-X", "no-source-lines"]
 ZIP_DATE = (2020, 1, 1, 0, 0, 0)  # fixed, so the zip's bytes depend on the contents only
 
-CONFIG_TEMPLATE = {
+# What the template says beyond the firmware's defaults (device_firmware/config.py, their one home):
+# placeholders deploy.py refuses until filled in, and a board's pins instead of the simulated room.
+TEMPLATE_OVERRIDES = {
     "thermostat": "<thermostat name: MQTT client id and the state store key prefix>",
-    "broker": {"host": "<gateway address>", "port": 1883, "user": None, "password": None, "keepalive": 30},
-    "set_point": {"default": 20.0, "min": 5.0, "max": 30.0},
-    "hysteresis_c": 0.5,
-    "alerts": {"low_c": 5.0, "high_c": 35.0},
-    "timing": {"control_ms": 1000, "telemetry_ms": 10000, "backoff_min_ms": 500,
-               "backoff_max_ms": 30000, "request_timeout_ms": 5000},
-    "state_file": "setpoint.json",
-    "hardware": {"kind": "board", "sensor_pin": 26, "relay_pin": 15, "watchdog_ms": 30000},
+    "broker": {"host": "<gateway address>"},
+    "wifi": {"ssid": "<Wi-Fi network name>", "password": "<Wi-Fi password>"},
+    "hardware": {"kind": "board", "sensor_pin": 26, "relay_pin": 15, "led_pin": None, "watchdog_ms": 30000},
 }
+
+
+def firmware_defaults() -> dict:
+    """DEFAULTS from device_firmware/config.py, read as a literal (that module is MicroPython's)."""
+    tree = ast.parse((FIRMWARE / "config.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["DEFAULTS"]:
+            return ast.literal_eval(node.value)
+    raise BuildError("device_firmware/config.py has no DEFAULTS literal")
+
+
+def config_template() -> dict:
+    template = {"thermostat": TEMPLATE_OVERRIDES["thermostat"]}
+    for name, default in firmware_defaults().items():
+        override = TEMPLATE_OVERRIDES.get(name)
+        if isinstance(default, dict):
+            template[name] = dict(default, **(override or {}))
+        else:
+            template[name] = default if override is None else override
+    return template
 
 
 class BuildError(Exception):
@@ -47,9 +68,9 @@ class BuildError(Exception):
 
 
 def firmware_version() -> str:
-    match = re.search(r'^VERSION = "([^"]+)"', (FIRMWARE / "version.py").read_text(), re.M)
+    match = re.search(r'^VERSION = "([^"]+)"', (FIRMWARE / "thermostat.py").read_text(), re.M)
     if not match:
-        raise BuildError("device_firmware/version.py has no VERSION")
+        raise BuildError("device_firmware/thermostat.py has no VERSION")
     return match.group(1)
 
 
@@ -79,8 +100,9 @@ def compile_modules(out_dir: Path) -> dict[str, bytes]:
     compiled = {}
     for source in sources:
         target = out_dir / f"{source.stem}.mpy"
-        # -s: record the bare file name, not this machine's path (reproducible, and what tracebacks show)
-        proc = subprocess.run(mpy_cross_command() + ["-s", source.name, "-o", str(target), str(source)],
+        # -s: record the module name, not this machine's path: reproducible, what tracebacks show, and
+        # the same string as the module's own name, so it costs no extra qstr on the device's heap.
+        proc = subprocess.run(mpy_cross_command() + MPY_CROSS_FLAGS + ["-s", source.stem, "-o", str(target), str(source)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise BuildError(f"mpy-cross failed on {source.name}:\n{proc.stderr}")
@@ -96,7 +118,7 @@ def build(out: Path) -> Path:
     if len(versions) != 1:
         raise BuildError(f"modules compiled to different mpy versions: {versions}")
     mpy_cross = subprocess.run(mpy_cross_command() + ["--version"], capture_output=True, text=True).stdout.strip()
-    template = (json.dumps(CONFIG_TEMPLATE, indent=2) + "\n").encode()
+    template = (json.dumps(config_template(), indent=2) + "\n").encode()
     files = dict(compiled, **{"config.template.json": template})
     manifest = {
         "name": NAME,

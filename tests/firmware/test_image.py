@@ -1,4 +1,4 @@
-"""images/firmware: the .mpy bundle, its manifest, booting it alone, and the deploy command."""
+"""images/firmware/build.py: the .mpy bundle, its manifest, booting it alone (heap, safe boot)."""
 
 import hashlib
 import json
@@ -10,9 +10,9 @@ import pytest
 
 from tests.firmware.conftest import FIRMWARE, MICROPYTHON, ROOT
 from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
+from tests.support.processes import GatewayProcess
 
 BUILD = ROOT / "images" / "firmware" / "build.py"
-DEPLOY = ROOT / "images" / "firmware" / "deploy.py"
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def bundle(tmp_path_factory):
 def test_bundle_is_versioned_and_its_manifest_is_true(bundle):
     version = json.loads(zipfile.ZipFile(bundle).read("manifest.json"))["version"]
     assert bundle.name == f"thermostat-fw-{version}.zip"
-    assert f'VERSION = "{version}"' in (FIRMWARE / "version.py").read_text()
+    assert f'VERSION = "{version}"' in (FIRMWARE / "thermostat.py").read_text()
     with zipfile.ZipFile(bundle) as archive:
         manifest = json.loads(archive.read("manifest.json"))
         names = set(archive.namelist())
@@ -66,33 +66,38 @@ def test_bundle_boots_from_mpy_alone_within_64k_of_heap(bundle, tmp_path, mosqui
     assert 10_000 < max(peaks) <= 65536, peaks
 
 
-def test_deploy_dry_run_prints_the_mpremote_commands(bundle, tmp_path):
-    device = tmp_path / "device.json"
-    device.write_text(json.dumps({"thermostat": "t-42", "broker": {"host": "10.0.0.1"}}))
-    proc = subprocess.run([sys.executable, str(DEPLOY), str(bundle), "--port", "/dev/ttyUSB0", "--config", str(device),
-                           "--dry-run"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert all(line.startswith("mpremote connect /dev/ttyUSB0 ") for line in lines[1:])
-    copied = [line.split()[-1] for line in lines if " fs cp " in line]
-    assert ":thermostat.mpy" in copied and ":mqtt5.mpy" in copied and ":main.mpy" not in copied
-    assert f"{device} :config.json" in proc.stdout and copied[-1] == ":main.py"
-    assert lines[-2:] == ["mpremote connect /dev/ttyUSB0 rtc --set", "mpremote connect /dev/ttyUSB0 reset"]
-
-
-def test_deploy_refuses_a_tampered_bundle_and_an_unfilled_config(bundle, tmp_path):
-    tampered = tmp_path / "tampered.zip"
-    with zipfile.ZipFile(bundle) as src, zipfile.ZipFile(tampered, "w") as dst:
-        for name in src.namelist():
-            data = src.read(name)
-            dst.writestr(name, data + b"\0" if name == "mqtt5.mpy" else data)
-    device = tmp_path / "device.json"
-    device.write_text(json.dumps({"thermostat": "t-42"}))
-    run = lambda b, c: subprocess.run([sys.executable, str(DEPLOY), str(b), "--port", "/dev/null", "--config", str(c),
-                                       "--dry-run"], capture_output=True, text=True)
-    proc = run(tampered, device)
-    assert proc.returncode == 1 and "mqtt5.mpy: sha256 does not match the manifest" in proc.stderr
+def unpacked(bundle, into):
     with zipfile.ZipFile(bundle) as archive:
-        (tmp_path / "template.json").write_bytes(archive.read("config.template.json"))
-    proc = run(bundle, tmp_path / "template.json")
-    assert proc.returncode == 1 and "set 'thermostat'" in proc.stderr
+        archive.extractall(into)
+    assert not list(into.glob("*.py"))
+    return into
+
+
+def test_after_registration_16k_of_the_64k_heap_stay_free_with_a_4k_block(bundle, tmp_path, micropython, paho_peer):
+    code = unpacked(bundle, tmp_path / "flash")
+    with GatewayProcess(tmp_path / "gateway") as gateway:
+        peer = paho_peer(gateway.host, gateway.port)
+        peer.subscribe("devices/t-heap/messages/events/data")
+        fw = start_thermostat(micropython, code, thermostat_config("t-heap", gateway.host, gateway.port),
+                              code_dir=code, heap="64K")
+        fw.expect(r"^registered t-heap\\setPoint$")
+        samples = []
+        while len(samples) < 5:
+            data = peer.next_json("/data")
+            if data["registered"]:
+                samples.append((data["mem_free"], data["mem_largest"]))
+    assert "MemoryError" not in fw.output(), fw.output()
+    print("heap after registration (free, largest block):", samples)
+    assert min(free for free, _ in samples) >= 16 * 1024, samples
+    assert min(largest for _, largest in samples) >= 4 * 1024, samples
+
+
+def test_safe_boot_file_holds_the_app_before_anything_is_armed(bundle, tmp_path, micropython):
+    code = unpacked(bundle, tmp_path / "flash")
+    (code / "SAFE_BOOT").write_text("")
+    fw = start_thermostat(micropython, code, thermostat_config("t-safe", "127.0.0.1", 9), code_dir=code, heap="64K")
+    assert fw.wait(10) == 0
+    assert fw.lines[:1] == ["safe boot: SAFE_BOOT present, thermostat not started"], fw.output()
+    (code / "SAFE_BOOT").unlink()
+    fw = start_thermostat(micropython, code, thermostat_config("t-safe", "127.0.0.1", 9), code_dir=code, heap="64K")
+    fw.expect(r"^thermostat t-safe starting$")

@@ -8,6 +8,7 @@ every switch) and its telemetry show what the thermostat did.
 import json
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -100,6 +101,50 @@ def test_gateway_restart_reconnect_reregister_and_catch_up(tmp_path, gateway, mi
     fw.expect(r"^relay off$", after=mark)  # 18 C room, 16 C set point
 
 
+CLOCK_SHIFT = Path(__file__).resolve().parent / "clock_shift"
+
+
+@pytest.mark.parametrize("hours", [5, -5])
+def test_a_device_clock_hours_off_registers_and_takes_the_time_from_the_gateway(
+        tmp_path, gateway, store, micropython, paho_peer, monkeypatch, hours):
+    monkeypatch.setenv("CLOCK_SHIFT_S", str(hours * 3600))
+    name = "t-clk-ahead" if hours > 0 else "t-clk-behind"
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe(f"devices/{name}/messages/events/data")
+    fw = start_thermostat(micropython, tmp_path / name, thermostat_config(name, gateway.host, gateway.port),
+                          before=(CLOCK_SHIFT,))
+    _, off = fw.expect(r"^clock: (-?\d+) ms off the gateway's, corrected$")
+    assert abs(int(off.group(1)) + hours * 3600_000) < 5_000, off.group(0)
+    fw.expect(rf"^registered {name}\\setPoint$")
+    assert store.set(key(name), b"24").applied  # the thermostat's HLC now agrees with the store's
+    fw.expect(r"^set point 24.0 from notify$")
+    assert store.get(name + "\\firmware").value == b"0.1.0"  # what it reported to read the clock
+    while not (data := peer.next_json("/data"))["registered"]:
+        pass
+    assert abs(data["ts_ms"] - time.time() * 1000) < 5_000, data
+    assert "ignoring clock" not in fw.output()
+
+
+def test_a_hung_gateway_is_detected_by_its_silence_and_reconnected_after(tmp_path, gateway, micropython):
+    # The case is keep-alive 10 s and SIGSTOP for 25 s; this is the same at a fifth of the
+    # scale. Telemetry every 300 ms keeps the thermostat sending, so only what it receives can tell.
+    config = thermostat_config("t-hung", gateway.host, gateway.port)
+    config["broker"]["keepalive"] = 2
+    fw = start_thermostat(micropython, tmp_path / "t-hung", config)
+    registered, _ = fw.expect(r"^registered t-hung\\setPoint$")
+    gateway.process.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        lost, _ = fw.expect(r"^connection lost: .*ETIMEDOUT", timeout=5, after=registered)
+        detected = fw.times[lost] - stopped
+        assert detected <= 2 * 1.5 + 0.5, f"detected after {detected:.1f} s"
+        time.sleep(6 - (time.monotonic() - stopped))  # the hang itself is the test's input, not a wait
+    finally:
+        gateway.process.send_signal(signal.SIGCONT)
+    fw.expect(r"^registered t-hung\\setPoint$", timeout=15, after=lost)
+    assert fw.process.poll() is None and "fault" not in fw.output()
+
+
 def test_malformed_and_out_of_range_set_points_are_ignored_and_reported(tmp_path, gateway, store, micropython, paho_peer):
     workdir = tmp_path / "t-bad"
     fw = start_thermostat(micropython, workdir, thermostat_config("t-bad", gateway.host, gateway.port))
@@ -108,7 +153,7 @@ def test_malformed_and_out_of_range_set_points_are_ignored_and_reported(tmp_path
     fw.expect(r"^set point 23.0 from notify$")
     peer = paho_peer(gateway.host, gateway.port)
     peer.subscribe("devices/t-bad/messages/events/data")
-    for raw, reason in ((b"hot", "not a number"), (b"99", "out of range [5.0, 30.0]"), (b"", "not a number"),
+    for raw, reason in ((b"hot", "not a number"), (b"99", "out of range [5.0, 30.0]"), (b"", "empty"),
                         (b"nan", "not a number")):
         mark = len(fw.lines)
         assert store.set(key("t-bad"), raw).applied
@@ -116,7 +161,8 @@ def test_malformed_and_out_of_range_set_points_are_ignored_and_reported(tmp_path
         deadline = time.monotonic() + 5
         while True:
             data = peer.next_json("/data")
-            if data["set_point_rejected"] == {"value": raw.decode(), "reason": reason}:
+            if data["set_point_rejected"] == {"value": raw.decode(), "size": len(raw), "reason": reason,
+                                              "source": "notify"}:
                 break
             assert time.monotonic() < deadline, data
         assert data["set_point"] == 23.0 and data["heater"] is True

@@ -9,13 +9,11 @@ from tests.firmware.conftest import FIRMWARE
 
 
 def thermostat_config(name: str, host: str, port: int, **overrides) -> dict:
-    """A config with timing fast enough for tests; overrides replace whole sections."""
+    """A config with timing fast enough for tests; overrides replace whole sections. Everything else
+    is the firmware's own default (device_firmware/config.py), so the defaults live in one place."""
     config = {
         "thermostat": name,
         "broker": {"host": host, "port": port, "keepalive": 10},
-        "set_point": {"default": 20.0, "min": 5.0, "max": 30.0},
-        "hysteresis_c": 0.5,
-        "alerts": {"low_c": 5.0, "high_c": 35.0},
         "timing": {"control_ms": 100, "telemetry_ms": 300, "backoff_min_ms": 100,
                    "backoff_max_ms": 800, "request_timeout_ms": 1000},
         "state_file": "setpoint.json",
@@ -26,8 +24,10 @@ def thermostat_config(name: str, host: str, port: int, **overrides) -> dict:
     return config
 
 
-def start_thermostat(micropython, workdir: Path, config: dict, code_dir: Path = FIRMWARE, heap: str | None = None):
-    """Write config.json into workdir (the device's flash) and boot main there."""
+def start_thermostat(micropython, workdir: Path, config: dict, code_dir: Path = FIRMWARE, heap: str | None = None,
+                     before: tuple[Path, ...] = ()):
+    """Write config.json into workdir (the device's flash) and boot main there. before: directories
+    searched ahead of the firmware (test stand-ins such as clock_shift/)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(json.dumps(config))
-    return micropython(["-m", "main"], cwd=workdir, path=[code_dir], heap=heap)
+    return micropython(["-m", "main"], cwd=workdir, path=[*before, code_dir], heap=heap)

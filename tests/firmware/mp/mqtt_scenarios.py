@@ -26,6 +26,7 @@ def echo():
     done = []
 
     def on_message(topic, payload, props):
+        payload = bytes(payload)  # a view into the receive buffer: copy what outlives the call
         print("MSG " + json.dumps({"topic": topic.decode(), "payload": payload.decode(), "props": show(props)}))
         if RESPONSE_TOPIC in props:
             client.publish(props[RESPONSE_TOPIC], b"re:" + payload, qos=1,
@@ -60,7 +61,7 @@ def keepalive():
 def session():
     phase = sys.argv[5]
     client = mqtt5.MQTTClient(client_id, host, port, session_expiry=60)
-    client.set_callback(lambda t, p, pr: print("MSG %s %s" % (t.decode(), p.decode())))
+    client.set_callback(lambda t, p, pr: print("MSG %s %s" % (t.decode(), bytes(p).decode())))
     print("CONNACK present=%s" % client.connect(clean_session=False))
     if phase == "1":
         client.subscribe("fw/s", 1)
@@ -73,7 +74,7 @@ def session():
 
 def reconnect():
     client = mqtt5.MQTTClient(client_id, host, port, keepalive=30, timeout_ms=1000)
-    client.set_callback(lambda t, p, pr: print("MSG %s %s" % (t.decode(), p.decode())))
+    client.set_callback(lambda t, p, pr: print("MSG %s %s" % (t.decode(), bytes(p).decode())))
     client.connect()
     client.subscribe("fw/r", 1)
     print("READY")

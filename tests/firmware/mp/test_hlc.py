@@ -12,7 +12,10 @@ class Clock:
 
 
 def test_format_is_zero_padded_like_the_real_clients():
-    eq(hlc.format_hlc(1696374425000, 1, "StateStore"), "001696374425000:00001:StateStore")
+    clock = hlc.HLC("StateStore", clock=lambda: 1696374425000)
+    clock.send()
+    clock.send()
+    eq(str(clock), "001696374425000:00001:StateStore")
 
 
 def test_parse_accepts_padded_and_unpadded():

@@ -50,15 +50,14 @@ def test_connect_minimal_matches_spec_layout():
     eq(bytes(packer.connect("c1", 60, True)), h("10 0f 0004 4d515454 05 02 003c 00 0002 6331"))
 
 
-def test_connect_with_properties_credentials_and_will():
+def test_connect_with_properties_and_credentials():
     packer = codec.Packer(128)
     packet = bytes(packer.connect(b"c", 10, False, {codec.SESSION_EXPIRY: 3600, codec.RECEIVE_MAXIMUM: 8},
-                                  user="u", password=b"p", will=("w", b"bye", 1, True, None)))
-    # flags: user 0x80 | password 0x40 | will retain 0x20 | will qos1 0x08 | will 0x04
-    eq(packet[9], 0xEC)
+                                  user="u", password=b"p"))
+    eq(packet[9], 0xC0)  # flags: user 0x80 | password 0x40
     eq(packet[12], 8)  # MicroPython dicts are unordered: compare the decoded block
     eq(codec.get_props(packet, 12, 21), ({codec.SESSION_EXPIRY: 3600, codec.RECEIVE_MAXIMUM: 8}, 21))
-    eq(packet[21:], h("0001 63 00 0001 77 0003 627965 0001 75 0001 70"))
+    eq(packet[21:], h("0001 63 0001 75 0001 70"))
     eq(packet[1], len(packet) - 2)
 
 
@@ -101,12 +100,55 @@ def test_framer_assembles_byte_by_byte_and_several_per_read():
         eq([p[0] for p in frame_all(wire, chunk)], [codec.PINGRESP, codec.PUBLISH, codec.PUBACK])
 
 
-def test_framer_rejects_packet_larger_than_its_buffer():
-    framer = codec.Framer(16)
-    data = h("30 20")
-    framer.space()[:2] = data
-    framer.added(2)
-    raises(codec.MQTTProtocolError, framer.next_packet)
+def frame_oversized(wire: bytes, chunk: int, size: int) -> list:
+    """Like frame_all, but decodes each PUBLISH at once (its views die with the next read):
+    (topic, payload bytes or ("oversized", size, head bytes)) per PUBLISH, type for the others."""
+    framer = codec.Framer(size)
+    seen = []
+    i = 0
+    while i < len(wire):
+        space = framer.space()  # a socket read: at most what the buffer has room for
+        piece = wire[i:i + min(chunk, len(space))]
+        i += len(piece)
+        space[:len(piece)] = piece
+        framer.added(len(piece))
+        while True:
+            packet = framer.next_packet()
+            if packet is None:
+                break
+            kind, flags, body, length = packet
+            if kind != codec.PUBLISH:
+                seen.append(kind)
+                continue
+            topic, payload, _, _, _, _ = codec.decode_publish(flags, body, length)
+            if isinstance(payload, codec.Oversized):
+                seen.append((topic, ("oversized", payload.size, bytes(payload.head))))
+            else:
+                seen.append((topic, bytes(payload)))
+    return seen
+
+
+def test_framer_hands_out_the_head_of_a_packet_larger_than_its_buffer_and_skips_the_rest():
+    big = bytes(codec.Packer(2048).publish("big", bytes(range(256)) * 6, 1, False, 9))
+    small = bytes(codec.Packer(64).publish("s", b"after", 0, False, 0))
+    wire = small + big + h("d000") + small
+    for chunk in (1, 7, 64, 100, len(wire)):
+        seen = frame_oversized(wire, chunk, 64)
+        head = 64 - 3 - (2 + 3 + 2 + 1)  # buffer - fixed header - (topic, packet id, no properties)
+        eq(seen, [(b"s", b"after"), (b"big", ("oversized", 1536, bytes(range(head)))), codec.PINGRESP,
+                  (b"s", b"after")])
+
+
+def test_publish_payload_is_a_view_into_the_receive_buffer_not_a_copy():
+    framer = codec.Framer(64)
+    wire = bytes(codec.Packer(64).publish("t", b"value", 0, False, 0))
+    framer.space()[:len(wire)] = wire
+    framer.added(len(wire))
+    kind, flags, body, length = framer.next_packet()
+    payload = codec.decode_publish(flags, body, length)[1]
+    eq(type(payload), memoryview)
+    framer.buf[len(wire) - 5] = ord("V")
+    eq(bytes(payload), b"Value")
 
 
 def test_puback_short_form_means_success():

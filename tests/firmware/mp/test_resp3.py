@@ -38,3 +38,20 @@ def test_malformed_replies_raise():
     for bad in (b"", b"+OK", b"$5\r\nabc\r\n", b"$3\r\nabcd\r\n", b":1x\r\n", b":\r\n", b"*2\r\n$1\r\na\r\n",
                 b"?\r\n", b"$-2\r\n", b"+OK\r\n+OK\r\n", b"*-3\r\n"):
         raises(ValueError, resp3.decode, bad)
+
+
+def test_decode_in_place_returns_views_of_a_memoryview():
+    buf = bytearray(b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\nabc\r\n")
+    message = resp3.decode(memoryview(buf))
+    eq(type(message[3]), memoryview)
+    buf[-3] = ord("C")
+    eq(bytes(message[3]), b"abC")
+
+
+def test_partial_decode_reports_a_cut_off_bulk_string_by_its_size():
+    head = b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$5000\r\nxyz"
+    message = resp3.decode(memoryview(head), True)
+    eq([bytes(m) for m in message[:3]], [b"NOTIFY", b"SET", b"VALUE"])
+    eq(message[3].size, 5000)
+    eq(resp3.decode(b"$70000\r\n12", True).size, 70000)
+    raises(ValueError, resp3.decode, b"$70000\r\n12")

@@ -14,25 +14,6 @@ def test_topics():
     eq(rt.startswith("clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8"), False)
 
 
-def test_set_requests_follow_the_real_clients():
-    eq(statestore.set_request("k", "v"), b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n")
-    eq(statestore.set_request("k", "v", nx=True), b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n$2\r\nNX\r\n")
-    # NEX takes no argument: it compares with the value being set.
-    eq(statestore.set_request("k", "v", nex=True, px=1500),
-       b"*6\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n$3\r\nNEX\r\n$2\r\nPX\r\n$4\r\n1500\r\n")
-
-
-def test_set_request_rejects_bad_options():
-    raises(ValueError, statestore.set_request, "k", "v", nx=True, nex=True)
-    raises(ValueError, statestore.set_request, "k", "v", px=0)
-    raises(ValueError, statestore.set_request, "k", "v", px=1.5)
-
-
-def test_keynotify_requests():
-    eq(statestore.keynotify_request("SOMEKEY"), b"*2\r\n$9\r\nKEYNOTIFY\r\n$7\r\nSOMEKEY\r\n")
-    eq(statestore.keynotify_request("k", stop=True), b"*3\r\n$9\r\nKEYNOTIFY\r\n$1\r\nk\r\n$4\r\nSTOP\r\n")
-
-
 def test_parse_notification_set_and_delete():
     topic = statestore.notify_topic("c", "k\\setPoint").encode()
     eq(statestore.parse_notification(topic, b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$2\r\n21\r\n"),

@@ -2,6 +2,7 @@
 import json
 import os
 
+import config
 import thermostat
 from check import eq, raises
 
@@ -16,12 +17,25 @@ def test_parse_set_point_accepts_numbers_in_range():
 
 def test_parse_set_point_rejects_garbage_and_out_of_range():
     eq(str(raises(ValueError, thermostat.parse_set_point, b"warm", 5, 30)), "not a number")
-    eq(str(raises(ValueError, thermostat.parse_set_point, b"", 5, 30)), "not a number")
+    eq(str(raises(ValueError, thermostat.parse_set_point, b"", 5, 30)), "empty")
     eq(str(raises(ValueError, thermostat.parse_set_point, b"nan", 5, 30)), "not a number")
     eq(str(raises(ValueError, thermostat.parse_set_point, b"inf", 5, 30)), "not a number")
-    eq(str(raises(ValueError, thermostat.parse_set_point, b"\xff\xfe", 5, 30)), "not a number")
+    eq(str(raises(ValueError, thermostat.parse_set_point, b"\xff\xfe", 5, 30)), "not UTF-8")
+    eq(str(raises(ValueError, thermostat.parse_set_point, b"1e999", 5, 30)), "not finite")
+    eq(str(raises(ValueError, thermostat.parse_set_point, b"9" * 32, 5, 30)), "out of range [5, 30]")
+    eq(str(raises(ValueError, thermostat.parse_set_point, b"9" * 33, 5, 30)), "too long (33 bytes)")
+    for loose in (b".", b"1__0", b"1_0", b"infinity", b"1e", b"+", b"0x10", b"1 2", b"\xd9\xa1"):
+        eq(str(raises(ValueError, thermostat.parse_set_point, loose, 5, 30)).startswith("not "), True)
     eq(str(raises(ValueError, thermostat.parse_set_point, b"31", 5, 30)).startswith("out of range"), True)
     eq(str(raises(ValueError, thermostat.parse_set_point, b"-40", 5, 30)).startswith("out of range"), True)
+
+
+def test_parse_set_point_reads_negative_zero_as_zero_and_any_decimal_form():
+    eq(str(thermostat.parse_set_point(b"-0", -5, 30)), "0.0")
+    eq(thermostat.parse_set_point(b"+2.5e1", 5, 30), 25.0)
+    eq(thermostat.parse_set_point(b".5e1", 5, 30), 5.0)
+    eq(thermostat.parse_set_point(b"21.", 5, 30), 21.0)
+    eq(thermostat.parse_set_point(21, 5, 30), 21.0)  # the copy in flash is a JSON number
 
 
 def test_hysteresis():
@@ -46,7 +60,11 @@ def test_set_point_persists_last_good_value_and_reports_rejects():
     eq(sp.offer(b"23", "000000000001000:00001:s", "get"), True)
     eq(sp.offer(b"abc", "000000000001001:00000:s", "notify"), False)
     eq(sp.value, 23.0)
-    eq(sp.rejected, {"value": "abc", "reason": "not a number"})
+    eq(sp.rejected, {"value": "abc", "size": 3, "reason": "not a number", "source": "notify"})
+    eq(sp.offer(b"\xff" * 40, None, "get"), False)
+    eq(sp.rejected, {"value": None, "size": 40, "reason": "too long (40 bytes)", "source": "get"})
+    eq(sp.offer(b"2\xff", None, "get"), False)
+    eq(sp.rejected, {"value": "hex:32ff", "size": 2, "reason": "not UTF-8", "source": "get"})
     again = thermostat.SetPoint(path, 20.0, 5, 30)  # a reboot
     eq((again.value, again.source, again.version), (23.0, "flash", None))
     os.remove(path)
@@ -76,18 +94,19 @@ def test_load_config_merges_defaults_and_requires_a_name():
     path = TMP + "-cfg.json"
     with open(path, "w") as f:
         json.dump({"thermostat": "t-9", "timing": {"control_ms": 50}}, f)
-    config = thermostat.load_config(path)
-    eq(config["thermostat"], "t-9")
-    eq(config["timing"]["control_ms"], 50)
-    eq(config["timing"]["telemetry_ms"], thermostat.DEFAULTS["timing"]["telemetry_ms"])
+    loaded = config.load_config(path)
+    eq(loaded["thermostat"], "t-9")
+    eq(loaded["timing"]["control_ms"], 50)
+    eq(loaded["timing"]["telemetry_ms"], config.DEFAULTS["timing"]["telemetry_ms"])
     with open(path, "w") as f:
         json.dump({"broker": {}}, f)
-    raises(ValueError, thermostat.load_config, path)
+    raises(ValueError, config.load_config, path)
     os.remove(path)
 
 
 def test_set_point_key_has_a_literal_backslash():
-    eq(("t-01" + thermostat.SET_POINT_KEY_SUFFIX).encode(), b"t-01\x5csetPoint")
+    app, _ = offline_thermostat(FakeSensor(20.0))
+    eq(app.key.encode(), b"t-unit\x5csetPoint")
 
 
 class FakeSensor:
@@ -101,12 +120,12 @@ class FakeSensor:
 
 
 def offline_thermostat(sensor):
-    import board
+    import board_sim
     path = TMP + "-app.json"
     with open(path, "w") as f:
         json.dump({"thermostat": "t-unit", "state_file": TMP + "-app-sp.json"}, f)
-    relay = board.SimulatedRelay()
-    return thermostat.Thermostat(thermostat.load_config(path), sensor, relay, board.NoWatchdog()), relay
+    relay = board_sim.SimulatedRelay()
+    return thermostat.Thermostat(config.load_config(path), sensor, relay, board_sim.NoWatchdog(), board_sim.restart), relay
 
 
 def test_failed_sensor_switches_the_heater_off_and_alerts_once():
@@ -133,3 +152,72 @@ def test_alerts_queued_offline_are_bounded_to_the_newest_eight():
         sensor.temp = None if i % 2 == 0 else 20.0
         app.control()
     eq(len(app.pending_alerts), 8)
+
+
+class Stop(BaseException):
+    """Ends Thermostat.run() in a test (the last-resort handler catches Exception only)."""
+
+
+class FlakySensor:
+    """Raises an unexpected exception `failures` times, then reads 18 C, then stops the run."""
+
+    def __init__(self, failures):
+        self.failures = failures
+        self.reads = 0
+
+    def read(self):
+        self.reads += 1
+        if self.reads <= self.failures:
+            raise ZeroDivisionError("bug %d" % self.reads)
+        if self.reads > self.failures + 2:
+            raise Stop()
+        return 18.0
+
+
+def test_main_loop_survives_unexpected_exceptions_and_reports_them():
+    app, relay = offline_thermostat(FlakySensor(3))
+    app.timing["control_ms"] = 1
+    app.retry_at = 2 ** 29  # stay offline: this test is about the loop
+    raises(Stop, app.run)
+    eq(app.faults, 3)
+    eq(app.last_fault, "ZeroDivisionError: bug 3")
+    eq((app.heater, relay.value()), (True, 1))  # it went back to work
+    eq((app.telemetry()["faults"], app.telemetry()["last_fault"]), (3, "ZeroDivisionError: bug 3"))
+
+
+def test_too_many_faults_in_a_row_restart_the_device():
+    restarts = []
+    app, _ = offline_thermostat(FlakySensor(100))
+
+    def restart():
+        restarts.append(app.faults)
+        raise Stop()
+
+    app.restart = restart
+    app.timing["control_ms"] = 1
+    app.retry_at = 2 ** 29
+    raises(Stop, app.run)
+    eq(restarts, [11])  # MAX_FAULTS = 10 survived, the 11th within ten minutes restarts
+
+
+class LinkDown:
+    """A Wi-Fi station that never comes up (wifi.Station's interface)."""
+
+    def __init__(self):
+        self.polls = 0
+
+    def up(self):
+        self.polls += 1
+        return False
+
+    def status(self):
+        return {"status": "no_ap_found", "rssi": None, "attempts": self.polls, "last_failure": "no_ap_found"}
+
+
+def test_no_mqtt_attempt_while_wifi_is_down_and_its_status_is_in_telemetry():
+    app, _ = offline_thermostat(FakeSensor(20.0))
+    app.link = LinkDown()
+    backoff = app.backoff_ms
+    app._connect()
+    eq((app.connected, app.mqtt.sock, app.backoff_ms, app.link.polls), (False, None, backoff, 1))
+    eq(app.telemetry()["wifi"]["status"], "no_ap_found")
