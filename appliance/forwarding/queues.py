@@ -258,8 +258,10 @@ class MessageStore:
     # -- reading
 
     def read(self, endpoint: str, priority: int, after_seq: int, limit: int, max_bytes: int | None = None) -> list[QueuedMessage]:
-        """Up to ``limit`` unexpired entries after ``after_seq``, in order; at least one if any, then
-        stopping before ``max_bytes`` of payload."""
+        """Up to ``limit`` unexpired entries after ``after_seq``, in order; at least two if there are (one
+        if ``limit`` is 1), then stopping before ``max_bytes`` of payload. Two: a packing sender measures
+        the link from the spacing of two PUBACKs, and with messages larger than its first byte window a
+        batch of one would never measure it, and the window never grow, at all."""
         now = self.now_ms()
         rows = self.db.execute(
             "SELECT e.seq, e.enqueued_ms, e.ttl_s, e.expires_ms, m.envelope, m.payload FROM entries e "
@@ -269,7 +271,7 @@ class MessageStore:
         batch: list[QueuedMessage] = []
         total = 0
         for seq, enqueued, ttl, expires, envelope, payload in rows:
-            if batch and max_bytes is not None and total + len(payload) > max_bytes:
+            if len(batch) >= 2 and max_bytes is not None and total + len(payload) > max_bytes:
                 break
             total += len(payload)
             batch.append(QueuedMessage(seq, endpoint, priority, enqueued, ttl, expires, _message(envelope, payload)))
