@@ -135,6 +135,7 @@ def _envelope(message: Message) -> str:
             "ctype": message.content_type,
             "cenc": message.content_encoding,
             "mid": message.message_id,
+            **({"sys": message.system} if message.system else {}),
         },
         separators=(",", ":"),
     )
@@ -144,7 +145,7 @@ def _message(envelope: str, payload: bytes) -> Message:
     e = json.loads(envelope)
     return Message(
         e["source"], e["topic"], payload, e["device"], e["module"], e["output"],
-        [tuple(p) for p in e["props"]], e["ctype"], e["cenc"], e["mid"],
+        [tuple(p) for p in e["props"]], e["ctype"], e["cenc"], e["mid"], e.get("sys", {}),
     )
 
 

@@ -9,6 +9,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
 
 from tests.forwarding.peers import Collector, delivered
@@ -276,3 +277,29 @@ def test_metrics_on_sys_topic_prometheus_and_upstream(make_rig) -> None:
     text = rig.prometheus()
     assert 'gateway_forwarding_sent_total{endpoint="upstream",priority="6"} 1' in text
     assert 'gateway_link_connected{endpoint="upstream"} 1' in text
+
+
+@pytest.mark.parametrize("upstream_format", ["message", "batch"])
+def test_a_311_thermostat_raises_a_p0_alert_by_topic_alone(make_rig, upstream_format: str) -> None:
+    """MQTT 3.1.1 has no user properties: the IoT Hub property bag in the topic carries ``alert=true``,
+    and ``WHERE alert = 'true'`` routes it at priority 0 while the same device's data goes at 5."""
+    rig = make_rig({
+        "data": {"route": "FROM /messages/* INTO $upstream", "priority": 5},
+        "alerts": {"route": "FROM /messages/* WHERE alert = 'true' INTO $upstream", "priority": 0, "timeToLiveSecs": 600},
+    }, extra_upstream=f'format = "{upstream_format}"')
+    thermostat = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="thermo-311", protocol=mqtt.MQTTv311)
+    thermostat.connect(rig.gateway.host, rig.gateway.port)
+    thermostat.loop_start()
+    try:
+        for topic in (
+            "devices/thermo-311/messages/events/data/n=1",
+            "devices/thermo-311/messages/events/alert=true&n=2&%24.ct=application%2Fjson",  # IoT Hub's own form
+            "devices/thermo-311/messages/events/alerts/alert=true&n=3/",  # the firmware's output, plus a bag
+            "devices/thermo-311/messages/events/n=4&alert=false",
+        ):
+            thermostat.publish(topic, b'{"t": 21.5}', qos=1).wait_for_publish(10)
+        got = {d.n: d for d in delivered(rig.cloud, 4)}
+    finally:
+        thermostat.loop_stop()
+        thermostat.disconnect()
+    assert {n: d.priority for n, d in got.items()} == {1: 5, 2: 0, 3: 0, 4: 5}
