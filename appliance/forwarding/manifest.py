@@ -71,6 +71,15 @@ class Manifest:
     routes: tuple[Route, ...]
     global_ttl_s: int
     source: str
+    global_ttl_explicit: bool = True  # False: storeAndForwardConfiguration.timeToLiveSecs absent, Edge Hub's default
+
+    def ttl_origin(self, route: Route) -> tuple[int, str]:
+        """A route's effective TTL and where it comes from (what ``routes show`` and ``check`` print)."""
+        if route.ttl_s:
+            return route.ttl_s, "route timeToLiveSecs"
+        if self.global_ttl_explicit:
+            return self.global_ttl_s, "storeAndForwardConfiguration.timeToLiveSecs"
+        return self.global_ttl_s, "default (no storeAndForwardConfiguration.timeToLiveSecs)"
 
     def evaluator(self) -> Evaluator:
         return Evaluator(self.routes, self.global_ttl_s)
@@ -121,8 +130,8 @@ def parse_manifest(document: Any, source: str = "<manifest>") -> Manifest:
             routes.append(parse_route(name, text, priority, ttl))
         except RouteSyntaxError as exc:
             raise ManifestError(_json_path(path), f"{exc} in {text!r}") from exc
-    global_ttl = desired.get("storeAndForwardConfiguration", {}).get("timeToLiveSecs", DEFAULT_TTL_S)
-    return Manifest(tuple(routes), global_ttl, source)
+    configured = desired.get("storeAndForwardConfiguration", {}).get("timeToLiveSecs")
+    return Manifest(tuple(routes), DEFAULT_TTL_S if configured is None else configured, source, configured is not None)
 
 
 def load_manifest(path: Path) -> Manifest:

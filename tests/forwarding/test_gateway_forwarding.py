@@ -303,3 +303,36 @@ def test_a_311_thermostat_raises_a_p0_alert_by_topic_alone(make_rig, upstream_fo
         thermostat.loop_stop()
         thermostat.disconnect()
     assert {n: d.priority for n, d in got.items()} == {1: 5, 2: 0, 3: 0, 4: 5}
+
+
+def test_the_tooling_says_what_it_does(make_rig) -> None:
+    """Issue 14's tooling: the metrics port in the ready line and in ``doctor``; ``routes show`` gives the
+    effective TTL and its origin; ``routes check --message`` says when a message is routed nowhere and why."""
+    rig = make_rig({
+        "alerts": {"route": "FROM /messages/* WHERE alert = 'true' INTO $upstream", "priority": 0, "timeToLiveSecs": 600},
+        "data": {"route": "FROM /messages/modules/m1/* WHERE as_number(level) > 3 INTO $upstream", "priority": 5},
+    })
+    port = rig.status()["metrics_port"]
+    rig.gateway.wait_for_log(rf"appliance ready: .*; forwarding metrics on http://127\.0\.0\.1:{port}/metrics")
+
+    doctor = rig.cli("doctor", "-c", str(rig.config), "--listen", f"127.0.0.1:{rig.gateway.port}",
+                     "--data-dir", str(rig.gateway.data_dir))
+    assert f"ok       metrics   forwarding metrics on http://127.0.0.1:{port}/metrics" in doctor.stdout, doctor.stdout
+
+    shown = {r["name"]: r for r in json.loads(rig.cli("routes", "show", "--data-dir", str(rig.gateway.data_dir)).stdout)["routes"]}
+    assert (shown["alerts"]["effectiveTimeToLiveSecs"], shown["alerts"]["timeToLiveFrom"]) == (600, "route timeToLiveSecs")
+    assert (shown["data"]["timeToLiveSecs"], shown["data"]["effectiveTimeToLiveSecs"]) == (0, 7200)
+    assert shown["data"]["timeToLiveFrom"] == "storeAndForwardConfiguration.timeToLiveSecs"
+
+    nowhere = rig.cli("routes", "check", str(rig.manifest_path), "--message",
+                      json.dumps({"topic": "devices/t1/messages/events/alert=false&level=9"}))
+    assert nowhere.returncode == 0
+    assert "routed nowhere" in nowhere.stdout
+    assert "not alerts: WHERE alert = 'true' is false" in nowhere.stdout
+    assert "not data: source /messages/events is not under FROM /messages/modules/m1/*" in nowhere.stdout
+    routed = rig.cli("routes", "check", str(rig.manifest_path), "--message",
+                     json.dumps({"topic": "devices/t1/messages/events/alert=true"}))
+    assert "routed: upstream priority 0 TTL 600s" in routed.stdout and "routed nowhere" not in routed.stdout
+    undefined = rig.cli("routes", "check", str(rig.manifest_path), "--message",
+                        json.dumps({"topic": "devices/t1/modules/m1/messages/events/%24.on=o1"}))
+    assert "not data: WHERE as_number(level) > 3 is undefined" in undefined.stdout, undefined.stdout
