@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -336,3 +337,21 @@ def test_the_tooling_says_what_it_does(make_rig) -> None:
     undefined = rig.cli("routes", "check", str(rig.manifest_path), "--message",
                         json.dumps({"topic": "devices/t1/modules/m1/messages/events/%24.on=o1"}))
     assert "not data: WHERE as_number(level) > 3 is undefined" in undefined.stdout, undefined.stdout
+
+
+def test_refusal_counts_survive_a_restart(make_rig, tmp_path: Path) -> None:
+    """Three refusals in all, not three per process: the counts are stored with the checkpoints."""
+    rig = make_rig({"data": {"route": DATA, "priority": 2}}, cloud_config=cloud_acl(tmp_path, "gateways/gw1/metrics"))
+    refused = r"batch of 1 failed \(refused: Not authorized \(0x87\)\)"
+    assert rig.device("bad").publish("data", b"not for the cloud", {"n": "1"}) == 0
+    rig.wait_for_log_count(refused, 1)
+    rig.relay.set(up=False)  # the retries back off 0.1 s, then 0.2 s: no third try before the power cut
+    rig.gateway.kill9()
+    before = len(re.findall(refused, rig.gateway.output()))
+    assert before in (1, 2)
+    rig.relay.cut()
+    rig.relay.set(up=True)
+    rig.gateway.start()
+    rig.gateway.wait_for_log(r"1 messages of priority 2 refused 3 times", timeout=20)
+    # The third refusal is the one that dead-letters (it logs that instead of a retry).
+    assert len(re.findall(refused, rig.gateway.output())) == 2, rig.gateway.output()
