@@ -48,7 +48,8 @@ def relay(mosquitto: MosquittoProcess):
 
 def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[..., Awaitable[None]],
                topic_template: str = DEFAULT_TOPIC_TEMPLATE, **settings: Any) -> tuple[UpstreamSender, ForwardingMetrics]:
-    upstream = UpstreamConfig(host="127.0.0.1", port=port, protocol=protocol, keepalive_s=2, backoff_min_s=0.05, backoff_max_s=0.2,
+    settings = {"keepalive_s": 2, **settings}
+    upstream = UpstreamConfig(host="127.0.0.1", port=port, protocol=protocol, backoff_min_s=0.05, backoff_max_s=0.2,
                               topic_template=topic_template, **settings)
     metrics = ForwardingMetrics()
 
@@ -309,3 +310,24 @@ def test_bridge_over_tls_verifies_the_cloud_and_delivers(tmp_path: Path) -> None
         untrusting, _ = run_bridge(tmp_path / "wrong", tls_port, "5", refused, tls=True, ca_file=other)
         assert untrusting.connects == 0
     shutil.rmtree(readable)
+
+
+def test_a_link_that_suddenly_gets_slow_is_not_taken_for_a_dead_one(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread) -> None:
+    """Keep-alive 1 s; the link drops from 2 Mbit/s to 9.6 kbit/s with a window sized for the fast link in
+    flight (seconds of the slow link). PUBACKs keep coming, slowly: the bridge must keep its connection
+    (paho's PINGREQ, queued behind that window, would time out and reconnect)."""
+    relay.set(rate_bps=2_000_000, delay_ms=20)
+
+    async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+        relay.set(up=False)
+        for n in range(1500):
+            await add(n, size=200)
+        relay.set(up=True)
+        await asyncio.wait_for(pump.wait_batches(6), 20)  # the window has grown on the fast link
+        relay.set(rate_bps=9600)
+        await asyncio.sleep(5)  # five keep-alive periods on the slow link
+        relay.set(rate_bps=0)
+        await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 60)
+
+    sender, _ = run_bridge(tmp_path, relay.port, "5", scenario, keepalive_s=1)
+    assert sender.connects == 1, "the slow link was taken for a dead one"

@@ -1,13 +1,14 @@
 """The upstream bridge under a link that stalls and resumes while the pump publishes (issue 14, item 1).
 
-Several devices and priorities, 6 kB payloads, a 2 Mbit/s relay that holds every byte for a moment and
+Several devices and priorities, 6 kB payloads, a rate-limited relay that holds every byte for a moment and
 then lets it through, a metrics publish every few milliseconds on the side - run over and over. At the
 real mosquitto every message must arrive byte-exact and, per device and priority, in enqueue order (first
 copies: a retry after a reconnect may repeat a prefix), and the connection must never have been dropped
 for a malformed packet. A bridge that lets two threads write paho's output queue fails this: adjacent
 PUBLISHes swap, or their bytes interleave and the broker disconnects.
 
-The default run is a few repetitions per format; ``-m slow`` runs many more.
+The default run is a few repetitions per format on an 8 Mbit/s link; ``-m slow`` runs 25 per format at the
+2 Mbit/s of the issue's report (slower: the metrics flood takes most of that link).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ DEVICES = ("t1", "t2", "t3")
 PRIORITIES = (1, 4)
 PER_QUEUE = 8  # messages per device and priority
 PAYLOAD_BYTES = 6 * 1024
-LINK_BPS = 8_000_000
+FAST_LINK_BPS = 8_000_000  # the default run: a few seconds per repetition
+SLOW_LINK_BPS = 2_000_000  # the issue's link; under -m slow (today's code failed 2 of 25 repetitions here)
 STALL_S = 0.15  # the relay holds every byte this long, then releases them, while the pump keeps publishing
 METRICS_PER_STALL = 8
 FAST_RUNS = 3
@@ -155,11 +157,12 @@ def mosquitto(tmp_path: Path):
 @pytest.fixture
 def relay(mosquitto: MosquittoProcess):
     with RelayThread(mosquitto.host, mosquitto.port) as shaped:
-        shaped.set(rate_bps=LINK_BPS)
         yield shaped
 
 
-def _repeat(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread, upstream_format: str, runs: int) -> None:
+def _repeat(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread, upstream_format: str, runs: int,
+            link_bps: int) -> None:
+    relay.set(rate_bps=link_bps)
     failed = []
     for run in range(runs):
         work = tmp_path / f"run{run}"
@@ -177,11 +180,11 @@ def _repeat(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread, ups
 @pytest.mark.parametrize("upstream_format", ["message", "batch"])
 def test_order_and_bytes_survive_a_stalling_link(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread,
                                                  upstream_format: str) -> None:
-    _repeat(tmp_path, mosquitto, relay, upstream_format, FAST_RUNS)
+    _repeat(tmp_path, mosquitto, relay, upstream_format, FAST_RUNS, FAST_LINK_BPS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("upstream_format", ["message", "batch"])
 def test_order_and_bytes_survive_a_stalling_link_many_times(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread,
                                                             upstream_format: str) -> None:
-    _repeat(tmp_path, mosquitto, relay, upstream_format, SLOW_RUNS)
+    _repeat(tmp_path, mosquitto, relay, upstream_format, SLOW_RUNS, SLOW_LINK_BPS)
