@@ -154,9 +154,12 @@ class UpstreamSender:
         self._task = asyncio.create_task(self._run(), name="forwarding-upstream")
 
     async def stop(self) -> None:
+        """A polite DISCONNECT when connected; a connect attempt in progress is abandoned."""
         self._stopping = True
         self._link_changed.set()
         if self._task is not None:
+            await asyncio.wait({self._task}, timeout=CLOSE_TIMEOUT_S + 2 * TICK_S)
+            self._task.cancel()  # still connecting (up to CONNECT_TIMEOUT_S): the socket is closed on the way out
             await asyncio.gather(self._task, return_exceptions=True)
 
     def set_link(self, up: bool) -> None:
@@ -205,15 +208,13 @@ class UpstreamSender:
             sock.setblocking(False)
             try:
                 await asyncio.wait_for(loop.sock_connect(sock, address), CONNECT_TIMEOUT_S)
+                if self._tls is None:
+                    return sock
+                return await asyncio.wait_for(self._handshake(sock), CONNECT_TIMEOUT_S)
             except (OSError, asyncio.TimeoutError) as exc:
                 sock.close()
                 failure = exc
-                continue
-            if self._tls is None:
-                return sock
-            try:
-                return await asyncio.wait_for(self._handshake(sock), CONNECT_TIMEOUT_S)
-            except BaseException:
+            except BaseException:  # cancelled (the bridge stops): no socket left behind
                 sock.close()
                 raise
         raise failure
