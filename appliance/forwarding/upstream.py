@@ -305,15 +305,17 @@ class UpstreamSender:
         queued = send_queue_bytes(self._socket) if self._socket is not None else None
         busy = bool(self._pending) or client.want_write() or bool(queued)
         if not self._liveness.alive(self._loop.time(), busy, queued):
-            log.warning("upstream: no progress for %.1f s with data in flight: taking the link for dead",
-                        self._loop.time() - self._liveness.progress_at)
-            self._abandon(client)
+            self._abandon(client, f"no progress for {self._loop.time() - self._liveness.progress_at:.1f} s "
+                                  "with data in flight: the link is dead")
             return
         if not busy and client.loop_misc() != mqtt.MQTT_ERR_SUCCESS:
-            self._abandon(client)
+            self._abandon(client, "keep-alive: no PINGRESP")
 
-    def _abandon(self, client: _ConnectedClient) -> None:
-        """Drop the connection without asking paho: unhook and close its socket; a fresh client comes next."""
+    def _abandon(self, client: _ConnectedClient, reason: str = "closed by the bridge") -> None:
+        """Drop the connection without asking paho: unhook and close its socket; a fresh client comes next.
+        Logs ``upstream disconnected`` as paho's callback does, when paho has not said so already."""
+        if self._client is client and self._ready_flag:
+            log.info("upstream disconnected: %s", reason)
         sock = self._socket
         if sock is not None and self._client is client:
             assert self._loop is not None
@@ -358,11 +360,12 @@ class UpstreamSender:
         while rc == mqtt.MQTT_ERR_SUCCESS and isinstance(self._socket, ssl.SSLSocket) and self._socket.pending():
             rc = client.loop_read()
         if rc != mqtt.MQTT_ERR_SUCCESS and client is self._client:
-            self._abandon(client)
+            self._abandon(client, f"read: {mqtt.error_string(rc)}")
 
     def _writable(self, client: mqtt.Client) -> None:
-        if client.loop_write() != mqtt.MQTT_ERR_SUCCESS and client is self._client:
-            self._abandon(client)
+        rc = client.loop_write()
+        if rc != mqtt.MQTT_ERR_SUCCESS and client is self._client:
+            self._abandon(client, f"write: {mqtt.error_string(rc)}")
 
     def _set_ready(self, ready: bool) -> None:
         if ready == self._ready_flag:
