@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import enum
+import json
 import os
 import shutil
 import socket
 import stat
 import subprocess
+import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,8 +140,28 @@ async def _probe_modem(config: ModemConfig) -> Finding:
     return Finding("modem", Verdict.OK, f"registered ({metrics['registration']}); {summary}")
 
 
+def check_forwarding_metrics(data_dir: Path, metrics_port: int | None, timeout: float = 2.0) -> list[Finding]:
+    """Where the running gateway serves its forwarding metrics (a port of 0 is chosen at start: the
+    gateway writes the real one to forwarding-routes.json), and whether it answers there."""
+    if metrics_port is None:
+        return []
+    try:
+        status = json.loads((data_dir / "forwarding-routes.json").read_text())
+        port = int(status["metrics_port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return [Finding("metrics", Verdict.PROBLEM, f"no metrics port in {data_dir / 'forwarding-routes.json'}: is the gateway running?")]
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            response.read()
+    except OSError as exc:
+        return [Finding("metrics", Verdict.PROBLEM, f"forwarding metrics on {url} do not answer ({exc})")]
+    return [Finding("metrics", Verdict.OK, f"forwarding metrics on {url}")]
+
+
 def run_checks(config: GatewayConfig, probe_modem: bool = False) -> list[Finding]:
     return [
+        *check_forwarding_metrics(config.data_dir, config.forwarding.metrics_port if config.forwarding.enabled else None),
         *check_ports(config.broker.listeners),
         *check_data_dir(config.data_dir),
         check_clock(),

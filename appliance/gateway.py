@@ -138,8 +138,9 @@ async def serve(config: GatewayConfig) -> int:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGHUP, reload_security)
-        log.info("appliance ready: gateway %s listening on %s, data in %s", config.gateway_id, " ".join(urls),
-                 config.data_dir)
+        notes = [note for service in broker.services if callable(getattr(service, "ready_note", None)) and (note := service.ready_note())]
+        log.info("appliance ready: gateway %s listening on %s, data in %s%s", config.gateway_id, " ".join(urls),
+                 config.data_dir, "".join(f"; {note}" for note in notes))
         notifier.ready(f"listening on {' '.join(urls)}")
         # Pings come from this loop, so a stuck loop stops them and systemd restarts the gateway.
         watchdog = asyncio.create_task(notifier.ping_watchdog_forever(), name="systemd-watchdog")

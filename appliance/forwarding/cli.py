@@ -21,7 +21,9 @@ from typing import Any
 from appliance.config import load_config
 from appliance.forwarding.conditions import DictMessage
 from appliance.forwarding.manifest import ManifestError, load_manifest
+from appliance.forwarding.messages import message_from_publish
 from appliance.forwarding.queues import MessageStore
+from appliance.forwarding.routes import RoutedMessage, explain
 from appliance.forwarding.service import PID_FILE, STATUS_FILE, STORE_FILE
 
 
@@ -29,6 +31,27 @@ def _data_dir(args: argparse.Namespace) -> Path:
     if args.data_dir:
         return Path(args.data_dir)
     return load_config(args.config).data_dir
+
+
+def sample_message(sample: dict[str, Any]) -> RoutedMessage:
+    """A ``--message`` sample: ``{"topic": ..., "properties": {...}, "content_type": ..., "body": ...}`` is
+    read as a device publish (the topic's property bag included); without ``topic``, ``source``,
+    ``properties`` and ``system`` are taken as they are."""
+    body = sample.get("body")
+    payload = b"" if body is None else body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    if "topic" in sample:
+        content_type = sample.get("content_type", "application/json" if body is not None and not isinstance(body, str) else None)
+        message = message_from_publish(sample["topic"], payload, list(sample.get("properties", {}).items()), content_type)
+        if message is None:
+            raise ValueError(f"{sample['topic']!r} is not a telemetry topic (docs/message-format.md)")
+        return message
+    return DictMessage(
+        sample.get("properties", {}),
+        {k.lstrip("$"): v for k, v in sample.get("system", {}).items()},
+        payload,
+        "application/json" if body is not None else None,
+        sample.get("source", "/messages/events"),
+    )
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -39,19 +62,23 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.manifest}: {len(manifest.routes)} routes, global TTL {manifest.global_ttl_s}s")
     for route in manifest.routes:
-        ttl = route.ttl_s or manifest.global_ttl_s
-        print(f"  {route.name}: priority {route.priority}, TTL {ttl}s -> {route.endpoint.id}: {route.text}")
+        ttl, origin = manifest.ttl_origin(route)
+        print(f"  {route.name}: priority {route.priority}, TTL {ttl}s ({origin}) -> {route.endpoint.id}: {route.text}")
     if args.message:
-        sample: dict[str, Any] = json.loads(args.message)
-        message = DictMessage(
-            sample.get("properties", {}),
-            {k.lstrip("$"): v for k, v in sample.get("system", {}).items()},
-            json.dumps(sample["body"]).encode() if "body" in sample else b"",
-            "application/json" if "body" in sample else None,
-            sample.get("source", "/messages/events"),
-        )
-        for result in manifest.evaluator().evaluate(message):
+        try:
+            message = sample_message(json.loads(args.message))
+        except (ValueError, TypeError, AttributeError) as exc:
+            print(f"appliance routes: --message: {exc}", file=sys.stderr)
+            return 1
+        results = manifest.evaluator().evaluate(message)
+        for result in results:
             print(f"  routed: {result.endpoint.id} priority {result.priority} TTL {result.ttl_s}s")
+        if not results:
+            print("  routed nowhere: no route takes this message")
+        for route in manifest.routes:
+            reason = explain(route, message)
+            if reason is not None:
+                print(f"  not {route.name}: {reason}")
     return 0
 
 
@@ -116,7 +143,8 @@ def register(subparsers: Any) -> None:
     sub = routes.add_subparsers(dest="routes_command", required=True)
     check = sub.add_parser("check", help="validate a $edgeHub manifest")
     check.add_argument("manifest")
-    check.add_argument("--message", help='JSON sample: {"source": ..., "properties": {...}, "system": {...}, "body": ...}')
+    check.add_argument("--message", help='JSON sample: {"topic": ..., "properties": {...}, "body": ...} (as a device publishes) '
+                       'or {"source": ..., "properties": {...}, "system": {...}, "body": ...}')
     check.set_defaults(handler=cmd_check)
     for name, handler, text in (
         ("reload", cmd_reload, "reload the running gateway's manifest"),

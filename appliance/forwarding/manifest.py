@@ -1,7 +1,8 @@
 """The ``$edgeHub`` deployment manifest: validation with JSON Schema, then route compilation.
 
-A manifest is either the whole ``{"$edgeHub": {"properties.desired": {...}}}`` document or just the
-desired-properties object. Loading is all-or-nothing: the first bad field raises ``ManifestError`` naming
+A manifest is a whole IoT Edge deployment file (``{"modulesContent": {"$edgeHub": {"properties.desired":
+{...}}, ...}}``, as ``iotedge``'s deployment.json has it; only the ``$edgeHub`` section is read), the
+``{"$edgeHub": {"properties.desired": {...}}}`` document, or just the desired-properties object. Loading is all-or-nothing: the first bad field raises ``ManifestError`` naming
 its JSON path (``$.routes.alerts.priority``) - and for a route, the column in the route string - so the
 caller keeps the routes it is running. The schema is the spec's ``routes`` schema plus the fields of
 schemaVersion 1.1.0 that this gateway reads.
@@ -70,6 +71,15 @@ class Manifest:
     routes: tuple[Route, ...]
     global_ttl_s: int
     source: str
+    global_ttl_explicit: bool = True  # False: storeAndForwardConfiguration.timeToLiveSecs absent, Edge Hub's default
+
+    def ttl_origin(self, route: Route) -> tuple[int, str]:
+        """A route's effective TTL and where it comes from (what ``routes show`` and ``check`` print)."""
+        if route.ttl_s:
+            return route.ttl_s, "route timeToLiveSecs"
+        if self.global_ttl_explicit:
+            return self.global_ttl_s, "storeAndForwardConfiguration.timeToLiveSecs"
+        return self.global_ttl_s, "default (no storeAndForwardConfiguration.timeToLiveSecs)"
 
     def evaluator(self) -> Evaluator:
         return Evaluator(self.routes, self.global_ttl_s)
@@ -93,11 +103,17 @@ def parse_manifest(document: Any, source: str = "<manifest>") -> Manifest:
     """Validate and compile; raises ``ManifestError`` and changes nothing on the first problem."""
     prefix: list[str] = []
     desired = document
+    if isinstance(document, dict) and "modulesContent" in document:
+        modules = document["modulesContent"]
+        if not isinstance(modules, dict) or not isinstance(modules.get("$edgeHub"), dict):
+            raise ManifestError("$.modulesContent", "this is a deployment file without an $edgeHub section; "
+                                "the $edgeHub section is at modulesContent.$edgeHub.properties.desired")
+        prefix, document = ["modulesContent"], modules
     if isinstance(document, dict) and "$edgeHub" in document:
-        prefix = ["$edgeHub", "properties.desired"]
+        prefix += ["$edgeHub", "properties.desired"]
         desired = document.get("$edgeHub", {}).get("properties.desired") if isinstance(document["$edgeHub"], dict) else None
         if desired is None:
-            raise ManifestError("$.$edgeHub", "missing 'properties.desired'")
+            raise ManifestError(_json_path(prefix[:-1]), "missing 'properties.desired'")
     errors = sorted(_VALIDATOR.iter_errors(desired), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         error = _deepest_error(errors[0])
@@ -114,8 +130,8 @@ def parse_manifest(document: Any, source: str = "<manifest>") -> Manifest:
             routes.append(parse_route(name, text, priority, ttl))
         except RouteSyntaxError as exc:
             raise ManifestError(_json_path(path), f"{exc} in {text!r}") from exc
-    global_ttl = desired.get("storeAndForwardConfiguration", {}).get("timeToLiveSecs", DEFAULT_TTL_S)
-    return Manifest(tuple(routes), global_ttl, source)
+    configured = desired.get("storeAndForwardConfiguration", {}).get("timeToLiveSecs")
+    return Manifest(tuple(routes), DEFAULT_TTL_S if configured is None else configured, source, configured is not None)
 
 
 def load_manifest(path: Path) -> Manifest:

@@ -1,8 +1,12 @@
 """MQTT publishes from devices and modules as Edge Hub messages (see docs/message-format.md).
 
-The topic says who sent the message and on which output; user properties are the application
-properties; a few MQTT fields become system properties. Anything else under ``devices/#`` (for instance the
-module-input topics the gateway itself publishes) is not telemetry and is left alone.
+The topic says who sent the message and on which output, and may carry an IoT Hub property bag
+(``appliance/forwarding/topics.py``); MQTT 5 user properties are application properties too; a few MQTT
+fields become system properties. When the bag and the MQTT 5 fields name the same property
+(case-insensitively, as routes look names up), the bag wins and the other is dropped: the topic is what
+IoT Hub itself would route on, and one value per name keeps a route's answer from depending on which copy
+a lookup meets first. Anything else under ``devices/#`` (for instance the module-input topics the gateway
+itself publishes) is not telemetry and is left alone.
 Pure: no I/O.
 """
 
@@ -12,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.forwarding.conditions import UNDEFINED, parse_json_body
+from appliance.forwarding.topics import parse_telemetry_topic
 
 
 @dataclass(slots=True)
@@ -28,6 +33,7 @@ class Message:
     content_type: str | None = None
     content_encoding: str | None = None
     message_id: str | None = None
+    system: dict[str, str] = field(default_factory=dict)  # other system properties (correlationId, to, ...)
     _json: Any = field(default=None, repr=False)
     _json_parsed: bool = field(default=False, repr=False)
 
@@ -44,7 +50,8 @@ class Message:
         return UNDEFINED if value is None else value
 
     def system_properties(self) -> dict[str, str]:
-        values = {
+        values = {name.lower(): value for name, value in self.system.items()}
+        values |= {
             "connectiondeviceid": self.device_id,
             "connectionmoduleid": self.module_id,
             "outputname": self.output,
@@ -69,25 +76,21 @@ def message_from_publish(
     content_type: str | None,
 ) -> Message | None:
     """Map a local publish onto an Edge Hub message, or None when the topic is not telemetry."""
-    parts = topic.split("/")
-    if len(parts) < 4 or parts[0] != "devices" or not parts[1]:
+    parsed = parse_telemetry_topic(topic)
+    if parsed is None:
         return None
-    device = parts[1]
-    if parts[2:4] == ["messages", "events"] and len(parts) in (4, 5):
-        output = parts[4] if len(parts) == 5 and parts[4] else None
-        source, module = "/messages/events", None
-    elif len(parts) == 6 and parts[2] == "modules" and parts[4] == "outputs" and parts[3] and parts[5]:
-        module, output = parts[3], parts[5]
-        source = f"/messages/modules/{module}/outputs/{output}"
-    else:
-        return None
-    app: list[tuple[str, str]] = []
-    encoding = message_id = None
+    system = dict(parsed.system)
+    encoding = system.pop("contentEncoding", None)
+    message_id = system.pop("messageId", None)
+    content_type = system.pop("contentType", content_type)
+    from_bag = {key.lower() for key, _ in parsed.application}
+    app = list(parsed.application)
     for key, value in user_properties:
-        if key == "content-encoding" and encoding is None:
-            encoding = value
-        elif key == "message-id" and message_id is None:
-            message_id = value
-        else:
+        if key == "content-encoding":
+            encoding = encoding if encoding is not None else value
+        elif key == "message-id":
+            message_id = message_id if message_id is not None else value
+        elif key.lower() not in from_bag:
             app.append((key, value))
-    return Message(source, topic, payload, device, module, output, app, content_type, encoding, message_id)
+    return Message(parsed.source, topic, payload, parsed.device_id, parsed.module_id, parsed.output, app, content_type,
+                   encoding, message_id, system)

@@ -13,7 +13,8 @@ right before it goes out (it may have waited for the link). A failed batch is re
 backoff; it is not taken off its queue until the endpoint has acknowledged all of it. A message the
 endpoint itself refuses (MQTT 5 PUBACK reason >= 0x80: not authorized, topic invalid, packet too large)
 would otherwise block its queue until it expires: after ``max_refusals`` refusals it is moved to the
-store's dead letters with the reason (kept for the operator, ``appliance routes dead-letters``).
+store's dead letters with the reason (kept for the operator, ``appliance routes dead-letters``). The
+refusals are counted in the store, next to the checkpoints, so a restart does not start them over.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 
 from appliance.forwarding.endpoints import EndpointSender, Refused, SendFailed
@@ -57,7 +57,6 @@ class Pump:
         self.retry_max_s = retry_max_s
         self.on_checkpoint = on_checkpoint
         self.max_refusals = max_refusals
-        self._refusals: Counter[int] = Counter()  # seq -> times refused (in memory: a restart tries again)
         self.wake = asyncio.Event()
         self.preempt = asyncio.Event()
         self._sending_priority: int | None = None
@@ -139,10 +138,7 @@ class Pump:
             return False
         offset = done[-1].seq if count < len(live) else batch[-1].seq
         sent, expired = await self.thread.call(self.store.checkpoint, self.sender.id, priority, offset, [item.seq for item in done])
-        self._checkpoints[priority] = offset
-        if self._refusals:  # a refusal that cleared up: forget it, or the counts would only grow
-            for item in done:
-                self._refusals.pop(item.seq, None)
+        self._checkpoints[priority] = offset  # the store forgot the refusals of what it checkpointed
         self.batches += 1
         self._batch_done.set()
         self.on_checkpoint()
@@ -153,13 +149,10 @@ class Pump:
     async def _dead_letter_if_refused_enough(self, priority: int, refused: Refused) -> bool:
         """Count the refusal; once a message has been refused ``max_refusals`` times, move the refused
         messages to the store's dead letters (with the reason) so the queue behind them moves on."""
-        for seq in refused.seqs:
-            self._refusals[seq] += 1
-        if max(self._refusals[seq] for seq in refused.seqs) < self.max_refusals:
+        counts = await self.thread.call(self.store.count_refusals, self.sender.id, priority, refused.seqs)
+        if max(counts.values(), default=0) < self.max_refusals:
             return False
         moved = await self.thread.call(self.store.dead_letter, self.sender.id, priority, refused.seqs, refused.reason)
-        for seq in refused.seqs:
-            del self._refusals[seq]
         self.metrics.count("dead_lettered", self.sender.id, priority, moved)
         self.on_checkpoint()
         log.warning("endpoint %s: %d messages of priority %d refused %d times (%s); moved to the dead letters",

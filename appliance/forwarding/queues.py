@@ -16,6 +16,8 @@ Why it looks like this:
 * TTL is checked on read (expired entries are skipped, never returned) and again by ``cleanup``, which
   deletes expired entries for every queue - whether or not its endpoint is up (Edge Hub issue #7509) - and
   frees bodies that no queue references any more.
+* How often an endpoint refused an entry (dead-letter candidates) is kept next to the checkpoints and
+  forgotten with the entry, so a restart does not give a refused message three more tries.
 * The store is bounded (``max_bytes`` of bodies and headers): to make room it drops whole messages, lowest
   priority first and oldest first within a priority, and never a message of higher priority than the one
   arriving; if that is not enough the new message is refused (``StoreFull``) and nothing is dropped.
@@ -61,6 +63,8 @@ CREATE TABLE IF NOT EXISTS entries (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS entries_by_seq ON entries (seq);
 CREATE TABLE IF NOT EXISTS checkpoints (queue TEXT PRIMARY KEY, offset INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS refusals (queue TEXT NOT NULL, seq INTEGER NOT NULL, count INTEGER NOT NULL,
+                                     PRIMARY KEY (queue, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     seq INTEGER NOT NULL,
@@ -135,6 +139,7 @@ def _envelope(message: Message) -> str:
             "ctype": message.content_type,
             "cenc": message.content_encoding,
             "mid": message.message_id,
+            **({"sys": message.system} if message.system else {}),
         },
         separators=(",", ":"),
     )
@@ -144,7 +149,7 @@ def _message(envelope: str, payload: bytes) -> Message:
     e = json.loads(envelope)
     return Message(
         e["source"], e["topic"], payload, e["device"], e["module"], e["output"],
-        [tuple(p) for p in e["props"]], e["ctype"], e["cenc"], e["mid"],
+        [tuple(p) for p in e["props"]], e["ctype"], e["cenc"], e["mid"], e.get("sys", {}),
     )
 
 
@@ -258,8 +263,10 @@ class MessageStore:
     # -- reading
 
     def read(self, endpoint: str, priority: int, after_seq: int, limit: int, max_bytes: int | None = None) -> list[QueuedMessage]:
-        """Up to ``limit`` unexpired entries after ``after_seq``, in order; at least one if any, then
-        stopping before ``max_bytes`` of payload."""
+        """Up to ``limit`` unexpired entries after ``after_seq``, in order; at least two if there are (one
+        if ``limit`` is 1), then stopping before ``max_bytes`` of payload. Two: a packing sender measures
+        the link from the spacing of two PUBACKs, and with messages larger than its first byte window a
+        batch of one would never measure it, and the window never grow, at all."""
         now = self.now_ms()
         rows = self.db.execute(
             "SELECT e.seq, e.enqueued_ms, e.ttl_s, e.expires_ms, m.envelope, m.payload FROM entries e "
@@ -269,7 +276,7 @@ class MessageStore:
         batch: list[QueuedMessage] = []
         total = 0
         for seq, enqueued, ttl, expires, envelope, payload in rows:
-            if batch and max_bytes is not None and total + len(payload) > max_bytes:
+            if len(batch) >= 2 and max_bytes is not None and total + len(payload) > max_bytes:
                 break
             total += len(payload)
             batch.append(QueuedMessage(seq, endpoint, priority, enqueued, ttl, expires, _message(envelope, payload)))
@@ -296,6 +303,7 @@ class MessageStore:
         with self._transaction():
             seqs = [r[0] for r in self.db.execute("SELECT seq FROM entries WHERE queue = ? AND seq <= ?", (queue, offset))]
             self.db.execute("DELETE FROM entries WHERE queue = ? AND seq <= ?", (queue, offset))
+            self.db.execute("DELETE FROM refusals WHERE queue = ? AND seq <= ?", (queue, offset))
             self.db.execute(
                 "INSERT INTO checkpoints (queue, offset) VALUES (?, ?) ON CONFLICT(queue) DO UPDATE SET offset = MAX(offset, excluded.offset)",
                 (queue, offset),
@@ -326,6 +334,7 @@ class MessageStore:
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (seq, endpoint, priority, row[0], now, reason, row[1], row[2]),
                 )
                 self.db.execute("DELETE FROM entries WHERE queue = ? AND seq = ?", (queue, seq))
+                self.db.execute("DELETE FROM refusals WHERE queue = ? AND seq = ?", (queue, seq))
                 moved += 1
             self.db.execute(
                 "DELETE FROM dead_letters WHERE id <= (SELECT MAX(id) FROM dead_letters) - ?", (MAX_DEAD_LETTERS,)
@@ -333,6 +342,22 @@ class MessageStore:
             freed = self._free_orphans(wanted)
         self.stored_bytes -= freed
         return moved
+
+    def count_refusals(self, endpoint: str, priority: int, seqs: Iterable[int]) -> dict[int, int]:
+        """The endpoint refused the entries ``seqs`` once more; returns each one's refusals so far."""
+        queue = queue_name(endpoint, priority)
+        wanted = sorted(set(seqs))
+        with self._transaction():
+            for seq in wanted:
+                self.db.execute(
+                    "INSERT INTO refusals (queue, seq, count) VALUES (?, ?, 1) "
+                    "ON CONFLICT(queue, seq) DO UPDATE SET count = count + 1", (queue, seq),
+                )
+            return {seq: self.refusals(endpoint, priority, seq) for seq in wanted}
+
+    def refusals(self, endpoint: str, priority: int, seq: int) -> int:
+        row = self.db.execute("SELECT count FROM refusals WHERE queue = ? AND seq = ?", (queue_name(endpoint, priority), seq)).fetchone()
+        return 0 if row is None else int(row[0])
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The newest ``limit`` dead letters, oldest first."""
@@ -366,6 +391,7 @@ class MessageStore:
                         (queue, head_alive if head_alive is not None else 1 << 62),
                     ).fetchall()
             self.db.executemany("DELETE FROM entries WHERE queue = ? AND seq = ?", [(q, s) for q, s, _, _ in doomed])
+            self.db.executemany("DELETE FROM refusals WHERE queue = ? AND seq = ?", [(q, s) for q, s, _, _ in doomed])
             for _, _, endpoint, priority in doomed:
                 expired[(endpoint, priority)] += 1
             freed = self._free_orphans([s for _, s, _, _ in doomed])

@@ -133,6 +133,18 @@ def _parse_sink(text: str, tokens: Sequence, into_column: int) -> Endpoint:
     raise RouteSyntaxError("the sink is $upstream or BrokeredEndpoint(\"/modules/{m}/inputs/{i}\")", first.column)
 
 
+def explain(route: Route, message: RoutedMessage) -> str | None:
+    """Why ``route`` does not take ``message`` (None: it does) - for ``appliance routes check``."""
+    if not route.source_matches(message.source):
+        return f"source {message.source} is not under FROM {route.source}"
+    if route.condition is None:
+        return None
+    outcome = route.condition.evaluate(message)
+    if outcome is True:
+        return None
+    return f"WHERE {route.condition.text.strip()} is {'false' if outcome is False else 'undefined'}"
+
+
 class Evaluator:
     """Routes in, ``RouteResult``s out; holds the global TTL that TTL-0 routes inherit."""
 

@@ -41,7 +41,7 @@ from appliance.forwarding.messages import Message, message_from_publish
 from appliance.forwarding.metrics import ForwardingMetrics, LinkStats
 from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore, QueueKey, StoreFull
-from appliance.forwarding.routes import UPSTREAM, Endpoint, Evaluator, RouteResult
+from appliance.forwarding.routes import UPSTREAM, Endpoint, Evaluator, Route, RouteResult
 from appliance.forwarding.upstream import UpstreamSender
 from appliance.store_thread import StoreThread
 
@@ -267,15 +267,26 @@ class ForwardingService(ServiceDefaults):
             "error": error,
             "metrics_port": self.metrics_port,
             "global_ttl_s": self.evaluator.global_ttl_s,
-            "routes": [
-                {"name": r.name, "route": r.text, "priority": r.priority, "timeToLiveSecs": r.ttl_s, "endpoint": r.endpoint.id}
-                for r in self.evaluator.routes
-            ],
+            "routes": [self._route_status(r) for r in self.evaluator.routes],
         }
         target = self.data_dir / STATUS_FILE
         temporary = target.with_suffix(".new")
         temporary.write_text(json.dumps(status, indent=2) + "\n")
         temporary.replace(target)
+
+    def _route_status(self, route: Route) -> dict[str, Any]:
+        """A running route as ``routes show`` prints it: ``timeToLiveSecs`` as configured (0: none of its
+        own), ``effectiveTimeToLiveSecs`` what its messages are stored with and ``timeToLiveFrom`` why."""
+        assert self.manifest is not None
+        ttl, origin = self.manifest.ttl_origin(route)
+        return {"name": route.name, "route": route.text, "priority": route.priority, "timeToLiveSecs": route.ttl_s,
+                "effectiveTimeToLiveSecs": ttl, "timeToLiveFrom": origin, "endpoint": route.endpoint.id}
+
+    def ready_note(self) -> str | None:
+        """For the gateway's ``appliance ready`` line: where the Prometheus metrics are."""
+        if self.metrics_port is None:
+            return None
+        return f"forwarding metrics on http://{self.config.metrics_host}:{self.metrics_port}/metrics"
 
     async def _watch_manifest(self) -> None:
         """Reload when the manifest's modification time changes (checked every ``watch_interval_s``)."""

@@ -7,24 +7,37 @@
   batch into PUBLISHes of ``packed_window().chunk_bytes`` (appliance/forwarding/batch.py), at most a
   window's worth of them unacknowledged - on a slow link the identity then costs a few bytes per message
   instead of more than the payload.
-* One network thread per bridge runs the paho client by hand (``client.loop``) so that reconnecting is
-  ours: exponential backoff with jitter, and a *fresh* client per connection - paho would otherwise replay
-  its own in-flight copies on reconnect while the pump resends the batch too.
-* Acknowledgements are timestamped on the network thread and resolved on the event loop (via
-  ``call_soon_threadsafe``), so a future is always registered before its PUBACK is looked at.
+* Every paho call runs on the gateway's event loop, and there is no network thread. paho's write routine
+  has no lock: with a thread running ``client.loop()`` while the pump called ``publish()`` from the loop,
+  two threads wrote from one output queue, and adjacent PUBLISHes left swapped or with their bytes
+  interleaved (issue 14). paho 2's external-loop hooks (``on_socket_open``/``close``/``register_write``/
+  ``unregister_write``) put its socket on ``loop.add_reader``/``add_writer``; ``loop_read``, ``loop_write``
+  and ``loop_misc`` run from those callbacks and a timer. A PUBLISH is queued by ``publish()`` and written
+  by ``loop_write`` in queue order, on one thread.
+* paho's ``connect()`` would resolve, connect and shake hands (TLS) blocking; the bridge does those with
+  asyncio and hands paho the connected socket (``_ConnectedClient``, the one paho internal overridden).
+* Reconnecting is ours: exponential backoff with jitter, and a *fresh* client per connection - paho would
+  otherwise replay its own in-flight copies on reconnect while the pump resends the batch too.
+* Keep-alive (``appliance/forwarding/liveness.py``): while PUBLISHes are in flight a link that still
+  makes progress (PUBACKs, or the socket's send queue draining) is alive however slow; paho's PINGREQ rule
+  runs only while nothing is in flight, so a PINGREQ stuck behind a full link is not taken for a dead one.
 * The link under the bridge (the cellular modem) may be known to be down: ``set_link(False)`` closes the
-  connection and the network thread makes no attempt at all until ``set_link(True)``, which also skips
-  any backoff still running - retrying blindly over a modem that is not registered only burns the
-  backoff ceiling, and the link coming back is the best moment to connect.
+  connection and no attempt is made until ``set_link(True)``, which also skips any backoff still running -
+  retrying blindly over a modem that is not registered only burns the backoff ceiling, and the link coming
+  back is the best moment to connect.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
 import random
+import socket
 import ssl
-import threading
+import struct
+import termios
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +49,7 @@ from paho.mqtt.properties import Properties
 from appliance.forwarding.batch import encode_batch
 from appliance.forwarding.config import UpstreamConfig
 from appliance.forwarding.endpoints import Refused, SendFailed, identity_properties, message_id
+from appliance.forwarding.liveness import Liveness
 from appliance.forwarding.metrics import LinkStats
 from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.routes import UPSTREAM
@@ -71,6 +85,39 @@ def pack(batch: list[QueuedMessage], chunk_bytes: int) -> list[list[QueuedMessag
     return chunks
 
 
+#: Seconds for the TCP connect and for the TLS handshake, each.
+CONNECT_TIMEOUT_S = 10.0
+#: How often keep-alive (liveness and paho's PINGREQ) is looked at.
+TICK_S = 0.25
+#: How long a DISCONNECT may take to leave before the socket is simply closed.
+CLOSE_TIMEOUT_S = 1.0
+
+
+class _ConnectedClient(mqtt.Client):
+    """paho's client on a socket the bridge has already connected (and TLS-wrapped) without blocking.
+
+    ``connect()`` calls ``_create_socket``; this returns the socket handed over in ``use_socket`` instead of
+    opening one with blocking calls. Everything else - CONNECT, the socket hooks - is paho's own path.
+    """
+
+    def use_socket(self, sock: socket.socket) -> None:
+        self._connected_socket: socket.socket | None = sock
+
+    def _create_socket(self) -> Any:
+        sock, self._connected_socket = self._connected_socket, None
+        if sock is None:
+            raise OSError("no connected socket to hand to paho")
+        return sock
+
+
+def send_queue_bytes(sock: Any) -> int | None:
+    """Bytes in the socket's send queue, not yet acknowledged by TCP (Linux ``TIOCOUTQ``); None if unknown."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):
+        return None
+
+
 class UpstreamSender:
     def __init__(self, settings: UpstreamConfig, gateway_id: str, stats: LinkStats) -> None:
         assert settings.host is not None
@@ -81,63 +128,132 @@ class UpstreamSender:
         self.estimate = LinkEstimate()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = asyncio.Event()
-        self._stop = threading.Event()
-        # Guards the two things the network thread waits for: stop, and the link state (with a counter
-        # of up-transitions, so a backoff wait can tell that the link came back while it slept).
-        self._wake = threading.Condition()
+        self._stopping = False
         self._link_up = True
-        self._link_ups = 0
-        self.on_connection_change: Callable[[bool], None] | None = None  # on the event loop
-        self._thread: threading.Thread | None = None
-        self._client: mqtt.Client | None = None
+        # Set on every change of the link state or on stop: a connection or a backoff wait ends early.
+        self._link_changed = asyncio.Event()
+        self.on_connection_change: Callable[[bool], None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._client: _ConnectedClient | None = None
+        self._socket: Any = None  # the client's socket while it is open
+        self._closed = asyncio.Event()  # the current client's socket closed
+        self._liveness: Liveness | None = None
         self._pending: dict[int, asyncio.Future[float]] = {}
-        self._acks: dict[int, tuple[float, str | None]] = {}  # mid -> (when, refusal reason or None)
         self._rng = random.Random()
         self._ready_flag = False
         self._max_packet: int | None = None  # the upstream's Maximum Packet Size (MQTT 5 CONNACK)
+        self._tls: ssl.SSLContext | None = None
         self.connects = 0
 
     # -- lifecycle
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._network_main, name="forwarding-upstream", daemon=True)
-        self._thread.start()
+        if self.settings.tls:
+            self._tls = self._tls_context()
+        self._task = asyncio.create_task(self._run(), name="forwarding-upstream")
 
     async def stop(self) -> None:
-        with self._wake:
-            self._stop.set()
-            self._wake.notify_all()
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10)
+        """A polite DISCONNECT when connected; a connect attempt in progress is abandoned."""
+        self._stopping = True
+        self._link_changed.set()
+        if self._task is not None:
+            await asyncio.wait({self._task}, timeout=CLOSE_TIMEOUT_S + 2 * TICK_S)
+            self._task.cancel()  # still connecting (up to CONNECT_TIMEOUT_S): the socket is closed on the way out
+            await asyncio.gather(self._task, return_exceptions=True)
 
     def set_link(self, up: bool) -> None:
-        """The link under the bridge went up or down (thread-safe; called from the event loop)."""
-        with self._wake:
-            if up == self._link_up:
-                return
-            self._link_up = up
-            if up:
-                self._link_ups += 1
-            self._wake.notify_all()
+        """The link under the bridge went up or down (called on the event loop)."""
+        if up == self._link_up:
+            return
+        self._link_up = up
+        self._link_changed.set()
         log.info("upstream: link %s: %s", "up" if up else "down", "connecting" if up else "no connection attempts until it is back")
 
-    # -- network thread
+    # -- connection loop
 
-    def _wait_for_link(self) -> None:
-        with self._wake:
-            self._wake.wait_for(lambda: self._stop.is_set() or self._link_up)
+    async def _run(self) -> None:
+        attempt = 0
+        while not self._stopping:
+            while not self._link_up and not self._stopping:
+                self._link_changed.clear()
+                await self._link_changed.wait()
+            if self._stopping:
+                break
+            self._link_changed.clear()
+            try:
+                sock = await self._open_socket()
+            except (OSError, ValueError, asyncio.TimeoutError) as exc:  # ssl.SSLError is an OSError
+                log.info("upstream %s:%s: connect failed: %s", self.settings.host, self.settings.port, exc)
+            else:
+                if await self._session(sock):
+                    attempt = 0
+            self._set_ready(False)
+            if self._link_changed.is_set():
+                attempt = 0  # the link went or came back meanwhile: a new link, try at once (or wait for it)
+            elif not self._stopping:
+                delay = backoff_delay(attempt, self.settings.backoff_min_s, self.settings.backoff_max_s, self._rng)
+                attempt += 1
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._link_changed.wait(), delay)
 
-    def _backoff(self, delay: float) -> None:
-        """Sleep ``delay``, but wake at once on stop or when the link comes (back) up meanwhile."""
-        with self._wake:
-            ups = self._link_ups
-            self._wake.wait_for(lambda: self._stop.is_set() or self._link_ups != ups, timeout=delay)
+    async def _open_socket(self) -> Any:
+        """A connected TCP socket (TLS-wrapped with the handshake done), opened without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        s = self.settings
+        assert s.host is not None
+        failure: Exception = OSError(f"no address for {s.host}")
+        for family, kind, proto, _, address in await loop.getaddrinfo(s.host, s.port, type=socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            try:
+                await asyncio.wait_for(loop.sock_connect(sock, address), CONNECT_TIMEOUT_S)
+                if self._tls is None:
+                    return sock
+                return await asyncio.wait_for(self._handshake(sock), CONNECT_TIMEOUT_S)
+            except (OSError, asyncio.TimeoutError) as exc:
+                sock.close()
+                failure = exc
+            except BaseException:  # cancelled (the bridge stops): no socket left behind
+                sock.close()
+                raise
+        raise failure
 
-    def _new_client(self) -> mqtt.Client:
+    async def _handshake(self, sock: socket.socket) -> ssl.SSLSocket:
+        assert self._tls is not None
+        wrapped = self._tls.wrap_socket(sock, server_hostname=self.settings.host, do_handshake_on_connect=False)
+        while True:
+            try:
+                wrapped.do_handshake()
+                return wrapped
+            except ssl.SSLWantReadError:
+                await self._fd_ready(wrapped, write=False)
+            except ssl.SSLWantWriteError:
+                await self._fd_ready(wrapped, write=True)
+
+    async def _fd_ready(self, sock: Any, write: bool) -> None:
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        (loop.add_writer if write else loop.add_reader)(sock, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            (loop.remove_writer if write else loop.remove_reader)(sock)
+
+    def _tls_context(self) -> ssl.SSLContext:
+        s = self.settings
+        context = ssl.create_default_context(cafile=str(s.ca_file) if s.ca_file else None)
+        if s.cert_file:
+            context.load_cert_chain(str(s.cert_file), str(s.key_file) if s.key_file else None)
+        if s.tls_insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+    def _new_client(self) -> _ConnectedClient:
         s = self.settings
         v5 = s.protocol == "5"
-        client = mqtt.Client(
+        client = _ConnectedClient(
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=s.client_id or self.gateway_id,
             protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
@@ -147,57 +263,126 @@ class UpstreamSender:
         client.max_queued_messages_set(0)
         if s.username is not None:
             client.username_pw_set(s.username, s.password)
-        if s.tls:
-            client.tls_set(
-                ca_certs=str(s.ca_file) if s.ca_file else None,
-                certfile=str(s.cert_file) if s.cert_file else None,
-                keyfile=str(s.key_file) if s.key_file else None,
-                cert_reqs=ssl.CERT_NONE if s.tls_insecure else ssl.CERT_REQUIRED,
-            )
-            client.tls_insecure_set(s.tls_insecure)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
+        client.on_socket_open = self._on_socket_open
+        client.on_socket_close = self._on_socket_close
+        client.on_socket_register_write = self._on_socket_register_write
+        client.on_socket_unregister_write = self._on_socket_unregister_write
         return client
 
-    def _network_main(self) -> None:
-        attempt = 0
-        while not self._stop.is_set():
-            self._wait_for_link()
-            if self._stop.is_set():
-                break
-            ups = self._link_ups
-            client = self._new_client()
-            self._client = client
-            try:
-                client.connect(self.settings.host, self.settings.port, keepalive=self.settings.keepalive_s)
-            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; ValueError: bad host name
-                log.info("upstream %s:%s: connect failed: %s", self.settings.host, self.settings.port, exc)
-            else:
-                while not self._stop.is_set() and self._link_up:
-                    if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
-                        break
-                    if self._ready_flag:
-                        attempt = 0
-                if self._stop.is_set() or not self._link_up:
-                    client.disconnect()
-                    client.loop(timeout=0.1)
-            self._set_ready(False)
+    async def _session(self, sock: Any) -> bool:
+        """Run one MQTT connection on ``sock`` until it closes, the link goes down or the bridge stops.
+        True if the upstream accepted it (CONNACK), so the backoff starts over."""
+        client = self._new_client()
+        client.use_socket(sock)
+        self._client = client
+        self._closed.clear()
+        assert self._loop is not None
+        self._liveness = Liveness(self.settings.keepalive_s, self._loop.time())
+        accepted = False
+        closed = asyncio.ensure_future(self._closed.wait())
+        try:
+            client.connect(self.settings.host or "", self.settings.port, keepalive=self.settings.keepalive_s)
+            while not closed.done():
+                if self._stopping or not self._link_up:
+                    client.disconnect()  # a polite DISCONNECT if it leaves soon; the socket is closed anyway
+                    await asyncio.wait({closed}, timeout=CLOSE_TIMEOUT_S)
+                    break
+                await asyncio.wait({closed}, timeout=TICK_S)
+                accepted = accepted or self._ready_flag
+                if not closed.done():
+                    self._tick(client)
+        finally:
+            closed.cancel()
+            self._abandon(client)
+        return accepted
+
+    def _tick(self, client: _ConnectedClient) -> None:
+        """Keep-alive: busy, the link must make progress; idle, paho's PINGREQ/PINGRESP rule."""
+        assert self._loop is not None and self._liveness is not None
+        queued = send_queue_bytes(self._socket) if self._socket is not None else None
+        busy = bool(self._pending) or client.want_write() or bool(queued)
+        if not self._liveness.alive(self._loop.time(), busy, queued):
+            self._abandon(client, f"no progress for {self._loop.time() - self._liveness.progress_at:.1f} s "
+                                  "with data in flight: the link is dead")
+            return
+        if not busy and client.loop_misc() != mqtt.MQTT_ERR_SUCCESS:
+            self._abandon(client, "keep-alive: no PINGRESP")
+
+    def _abandon(self, client: _ConnectedClient, reason: str = "closed by the bridge") -> None:
+        """Drop the connection without asking paho: unhook and close its socket; a fresh client comes next.
+        Logs ``upstream disconnected`` as paho's callback does, when paho has not said so already."""
+        if self._client is client and self._ready_flag:
+            log.info("upstream disconnected: %s", reason)
+        sock = self._socket
+        if sock is not None and self._client is client:
+            assert self._loop is not None
+            self._loop.remove_reader(sock)
+            self._loop.remove_writer(sock)
+            sock.close()
+            self._socket = None
+        if self._client is client:
             self._client = None
-            if self._link_ups != ups:
-                attempt = 0  # the link came back since this attempt began: a new link, try at once
-            elif not self._stop.is_set() and self._link_up:
-                delay = backoff_delay(attempt, self.settings.backoff_min_s, self.settings.backoff_max_s, self._rng)
-                attempt += 1
-                self._backoff(delay)
+        self._closed.set()
+        self._set_ready(False)
+
+    # -- paho's socket hooks and callbacks (all on the event loop)
+
+    def _on_socket_open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        assert self._loop is not None
+        self._socket = sock
+        self._loop.add_reader(sock, self._readable, client)
+
+    def _on_socket_close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        assert self._loop is not None
+        self._loop.remove_reader(sock)
+        self._loop.remove_writer(sock)
+        if self._socket is sock:
+            self._socket = None
+        if client is self._client:
+            self._closed.set()
+
+    def _on_socket_register_write(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        assert self._loop is not None
+        self._loop.add_writer(sock, self._writable, client)
+
+    def _on_socket_unregister_write(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        assert self._loop is not None
+        self._loop.remove_writer(sock)
+
+    def _readable(self, client: mqtt.Client) -> None:
+        assert self._loop is not None and self._liveness is not None
+        self._liveness.received(self._loop.time())
+        rc = client.loop_read()
+        # TLS: a record may hold more than paho read; those bytes wait in the SSL object with the fd quiet.
+        while rc == mqtt.MQTT_ERR_SUCCESS and isinstance(self._socket, ssl.SSLSocket) and self._socket.pending():
+            rc = client.loop_read()
+        if rc != mqtt.MQTT_ERR_SUCCESS and client is self._client:
+            self._abandon(client, f"read: {mqtt.error_string(rc)}")
+
+    def _writable(self, client: mqtt.Client) -> None:
+        rc = client.loop_write()
+        if rc != mqtt.MQTT_ERR_SUCCESS and client is self._client:
+            self._abandon(client, f"write: {mqtt.error_string(rc)}")
 
     def _set_ready(self, ready: bool) -> None:
         if ready == self._ready_flag:
             return
         self._ready_flag = ready
         self.stats.connected = ready
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._apply_ready, ready)
+        if self.on_connection_change is not None:
+            self.on_connection_change(ready)
+        if ready:
+            self.estimate.reset()
+            self._ready.set()
+            return
+        self._ready.clear()
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(SendFailed("upstream connection lost"))
+        self._pending.clear()
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
@@ -211,40 +396,18 @@ class UpstreamSender:
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         log.info("upstream disconnected: %s", reason)
-        self._set_ready(False)
+        if client is self._client:
+            self._set_ready(False)
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
-        refusal = f"{reason} (0x{reason.value:02X})" if getattr(reason, "is_failure", False) else None
-        self._acks[mid] = (time.monotonic(), refusal)
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._resolve, mid)
-
-    # -- event loop side
-
-    def _apply_ready(self, ready: bool) -> None:
-        if self.on_connection_change is not None:
-            self.on_connection_change(ready)
-        if ready:
-            self.estimate.reset()
-            self._ready.set()
-            return
-        self._ready.clear()
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(SendFailed("upstream connection lost"))
-        self._pending.clear()
-        self._acks.clear()
-
-    def _resolve(self, mid: int) -> None:
         future = self._pending.pop(mid, None)
-        ack = self._acks.pop(mid, None)
-        if future is None or ack is None or future.done():
+        if future is None or future.done() or client is not self._client:
             return
-        at, refusal = ack
-        if refusal is None:
-            future.set_result(at)
+        if getattr(reason, "is_failure", False):
+            future.set_exception(Refused(f"{reason} (0x{reason.value:02X})"))
         else:
-            future.set_exception(Refused(refusal))
+            future.set_result(self._loop.time())
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -270,26 +433,28 @@ class UpstreamSender:
             limit = max(1, min(limit, self._max_packet - 512))
         return self.estimate.packed_window(limit)
 
-    def _units(self, batch: list[QueuedMessage], sent_ms: int) -> list[tuple[list[QueuedMessage], str, bytes, Properties | None]]:
-        """What goes out for ``batch``: (messages, topic, payload, properties) per PUBLISH."""
+    def _groups(self, batch: list[QueuedMessage]) -> list[list[QueuedMessage]]:
+        """The messages of each PUBLISH that ``batch`` goes out as."""
         if self.settings.format == "batch":
             chunk = self.window().chunk_bytes
             assert chunk is not None
-            return [
-                (items, self.settings.batch_topic.format(gateway_id=self.gateway_id, priority=items[0].priority),
-                 encode_batch(self.gateway_id, items[0].priority, sent_ms, items), None)
-                for items in pack(batch, chunk)
-            ]
-        units = []
-        for item in batch:
-            properties = None
-            if self.settings.protocol == "5":
-                properties = Properties(PacketTypes.PUBLISH)
-                properties.UserProperty = identity_properties(item, self.gateway_id, sent_ms)
-                if item.message.content_type:
-                    properties.ContentType = item.message.content_type
-            units.append(([item], self.topic_for(item), item.message.payload, properties))
-        return units
+            return pack(batch, chunk)
+        return [[item] for item in batch]
+
+    def _unit(self, items: list[QueuedMessage], sent_ms: int) -> tuple[str, bytes, Properties | None]:
+        """(topic, payload, properties) of the PUBLISH of ``items``, stamped ``sent_ms`` (this attempt)."""
+        if self.settings.format == "batch":
+            priority = items[0].priority
+            return (self.settings.batch_topic.format(gateway_id=self.gateway_id, priority=priority),
+                    encode_batch(self.gateway_id, priority, sent_ms, items), None)
+        item = items[0]
+        properties = None
+        if self.settings.protocol == "5":
+            properties = Properties(PacketTypes.PUBLISH)
+            properties.UserProperty = identity_properties(item, self.gateway_id, sent_ms)
+            if item.message.content_type:
+                properties.ContentType = item.message.content_type
+        return self.topic_for(item), item.message.payload, properties
 
     def _in_flight_limit(self) -> int:
         """PUBLISHes that may be unacknowledged, re-read after every ack so it follows the link."""
@@ -306,8 +471,7 @@ class UpstreamSender:
         if client is None or not self._ready.is_set():
             raise SendFailed("upstream not connected")
         assert self._loop is not None
-        sent_at = time.monotonic()
-        sent_ms = int(time.time() * 1000)
+        sent_at = self._loop.time()
         futures: list[asyncio.Future[float]] = []
         sizes: list[int] = []
         ack_times: list[float] = []
@@ -322,16 +486,20 @@ class UpstreamSender:
                 raise Refused(refused.reason, [item.seq for item in published[index]], acked) from None
 
         try:
-            for items, topic, payload, properties in self._units(batch, sent_ms):
+            for items in self._groups(batch):
                 while len(futures) - len(ack_times) >= self._in_flight_limit():
                     await next_ack()
                     self.estimate.record_progress(sizes[: len(ack_times)], ack_times)
                 if preempt.is_set():
                     break
+                if client is not self._client:
+                    raise SendFailed("upstream connection lost")
+                # gw-sent-ms: when this PUBLISH is handed to the link, not when the batch began.
+                topic, payload, properties = self._unit(items, int(time.time() * 1000))
                 info = client.publish(topic, payload, qos=1, properties=properties)
                 if info.rc != mqtt.MQTT_ERR_SUCCESS:
                     raise SendFailed(f"publish failed: {mqtt.error_string(info.rc)}")
-                # Registered before control returns to the loop, so the _resolve queued by the PUBACK finds it.
+                # Registered before the loop can read the PUBACK (paho reads only in _readable, on this thread).
                 future: asyncio.Future[float] = self._loop.create_future()
                 self._pending[info.mid] = future
                 futures.append(future)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
 
 from tests.forwarding.peers import Collector, delivered
@@ -276,3 +278,80 @@ def test_metrics_on_sys_topic_prometheus_and_upstream(make_rig) -> None:
     text = rig.prometheus()
     assert 'gateway_forwarding_sent_total{endpoint="upstream",priority="6"} 1' in text
     assert 'gateway_link_connected{endpoint="upstream"} 1' in text
+
+
+@pytest.mark.parametrize("upstream_format", ["message", "batch"])
+def test_a_311_thermostat_raises_a_p0_alert_by_topic_alone(make_rig, upstream_format: str) -> None:
+    """MQTT 3.1.1 has no user properties: the IoT Hub property bag in the topic carries ``alert=true``,
+    and ``WHERE alert = 'true'`` routes it at priority 0 while the same device's data goes at 5."""
+    rig = make_rig({
+        "data": {"route": "FROM /messages/* INTO $upstream", "priority": 5},
+        "alerts": {"route": "FROM /messages/* WHERE alert = 'true' INTO $upstream", "priority": 0, "timeToLiveSecs": 600},
+    }, extra_upstream=f'format = "{upstream_format}"')
+    thermostat = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="thermo-311", protocol=mqtt.MQTTv311)
+    thermostat.connect(rig.gateway.host, rig.gateway.port)
+    thermostat.loop_start()
+    try:
+        for topic in (
+            "devices/thermo-311/messages/events/data/n=1",
+            "devices/thermo-311/messages/events/alert=true&n=2&%24.ct=application%2Fjson",  # IoT Hub's own form
+            "devices/thermo-311/messages/events/alerts/alert=true&n=3/",  # the firmware's output, plus a bag
+            "devices/thermo-311/messages/events/n=4&alert=false",
+        ):
+            thermostat.publish(topic, b'{"t": 21.5}', qos=1).wait_for_publish(10)
+        got = {d.n: d for d in delivered(rig.cloud, 4)}
+    finally:
+        thermostat.loop_stop()
+        thermostat.disconnect()
+    assert {n: d.priority for n, d in got.items()} == {1: 5, 2: 0, 3: 0, 4: 5}
+
+
+def test_the_tooling_says_what_it_does(make_rig) -> None:
+    """Issue 14's tooling: the metrics port in the ready line and in ``doctor``; ``routes show`` gives the
+    effective TTL and its origin; ``routes check --message`` says when a message is routed nowhere and why."""
+    rig = make_rig({
+        "alerts": {"route": "FROM /messages/* WHERE alert = 'true' INTO $upstream", "priority": 0, "timeToLiveSecs": 600},
+        "data": {"route": "FROM /messages/modules/m1/* WHERE as_number(level) > 3 INTO $upstream", "priority": 5},
+    })
+    port = rig.status()["metrics_port"]
+    rig.gateway.wait_for_log(rf"appliance ready: .*; forwarding metrics on http://127\.0\.0\.1:{port}/metrics")
+
+    doctor = rig.cli("doctor", "-c", str(rig.config), "--listen", f"127.0.0.1:{rig.gateway.port}",
+                     "--data-dir", str(rig.gateway.data_dir))
+    assert f"ok       metrics   forwarding metrics on http://127.0.0.1:{port}/metrics" in doctor.stdout, doctor.stdout
+
+    shown = {r["name"]: r for r in json.loads(rig.cli("routes", "show", "--data-dir", str(rig.gateway.data_dir)).stdout)["routes"]}
+    assert (shown["alerts"]["effectiveTimeToLiveSecs"], shown["alerts"]["timeToLiveFrom"]) == (600, "route timeToLiveSecs")
+    assert (shown["data"]["timeToLiveSecs"], shown["data"]["effectiveTimeToLiveSecs"]) == (0, 7200)
+    assert shown["data"]["timeToLiveFrom"] == "storeAndForwardConfiguration.timeToLiveSecs"
+
+    nowhere = rig.cli("routes", "check", str(rig.manifest_path), "--message",
+                      json.dumps({"topic": "devices/t1/messages/events/alert=false&level=9"}))
+    assert nowhere.returncode == 0
+    assert "routed nowhere" in nowhere.stdout
+    assert "not alerts: WHERE alert = 'true' is false" in nowhere.stdout
+    assert "not data: source /messages/events is not under FROM /messages/modules/m1/*" in nowhere.stdout
+    routed = rig.cli("routes", "check", str(rig.manifest_path), "--message",
+                     json.dumps({"topic": "devices/t1/messages/events/alert=true"}))
+    assert "routed: upstream priority 0 TTL 600s" in routed.stdout and "routed nowhere" not in routed.stdout
+    undefined = rig.cli("routes", "check", str(rig.manifest_path), "--message",
+                        json.dumps({"topic": "devices/t1/modules/m1/messages/events/%24.on=o1"}))
+    assert "not data: WHERE as_number(level) > 3 is undefined" in undefined.stdout, undefined.stdout
+
+
+def test_refusal_counts_survive_a_restart(make_rig, tmp_path: Path) -> None:
+    """Three refusals in all, not three per process: the counts are stored with the checkpoints."""
+    rig = make_rig({"data": {"route": DATA, "priority": 2}}, cloud_config=cloud_acl(tmp_path, "gateways/gw1/metrics"))
+    refused = r"batch of 1 failed \(refused: Not authorized \(0x87\)\)"
+    assert rig.device("bad").publish("data", b"not for the cloud", {"n": "1"}) == 0
+    rig.wait_for_log_count(refused, 1)
+    rig.relay.set(up=False)  # the retries back off 0.1 s, then 0.2 s: no third try before the power cut
+    rig.gateway.kill9()
+    before = len(re.findall(refused, rig.gateway.output()))
+    assert before in (1, 2)
+    rig.relay.cut()
+    rig.relay.set(up=True)
+    rig.gateway.start()
+    rig.gateway.wait_for_log(r"1 messages of priority 2 refused 3 times", timeout=20)
+    # The third refusal is the one that dead-letters (it logs that instead of a retry).
+    assert len(re.findall(refused, rig.gateway.output())) == 2, rig.gateway.output()

@@ -71,3 +71,28 @@ def test_invalid_json_reports_line_and_column(tmp_path: Path) -> None:
     file.write_text('{"schemaVersion": "1.1.0",\n "routes": {,}}')
     with pytest.raises(ManifestError, match="line 2 column"):
         load_manifest(file)
+
+
+def test_a_whole_deployment_file_is_read_for_its_edgehub_section(tmp_path: Path) -> None:
+    """As ``iotedge``'s deployment.json has it: $edgeAgent and the modules next to $edgeHub."""
+    deployment = {"modulesContent": {
+        "$edgeAgent": {"properties.desired": {"schemaVersion": "1.1", "modules": {"SecCamMod": {"type": "docker"}}}},
+        **SPEC_EXAMPLE,
+        "SecCamMod": {"properties.desired": {"interval": 5}},
+    }}
+    path = tmp_path / "deployment.json"
+    path.write_text(json.dumps(deployment))
+    manifest = load_manifest(path)
+    assert {r.name for r in manifest.routes} == {"secCamAlerts", "floorCamAlerts", "secCamData", "upstream"}
+    assert manifest.global_ttl_s == 7200
+
+    bad = json.loads(json.dumps(deployment))
+    bad["modulesContent"]["$edgeHub"]["properties.desired"]["routes"]["secCamData"]["priority"] = 12
+    with pytest.raises(ManifestError) as error:
+        parse_manifest(bad)
+    assert error.value.path == "$.modulesContent.$edgeHub.properties.desired.routes.secCamData.priority"
+
+
+def test_a_deployment_file_without_edgehub_says_where_the_section_belongs() -> None:
+    with pytest.raises(ManifestError, match=r"the \$edgeHub section is at modulesContent.\$edgeHub.properties.desired"):
+        parse_manifest({"modulesContent": {"$edgeAgent": {"properties.desired": {}}}})

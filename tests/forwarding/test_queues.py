@@ -121,11 +121,13 @@ def test_snapshot_survives_reopen(tmp_path: Path, clock: Clock) -> None:
     reopened.close()
 
 
-def test_read_respects_the_byte_window_but_returns_at_least_one(store: MessageStore) -> None:
+def test_read_respects_the_byte_window_but_returns_at_least_two(store: MessageStore) -> None:
+    """Two, so that a packing sender gets two PUBACKs to measure the link by, however large the messages."""
     for n in range(5):
         store.add(msg(n, 100), [RouteResult(UP, 0, 60)])
-    assert len(store.read("upstream", 0, 0, 10, max_bytes=250)) == 2
-    assert len(store.read("upstream", 0, 0, 10, max_bytes=1)) == 1
+    assert len(store.read("upstream", 0, 0, 10, max_bytes=350)) == 3
+    assert len(store.read("upstream", 0, 0, 10, max_bytes=1)) == 2
+    assert len(store.read("upstream", 0, 0, 1, max_bytes=1)) == 1
 
 
 class TestBoundedStore:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from appliance.forwarding.upstream import UpstreamSender, backoff_delay
 from appliance.store_thread import StoreThread
 from hil_tests.rig.relay import RelayThread
 from tests.forwarding.peers import Collector, batch_records
-from tests.support.processes import MosquittoProcess
+from tests.support.processes import MosquittoProcess, free_port
 
 UP = Endpoint("upstream")
 
@@ -45,7 +48,8 @@ def relay(mosquitto: MosquittoProcess):
 
 def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[..., Awaitable[None]],
                topic_template: str = DEFAULT_TOPIC_TEMPLATE, **settings: Any) -> tuple[UpstreamSender, ForwardingMetrics]:
-    upstream = UpstreamConfig(host="127.0.0.1", port=port, protocol=protocol, keepalive_s=2, backoff_min_s=0.05, backoff_max_s=0.2,
+    settings = {"keepalive_s": 2, **settings}
+    upstream = UpstreamConfig(host="127.0.0.1", port=port, protocol=protocol, backoff_min_s=0.05, backoff_max_s=0.2,
                               topic_template=topic_template, **settings)
     metrics = ForwardingMetrics()
 
@@ -262,3 +266,68 @@ def test_backoff_grows_exponentially_with_jitter() -> None:
     assert all(0.25 <= d <= 0.5 for d in delays[:1])
     assert all(15 <= d <= 30 for d in delays[7:])
     assert len({round(d, 6) for d in delays}) == len(delays), "jittered"
+
+
+def test_bridge_over_tls_verifies_the_cloud_and_delivers(tmp_path: Path) -> None:
+    """TLS on the event loop: the handshake without blocking it, records larger than one read, and a
+    certificate that does not match is refused (no connection, messages stay queued)."""
+    # mosquitto drops root privileges before it reads its certificate: not from pytest's private tmp dir.
+    readable = Path(tempfile.mkdtemp(prefix="upstream-tls-"))
+    readable.chmod(0o755)
+    cert, key = readable / "cert.pem", readable / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    key.chmod(0o644)
+    tls_port = free_port()
+    with MosquittoProcess(tmp_path / "cloud", extra_config=f"listener {tls_port} 127.0.0.1\ncertfile {cert}\nkeyfile {key}\n") as cloud:
+        collector = Collector(cloud.host, cloud.port, "gateways/#")
+        try:
+            async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+                for n in range(20):
+                    await add(n, size=6000)
+                await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 15)
+
+            sender, _ = run_bridge(tmp_path, tls_port, "5", scenario, tls=True, ca_file=cert)
+            received = collector.wait_for(20)
+        finally:
+            collector.close()
+        assert sender.connects == 1
+        assert sorted(r.n for r in received) == list(range(20)) and all(r.payload == b"p" * 6000 for r in received)
+
+        (tmp_path / "wrong").mkdir()
+
+        async def refused(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+            await add(0)
+            await asyncio.sleep(1)  # several attempts at the backoff ceiling of 0.2 s
+            assert await thread.call(store.message_count) == 1
+
+        other = tmp_path / "other.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=other",
+                        "-keyout", str(tmp_path / "other-key.pem"), "-out", str(other)], check=True, capture_output=True)
+        untrusting, _ = run_bridge(tmp_path / "wrong", tls_port, "5", refused, tls=True, ca_file=other)
+        assert untrusting.connects == 0
+    shutil.rmtree(readable)
+
+
+def test_a_link_that_suddenly_gets_slow_is_not_taken_for_a_dead_one(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread) -> None:
+    """Keep-alive 1 s; the link drops from 2 Mbit/s to 9.6 kbit/s with a window sized for the fast link in
+    flight (seconds of the slow link). PUBACKs keep coming, slowly: the bridge must keep its connection
+    (paho's PINGREQ, queued behind that window, would time out and reconnect)."""
+    relay.set(rate_bps=2_000_000, delay_ms=20)
+
+    async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+        relay.set(up=False)
+        for n in range(1500):
+            await add(n, size=200)
+        relay.set(up=True)
+        await asyncio.wait_for(pump.wait_batches(6), 20)  # the window has grown on the fast link
+        relay.set(rate_bps=9600)
+        await asyncio.sleep(5)  # five keep-alive periods on the slow link
+        relay.set(rate_bps=0)
+        await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 60)
+
+    sender, _ = run_bridge(tmp_path, relay.port, "5", scenario, keepalive_s=1)
+    assert sender.connects == 1, "the slow link was taken for a dead one"

@@ -1,0 +1,131 @@
+"""Telemetry topics and IoT Hub property bags (appliance/forwarding/topics.py, messages.py).
+
+The first cases follow Edge Hub's own converter tests (ProtocolGatewayMessageConverterTest: a device
+with ``$.cid``/``$.mid`` and three application properties, the module form, every system property) and
+IoT Hub's MQTT rules; then this gateway's forms, the precedence between the bag and MQTT 5 user
+properties, and hostile input.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from appliance.forwarding.conditions import compile_condition
+from appliance.forwarding.messages import message_from_publish
+from appliance.forwarding.topics import PropertyBagError, parse_property_bag, parse_telemetry_topic
+
+
+def test_device_bag_splits_system_and_application_properties() -> None:
+    topic = "devices/Device_6/messages/events/%24.cid=Corrid1&%24.mid=MessageId1&Foo=Bar&Prop2=Value2&Prop3=Value3/"
+    parsed = parse_telemetry_topic(topic)
+    assert parsed is not None
+    assert (parsed.device_id, parsed.module_id, parsed.output, parsed.source) == ("Device_6", None, None, "/messages/events")
+    assert parsed.system == {"correlationId": "Corrid1", "messageId": "MessageId1"}
+    assert parsed.application == [("Foo", "Bar"), ("Prop2", "Value2"), ("Prop3", "Value3")]
+
+
+def test_module_form_takes_the_output_name_from_the_bag() -> None:
+    topic = "devices/Device_6/modules/SensorModule/messages/events/%24.on=alerts&%24.cid=Corrid1&Foo=Bar"
+    parsed = parse_telemetry_topic(topic)
+    assert parsed is not None
+    assert (parsed.device_id, parsed.module_id, parsed.output) == ("Device_6", "SensorModule", "alerts")
+    assert parsed.source == "/messages/modules/SensorModule/outputs/alerts"
+    assert parsed.system == {"correlationId": "Corrid1"} and parsed.application == [("Foo", "Bar")]
+
+
+def test_module_without_a_bag() -> None:
+    for topic in ("devices/d/modules/m/messages/events", "devices/d/modules/m/messages/events/"):
+        parsed = parse_telemetry_topic(topic)
+        assert parsed is not None and parsed.module_id == "m" and parsed.source == "/messages/modules/m"
+
+
+def test_every_system_property_of_the_wire_map() -> None:
+    bag = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in [
+        ("$.cid", "1234"), ("$.mid", "mid1"), ("$.to", "d2"), ("$.uid", "u1"), ("$.on", "op1"), ("$.ct", "application/json"),
+        ("$.ce", "utf-8"), ("$.schema", "someschema"), ("$.ctime", "2018-01-31"), ("$.exp", "2030-01-01T00:00:00Z"),
+    ]) + "&Foo=Bar&Prop2=Value2&Prop3=Value3"
+    message = message_from_publish(f"devices/Device_6/messages/events/{bag}", b"{}", [], None)
+    assert message is not None
+    assert (message.output, message.content_type, message.content_encoding, message.message_id) == ("op1", "application/json", "utf-8", "mid1")
+    assert message.system == {"correlationId": "1234", "to": "d2", "userId": "u1", "messageSchema": "someschema",
+                              "creationTime": "2018-01-31", "absolute-expiry-time": "2030-01-01T00:00:00Z"}
+    assert message.properties == [("Foo", "Bar"), ("Prop2", "Value2"), ("Prop3", "Value3")]
+    assert message.system_property("correlationId") == "1234" and message.system_property("outputName") == "op1"
+
+
+@pytest.mark.parametrize("topic, output, application", [
+    ("devices/t1/messages/events", None, []),
+    ("devices/t1/messages/events/", None, []),
+    ("devices/t1/messages/events/alerts", "alerts", []),  # this gateway's output segment (the firmware)
+    ("devices/t1/messages/events/alerts/alert=true", "alerts", [("alert", "true")]),
+    ("devices/t1/messages/events/alerts/alert=true/", "alerts", [("alert", "true")]),
+    ("devices/t1/messages/events/alert=true", None, [("alert", "true")]),
+    ("devices/t1/messages/events/note=a%2Fb%20c+d&empty=&flag", None, [("note", "a/b c+d"), ("empty", ""), ("flag", "")]),
+    ("devices/t1/messages/events/a=1&&b=2&", None, [("a", "1"), ("b", "2")]),
+])
+def test_topic_forms(topic: str, output: str | None, application: list[tuple[str, str]]) -> None:
+    parsed = parse_telemetry_topic(topic)
+    assert parsed is not None and parsed.device_id == "t1"
+    assert (parsed.output, parsed.application) == (output, application)
+
+
+@pytest.mark.parametrize("topic", [
+    "devices/t1/messages/devicebound",
+    "devices/t1/messages/events/a/b",  # two plain segments: neither an output nor a bag
+    "devices/t1/messages/events/x=1&x=2",  # a repeated key
+    "devices/t1/messages/events/=1",  # an empty key
+    "devices/t1/messages/events/alerts/%24.on=data",  # two different output names
+    "devices//messages/events",
+    "devices/gw/modules/m/inputs/i",  # what the gateway itself delivers to modules
+    "devices/t1/messages/events/a=%ff",  # not UTF-8
+])
+def test_not_telemetry(topic: str) -> None:
+    assert parse_telemetry_topic(topic) is None
+    assert message_from_publish(topic, b"", [], None) is None
+
+
+def test_property_bag_errors_name_the_problem() -> None:
+    with pytest.raises(PropertyBagError, match="given twice"):
+        parse_property_bag("a=1&a=2")
+    with pytest.raises(PropertyBagError, match="empty property name"):
+        parse_property_bag("=x")
+
+
+def test_the_bag_wins_over_a_user_property_of_the_same_name() -> None:
+    """Documented precedence: one value per name, the topic's."""
+    message = message_from_publish(
+        "devices/t1/messages/events/Alert=true&%24.ct=text%2Fplain&%24.mid=bag-id",
+        b"x", [("alert", "false"), ("zone", "3"), ("message-id", "user-id")], "application/json",
+    )
+    assert message is not None
+    assert message.properties == [("Alert", "true"), ("zone", "3")]
+    assert (message.content_type, message.message_id) == ("text/plain", "bag-id")
+
+
+def test_user_properties_alone_still_route() -> None:
+    message = message_from_publish("devices/t1/messages/events/alerts", b"x", [("alert", "true")], None)
+    assert message is not None and message.app_property("alert") == "true" and message.output == "alerts"
+
+
+def test_a_where_clause_sees_bag_properties() -> None:
+    condition = compile_condition("alert = 'true' AND $correlationId = 'c1'")
+    message = message_from_publish("devices/t1/messages/events/alert=true&%24.cid=c1", b"", [], None)
+    assert message is not None and condition.matches(message)
+
+
+@given(st.lists(st.tuples(st.text(min_size=1), st.text()), unique_by=lambda kv: kv[0], max_size=8))
+def test_any_encoded_bag_decodes_to_what_was_encoded(pairs: list[tuple[str, str]]) -> None:
+    bag = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in pairs)
+    assert parse_property_bag(bag) == pairs
+
+
+@given(st.text(alphabet=st.sampled_from("devicesmoduls/=&%$.+24abcfF0"), max_size=80))
+def test_hostile_topics_parse_or_are_refused(topic: str) -> None:
+    parsed = parse_telemetry_topic(topic)
+    if parsed is not None:
+        assert parsed.device_id and "/" not in parsed.device_id
+        assert all(key for key, _ in parsed.application)
