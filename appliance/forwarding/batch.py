@@ -169,7 +169,7 @@ class _Reader:
         self.at += length
         return chunk
 
-    def str(self, what: str) -> str:
+    def text(self, what: str) -> str:
         start = self.at
         raw = self.bytes(what)
         try:
@@ -179,7 +179,7 @@ class _Reader:
             raise self.fail(f"{what} is not UTF-8") from None
 
     def optional_str(self, what: str) -> str | None:
-        return self.str(what) or None
+        return self.text(what) or None
 
 
 def decode_batch(data: bytes) -> Batch:
@@ -193,21 +193,21 @@ def decode_batch(data: bytes) -> Batch:
     if data[2] != VERSION:
         raise r.fail(f"unsupported batch version {data[2]}")
     r.at = 3
-    gateway_id = r.str("gateway id")
+    gateway_id = r.text("gateway id")
     if not gateway_id:
         raise r.fail("empty gateway id")
     priority = r.uvarint("priority")
     sent_ms = r.uvarint("sent time")
     sources = []
     for n in range(r.uvarint("source count")):
-        device_id = r.str(f"source {n} device id")
+        device_id = r.text(f"source {n} device id")
         if not device_id:
             raise r.fail(f"source {n} has an empty device id")
         module_id, output, content_type, content_encoding = (
             r.optional_str(f"source {n} {field}") for field in ("module id", "output", "content type", "content encoding")
         )
         ttl_s = r.uvarint(f"source {n} ttl")
-        properties = tuple((r.str(f"source {n} property name"), r.str(f"source {n} property value"))
+        properties = tuple((r.text(f"source {n} property name"), r.text(f"source {n} property value"))
                            for _ in range(r.uvarint(f"source {n} property count")))
         sources.append(Source(device_id, module_id, output, content_type, content_encoding, ttl_s, properties))
     records = []
@@ -222,7 +222,7 @@ def decode_batch(data: bytes) -> Batch:
             raise r.fail(f"record {n} repeats sequence number {seq}")
         seq += delta
         enqueued += r.svarint(f"record {n} enqueue time delta")
-        device_message_id = r.str(f"record {n} device message id") if has_device_message_id else None
+        device_message_id = r.text(f"record {n} device message id") if has_device_message_id else None
         payload = r.bytes(f"record {n} payload")
         records.append(BatchRecord(f"{gateway_id}:{seq}", seq, enqueued, sources[index], device_message_id, payload))
     if r.at != len(data):

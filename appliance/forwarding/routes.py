@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from appliance.forwarding.conditions import Condition, MessageView, compile_condition
-from appliance.forwarding.lexer import RouteSyntaxError, tokenize, unescape
+from appliance.forwarding.lexer import RouteSyntaxError, Token, tokenize, unescape
 
 #: Priority of a route that names none: below every explicit priority 0-9 (the spec's ">10").
 DEFAULT_PRIORITY = 10
@@ -91,7 +91,7 @@ def parse_route(name: str, text: str, priority: int = DEFAULT_PRIORITY, ttl_s: i
     return Route(name, text, source, condition, endpoint, priority, ttl_s)
 
 
-def _parse_source(text: str, tokens: Sequence, from_column: int) -> str:
+def _parse_source(text: str, tokens: Sequence[Token], from_column: int) -> str:
     """The source is ``'/' item ('/' item)*`` with items identifiers or ``*``, written without spaces."""
     if not tokens:
         raise RouteSyntaxError("missing source after FROM", from_column + 4)
@@ -112,7 +112,7 @@ def _parse_source(text: str, tokens: Sequence, from_column: int) -> str:
     return source
 
 
-def _parse_sink(text: str, tokens: Sequence, into_column: int) -> Endpoint:
+def _parse_sink(text: str, tokens: Sequence[Token], into_column: int) -> Endpoint:
     if not tokens:
         raise RouteSyntaxError("missing sink after INTO", into_column + 4)
     first = tokens[0]

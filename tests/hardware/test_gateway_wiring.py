@@ -30,6 +30,7 @@ from tests.forwarding.rig import manifest
 from tests.hardware.modem_emulator import ModemEmulator
 from tests.support.processes import MosquittoProcess
 from tests.systemd.notify_socket import NotifySocket
+from tests.support import waiting
 
 BUTTON, POWER = 23, 17
 
@@ -97,11 +98,10 @@ UPLINK, BACKLOG = 27, 22
 
 
 async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+    """A whole gateway starts in these tests: a longer default deadline."""
+    await waiting.until(condition, timeout, "gateway condition")
+
+
 
 
 def blink_period(pin: MockPin, changes: int = 6, timeout: float = 5.0) -> float:

@@ -16,6 +16,7 @@ from gpiozero.pins.mock import MockFactory, MockPin
 
 from appliance.hardware.config import GpioConfig
 from appliance.hardware.gpio import FAST_BLINK, SLOW_BLINK, BacklogLevel, ModemPowerRelay, StatusPanel, backlog_level
+from tests.support.waiting import wait_until
 
 POWER, UPLINK, BACKLOG, BUTTON, RELAY = 17, 27, 22, 23, 24
 
@@ -60,10 +61,7 @@ def panel(factory: MockFactory, presses: Presses) -> Iterator[StatusPanel]:
 
 
 def wait_for_states(pin: MockPin, count: int, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len(pin.states) < count:
-        assert time.monotonic() < deadline, f"pin reached only {len(pin.states)} states"
-        time.sleep(0.01)
+    wait_until(lambda: len(pin.states) >= count, timeout, lambda: f"pin reached only {len(pin.states)} states")
 
 
 def test_power_led_blinks_slowly_while_starting_then_stays_on_when_ready(factory: MockFactory, panel: StatusPanel) -> None:

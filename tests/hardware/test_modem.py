@@ -16,6 +16,7 @@ from appliance.hardware.gpio import ModemPowerRelay
 from appliance.hardware.modem import AtChannel, ModemMonitor, ModemTimeout
 from appliance.hardware.modem_status import Registration
 from tests.hardware.modem_emulator import ModemEmulator
+from tests.support.waiting import until
 
 RELAY_PIN, SENSE_PIN = 24, 25
 
@@ -52,14 +53,6 @@ def config(port: str, **changes: float) -> ModemConfig:
     return ModemConfig(**values)  # type: ignore[arg-type]
 
 
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll a real condition with a deadline (the monitor's state is plain attributes)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 async def with_monitor(monitor: ModemMonitor, body: Callable[[], object]) -> None:

@@ -15,6 +15,7 @@ from gpiozero.pins.mock import MockFactory
 from appliance.hardware.config import GpioConfig, HardwareConfig, ModemConfig
 from appliance.hardware.service import HardwareService
 from tests.hardware.modem_emulator import ModemEmulator
+from tests.support.waiting import until
 
 UPLINK, BUTTON, RELAY = 27, 23, 24
 
@@ -31,12 +32,6 @@ class RecordingBroker:
         raise AssertionError("the hardware service never disconnects clients")
 
 
-async def until(condition, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def test_everything_disabled_opens_nothing_and_never_holds_forwarding_back() -> None:

@@ -1,0 +1,148 @@
+"""The test suite's layers, marked by path, and the rule that keeps the fast layer honest.
+
+Every test item gets exactly one layer marker:
+
+* ``unit``: no sockets, no processes; pure logic, SQLite files, pty pairs, gpiozero's MockFactory, the
+  broker core on a fake clock. ``make check`` runs this layer alone, in seconds.
+* ``inprocess``: real sockets on loopback, the broker or a service running in the test process.
+* ``process``: real child processes: ``appliance run``, mosquitto, micropython, Spark's JVM.
+* ``hil``: the hardware-in-the-loop rig and scenarios (``hil_tests/``); their bounds are wall-clock
+  latencies, so ``make test`` runs them on their own after the parallel run rather than beside it.
+
+The layer is decided by the test module's path, from the tables below; a module that is in none of them is
+taken to be ``process``, the safe side (it is never run by ``make check``). A ``unit`` module is held to
+its promise at run time: binding or connecting a socket or starting a process fails the test, so a unit
+test that grows a network dependency is moved, not silently slowed down. (An event loop's self-pipe is a
+``socketpair``, which neither binds nor connects, so asyncio code stays unit.)
+
+Spark tests share one JVM per pytest process (``tests/pipeline/conftest.py``); under pytest-xdist they are
+grouped onto one worker (``xdist_group``), so ``-n auto --dist loadgroup`` starts one JVM, not one per
+worker.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+
+import pytest
+from hypothesis import settings
+
+LAYERS = ("unit", "inprocess", "process", "hil")
+
+UNIT_MODULES = frozenset(
+    {
+        "tests/broker/test_codec.py",
+        "tests/broker/test_hardening.py",
+        "tests/broker/test_imports.py",
+        "tests/broker/test_pair_fuzz.py",
+        "tests/broker/test_retain.py",
+        "tests/broker/test_session.py",
+        "tests/broker/test_timing.py",
+        "tests/broker/test_topic_tree.py",
+        "tests/broker/test_websocket.py",
+        "tests/config/test_load.py",
+        "tests/forwarding/test_batch.py",
+        "tests/forwarding/test_conditions.py",
+        "tests/forwarding/test_config.py",
+        "tests/forwarding/test_manifest.py",
+        "tests/forwarding/test_pump.py",
+        "tests/forwarding/test_queues.py",
+        "tests/forwarding/test_routes.py",
+        "tests/forwarding/test_service.py",
+        "tests/forwarding/test_window.py",
+        "tests/hardware/test_at.py",
+        "tests/hardware/test_backoff.py",
+        "tests/hardware/test_config.py",
+        "tests/hardware/test_factory_reset.py",
+        "tests/hardware/test_gpio.py",
+        "tests/hardware/test_link_source.py",
+        "tests/hardware/test_modem.py",
+        "tests/hardware/test_modem_status.py",
+        "tests/hardware/test_service.py",
+        "tests/pipeline/test_envelope_batches.py",
+        "tests/pipeline/test_landing.py",
+        "tests/pipeline/test_setpoints.py",
+        "tests/statestore/test_commands.py",
+        "tests/statestore/test_config.py",
+        "tests/statestore/test_hlc.py",
+        "tests/statestore/test_notify.py",
+        "tests/statestore/test_resp3.py",
+        "tests/statestore/test_service.py",
+        "tests/statestore/test_store.py",
+        "tests/statestore/test_store_model.py",
+    }
+)
+
+INPROCESS_MODULES = frozenset(
+    {
+        "tests/broker/test_server.py",
+        "tests/broker/test_server_linger.py",
+        "tests/broker/test_services.py",
+        "tests/statestore/test_hosted.py",
+    }
+)
+
+#: Fixtures that start Spark's JVM: their tests share one worker under xdist.
+SPARK_FIXTURES = frozenset({"spark", "batch_outputs"})
+
+
+def layer_of(module_path: str) -> str:
+    """The layer of a test module, by its path relative to the repository root."""
+    if module_path.startswith("hil_tests/"):
+        return "hil"
+    if module_path in UNIT_MODULES:
+        return "unit"
+    if module_path in INPROCESS_MODULES:
+        return "inprocess"
+    return "process"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    descriptions = {
+        "unit": "no sockets, no processes (make check)",
+        "inprocess": "real sockets, the broker or a service in the test process",
+        "process": "real child processes: appliance run, mosquitto, micropython, Spark",
+        "hil": "the hardware-in-the-loop rig and scenarios",
+    }
+    for layer in LAYERS:
+        config.addinivalue_line("markers", f"{layer}: {descriptions[layer]}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        module = PurePosixPath(item.path.relative_to(root)).as_posix()
+        item.add_marker(layer_of(module))
+        if SPARK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+class UnitLayerViolation(AssertionError):
+    """A test of the unit layer reached for the network or a child process."""
+
+
+@pytest.fixture(autouse=True)
+def _unit_layer_stays_offline(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+
+    def refuse(what: str):  # type: ignore[no-untyped-def]
+        def refused(*args, **kwargs):  # type: ignore[no-untyped-def]
+            raise UnitLayerViolation(f"a unit test may not {what}; move {request.node.nodeid} to a higher layer")
+
+        return refused
+
+    monkeypatch.setattr(socket.socket, "bind", refuse("bind a socket"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("connect a socket"))
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse("connect a socket"))
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("start a process"))
+    yield
+
+
+# ``make check`` is the inner loop: the same properties on fewer examples (``--hypothesis-profile=check``).
+# ``make test`` keeps hypothesis' default profile.
+settings.register_profile("check", max_examples=20)
