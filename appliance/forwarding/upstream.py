@@ -466,7 +466,12 @@ class UpstreamSender:
 
     async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
         """Publish with at most ``_in_flight_limit()`` unacknowledged; stop handing out PUBLISHes once
-        ``preempt`` is set. Returns how many messages (a prefix of ``batch``) are acknowledged."""
+        ``preempt`` is set. Returns how many messages (a prefix of ``batch``) are done: acknowledged, or
+        expired before their turn came.
+
+        Expiry is judged again for every PUBLISH, at the moment it is handed to the link (the moment
+        ``gw-sent-ms`` records): on a slow link a batch that was live when the pump read it can outlast
+        a message's TTL while it waits for the window, and an expired message never goes on the wire."""
         client = self._client
         if client is None or not self._ready.is_set():
             raise SendFailed("upstream not connected")
@@ -475,15 +480,17 @@ class UpstreamSender:
         futures: list[asyncio.Future[float]] = []
         sizes: list[int] = []
         ack_times: list[float] = []
-        published: list[list[QueuedMessage]] = []  # the messages of each PUBLISH handed out
+        published: list[list[QueuedMessage]] = []  # the live messages each PUBLISH carried
+        completes: list[int] = []  # how many messages of ``batch`` each PUBLISH's ack completes
+        expired_run = 0  # expired messages skipped since the last PUBLISH handed out
+        finished = False
 
         async def next_ack() -> None:
             index = len(ack_times)
             try:
                 ack_times.append(await futures[index])
             except Refused as refused:
-                acked = sum(len(items) for items in published[:index])
-                raise Refused(refused.reason, [item.seq for item in published[index]], acked) from None
+                raise Refused(refused.reason, [item.seq for item in published[index]], sum(completes[:index])) from None
 
         try:
             for items in self._groups(batch):
@@ -494,8 +501,12 @@ class UpstreamSender:
                     break
                 if client is not self._client:
                     raise SendFailed("upstream connection lost")
-                # gw-sent-ms: when this PUBLISH is handed to the link, not when the batch began.
-                topic, payload, properties = self._unit(items, int(time.time() * 1000))
+                sent_ms = int(time.time() * 1000)
+                live = [item for item in items if item.expires_ms > sent_ms]
+                if not live:
+                    expired_run += len(items)
+                    continue
+                topic, payload, properties = self._unit(live, sent_ms)
                 info = client.publish(topic, payload, qos=1, properties=properties)
                 if info.rc != mqtt.MQTT_ERR_SUCCESS:
                     raise SendFailed(f"publish failed: {mqtt.error_string(info.rc)}")
@@ -504,7 +515,11 @@ class UpstreamSender:
                 self._pending[info.mid] = future
                 futures.append(future)
                 sizes.append(wire_size(topic, payload, properties))
-                published.append(items)
+                published.append(live)
+                completes.append(expired_run + len(items))
+                expired_run = 0
+            else:
+                finished = True
             while len(ack_times) < len(futures):
                 await next_ack()
         except SendFailed:
@@ -515,8 +530,8 @@ class UpstreamSender:
                     f.exception()
             raise
         self.estimate.record(sizes, ack_times, sent_at)
-        messages = sum(len(items) for items in published)
-        self.stats.bytes_sent += sum(item.size for item in batch[:messages])
+        messages = sum(completes) + (expired_run if finished else 0)
+        self.stats.bytes_sent += sum(item.size for items in published for item in items)
         self.stats.rate_bps = self.estimate.rate_bps
         self.stats.rtt_s = self.estimate.rtt_s
         return messages

@@ -7,6 +7,7 @@ import random
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from appliance.forwarding.config import DEFAULT_TOPIC_TEMPLATE, UpstreamConfig
 from appliance.forwarding.messages import Message
 from appliance.forwarding.metrics import ForwardingMetrics, LinkStats
 from appliance.forwarding.pump import Pump
-from appliance.forwarding.queues import MessageStore
+from appliance.forwarding.queues import MessageStore, QueuedMessage
 from appliance.forwarding.routes import Endpoint, RouteResult
 from appliance.forwarding.upstream import UpstreamSender, backoff_delay
 from appliance.store_thread import StoreThread
@@ -331,3 +332,47 @@ def test_a_link_that_suddenly_gets_slow_is_not_taken_for_a_dead_one(tmp_path: Pa
 
     sender, _ = run_bridge(tmp_path, relay.port, "5", scenario, keepalive_s=1)
     assert sender.connects == 1, "the slow link was taken for a dead one"
+
+
+@pytest.mark.parametrize("upstream_format", ["message", "batch"])
+def test_a_message_expired_by_its_turn_is_never_published_and_counts_as_done(tmp_path: Path, mosquitto: MosquittoProcess,
+                                                                              upstream_format: str) -> None:
+    """Expiry is judged when each PUBLISH is handed to the link, not when the pump read the batch: on a slow
+    link a batch can outlast a message's TTL while it waits for the window (seen in the HIL outage scenario
+    as ``gw-sent-ms`` past ``gw-enqueued-ms + gw-ttl-s``)."""
+    collector = Collector(mosquitto.host, mosquitto.port, "gateways/#")
+    upstream = UpstreamConfig(host="127.0.0.1", port=mosquitto.port, protocol="5", backoff_min_s=0.05, backoff_max_s=0.2,
+                              keepalive_s=2, format=upstream_format)
+    sender = UpstreamSender(upstream, "gw1", LinkStats())
+    now_ms = int(time.time() * 1000)
+
+    def queued(seq: int, expires_ms: int) -> QueuedMessage:
+        return QueuedMessage(seq, "upstream", 0, now_ms - 1000, 1, expires_ms, msg(seq))
+
+    # expired, live, expired, expired, live, expired: the middle run and the tail are done without a PUBLISH
+    batch = [queued(1, now_ms - 1), queued(2, now_ms + 60_000), queued(3, now_ms - 1), queued(4, now_ms - 1),
+             queued(5, now_ms + 60_000), queued(6, now_ms - 1)]
+
+    async def main() -> int:
+        sender.start()
+        try:
+            await asyncio.wait_for(sender.wait_ready(), 10)
+            return await sender.send(batch, asyncio.Event())
+        finally:
+            await sender.stop()
+
+    try:
+        done = asyncio.run(main())
+        # Everything the sender published was acknowledged, so mosquitto routed it before this marker.
+        subprocess.run(["mosquitto_pub", "-h", mosquitto.host, "-p", str(mosquitto.port), "-q", "1",
+                        "-t", "gateways/marker", "-m", "end"], check=True, timeout=10)
+        collector.wait_for_topic("gateways/marker")
+    finally:
+        collector.close()
+    assert done == len(batch)
+    data = [m for m in collector.messages if m.topic != "gateways/marker"]
+    if upstream_format == "batch":
+        sent = [record.seq for m in data for record in decode_batch(m.payload).records]
+    else:
+        sent = [int(m.user_properties["gw-message-id"].split(":")[1]) for m in data]
+    assert sent == [2, 5]
