@@ -10,6 +10,10 @@ Recovery: a modem that answers nothing (two commands in a row) is power-cycled t
 no relay fitted, has its port closed and reopened. The monitor then waits for ``RDY`` and a network
 registration within ``ready_timeout``; if that fails it waits a growing ``Backoff`` delay and tries again.
 USB modems drop off the bus while unpowered, so the port is closed across a cycle and reopened after.
+
+Deadlines are ``asyncio.timeout`` blocks, not ``asyncio.wait_for``: on Python 3.11 ``wait_for`` returns the
+inner result and drops a cancellation that arrives in the turn the inner await completes, and a monitor
+loop that loses its cancellation never stops (the gateway's shutdown hung on it).
 """
 
 from __future__ import annotations
@@ -97,7 +101,8 @@ class AtChannel:
             self._waiter = asyncio.get_running_loop().create_future()
             self._serial.write(self._protocol.send(command))
             try:
-                return await asyncio.wait_for(self._waiter, timeout)
+                async with asyncio.timeout(timeout):
+                    return await self._waiter
             except TimeoutError:
                 raise ModemTimeout(f"{command}: no answer within {timeout:g} s") from None
             finally:
@@ -221,7 +226,8 @@ class ModemMonitor:
     async def _wait_until_ready(self) -> bool:
         """After a cycle: reopen, poll until registered, waking early on RDY; give up after ``ready_timeout``."""
         try:
-            await asyncio.wait_for(self._until_registered(), self._config.ready_timeout)
+            async with asyncio.timeout(self._config.ready_timeout):
+                await self._until_registered()
         except TimeoutError:
             return False
         return True
@@ -241,7 +247,8 @@ class ModemMonitor:
     async def _wait_for_news(self, timeout: float) -> None:
         self._news.clear()
         try:
-            await asyncio.wait_for(self._news.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._news.wait()
         except TimeoutError:
             pass
 

@@ -184,3 +184,19 @@ def test_a_command_to_a_hung_modem_times_out(emulator: ModemEmulator) -> None:
             channel.close()
 
     asyncio.run(body())
+
+
+def test_a_cancel_in_the_turn_news_arrives_still_stops_the_monitor(emulator: ModemEmulator) -> None:
+    """The monitor's waits must not swallow a cancellation that lands in the same loop turn as the event
+    they wait for (``asyncio.wait_for`` on 3.11 does: the monitor then loops on and shutdown hangs)."""
+    monitor = ModemMonitor(config(emulator.port))
+
+    async def body() -> None:
+        waiting = asyncio.create_task(monitor._wait_for_news(5.0))
+        await asyncio.sleep(0)  # the task now waits on the news event
+        monitor._news.set()  # what the RDY URC does
+        waiting.cancel()  # the gateway stopping, in that same turn
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(body())
