@@ -194,8 +194,10 @@ class UpstreamSender:
             elif not self._stopping:
                 delay = backoff_delay(attempt, self.settings.backoff_min_s, self.settings.backoff_max_s, self._rng)
                 attempt += 1
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._link_changed.wait(), delay)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can drop a stop()'s cancellation.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._link_changed.wait()
 
     async def _open_socket(self) -> Any:
         """A connected TCP socket (TLS-wrapped with the handshake done), opened without blocking the loop."""
