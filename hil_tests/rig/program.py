@@ -8,6 +8,11 @@ reply. Commands are handled one at a time in arrival order, so a reply always be
 the slave by name with pyserial exactly as it would open ``/dev/ttyUSB0`` on a real bench. When the rig is
 ready it prints one JSON line on stdout (serial device, backend, features, endpoints), which is what a bench
 waits for instead of sleeping. SIGTERM or SIGINT stops it and removes everything the backend created.
+
+The loop never blocks on the serial side: replies go out through `ReplyWriter`, non-blocking, and a host
+that writes commands but never reads the answers fills at most ``MAX_UNREAD_REPLY_BYTES``; replies beyond
+that are dropped and counted (``replies_dropped`` in STATUS). Before, one blocking ``os.write`` on a full
+pty stopped the relay in both directions and left SIGTERM's handler unable to run.
 """
 
 from __future__ import annotations
@@ -30,16 +35,17 @@ from hil_tests.rig.protocol import Apply, CommandError, LineBuffer, Reply, RigSt
 
 BAUD = 115200
 
+#: Replies the host has not read yet that the rig keeps; a longer backlog means nobody is reading.
+MAX_UNREAD_REPLY_BYTES = 4096
+
 
 class SerialLine(Protocol):
     name: str
 
     def fileno(self) -> int: ...
 
-    def read_available(self) -> bytes:
-        """What is buffered now; b"" means the line hung up."""
-
-    def write(self, data: bytes) -> None: ...
+    def read_available(self) -> bytes | None:
+        """What is buffered now; b"" means the line hung up, None that nothing is there after all."""
 
     def close(self) -> None: ...
 
@@ -54,19 +60,19 @@ class PtyLine:
     def __init__(self) -> None:
         self._master, self._slave = os.openpty()
         tty.setraw(self._slave)
+        os.set_blocking(self._master, False)
         self.name = os.ttyname(self._slave)
 
     def fileno(self) -> int:
         return self._master
 
-    def read_available(self) -> bytes:
+    def read_available(self) -> bytes | None:
         try:
             return os.read(self._master, 4096)
+        except BlockingIOError:
+            return None
         except OSError:
             return b""
-
-    def write(self, data: bytes) -> None:
-        os.write(self._master, data)
 
     def close(self) -> None:
         os.close(self._master)
@@ -83,14 +89,11 @@ class DeviceLine:
     def fileno(self) -> int:
         return self._port.fileno()
 
-    def read_available(self) -> bytes:
+    def read_available(self) -> bytes | None:
         try:
             return bytes(self._port.read(self._port.in_waiting or 1))
         except serial.SerialException:
             return b""
-
-    def write(self, data: bytes) -> None:
-        self._port.write(data)
 
     def close(self) -> None:
         self._port.close()
@@ -102,9 +105,12 @@ async def serve(line: SerialLine, backend: Backend, ready_out: TextIO, stop: asy
     state = RigState(backend.name, backend.features)
     lines: asyncio.Queue[str | CommandError | None] = asyncio.Queue()
     buffer = LineBuffer()
+    replies = ReplyWriter(line.fileno())
 
     def on_readable() -> None:
         data = line.read_available()
+        if data is None:
+            return
         if not data:
             loop.remove_reader(line.fileno())
             lines.put_nowait(None)
@@ -128,23 +134,70 @@ async def serve(line: SerialLine, backend: Backend, ready_out: TextIO, stop: asy
             item = next_line.result()
             if item is None:
                 break
-            reply = await _carry_out(state, backend, item)
+            reply = await _carry_out(state, backend, item, replies)
             if reply is not None:
-                line.write(reply.encode() + b"\n")
+                replies.send(reply.encode() + b"\n")
     finally:
         stopped.cancel()
         loop.remove_reader(line.fileno())
+        replies.close()
         await backend.close()
 
 
-async def _carry_out(state: RigState, backend: Backend, item: str | CommandError) -> str | None:
+class ReplyWriter:
+    """Writes replies to the serial line without ever blocking the loop.
+
+    What the line does not take at once waits in a buffer flushed when the descriptor is writable; while
+    that buffer holds ``MAX_UNREAD_REPLY_BYTES`` or more, a new reply is dropped whole (never cut) and
+    counted, so a host that reads again finds whole lines and can see in STATUS what it missed.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        os.set_blocking(fd, False)
+        self._pending = bytearray()
+        self._watching = False
+        self.dropped = 0
+
+    def send(self, data: bytes) -> None:
+        if len(self._pending) >= MAX_UNREAD_REPLY_BYTES:
+            self.dropped += 1
+            return
+        self._pending += data
+        self._flush()
+
+    def _flush(self) -> None:
+        try:
+            while self._pending:
+                written = os.write(self._fd, self._pending)
+                del self._pending[:written]
+        except BlockingIOError:
+            pass
+        except OSError:  # the line went away; the reader sees the hang-up and ends the session
+            self._pending.clear()
+        self._watch(bool(self._pending))
+
+    def _watch(self, wanted: bool) -> None:
+        if wanted != self._watching:
+            loop = asyncio.get_running_loop()
+            if wanted:
+                loop.add_writer(self._fd, self._flush)
+            else:
+                loop.remove_writer(self._fd)
+            self._watching = wanted
+
+    def close(self) -> None:
+        self._watch(False)
+
+
+async def _carry_out(state: RigState, backend: Backend, item: str | CommandError, replies: ReplyWriter) -> str | None:
     action = state.handle(item)
     if action is None:
         return None
     if isinstance(action, Reply):
         return action.line
     if isinstance(action, Status):
-        return state.status_line(backend.details())
+        return state.status_line(backend.details() | {"replies_dropped": str(replies.dropped)})
     assert isinstance(action, Apply)
     try:
         await backend.apply(action.settings)

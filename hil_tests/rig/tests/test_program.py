@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import select
+import signal
 import socket
+import time
+import tty
 
 import pytest
 import serial
@@ -89,3 +93,71 @@ def test_a_rig_that_cannot_start_is_reported_with_its_stderr(tmp_path):
     with pytest.raises(RigStartError, match="needs --target"):
         with local_rig(["--backend", "userspace"], tmp_path / "rig.log"):
             pass
+
+
+def test_a_host_that_never_reads_replies_cannot_freeze_the_rig(tmp_path):
+    """Commands written, replies never read: the rig keeps relaying both ways, drops what it cannot hand
+    over (counted in STATUS) and still ends within a second of SIGTERM."""
+    with socket.create_server(("127.0.0.1", 0)) as sink:
+        backend = ["--backend", "userspace", "--target", f"127.0.0.1:{sink.getsockname()[1]}"]
+        with local_rig(backend, tmp_path / "rig.log") as ready:
+            host = os.open(ready["serial"], os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+            tty.setraw(host)
+            try:
+                commands = b"STATUS\n" * 3000  # ~21 KB of commands, ~700 KB of replies nobody reads
+                deadline = time.monotonic() + 10
+                while commands:
+                    assert time.monotonic() < deadline, "the rig stopped reading its serial line"
+                    try:
+                        commands = commands[os.write(host, commands):]
+                    except BlockingIOError:
+                        select.select([], [host], [], 0.1)
+                # While ~3000 replies pile up unread, the relay keeps carrying bytes both ways, round trip
+                # after round trip, for as long as the rig takes to answer every command (about a second).
+                with socket.create_connection(_relay_address(ready), timeout=10) as gateway_side:
+                    sink.settimeout(10)
+                    cloud_side, _ = sink.accept()
+                    with cloud_side:
+                        cloud_side.settimeout(2)
+                        gateway_side.settimeout(2)
+                        until = time.monotonic() + 1.5
+                        while time.monotonic() < until:
+                            gateway_side.sendall(b"up")
+                            assert cloud_side.recv(2) == b"up"
+                            cloud_side.sendall(b"down")
+                            assert gateway_side.recv(4) == b"down"
+                # Read again: whole lines, and STATUS says how many replies were dropped.
+                backlog = _read_until_quiet(host)
+                assert all(line.startswith(b"OK backend=") for line in backlog.splitlines())
+                os.write(host, b"STATUS\n")
+                seen = _read_until_quiet(host)
+                last = seen.splitlines()[-1].decode()
+                fields = dict(part.split("=", 1) for part in last.split()[1:])
+                assert int(fields["replies_dropped"]) > 0
+            finally:
+                os.close(host)
+            started = time.monotonic()
+            os.kill(ready["pid"], signal.SIGTERM)
+            while _alive(ready["pid"]):
+                assert time.monotonic() - started < 1.0, "the rig did not end within 1 s of SIGTERM"
+                time.sleep(0.01)
+
+
+def _read_until_quiet(fd: int, timeout: float = 10.0) -> bytes:
+    """Everything the rig sends until the line goes quiet after a whole line."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while not (seen.endswith(b"\n") and not select.select([fd], [], [], 0.3)[0]):
+        assert time.monotonic() < deadline, "the rig sent no whole line"
+        if select.select([fd], [], [], 0.5)[0]:
+            seen += os.read(fd, 65536)
+    return seen
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, exited but not yet reaped by its parent, counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
