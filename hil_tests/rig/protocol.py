@@ -79,8 +79,9 @@ class LineBuffer:
                 yield raw.decode("ascii")
             except UnicodeDecodeError:
                 yield CommandError("line is not ASCII")
-        if len(self._pending) > MAX_LINE_BYTES:
-            # Drop the rest of the line now so a sender that never sends LF cannot grow the buffer.
+        if len(self._pending.removesuffix(b"\r")) > MAX_LINE_BYTES:
+            # Drop the rest of the line now so a sender that never sends LF cannot grow the buffer. A
+            # trailing CR is not counted: it may be the first half of a CRLF whose LF is in the next read.
             self._pending.clear()
             self._overlong = True
 

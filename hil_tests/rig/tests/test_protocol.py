@@ -127,3 +127,14 @@ def test_any_bytes_get_one_reply_per_nonblank_line_and_never_raise(chunks):
                 assert action.line.startswith("ERR ") and "\n" not in action.line
             else:
                 assert isinstance(action, (Apply, Status))
+
+
+@pytest.mark.parametrize("length", [1, 6, 127, 128])
+def test_a_line_of_the_longest_allowed_length_passes_however_its_bytes_are_split(length: int) -> None:
+    """A 128-byte command whose CR and LF arrive in separate reads is still one command (the CR waiting for
+    its LF does not count against the limit)."""
+    line = (b"STATUS " + b"X" * 200)[:length]
+    wire = line + b"\r\n"
+    for cut in range(len(wire) + 1):
+        buffer = LineBuffer()
+        assert [*buffer.feed(wire[:cut]), *buffer.feed(wire[cut:])] == [line.decode()], cut
