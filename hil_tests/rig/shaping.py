@@ -109,11 +109,13 @@ class TokenBucket:
         self._updated = now
 
     def configure(self, settings: LinkSettings, now: float) -> None:
-        """Change rate and burst: time until ``now`` accrues at the old rate, what follows at the new one."""
+        """Change rate and burst: time until ``now`` accrues at the old rate, what follows at the new one.
+        Leaving the unshaped state (``RATE 0``) is a new tbf: the bucket starts full."""
         self._refill(now)
+        was_unshaped = self._rate_bytes == 0
         self._rate_bytes = settings.rate_bps / 8
         self._burst = settings.burst_bytes
-        self._tokens = min(self._tokens, self._burst)
+        self._tokens = float(self._burst) if was_unshaped else min(self._tokens, self._burst)
 
     def wait_time(self, nbytes: int, now: float) -> float:
         """Seconds until ``nbytes`` may pass; 0 when they may pass now."""

@@ -101,3 +101,15 @@ def test_meter_counts_only_the_last_window():
 def test_settings_out_of_range_are_rejected(changes):
     with pytest.raises(SettingsError):
         LinkSettings().replace(**changes)
+
+
+def test_leaving_rate_0_starts_with_a_full_bucket_as_tbf_does() -> None:
+    """RATE 9600, drain, RATE 0 (unshaped), RATE 9600: a new shaper, so one burst passes at once."""
+    shaped = LinkSettings(rate_bps=9600, burst_bytes=1600)
+    bucket = TokenBucket(shaped, now=0.0)
+    bucket.take(1600, now=0.0)
+    assert bucket.wait_time(1600, now=0.0) > 1.0
+    bucket.configure(LinkSettings(rate_bps=0, burst_bytes=1600), now=0.0)
+    bucket.take(50_000, now=0.1)  # unshaped traffic spends nothing
+    bucket.configure(shaped, now=0.1)
+    assert bucket.wait_time(1600, now=0.1) == 0.0
