@@ -31,10 +31,13 @@ from hil_tests.rig.shaping import LinkSettings
 GATEWAY_ADDRESS = "10.201.0.1"
 CLOUD_ADDRESS = "10.201.0.2"
 PREFIX_LENGTH = 30
-# tbf's queue holds one second at the rate, like a modem's buffer, but never less than a fresh TCP
-# connection's initial window (10 full frames) so every connection does not start with a loss.
-TBF_QUEUE_SECONDS = 1.0
-TBF_MIN_QUEUE_BYTES = 10 * 1514
+# tbf's queue holds a time's worth of bytes at the rate, like a modem's buffer (``--queue-s``, default 1 s).
+# It is sized by time alone, never by a byte floor: a 15 kB floor was 12.6 s of queue at 9.6 kbit/s, which
+# tail-dropped new connections' SYNs behind a bulk flow for seconds. The limit counts the burst too, and the
+# burst is never below one frame, so a frame always fits.
+DEFAULT_QUEUE_SECONDS = 1.0
+# nft's numgen draws below this modulus: LOSS has a resolution of 1e-7 percent.
+LOSS_MODULUS = 1_000_000_000
 NFT_TABLE = "hilrig"
 
 
@@ -60,8 +63,11 @@ class NetnsBackend:
 
     name = "netns"
 
-    def __init__(self, run_id: str | None = None, target: tuple[str, int] | None = None, relay_port: int = 0) -> None:
-        """``target``: the cloud endpoint as seen from inside the cloud namespace; enables delay and jitter."""
+    def __init__(self, run_id: str | None = None, target: tuple[str, int] | None = None, relay_port: int = 0,
+                 queue_s: float = DEFAULT_QUEUE_SECONDS) -> None:
+        """``target``: the cloud endpoint as seen from inside the cloud namespace; enables delay and jitter.
+        ``queue_s``: how long tbf's queue is at the current rate."""
+        self._queue_s = queue_s
         run_id = run_id or secrets.token_hex(4)
         self.features = frozenset({"rate", "loss", "down"} | ({"delay", "jitter"} if target else set()))
         self._target = target
@@ -125,12 +131,12 @@ class NetnsBackend:
                 if new.rate_bps:
                     await run_command(
                         "tc", "-n", namespace, "qdisc", "replace", "dev", veth, "root", "tbf",
-                        "rate", f"{new.rate_bps}bit", "burst", str(new.burst_bytes), "limit", str(_tbf_limit(new)),
+                        "rate", f"{new.rate_bps}bit", "burst", str(new.burst_bytes), "limit", str(tbf_limit(new, self._queue_s)),
                     )  # fmt: skip
                 elif old.rate_bps:
                     await run_command("tc", "-n", namespace, "qdisc", "del", "dev", veth, "root")
             if (old.loss_pct, old.up) != (new.loss_pct, new.up):
-                rules = _drop_rules(veth, new).encode()
+                rules = drop_rules(veth, new).encode()
                 await run_command("ip", "netns", "exec", namespace, "nft", "-f", "-", stdin=rules)
 
     def details(self) -> dict[str, str]:
@@ -162,9 +168,9 @@ class NetnsBackend:
                     raise
 
 
-def _tbf_limit(settings: LinkSettings) -> int:
-    """Bytes tbf may queue: the burst plus one second at the rate, at least one initial window."""
-    return settings.burst_bytes + max(TBF_MIN_QUEUE_BYTES, int(settings.rate_bps / 8 * TBF_QUEUE_SECONDS))
+def tbf_limit(settings: LinkSettings, queue_s: float = DEFAULT_QUEUE_SECONDS) -> int:
+    """Bytes tbf may hold: the burst plus ``queue_s`` at the rate."""
+    return settings.burst_bytes + int(settings.rate_bps / 8 * queue_s)
 
 
 async def list_namespaces() -> set[str]:
@@ -172,12 +178,13 @@ async def list_namespaces() -> set[str]:
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
-def _drop_rules(veth: str, settings: LinkSettings) -> str:
+def drop_rules(veth: str, settings: LinkSettings) -> str:
     """An nft script that replaces the rig's table in one transaction (add+delete makes it idempotent)."""
     if not settings.up:
         rule = f'iifname "{veth}" drop'
     elif settings.loss_pct:
-        rule = f'iifname "{veth}" numgen random mod 10000 < {round(settings.loss_pct * 100)} drop'
+        threshold = round(settings.loss_pct / 100 * LOSS_MODULUS)
+        rule = f'iifname "{veth}" numgen random mod {LOSS_MODULUS} < {threshold} drop'
     else:
         rule = ""
     return (

@@ -30,7 +30,7 @@ from typing import Protocol, TextIO
 import serial
 
 from hil_tests.rig.backends import Backend, UserspaceBackend
-from hil_tests.rig.netns import NetnsBackend
+from hil_tests.rig.netns import DEFAULT_QUEUE_SECONDS, NetnsBackend
 from hil_tests.rig.protocol import Apply, CommandError, LineBuffer, Reply, RigState, Status
 
 BAUD = 115200
@@ -231,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the relay listens (default 127.0.0.1:0; netns: only the port counts, on cloud_ip)",
     )
     parser.add_argument("--run-id", help="netns: suffix of the namespace names (default: random)")
+    parser.add_argument("--queue-s", type=float, default=DEFAULT_QUEUE_SECONDS,
+                        help="netns: how many seconds of traffic at the current rate tbf queues (default 1)")
     return parser
 
 
@@ -239,7 +241,7 @@ def make_backend(args: argparse.Namespace) -> Backend:
         if args.target is None:
             raise SystemExit("--backend userspace needs --target HOST:PORT")
         return UserspaceBackend(*args.target, *(args.listen or ("127.0.0.1", 0)))
-    return NetnsBackend(args.run_id, args.target, args.listen[1] if args.listen else 0)
+    return NetnsBackend(args.run_id, args.target, args.listen[1] if args.listen else 0, args.queue_s)
 
 
 async def _main(args: argparse.Namespace) -> None:

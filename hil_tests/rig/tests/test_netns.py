@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -194,3 +196,38 @@ def test_with_a_target_the_relay_in_the_cloud_namespace_adds_delay(tmp_path):
             server.join(10)
         assert delayed >= 0.300
         assert delayed - baseline < 0.300 + 0.250
+
+
+def _qdisc_and_rules(namespace: str) -> tuple[dict, str]:
+    """The tbf options on the namespace's veth (tc's JSON) and the rig's nftables table there."""
+    links = json.loads(subprocess.run(["ip", "-n", namespace, "-j", "link", "show", "type", "veth"],
+                                      capture_output=True, text=True, check=True).stdout)
+    veth = links[0]["ifname"]
+    qdiscs = json.loads(subprocess.run(["tc", "-n", namespace, "-j", "qdisc", "show", "dev", veth],
+                                       capture_output=True, text=True, check=True).stdout)
+    tbf = next(q["options"] for q in qdiscs if q["kind"] == "tbf")
+    rules = subprocess.run(["ip", "netns", "exec", namespace, "nft", "list", "table", "inet", "hilrig"],
+                           capture_output=True, text=True, check=True).stdout
+    return tbf, rules
+
+
+def test_the_tbf_queue_holds_one_second_at_the_rate_and_loss_keeps_its_decimals():
+    """PROTOCOL.md: tbf queues one second at the rate (it was 12.6 s at 9.6 kbit/s: a 15 kB floor), and
+    LOSS keeps the decimals it was given (0.001 dropped nothing; 99.999 was refused)."""
+    async def scenario() -> list[tuple[dict, str]]:
+        backend = NetnsBackend()
+        await backend.start()
+        seen = []
+        try:
+            for settings in (LinkSettings(rate_bps=9600, loss_pct=0.001), LinkSettings(rate_bps=256_000, loss_pct=99.999)):
+                await backend.apply(settings)
+                seen.append(_qdisc_and_rules(backend.gateway_ns))
+        finally:
+            await backend.close()
+        return seen
+
+    (slow_tbf, slow_rules), (fast_tbf, fast_rules) = asyncio.run(scenario())
+    assert slow_tbf["lat"] / 1e6 == pytest.approx(1.0, abs=0.05)  # tc's "lat": seconds of queue at the rate
+    assert fast_tbf["lat"] / 1e6 == pytest.approx(1.0, abs=0.05), fast_tbf
+    assert re.search(r"numgen random mod 1000000000 < 10000 drop", slow_rules), slow_rules
+    assert re.search(r"numgen random mod 1000000000 < 999990000 drop", fast_rules), fast_rules
