@@ -37,6 +37,7 @@ from hil_tests.rig.shaping import (
     TokenBucket,
     count_losses,
     segment_bytes,
+    wire_bytes,
 )
 
 __all__ = ["DirectionStats", "LinkSettings", "Relay", "RelayStats", "RelayThread"]
@@ -304,8 +305,10 @@ class Relay:
             await writer.drain()
 
     async def _transmit(self, direction: _Direction, nbytes: int) -> None:
-        """Wait until the link is up and the direction's bucket holds ``nbytes``, then spend them."""
+        """Wait until the link is up and the direction's bucket holds the wire bytes of ``nbytes`` of
+        payload (RATE counts frames, headers included, as tc does), then spend them."""
         loop = asyncio.get_running_loop()
+        nbytes = wire_bytes(nbytes)
         while True:
             if not self._settings.up:
                 await self._wait_for_change(None)

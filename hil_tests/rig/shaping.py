@@ -24,6 +24,11 @@ MIN_RTO_MS = 200
 # A TCP sender gives up long before this many consecutive losses; the cap keeps a high LOSS finite.
 MAX_RETRANSMISSIONS = 15
 MSS_BYTES = 1460
+# RATE counts bits on the wire, as tc does on the netns/bridge backends: a 1514-byte Ethernet frame carries
+# 1448 bytes of TCP payload (Ethernet 14 + IPv4 20 + TCP 20 with the 12-byte timestamp option = 66 bytes of
+# headers). The userspace relay moves payload, so it charges each segment its headers too.
+WIRE_PAYLOAD_BYTES = 1448
+WIRE_HEADER_BYTES = 66
 UNSHAPED_SEGMENT_BYTES = 64 * 1024
 MIN_SEGMENT_BYTES = 64
 # A shaped segment is at most this long on the wire, so a short measurement window still sees many
@@ -97,6 +102,15 @@ def count_losses(settings: LinkSettings, rng: random.Random) -> int:
     while losses < MAX_RETRANSMISSIONS and rng.random() * 100 < settings.loss_pct:
         losses += 1
     return losses
+
+
+def wire_bytes(payload_bytes: int) -> int:
+    """Bytes on the wire for ``payload_bytes`` of a bulk TCP stream: its share of full frames' headers.
+
+    Proportional rather than per relay segment: the relay cuts the stream into small segments at low rates
+    (20 ms each), which TCP would send as full frames, so charging each one a frame's headers would halve
+    the goodput at 9.6 kbit/s."""
+    return -(-payload_bytes * (WIRE_PAYLOAD_BYTES + WIRE_HEADER_BYTES) // WIRE_PAYLOAD_BYTES)
 
 
 class TokenBucket:

@@ -15,6 +15,7 @@ from hil_tests.rig.shaping import (
     TokenBucket,
     count_losses,
     segment_bytes,
+    wire_bytes,
 )
 
 
@@ -113,3 +114,10 @@ def test_leaving_rate_0_starts_with_a_full_bucket_as_tbf_does() -> None:
     bucket.take(50_000, now=0.1)  # unshaped traffic spends nothing
     bucket.configure(shaped, now=0.1)
     assert bucket.wait_time(1600, now=0.1) == 0.0
+
+
+def test_rate_counts_wire_bytes_headers_included_as_tc_does() -> None:
+    assert wire_bytes(1448) == 1514  # one full Ethernet frame
+    assert wire_bytes(1448 * 1000) == 1514 * 1000
+    assert wire_bytes(100) == 105  # a share of a frame's headers, rounded up
+    assert wire_bytes(0) == 0
