@@ -14,7 +14,7 @@ FENCING_TOKEN_SKEW = (
     "the request fencing token timestamp is too far in the future; "
     "ensure that the client and broker system clocks are synchronized"
 )
-FENCING_TOKEN_LOWER = "the request fencing token is a lower version that the fencing token protecting the resource"
+FENCING_TOKEN_LOWER = "the request fencing token is a lower version than the fencing token protecting the resource"
 QUOTA_EXCEEDED = "the quota has been exceeded"
 SYNTAX_ERROR = "syntax error"
 NOT_AUTHORIZED = "not authorized"

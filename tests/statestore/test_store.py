@@ -196,3 +196,11 @@ def test_the_database_is_in_wal_mode_with_the_chosen_sync_level(tmp_path: Path) 
     db.close()
     with pytest.raises(ValueError):
         StateStore(tmp_path, "S", BIG, sync="sometimes")
+
+
+def test_the_fencing_rejection_is_the_sdk_clients_string_to_the_letter() -> None:
+    """The SDK clients (Rust, Go) match this text exactly to raise their fencing error; the spec page's
+    "lower version *that* the fencing token" is a typo (docs/statestore-differences.md)."""
+    assert errors.FENCING_TOKEN_LOWER == (
+        "the request fencing token is a lower version than the fencing token protecting the resource"
+    )
