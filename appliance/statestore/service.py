@@ -96,7 +96,10 @@ def refused(reason: str) -> PublishVerdict:
 
 
 def forbidden_response_topic(topic: str) -> bool:
-    return topic == REQUEST_TOPIC or topic.startswith(NOTIFY_TOPIC_PREFIX)
+    """A response topic the service must not answer on: its own request topic, the notification space,
+    or anything that is not a topic name (a wildcard would reach every subscriber of the filter's range)."""
+    return (topic == REQUEST_TOPIC or topic.startswith(NOTIFY_TOPIC_PREFIX)
+            or "+" in topic or "#" in topic or "\x00" in topic)
 
 
 def supported_protocol_version(text: str | None) -> bool:

@@ -388,3 +388,19 @@ def test_random_garbage_from_many_clients_never_hurts_the_broker(gateway: Gatewa
     survivor.expect(pk.PingResp)
     assert "Traceback" not in gateway.output()
     assert "internal error" not in gateway.output()
+
+
+@pytest.mark.parametrize("level", [5, 4], ids=["mqtt5", "mqtt311"])
+@pytest.mark.parametrize("will_topic", ["alarms/+", "#", "a/#/b", ""])
+def test_a_will_topic_that_is_not_a_topic_name_is_refused_at_connect(raw, level: int, will_topic: str) -> None:
+    """A will is published as written, so its topic must be a valid topic name: no wildcards, not empty.
+    MQTT 5 gets CONNACK 0x90 (Topic Name invalid); 3.1.1 has no code for it and is closed unanswered."""
+    client = raw(level)
+    client.send(pk.Connect(level, unique("will"), True, 60, will=pk.Will(will_topic, b"gone", 1)))
+    seen = client.expect_closed()
+    if level == 5:
+        assert [type(p) for p in seen] == [pk.Connack] and seen[0].reason_code == rc.TOPIC_NAME_INVALID
+    else:
+        assert not seen
+    # The gateway serves the next client as ever.
+    assert raw(level).connect(unique("after")).reason_code == rc.SUCCESS

@@ -59,7 +59,8 @@ def test_qos0_requests_get_no_response(raw: RawClient) -> None:
 
 @pytest.mark.parametrize(
     "response_topic",
-    [REQUEST_TOPIC, "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/636C69656E74/command/notify/4B"],
+    [REQUEST_TOPIC, "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/636C69656E74/command/notify/4B",
+     "clients/deputy/+", "#"],
 )
 def test_a_forbidden_response_topic_disconnects_the_client(raw: RawClient, response_topic: str) -> None:
     raw.publish(REQUEST_TOPIC, REQUEST, response_topic=response_topic, correlation_data=b"1")

@@ -181,7 +181,7 @@ def test_bad_envelopes_fail_in_the_puback_and_get_no_response(harness: Harness, 
 
 
 @pytest.mark.parametrize(
-    "topic", [REQUEST_TOPIC, "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8", "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x/command/notify/y"]
+    "topic", [REQUEST_TOPIC, "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8", "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x/command/notify/y", "clients/c1/+", "clients/#", "#"]
 )
 def test_a_forbidden_response_topic_disconnects(harness: Harness, topic: str) -> None:
     verdict = run(harness, harness.service.on_publish(envelope(response_topic=topic)))

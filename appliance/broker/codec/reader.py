@@ -316,6 +316,10 @@ class PacketReader:
             if v5:
                 will_properties, pos = decode_properties(buf, pos, end, props.WILL)
             will_topic, pos = decode_utf8(buf, pos, end)
+            if not will_topic or "+" in will_topic or "#" in will_topic:
+                # A will is published as it stands: a filter there would reach subscribers as a topic
+                # name no PUBLISH may carry (mosquitto refuses such a CONNECT too).
+                raise ProtocolError(TOPIC_NAME_INVALID, f"invalid will topic {will_topic!r}")
             will_payload, pos = decode_binary(buf, pos, end)
             will = Will(will_topic, will_payload, will_qos, will_retain, will_properties)
         username = None
