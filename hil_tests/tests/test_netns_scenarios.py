@@ -27,6 +27,12 @@ SCENARIO_COUNT = 9  # six scenarios, the three forwarding ones in both upstream 
 RUN_TIMEOUT_S = 240
 
 
+# `make test-slow`, not `make test`: the nested run doubles the HIL layer's time (~85 s), and its
+# throughput-drop scenario in batch format is borderline against its 3 s alert bound on the kernel-shaped
+# link (first alerts after RATE 9600: 2.8-3.9 s over eight runs, with tbf's old 12.6 s queue and with the
+# 1 s one; the userspace bench stays under 2 s). The netns rig itself is tested in the default run
+# (hil_tests/rig/tests/test_netns.py); the bound is re-measured under issue 16.
+@pytest.mark.slow
 def test_every_scenario_passes_on_the_netns_bench_and_leaves_nothing_behind(
     bench: BenchConfig, hil_run: TimelineRun, tmp_path: Path
 ) -> None:
