@@ -17,7 +17,7 @@ test that grows a network dependency is moved, not silently slowed down. (An eve
 
 Spark tests share one JVM per pytest process (``tests/pipeline/conftest.py``); under pytest-xdist they are
 grouped onto one worker (``xdist_group``), so ``-n auto --dist loadgroup`` starts one JVM, not one per
-worker.
+worker. A module whose fixture builds inside the repository (``make image-tree``) is kept on one worker too.
 """
 
 from __future__ import annotations
@@ -88,6 +88,10 @@ INPROCESS_MODULES = frozenset(
 #: Fixtures that start Spark's JVM: their tests share one worker under xdist.
 SPARK_FIXTURES = frozenset({"spark", "batch_outputs"})
 
+#: Modules whose module-scoped fixture works in the repository itself (``make image-tree`` rebuilds
+#: ``build/``): on two workers it would run twice at once over the same files, so one worker takes them.
+SHARED_TREE_MODULES = {"tests/images/test_image_tree.py": "repo-build-dir"}
+
 
 def layer_of(module_path: str) -> str:
     """The layer of a test module, by its path relative to the repository root."""
@@ -118,6 +122,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(layer_of(module))
         if SPARK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("spark"))
+        elif module in SHARED_TREE_MODULES:
+            item.add_marker(pytest.mark.xdist_group(SHARED_TREE_MODULES[module]))
 
 
 class UnitLayerViolation(AssertionError):
