@@ -26,6 +26,7 @@ from appliance.broker.server import start_listener
 from appliance.config import GatewayConfig
 from appliance.hardware.factory_reset import FACTORY_RESET_EXIT_STATUS, reset_after_shutdown
 from appliance.sdnotify import Notifier
+from appliance.sqlite_files import DatabaseFileError
 
 log = logging.getLogger("appliance")
 
@@ -85,7 +86,7 @@ def run_gateway(config: GatewayConfig) -> int:
         runner = uvloop.run
     try:
         return runner(serve(config))
-    except (PersistenceError, PasswordFileError, AclFileError, OSError) as exc:
+    except (PersistenceError, DatabaseFileError, PasswordFileError, AclFileError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 1
 

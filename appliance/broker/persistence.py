@@ -59,6 +59,7 @@ from appliance.broker.persistence_schema import (
     prepare,
 )
 from appliance.broker.topic_tree import SubscriptionOptions
+from appliance.sqlite_files import DatabaseFileError, refuse_emptied
 
 __all__ = [
     "DB_FILENAME", "SCHEMA_VERSION", "SYNCHRONOUS_LEVELS", "BrokerState", "BrokerStore", "CorruptDatabaseError",
@@ -141,6 +142,10 @@ class BrokerStore:
         """
         if synchronous not in SYNCHRONOUS_LEVELS:
             raise ValueError(f"synchronous must be one of {SYNCHRONOUS_LEVELS}, got {synchronous!r}")
+        try:
+            refuse_emptied(path, "broker database")
+        except DatabaseFileError as exc:
+            raise CorruptDatabaseError(str(exc)) from None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)

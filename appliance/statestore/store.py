@@ -30,6 +30,7 @@ from pathlib import Path
 
 from appliance.statestore import errors
 from appliance.statestore.commands import Condition, SetCommand
+from appliance.sqlite_files import DatabaseFileError, quick_check, refuse_emptied
 from appliance.statestore.errors import StateStoreError
 from appliance.statestore.hlc import Hlc, HybridClock
 
@@ -100,15 +101,27 @@ class StateStore:
         self.path = Path(data_dir) / FILE_NAME
         self.quotas = quotas
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        refuse_emptied(self.path, "state store database")
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={SYNC_LEVELS[sync]}")
-        self._db.executescript(SCHEMA)
-        self.clock = HybridClock(node_id)
-        row = self._db.execute("SELECT wall_ms, counter FROM clock WHERE id = 0").fetchone()
-        if row is not None:
-            self.clock.advance_to(Hlc(row[0], row[1], node_id))
-        count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(key) + LENGTH(value)), 0) FROM entries").fetchone()
+        try:
+            quick_check(self._db, self.path, "state store database")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={SYNC_LEVELS[sync]}")
+            self._db.executescript(SCHEMA)
+            self.clock = HybridClock(node_id)
+            row = self._db.execute("SELECT wall_ms, counter FROM clock WHERE id = 0").fetchone()
+            if row is not None:
+                self.clock.advance_to(Hlc(row[0], row[1], node_id))
+            count, size = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(LENGTH(key) + LENGTH(value)), 0) FROM entries").fetchone()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise DatabaseFileError(
+                f"{self.path}: not a readable state store database ({exc}); move it away to start with an empty one"
+            ) from exc
+        except BaseException:
+            self._db.close()
+            raise
         self.key_count: int = count
         self.total_bytes: int = size
 

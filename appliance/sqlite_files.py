@@ -1,0 +1,47 @@
+"""Checks every SQLite file of the gateway gets before it is used: a file that SQLite would open but that
+has lost its data must stop the start with a message naming the file, never be served or silently begun
+again empty.
+
+Two cases SQLite itself lets through:
+
+* a zero-length file with no write-ahead log beside it (a copy cut short, a filesystem that lost the
+  file's blocks): SQLite takes it for a new, empty database, and the gateway would start with no
+  sessions, keys or queues - acknowledged data gone without a word. (A zero-length file *with* a
+  non-empty ``-wal`` is a database that was never checkpointed; SQLite recovers it.)
+* flipped pages: SQLite reads them until a query touches them, so a damaged store can answer for hours
+  with wrong values; ``PRAGMA quick_check`` at start finds them in time proportional to the file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+
+class DatabaseFileError(Exception):
+    """A database file that must not be used as it is; the message names the file and what to do."""
+
+
+def refuse_emptied(path: Path, what: str) -> None:
+    """Raise ``DatabaseFileError`` if ``path`` exists with zero bytes and no write-ahead log holds its data."""
+    if not path.exists() or path.stat().st_size > 0:
+        return
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        return
+    raise DatabaseFileError(
+        f"{path}: the {what} is an empty file (0 bytes) - it lost its data (a copy cut short? a full or "
+        "damaged disk?); restore it from a backup, or move it away to start with an empty one"
+    )
+
+
+def quick_check(connection: sqlite3.Connection, path: Path, what: str) -> None:
+    """Raise ``DatabaseFileError`` unless SQLite's ``quick_check`` finds the file intact."""
+    try:
+        problems = [row[0] for row in connection.execute("PRAGMA quick_check(5)")]
+    except sqlite3.DatabaseError as exc:
+        raise DatabaseFileError(f"{path}: the {what} is damaged ({exc}); move it away to start with an empty one") from exc
+    if problems != ["ok"]:
+        raise DatabaseFileError(
+            f"{path}: the {what} is damaged ({'; '.join(problems)}); move it away to start with an empty one"
+        )
