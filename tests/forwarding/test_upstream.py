@@ -35,18 +35,6 @@ def msg(n: int, size: int = 50) -> Message:
                    [("n", str(n))], "application/json")
 
 
-@pytest.fixture
-def mosquitto(tmp_path: Path):
-    with MosquittoProcess(tmp_path / "mosquitto") as broker:
-        yield broker
-
-
-@pytest.fixture
-def relay(mosquitto: MosquittoProcess):
-    with RelayThread(mosquitto.host, mosquitto.port) as shaped:
-        yield shaped
-
-
 def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[..., Awaitable[None]],
                topic_template: str = DEFAULT_TOPIC_TEMPLATE, **settings: Any) -> tuple[UpstreamSender, ForwardingMetrics]:
     settings = {"keepalive_s": 2, **settings}

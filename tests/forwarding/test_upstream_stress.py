@@ -148,18 +148,6 @@ def run_once(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread, up
     return problems
 
 
-@pytest.fixture
-def mosquitto(tmp_path: Path):
-    with MosquittoProcess(tmp_path / "mosquitto") as broker:
-        yield broker
-
-
-@pytest.fixture
-def relay(mosquitto: MosquittoProcess):
-    with RelayThread(mosquitto.host, mosquitto.port) as shaped:
-        yield shaped
-
-
 def _repeat(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread, upstream_format: str, runs: int,
             link_bps: int) -> None:
     relay.set(rate_bps=link_bps)
