@@ -22,7 +22,7 @@ from appliance.broker.api import BrokerService
 from appliance.broker.auth import Authenticator, PasswordFileError
 from appliance.broker.broker import Broker
 from appliance.broker.persistence import DB_FILENAME, BrokerStore, PersistenceError
-from appliance.broker.server import start_listener
+from appliance.broker.server import TlsSetupError, start_listener
 from appliance.config import GatewayConfig
 from appliance.hardware.factory_reset import FACTORY_RESET_EXIT_STATUS, reset_after_shutdown
 from appliance.sdnotify import Notifier
@@ -86,7 +86,7 @@ def run_gateway(config: GatewayConfig) -> int:
         runner = uvloop.run
     try:
         return runner(serve(config))
-    except (PersistenceError, DatabaseFileError, PasswordFileError, AclFileError, OSError) as exc:
+    except (PersistenceError, DatabaseFileError, TlsSetupError, PasswordFileError, AclFileError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 1
 

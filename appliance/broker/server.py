@@ -182,12 +182,40 @@ class ClientProtocol(asyncio.BufferedProtocol):
 
 
 
+class TlsSetupError(Exception):
+    """A TLS listener's certificate, key or CA file cannot be used; the message names the file."""
+
+
+def _readable_file(path: object, role: str) -> str:
+    text = str(path)
+    try:
+        with open(text, "rb") as file:
+            file.read(1)
+    except OSError as exc:
+        raise TlsSetupError(f"TLS {role} {text}: {exc.strerror or exc}") from None
+    return text
+
+
 def tls_context(listener: ListenerConfig) -> ssl.SSLContext:
+    """The listener's server context. OpenSSL's own errors name no file ("[SSL] PEM lib"), so each file is
+    opened first and each load is reported with the file it was given."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     assert listener.certfile is not None
-    context.load_cert_chain(str(listener.certfile), str(listener.keyfile) if listener.keyfile else None)
+    certfile = _readable_file(listener.certfile, "certfile")
+    keyfile = _readable_file(listener.keyfile, "keyfile") if listener.keyfile else None
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except ssl.SSLError as exc:
+        files = f"certfile {certfile}" + (f" with keyfile {keyfile}" if keyfile else "")
+        raise TlsSetupError(
+            f"TLS {files}: cannot be loaded ({exc.reason or exc}): not PEM, or the key does not match the certificate"
+        ) from None
     if listener.cafile is not None:
-        context.load_verify_locations(cafile=str(listener.cafile))
+        cafile = _readable_file(listener.cafile, "cafile")
+        try:
+            context.load_verify_locations(cafile=cafile)
+        except ssl.SSLError as exc:
+            raise TlsSetupError(f"TLS cafile {cafile}: cannot be loaded ({exc.reason or exc}): not PEM certificates") from None
     context.verify_mode = ssl.CERT_REQUIRED if listener.require_certificate else ssl.CERT_NONE
     return context
 
@@ -204,6 +232,8 @@ async def start_listener(broker: Broker, listener: ListenerConfig) -> tuple[asyn
     server = await loop.create_server(
         lambda: ClientProtocol(broker, websocket, read_buffer), listener.host, listener.port, ssl=context, backlog=4096,
         reuse_address=True,
+        # A TLS client gets as long for its handshake as a plain one gets to send CONNECT (asyncio: 60 s).
+        ssl_handshake_timeout=CONNECT_TIMEOUT if context is not None else None,
     )
     sockname = server.sockets[0].getsockname()
     scheme = ("wss" if secure else "ws") if websocket else ("tls" if secure else "tcp")

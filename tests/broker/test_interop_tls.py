@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +69,33 @@ def test_plain_mqtt_on_the_tls_port_is_refused(tls_gateway) -> None:
     result = subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(tls_port), "-t", "x", "-m", "y"],
                             capture_output=True, timeout=10)
     assert result.returncode != 0
+
+
+def _start_with_tls_files(work: Path, cert: Path, key: Path) -> subprocess.CompletedProcess[str]:
+    config = work / "gateway.toml"
+    config.write_text(f'[[broker.listeners]]\ntype = "tls"\nhost = "127.0.0.1"\nport = 0\ncertfile = "{cert}"\nkeyfile = "{key}"\n')
+    return subprocess.run([sys.executable, "-m", "appliance", "run", "--config", str(config), "--data-dir", str(work / "data")],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("damage", ["missing certfile", "missing keyfile", "certfile not PEM", "key of another certificate"])
+def test_a_tls_file_that_cannot_be_used_stops_the_start_naming_the_file(tmp_path: Path, damage: str) -> None:
+    """OpenSSL says "[SSL] PEM lib" or "[Errno 2]" and no file; the gateway names the file and the problem."""
+    def pair(stem: str) -> tuple[Path, Path]:
+        cert, key = tmp_path / f"{stem}.pem", tmp_path / f"{stem}.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+                        "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+        return cert, key
+
+    cert, key = pair("server")
+    named = {"missing certfile": cert, "missing keyfile": key, "certfile not PEM": cert, "key of another certificate": key}[damage]
+    if damage.startswith("missing"):
+        named.unlink()
+    elif damage == "certfile not PEM":
+        cert.write_bytes(b"this is not a certificate\n")
+    else:
+        key.write_bytes(pair("other")[1].read_bytes())
+    result = _start_with_tls_files(tmp_path, cert, key)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert str(named) in result.stdout, result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
