@@ -31,14 +31,13 @@ system-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-# The whole default suite: every layer but hil in parallel (pytest-xdist; the Spark tests share one worker
-# and one JVM), then the hil layer on its own, because its bounds are wall-clock latencies that a
+# The whole default suite: every layer but hil in parallel (pytest-xdist), then the hil layer on its own, because its bounds are wall-clock latencies that a
 # neighbouring test's load would distort. `slow` tests (long campaigns, stress repetitions) run in
 # `make test-slow`.
 test: system-deps $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n auto --dist loadgroup -m "not hil and not slow" $(PYTEST_ARGS)
+	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n auto -m "not hil and not slow" $(PYTEST_ARGS)
 	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -m "hil and not slow" $(PYTEST_ARGS)
 
 # The inner loop: the unit layer (no sockets, no processes), in seconds.
@@ -49,7 +48,7 @@ check: $(STAMP)
 
 # What `make test` leaves out: the long property campaigns and stress repetitions.
 test-slow: system-deps $(STAMP)
-	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n auto --dist loadgroup -m slow $(PYTEST_ARGS)
+	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n auto -m slow $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/broker.py

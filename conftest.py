@@ -15,9 +15,8 @@ its promise at run time: binding or connecting a socket or starting a process fa
 test that grows a network dependency is moved, not silently slowed down. (An event loop's self-pipe is a
 ``socketpair``, which neither binds nor connects, so asyncio code stays unit.)
 
-Spark tests share one JVM per pytest process (``tests/pipeline/conftest.py``); under pytest-xdist they are
-grouped onto one worker (``xdist_group``), so ``-n auto --dist loadgroup`` starts one JVM, not one per
-worker. A module whose fixture builds inside the repository (``make image-tree``) is kept on one worker too.
+Spark tests share one JVM per pytest process (``tests/pipeline/conftest.py``), so under pytest-xdist each
+worker that runs one starts its own (1 GB of driver memory each).
 """
 
 from __future__ import annotations
@@ -85,12 +84,6 @@ INPROCESS_MODULES = frozenset(
     }
 )
 
-#: Fixtures that start Spark's JVM: their tests share one worker under xdist.
-SPARK_FIXTURES = frozenset({"spark", "batch_outputs"})
-
-#: Modules whose module-scoped fixture works in the repository itself (``make image-tree`` rebuilds
-#: ``build/``): on two workers it would run twice at once over the same files, so one worker takes them.
-SHARED_TREE_MODULES = {"tests/images/test_image_tree.py": "repo-build-dir"}
 
 
 def layer_of(module_path: str) -> str:
@@ -120,10 +113,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         module = PurePosixPath(item.path.relative_to(root)).as_posix()
         item.add_marker(layer_of(module))
-        if SPARK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("spark"))
-        elif module in SHARED_TREE_MODULES:
-            item.add_marker(pytest.mark.xdist_group(SHARED_TREE_MODULES[module]))
 
 
 class UnitLayerViolation(AssertionError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import fcntl
 import os
 import shlex
 import subprocess
@@ -23,14 +24,20 @@ PROVIDED_AT_RUN_TIME = ("/boot/firmware/", "/var/lib/appliance")
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("image")
-    # -o: take the venv as up to date; this test checks the image tree, not the dev venv's installation.
-    result = subprocess.run(
-        ["make", "-o", ".venv/.installed", "image-tree", f"IMAGE_TREE={out / 'tree'}", f"WHEEL_DIR={out / 'wheels'}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
+    # `make image-tree` rebuilds build/ in the repository: under pytest-xdist two workers may each run this
+    # fixture, so the build holds a lock on a file beside it and they take turns.
+    lock_path = ROOT / "build" / ".image-tree.lock"
+    lock_path.parent.mkdir(exist_ok=True)
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        # -o: take the venv as up to date; this test checks the image tree, not the dev venv's installation.
+        result = subprocess.run(
+            ["make", "-o", ".venv/.installed", "image-tree", f"IMAGE_TREE={out / 'tree'}", f"WHEEL_DIR={out / 'wheels'}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=110,
+        )
     assert result.returncode == 0, result.stdout + result.stderr
     return out / "tree"
 
