@@ -123,14 +123,15 @@ class Broker:
 
     async def stop(self) -> None:
         """Publish every will, disconnect every client (MQTT 5: 0x8B server shutting down), stop
-        services, commit."""
+        services in the reverse of their start order (a service may use one started before it: the
+        forwarding bridge drives the hardware's uplink LED until it stops), commit."""
         if self._tick_timer is not None:
             self._tick_timer.cancel()
         lifecycle.publish_wills_on_shutdown(self, self.runtime.now())
         for link in list(self.links):
             lifecycle.close(self, link, rc.SERVER_SHUTTING_DOWN, "server shutting down", abnormal=False)
         self.flush()
-        for service in self.services:
+        for service in reversed(self.services):
             await service.stop()
         self.runtime.close()
         if self.store is not None:
