@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,firmware,pipeline]'
+	$(BIN)/pip install --quiet -e '.[test,firmware,pipeline,bench]'
 	touch $(STAMP)
 
 venv: $(STAMP)

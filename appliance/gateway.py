@@ -17,6 +17,8 @@ import signal
 import sys
 from collections.abc import Callable, Mapping
 
+import uvloop
+
 from appliance.broker.acl import Acl, AclFileError
 from appliance.broker.api import BrokerService
 from appliance.broker.auth import Authenticator, PasswordFileError
@@ -79,13 +81,7 @@ def run_gateway(config: GatewayConfig) -> int:
         stream=sys.stdout,
     )
     try:
-        import uvloop
-    except ImportError:
-        runner = asyncio.run
-    else:
-        runner = uvloop.run
-    try:
-        return runner(serve(config))
+        return uvloop.run(serve(config))
     except (PersistenceError, DatabaseFileError, TlsSetupError, PasswordFileError, AclFileError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 1

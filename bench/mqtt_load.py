@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import uvloop
+
 MQTT_311 = 4
 MQTT_5 = 5
 
@@ -483,17 +485,11 @@ class Channel:
 
 
 def run_worker(index: int, spec: WorkerSpec, schedule: Schedule, channel: Channel) -> None:
-    """Process entry point: run one worker on uvloop (when installed) and report its result."""
+    """Process entry point: run one worker on uvloop, as the gateway runs, and report its result."""
     raise_fd_limit()
-    try:
-        import uvloop
-    except ImportError:
-        runner: Callable[[Any], Any] = asyncio.run
-    else:
-        runner = uvloop.run
     result = WorkerResult(index, spec.role)
     try:
-        runner(_work(index, spec, schedule, channel, result))
+        uvloop.run(_work(index, spec, schedule, channel, result))
     except Exception as exc:  # reported, so the parent can say what broke instead of timing out
         result.errors.append(f"{type(exc).__name__}: {exc}")
     channel.messages.put(("result", index, result))

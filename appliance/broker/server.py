@@ -33,10 +33,9 @@ import asyncio
 import logging
 import ssl
 from appliance.broker.broker import Broker
-from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.config import ListenerConfig
 from appliance.broker.session import AWAITING_CONNECT, Connection
-from appliance.broker.websocket import WebSocketServer, frame
+from appliance.broker.websocket import WebSocketServer
 
 log = logging.getLogger("appliance.broker.server")
 
@@ -56,7 +55,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         buffer instead of 8 MB of them."""
         self.broker = broker
         limits = broker.limits
-        self._websocket = WebSocketServer(limits.max_packet_size + 16) if websocket else None
+        self._websocket = WebSocketServer() if websocket else None
         self.connection = Connection(limits.max_packet_size, limits.topic_alias_maximum, "?")
         self.connection.link = self
         self.transport: asyncio.Transport | None = None
@@ -94,20 +93,17 @@ class ClientProtocol(asyncio.BufferedProtocol):
         """Hand ``data`` to the broker (unwrapping WebSocket frames first); returns how many packets it
         completed."""
         websocket = self._websocket
-        if websocket is not None:
-            try:
-                data, reply = websocket.receive(data)
-            except ProtocolError as exc:
-                log.info("client %s: bad WebSocket input: %s; closing", self.connection.client_id or self.connection.peer, exc)
-                self.close()
-                return 0
-            if reply and self.transport is not None:
-                self.transport.write(reply)
-            if websocket.closed:
-                self.close()
-            if not data:
-                return 0
-        return self.broker.data_received(self, data)
+        if websocket is None:
+            return self.broker.data_received(self, data)
+        data, reply = websocket.receive(data)
+        if reply and self.transport is not None:
+            self.transport.write(reply)
+        completed = self.broker.data_received(self, data) if data else 0
+        if websocket.closed:
+            if websocket.failure is not None:
+                log.info("client %s: %s; closing", self.connection.client_id or self.connection.peer, websocket.failure)
+            self.close()
+        return completed
 
     def eof_received(self) -> bool | None:
         return None
@@ -136,7 +132,11 @@ class ClientProtocol(asyncio.BufferedProtocol):
     def write(self, data: bytes) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing() and self._lingering is None:
-            transport.write(frame(data) if self._websocket is not None else data)
+            websocket = self._websocket
+            if websocket is None:
+                transport.write(data)
+            elif not websocket.closed:  # nothing may follow a close frame
+                transport.write(websocket.send(data))
 
     def close(self) -> None:
         """End the connection after what was written: a lingering close where the transport can half-close

@@ -1,133 +1,86 @@
-"""MQTT over WebSocket (RFC 6455, subprotocol ``mqtt``), sans-I/O: the server side of the opening
-handshake and the frame layer, so browser dashboards and paho's ``transport="websockets"`` can connect.
+"""MQTT over WebSocket (RFC 6455, subprotocol ``mqtt``), so browser dashboards and paho's
+``transport="websockets"`` can connect: a thin adapter over wsproto, which does the opening handshake
+(version 13 only, the accept key, subprotocol choice) and the frame rules (client masking, control frames
+of at most 125 bytes that are never fragmented, continuation order, close codes), sans-I/O like the rest of
+the broker.
 
 ``WebSocketServer.receive`` takes raw socket bytes and returns the MQTT bytes they carried plus the bytes
-to send back (the 101 response, PONGs, a CLOSE echo); ``frame`` wraps outgoing MQTT bytes in one binary
-frame. MQTT packets may span frames and frames may hold several packets (MQTT 5 section 6), so the
-payloads simply go to the MQTT reader as a byte stream. Client frames must be masked (RFC 6455 5.1).
+to send back (the 101 response, PONGs, the closing handshake, or an HTTP refusal). Binary payloads are
+handed on as they arrive, frame boundaries ignored: MQTT packets may span frames and frames may hold
+several packets (MQTT 5 section 6), and the MQTT reader's own packet-size limit bounds what a huge frame
+can cost. After a refusal or a close, ``closed`` is set and ``failure`` says why (None for a clean close
+by the client); the caller sends the reply and closes the connection.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import struct
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Ping,
+    RejectConnection,
+    Request,
+    TextMessage,
+)
+from wsproto.frame_protocol import CloseReason
+from wsproto.utilities import RemoteProtocolError
 
-from appliance.broker.codec.reasons import MALFORMED_PACKET, PACKET_TOO_LARGE, PROTOCOL_ERROR, ProtocolError
-
-_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-MAX_HANDSHAKE_BYTES = 8192
-OP_CONTINUATION, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
-
-
-def frame(payload: bytes, opcode: int = OP_BINARY) -> bytes:
-    """One unmasked, final server frame."""
-    length = len(payload)
-    first = 0x80 | opcode
-    if length < 126:
-        return bytes((first, length)) + payload
-    if length < 65536:
-        return struct.pack(">BBH", first, 126, length) + payload
-    return struct.pack(">BBQ", first, 127, length) + payload
-
-
-def _unmask(data: bytes, mask: bytes) -> bytes:
-    if not data:
-        return data
-    repeated = (mask * (len(data) // 4 + 1))[: len(data)]
-    return (int.from_bytes(data, "big") ^ int.from_bytes(repeated, "big")).to_bytes(len(data), "big")
+# What the server offers, in order of preference: "mqtt" (MQTT 3.1.1 and 5) and the MQTT 3.1 name.
+SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
 
 class WebSocketServer:
     """One connection's WebSocket state: the handshake, then frames."""
 
-    def __init__(self, max_frame: int) -> None:
-        self.max_frame = max_frame
-        self.open = False
+    def __init__(self) -> None:
+        self._connection = WSConnection(ConnectionType.SERVER)
         self.closed = False
-        self._buffer = bytearray()
+        self.failure: str | None = None
 
     def receive(self, data: bytes) -> tuple[bytes, bytes]:
-        """(MQTT bytes carried by ``data``, bytes to send back). Raises ``ProtocolError`` for bad input."""
-        self._buffer += data
-        reply = b""
-        if not self.open:
-            end = self._buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._buffer) > MAX_HANDSHAKE_BYTES:
-                    raise ProtocolError(MALFORMED_PACKET, "WebSocket handshake too long")
-                return b"", b""
-            reply = self._handshake(bytes(self._buffer[:end]).decode("latin-1"))
-            del self._buffer[: end + 4]
-            self.open = True
+        """(MQTT bytes carried by ``data``, bytes to send back)."""
+        if self.closed:
+            return b"", b""
+        connection = self._connection
         payload = bytearray()
-        while not self.closed:
-            parsed = self._next_frame()
-            if parsed is None:
-                break
-            opcode, body = parsed
-            if opcode in (OP_BINARY, OP_CONTINUATION):
-                payload += body
-            elif opcode == OP_PING:
-                reply += frame(body, OP_PONG)
-            elif opcode == OP_CLOSE:
-                reply += frame(body[:2], OP_CLOSE)
-                self.closed = True
-            elif opcode == OP_TEXT:
-                raise ProtocolError(PROTOCOL_ERROR, "MQTT over WebSocket must use binary frames")
-        return bytes(payload), reply
+        reply = bytearray()
+        try:
+            connection.receive_data(data)
+            for event in connection.events():
+                if isinstance(event, Request):
+                    offered = [name for name in SUBPROTOCOLS if name in event.subprotocols]
+                    reply += connection.send(AcceptConnection(subprotocol=offered[0] if offered else None))
+                elif isinstance(event, BytesMessage):
+                    payload += event.data
+                elif isinstance(event, Ping):
+                    reply += connection.send(event.response())
+                elif isinstance(event, TextMessage):
+                    # MQTT 5 section 6.0: a packet not in a binary frame closes the connection.
+                    reply += self._close(CloseReason.UNSUPPORTED_DATA, "MQTT over WebSocket must use binary frames")
+                    break
+                elif isinstance(event, CloseConnection):
+                    if event.code == CloseReason.PROTOCOL_ERROR:
+                        reply += self._close(event.code, event.reason or "bad WebSocket frame")
+                    else:  # the client's own close: answer it, the closing handshake is done
+                        if connection.state is ConnectionState.REMOTE_CLOSING:
+                            reply += connection.send(event.response())
+                        self.closed = True
+                    break
+        except RemoteProtocolError as exc:  # a bad opening handshake: answer with its HTTP status
+            hint = exc.event_hint if isinstance(exc.event_hint, RejectConnection) else RejectConnection(status_code=400)
+            reply += connection.send(hint)
+            self.closed = True
+            self.failure = f"bad WebSocket handshake: {exc}"
+        return bytes(payload), bytes(reply)
 
-    def _next_frame(self) -> tuple[int, bytes] | None:
-        buf = self._buffer
-        if len(buf) < 2:
-            return None
-        opcode = buf[0] & 0x0F
-        if not buf[1] & 0x80:
-            raise ProtocolError(PROTOCOL_ERROR, "unmasked WebSocket frame from a client")
-        length = buf[1] & 0x7F
-        offset = 2
-        if length == 126:
-            if len(buf) < 4:
-                return None
-            length = struct.unpack_from(">H", buf, 2)[0]
-            offset = 4
-        elif length == 127:
-            if len(buf) < 10:
-                return None
-            length = struct.unpack_from(">Q", buf, 2)[0]
-            offset = 10
-        if length > self.max_frame:
-            raise ProtocolError(PACKET_TOO_LARGE, "WebSocket frame too large")
-        if len(buf) < offset + 4 + length:
-            return None
-        mask = bytes(buf[offset : offset + 4])
-        body = _unmask(bytes(buf[offset + 4 : offset + 4 + length]), mask)
-        del buf[: offset + 4 + length]
-        return opcode, body
+    def send(self, mqtt_bytes: bytes) -> bytes:
+        """``mqtt_bytes`` as one binary frame (unmasked, as a server's are)."""
+        return self._connection.send(BytesMessage(data=mqtt_bytes))
 
-    @staticmethod
-    def _handshake(request: str) -> bytes:
-        lines = request.split("\r\n")
-        if not lines[0].startswith("GET "):
-            raise ProtocolError(MALFORMED_PACKET, "not a WebSocket upgrade request")
-        headers = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if sep:
-                headers[name.strip().lower()] = value.strip()
-        key = headers.get("sec-websocket-key")
-        if headers.get("upgrade", "").lower() != "websocket" or not key:
-            raise ProtocolError(MALFORMED_PACKET, "not a WebSocket upgrade request")
-        protocols = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
-        accept = base64.b64encode(hashlib.sha1(key.encode("ascii") + _GUID).digest()).decode("ascii")
-        response = [
-            "HTTP/1.1 101 Switching Protocols",
-            "Upgrade: websocket",
-            "Connection: Upgrade",
-            f"Sec-WebSocket-Accept: {accept}",
-        ]
-        for wanted in ("mqtt", "mqttv3.1"):
-            if wanted in protocols:
-                response.append(f"Sec-WebSocket-Protocol: {wanted}")
-                break
-        return ("\r\n".join(response) + "\r\n\r\n").encode("ascii")
+    def _close(self, code: int, reason: str) -> bytes:
+        self.closed = True
+        self.failure = reason
+        return self._connection.send(CloseConnection(code=code, reason=reason[:120]))
