@@ -28,12 +28,12 @@ import base64
 import binascii
 import hashlib
 import hmac
-import os
 import secrets
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from appliance import atomic_file
 
 #: PBKDF2-HMAC-SHA512 rounds for new entries (OWASP 2023 guidance for SHA-512 is 210,000).
 DEFAULT_ITERATIONS = 210_000
@@ -151,23 +151,7 @@ def write_password_file(path: Path, entries: Mapping[str, PasswordHash]) -> None
     for username in entries:
         if not username or ":" in username or "\n" in username:
             raise ValueError(f"user name {username!r} cannot be stored (empty, or contains ':' or a newline)")
-    directory = path.resolve().parent
-    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(format_password_file(entries))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp_name, 0o600)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    atomic_file.write_bytes(path, format_password_file(entries).encode("utf-8"), mode=0o600)
 
 
 # Verified against for unknown users so that "no such user" costs as long as "wrong password".

@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from appliance.backoff import Backoff
 from appliance.forwarding.endpoints import EndpointSender, Refused, SendFailed
 from appliance.forwarding.metrics import ForwardingMetrics
 from appliance.forwarding.queues import MessageStore, QueuedMessage
@@ -53,8 +54,7 @@ class Pump:
         self.store = store
         self.thread = thread
         self.metrics = metrics
-        self.retry_min_s = retry_min_s
-        self.retry_max_s = retry_max_s
+        self._retry = Backoff(retry_min_s, retry_max_s)
         self.on_checkpoint = on_checkpoint
         self.max_refusals = max_refusals
         self.wake = asyncio.Event()
@@ -86,7 +86,6 @@ class Pump:
         return self._checkpoints[priority]
 
     async def run(self) -> None:
-        failures = 0
         last_done: float | None = None  # when the previous batch was checkpointed, if a backlog followed
         while True:
             await self.sender.wait_ready()
@@ -116,17 +115,16 @@ class Pump:
                 if isinstance(exc, Refused):
                     await self._complete(priority, batch, live, exc.acked)
                     if await self._dead_letter_if_refused_enough(priority, exc):
-                        failures = 0
+                        self._retry.reset()
                         continue
-                failures += 1
                 self.metrics.count("retries", self.sender.id, priority, len(live))
-                delay = min(self.retry_max_s, self.retry_min_s * 2 ** min(failures, 20))
+                delay = self._retry.next_delay()
                 log.info("endpoint %s: batch of %d failed (%s); retrying in %.2fs", self.sender.id, len(live), exc, delay)
                 await asyncio.sleep(delay)
                 continue
             finally:
                 self._sending_priority = None
-            failures = 0
+            self._retry.reset()
             if await self._complete(priority, batch, live, count):
                 last_done = time.monotonic()
 

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from appliance import atomic_file
 from appliance.broker.api import ACCEPTED, QUOTA_EXCEEDED, BrokerHandle, InboundPublish, PublishVerdict, ServiceDefaults
 from appliance.forwarding.config import ForwardingConfig
 from appliance.forwarding.endpoints import BrokeredSender, EndpointSender
@@ -269,10 +270,7 @@ class ForwardingService(ServiceDefaults):
             "global_ttl_s": self.evaluator.global_ttl_s,
             "routes": [self._route_status(r) for r in self.evaluator.routes],
         }
-        target = self.data_dir / STATUS_FILE
-        temporary = target.with_suffix(".new")
-        temporary.write_text(json.dumps(status, indent=2) + "\n")
-        temporary.replace(target)
+        atomic_file.write_bytes(self.data_dir / STATUS_FILE, (json.dumps(status, indent=2) + "\n").encode())
 
     def _route_status(self, route: Route) -> dict[str, Any]:
         """A running route as ``routes show`` prints it: ``timeToLiveSecs`` as configured (0: none of its

@@ -52,16 +52,11 @@ from appliance.forwarding.endpoints import Refused, SendFailed, identity_propert
 from appliance.forwarding.liveness import Liveness
 from appliance.forwarding.metrics import LinkStats
 from appliance.forwarding.queues import QueuedMessage
+from appliance.backoff import Backoff
 from appliance.forwarding.routes import UPSTREAM
 from appliance.forwarding.window import LinkEstimate, Window
 
 log = logging.getLogger(__name__)
-
-
-def backoff_delay(attempt: int, minimum: float, maximum: float, rng: random.Random) -> float:
-    """Exponential backoff with "equal jitter": half fixed, half random, so a fleet does not reconnect in step."""
-    ceiling = min(maximum, minimum * (2**min(attempt, 30)))
-    return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 
 def wire_size(topic: str, payload: bytes, properties: Properties | None) -> int:
@@ -139,7 +134,8 @@ class UpstreamSender:
         self._closed = asyncio.Event()  # the current client's socket closed
         self._liveness: Liveness | None = None
         self._pending: dict[int, asyncio.Future[float]] = {}
-        self._rng = random.Random()
+        # Jittered, so a fleet that lost the same cloud at the same moment does not come back in step.
+        self._backoff = Backoff(settings.backoff_min_s, settings.backoff_max_s, random.Random())
         self._ready_flag = False
         self._max_packet: int | None = None  # the upstream's Maximum Packet Size (MQTT 5 CONNACK)
         self._tls: ssl.SSLContext | None = None
@@ -173,7 +169,6 @@ class UpstreamSender:
     # -- connection loop
 
     async def _run(self) -> None:
-        attempt = 0
         while not self._stopping:
             while not self._link_up and not self._stopping:
                 self._link_changed.clear()
@@ -187,13 +182,12 @@ class UpstreamSender:
                 log.info("upstream %s:%s: connect failed: %s", self.settings.host, self.settings.port, exc)
             else:
                 if await self._session(sock):
-                    attempt = 0
+                    self._backoff.reset()
             self._set_ready(False)
             if self._link_changed.is_set():
-                attempt = 0  # the link went or came back meanwhile: a new link, try at once (or wait for it)
+                self._backoff.reset()  # the link went or came back meanwhile: a new link, try at once (or wait for it)
             elif not self._stopping:
-                delay = backoff_delay(attempt, self.settings.backoff_min_s, self.settings.backoff_max_s, self._rng)
-                attempt += 1
+                delay = self._backoff.next_delay()
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can drop a stop()'s cancellation.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):

@@ -7,7 +7,7 @@ be written back into a database that was just emptied.
 
 * The backup uses SQLite's online backup API, never a file copy, so it is consistent even if some other
   process has a database open. Each database is backed up into a temporary file, the files are packed
-  into one ``.tar.gz``, and the archive is written as ``.new``, fsynced and renamed (``persist__backup``
+  into one ``.tar.gz``, written through ``atomic_file.replacing`` (temporary file, fsync, rename: ``persist__backup``
   style), so a power cut leaves either a whole archive or none.
 * Clearing deletes every row in one transaction per database instead of deleting the files: the schema
   (and its version) stays, a crash mid-reset leaves each database either untouched or empty, and the
@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import sqlite3
 import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from appliance import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -54,18 +55,13 @@ def write_backup(data_dir: Path, now: float | None = None) -> Path:
     backup_dir = data_dir / BACKUP_DIR_NAME
     backup_dir.mkdir(mode=0o700, exist_ok=True)
     target = backup_dir / f"factory-reset-{stamp}.tar.gz"
-    partial = target.with_name(target.name + ".new")
     with tempfile.TemporaryDirectory(dir=backup_dir) as scratch:
-        with open(partial, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as archive:
+        with atomic_file.replacing(target, mode=0o600) as raw, tarfile.open(fileobj=raw, mode="w:gz") as archive:
             for database in existing_databases(data_dir):
                 snapshot = Path(scratch) / database.name
                 _online_backup(database, snapshot)
                 archive.add(snapshot, arcname=database.name)
             archive.addfile(_manifest_info(stamp), io.BytesIO(_manifest(stamp)))
-        with open(partial, "rb") as written:
-            os.fsync(written.fileno())
-    os.replace(partial, target)
-    _fsync_dir(backup_dir)
     return target
 
 
@@ -88,14 +84,6 @@ def _manifest_info(stamp: str) -> tarfile.TarInfo:
     info.size = len(_manifest(stamp))
     info.mtime = int(time.time())
     return info
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def clear_database(database: Path) -> int:

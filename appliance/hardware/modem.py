@@ -26,7 +26,7 @@ from typing import Protocol
 import serial
 
 from appliance.hardware.at import AtConnection, Noise, Response, Urc
-from appliance.hardware.backoff import Backoff
+from appliance.backoff import Backoff
 from appliance.hardware.config import ModemConfig
 from appliance.hardware.modem_status import (
     ModemStatus,

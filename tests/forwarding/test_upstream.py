@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import shutil
 import subprocess
 import tempfile
@@ -21,7 +20,7 @@ from appliance.forwarding.metrics import ForwardingMetrics, LinkStats
 from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore, QueuedMessage
 from appliance.forwarding.routes import Endpoint, RouteResult
-from appliance.forwarding.upstream import UpstreamSender, backoff_delay
+from appliance.forwarding.upstream import UpstreamSender
 from appliance.store_thread import StoreThread
 from hil_tests.rig.relay import RelayThread
 from tests.forwarding.peers import Collector, batch_records
@@ -247,14 +246,6 @@ def test_batch_window_follows_the_measured_link(tmp_path: Path, mosquitto: Mosqu
     assert window.chunk_bytes is not None and window.bytes is not None
     assert abs(window.chunk_bytes - slow.estimate.rate_bps / 2) <= 1
     assert window.bytes >= 2 * window.chunk_bytes
-
-
-def test_backoff_grows_exponentially_with_jitter() -> None:
-    rng = random.Random(1)
-    delays = [backoff_delay(attempt, 0.5, 30, rng) for attempt in range(10)]
-    assert all(0.25 <= d <= 0.5 for d in delays[:1])
-    assert all(15 <= d <= 30 for d in delays[7:])
-    assert len({round(d, 6) for d in delays}) == len(delays), "jittered"
 
 
 def test_bridge_over_tls_verifies_the_cloud_and_delivers(tmp_path: Path) -> None:
