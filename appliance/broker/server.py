@@ -147,7 +147,11 @@ class ClientProtocol(asyncio.BufferedProtocol):
         if not transport.can_write_eof():
             transport.close()
             return
-        transport.write_eof()
+        try:
+            transport.write_eof()
+        except OSError:  # the peer reset the connection and the loop has not seen it yet: nothing to linger for
+            transport.abort()
+            return
         self._lingering = self._loop.call_later(LINGER_SECONDS, transport.close)
         self._holds.clear()
         self._update_reading()

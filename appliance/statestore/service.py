@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import sqlite3
 import time
 from collections.abc import Callable
@@ -57,20 +56,20 @@ from appliance.statestore.commands import (
 from appliance.statestore.config import StateStoreConfig
 from appliance.statestore.errors import StateStoreError
 from appliance.statestore.hlc import Hlc, HlcFormatError
-from appliance.statestore.notify import NOTIFY_TOPIC_PREFIX, SYSTEM_ID, NotificationRegistry
+from appliance.statestore.notify import NOTIFY_TOPIC_PREFIX, NotificationRegistry
+from appliance.statestore.protocol import (
+    PROTOCOL_VERSION,
+    REQUEST_TOPIC,
+    SUPPORTED_MAJOR_VERSIONS,
+    supported_protocol_version,
+)
 from appliance.statestore.store import EXPIRE_BATCH, Change, Quotas, StateStore
 from appliance.store_thread import StoreThread
 
 log = logging.getLogger(__name__)
 
-REQUEST_TOPIC = f"statestore/v1/{SYSTEM_ID}/command/invoke"
 MAX_CLOCK_SKEW_MS = 60_000
 
-# The SDKs' RPC protocol version (``__protVer``), as their command executors answer it, and the major
-# versions we serve (``__supProtMajVer``, space separated). A request without ``__protVer`` is 1.0.
-PROTOCOL_VERSION = "1.0"
-SUPPORTED_MAJOR_VERSIONS = "1"
-_VERSION_SYNTAX = re.compile(r"(\d+)\.(\d+)")
 
 # Response statuses (``__stat``), HTTP-like as in the SDKs.
 STATUS_OK = "200"
@@ -102,13 +101,6 @@ def forbidden_response_topic(topic: str) -> bool:
             or "+" in topic or "#" in topic or "\x00" in topic)
 
 
-def supported_protocol_version(text: str | None) -> bool:
-    """The SDK executors' rule: absent (or empty, as the Go executor reads it) is 1.0; otherwise
-    ``<major>.<minor>`` with a major we serve."""
-    if not text:
-        return True
-    match = _VERSION_SYNTAX.fullmatch(text)
-    return match is not None and match.group(1) in SUPPORTED_MAJOR_VERSIONS.split()
 
 
 @dataclass(slots=True)
@@ -329,7 +321,8 @@ class StateStoreService(ServiceDefaults):
                 await asyncio.sleep(0)  # a large backlog: let requests in between batches
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake_sweeper.wait(), delay)
+                async with asyncio.timeout(delay):  # not wait_for: on 3.11 it can drop a stop()'s cancellation
+                    await self._wake_sweeper.wait()
 
     def _require_thread(self) -> StoreThread:
         if self.thread is None:

@@ -13,7 +13,8 @@ import json
 import time
 from collections.abc import Callable
 
-from appliance.statestore.client import StateStoreClient, set_result
+from appliance.statestore.client import StateStoreClient
+from appliance.statestore.client.results import set_result
 from appliance.statestore.commands import SetCommand
 from hil_tests.harness import Route, Seen, System, record_when_printed
 

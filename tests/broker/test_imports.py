@@ -106,3 +106,16 @@ def test_protocol_cores_reach_no_io(module: str) -> None:
 def test_the_scan_sees_an_import_that_breaks_the_rule() -> None:
     assert "asyncio" in runtime_imports("appliance.broker.asyncio_runtime")
     assert "sqlite3" in reached("appliance.broker.storage")
+
+
+#: Imports point one way: a module on the left reaches none of the modules (or packages) on the right.
+ONE_WAY = [
+    (f"appliance.statestore.client.{name}", ("appliance.statestore.service", "appliance.broker"))
+    for name in ("blocking", "aio", "calls", "errors", "results", "lease")
+]
+
+
+@pytest.mark.parametrize(("module", "forbidden"), ONE_WAY, ids=[module for module, _ in ONE_WAY])
+def test_imports_point_one_way(module: str, forbidden: tuple[str, ...]) -> None:
+    bad = {name: by for name, by in reached(module).items() if name.startswith(forbidden)}
+    assert not bad, f"{module} reaches {bad} (module -> imported by)"

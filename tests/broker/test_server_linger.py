@@ -10,6 +10,7 @@ then closes: the client reads everything, then an orderly end of stream. MQTT 3.
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 from collections.abc import Iterator
 
@@ -74,3 +75,24 @@ def test_a_client_still_sending_reads_everything_up_to_the_end_of_stream(hosted:
     assert sum(isinstance(p, pk.PubRec) for p in packets) == RECEIVE_MAXIMUM
     if level == pk.MQTT_5:
         assert isinstance(packets[-1], pk.Disconnect) and packets[-1].reason_code == rc.RECEIVE_MAXIMUM_EXCEEDED
+
+
+def test_closing_a_connection_whose_peer_already_reset_it_ends_it_without_an_error(hosted: InProcessBroker) -> None:
+    """The peer's reset arrived, but the loop has not read it yet when the server ends the connection
+    (a shutdown, a takeover): the half-close finds the socket no longer connected, and the connection
+    must end quietly rather than raise out of the server's close (seen stopping a broker in a test run)."""
+    sock = socket.create_connection(("127.0.0.1", hosted.port), timeout=10)
+    sock.sendall(encode(pk.Connect(pk.MQTT_5, "reset-before-close"), pk.MQTT_5))
+    reader = PacketReader(protocol_level=pk.MQTT_5)
+    assert isinstance(reader.feed(sock.recv(1024))[0], pk.Connack)
+
+    async def reset_then_close() -> None:
+        # In one loop callback, so the loop cannot notice the reset in between.
+        (link,) = [link for link in hosted.broker.links if link.connection.client_id == "reset-before-close"]
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # RST on loopback: the server's socket is reset at once
+        link.close()
+
+    hosted.call(reset_then_close())
+    assert not [link for link in hosted.broker.links if link.connection.client_id == "reset-before-close" and
+                link.transport is not None and not link.transport.is_closing()]

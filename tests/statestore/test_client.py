@@ -20,8 +20,8 @@ from appliance.statestore.client import (
     ServiceError,
     StateStoreClient,
     UnknownCommand,
-    raise_for_error,
 )
+from appliance.statestore.client.errors import raise_for_error
 from appliance.statestore.resp3 import ErrorReply, encode_array
 from tests.support.processes import GatewayProcess
 

@@ -20,8 +20,8 @@ from appliance.statestore.client import (
     MissingTimestamp,
     StateStoreClient,
     TimestampSkew,
-    raise_for_error,
 )
+from appliance.statestore.client.errors import raise_for_error
 from appliance.statestore.commands import Condition, SetCommand
 from appliance.statestore.hlc import Hlc
 from appliance.statestore.resp3 import encode_array

@@ -11,7 +11,8 @@ from appliance.statestore.client import StateStoreClient, StatusError
 from appliance.statestore.commands import GetCommand, SetCommand
 from appliance.statestore.hlc import Hlc
 from appliance.statestore.resp3 import encode_array
-from appliance.statestore.service import REQUEST_TOPIC, wall_clock_ms
+from appliance.statestore.protocol import REQUEST_TOPIC
+from appliance.statestore.service import wall_clock_ms
 from tests.statestore.raw_mqtt import TIMEOUT, RawClient
 from tests.support.processes import GatewayProcess
 

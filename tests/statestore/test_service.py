@@ -21,7 +21,8 @@ from appliance.statestore.config import StateStoreConfig
 from appliance.statestore.hlc import Hlc
 from appliance.statestore.notify import notification_topic
 from appliance.statestore.resp3 import encode_array
-from appliance.statestore.service import REQUEST_TOPIC, StateStoreService
+from appliance.statestore.protocol import REQUEST_TOPIC
+from appliance.statestore.service import StateStoreService
 
 T0 = 1_700_000_000_000
 T = TypeVar("T")
