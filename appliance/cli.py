@@ -10,48 +10,24 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from appliance import doctor
 from appliance.broker import passwd_cli
-from appliance.config import ConfigError, load_config
+from appliance.config import ConfigError
 from appliance.forwarding import cli as forwarding_cli
+from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.statestore import cli as statestore_cli
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
-    return host or "127.0.0.1", int(port)
-
-
-def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """``--listen`` and ``--data-dir`` override the file so several gateways can run side by side."""
-    overrides: dict[str, Any] = {}
-    if getattr(args, "listen", None):
-        host, port = args.listen
-        overrides["broker"] = {"listeners": [{"type": "tcp", "host": host, "port": port}]}
-    if getattr(args, "data_dir", None):
-        overrides["gateway"] = {"data_dir": str(args.data_dir)}
-    return overrides
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", help="configuration file (TOML or JSON); default: the embedded one")
-    parser.add_argument("--listen", type=parse_listen, metavar="HOST:PORT", help="replace the listeners with one TCP listener")
-    parser.add_argument("--data-dir", help="where the gateway keeps its databases (default ./var)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from appliance.gateway import run_gateway
 
-    config = load_config(args.config, overrides_from_args(args))
+    config = config_from_args(args)
     return run_gateway(config)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    config = load_config(args.config, overrides_from_args(args))
+    config = config_from_args(args)
     json.dump(config.to_dict(), sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

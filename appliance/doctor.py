@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.broker.config import ListenerConfig
-from appliance.config import GatewayConfig, load_config
+from appliance.cli_args import add_config_arguments, config_from_args
+from appliance.gateway_config import GatewayConfig
 from appliance.hardware.config import ModemConfig
 from appliance.hardware.factory_reset import DATABASE_FILES
 from appliance.hardware.modem import ModemClosed, ModemMonitor, ModemTimeout
@@ -175,9 +176,7 @@ def format_findings(findings: Iterable[Finding]) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from appliance.cli import overrides_from_args
-
-    config = load_config(args.config, overrides_from_args(args))
+    config = config_from_args(args)
     findings = run_checks(config, probe_modem=args.probe_modem)
     print(format_findings(findings))
     problems = sum(finding.verdict is Verdict.PROBLEM for finding in findings)
@@ -186,8 +185,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from appliance.cli import add_config_arguments
-
     parser = subparsers.add_parser("doctor", help="check this machine for what would stop the gateway working")
     add_config_arguments(parser)
     parser.add_argument("--probe-modem", action="store_true", help="send AT commands to the modem (stop the gateway first)")

@@ -25,7 +25,7 @@ from appliance.broker.auth import Authenticator, PasswordFileError
 from appliance.broker.broker import Broker
 from appliance.broker.persistence import DB_FILENAME, BrokerStore, PersistenceError
 from appliance.broker.server import TlsSetupError, start_listener
-from appliance.config import GatewayConfig
+from appliance.gateway_config import GatewayConfig
 from appliance.hardware.factory_reset import FACTORY_RESET_EXIT_STATUS, reset_after_shutdown
 from appliance.sdnotify import Notifier
 from appliance.sqlite_files import DatabaseFileError

@@ -1,6 +1,8 @@
-"""Gateway configuration: one TOML or JSON file, validated with errors that name the field path."""
+"""The leaf every subsystem's configuration builds on: ``ConfigError`` (which names the field path) and
+the field readers (``fields``). It imports no subsystem; composing the sections into the gateway's
+configuration is ``appliance.gateway_config``, above them all. ``default.toml`` here is the embedded
+default configuration."""
 
 from appliance.config.errors import ConfigError
-from appliance.config.load import GatewayConfig, load_config
 
-__all__ = ["ConfigError", "GatewayConfig", "load_config"]
+__all__ = ["ConfigError"]

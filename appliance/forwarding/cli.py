@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from appliance.config import load_config
+from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.forwarding.conditions import DictMessage
 from appliance.forwarding.manifest import ManifestError, load_manifest
 from appliance.forwarding.messages import message_from_publish
@@ -28,9 +28,7 @@ from appliance.forwarding.service import PID_FILE, STATUS_FILE, STORE_FILE
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
-    if args.data_dir:
-        return Path(args.data_dir)
-    return load_config(args.config).data_dir
+    return config_from_args(args).data_dir
 
 
 def sample_message(sample: dict[str, Any]) -> RoutedMessage:
@@ -152,8 +150,7 @@ def register(subparsers: Any) -> None:
         ("dead-letters", cmd_dead_letters, "list the messages an endpoint kept refusing"),
     ):
         command = sub.add_parser(name, help=text)
-        command.add_argument("--data-dir", help="the gateway's data dir")
-        command.add_argument("--config", "-c", help="the gateway's configuration file (for its data dir)")
+        add_config_arguments(command, listen=False)
         if name == "reload":
             command.add_argument("--timeout", type=float, default=10.0)
         if name == "dead-letters":

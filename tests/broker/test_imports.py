@@ -113,6 +113,9 @@ ONE_WAY = [
     (f"appliance.statestore.client.{name}", ("appliance.statestore.service", "appliance.broker"))
     for name in ("blocking", "aio", "calls", "errors", "results", "lease")
 ]
+# The configuration leaf: every subsystem's config builds on it, so it may reach none of them.
+SUBSYSTEMS = ("appliance.broker", "appliance.statestore", "appliance.forwarding", "appliance.hardware", "appliance.gateway")
+ONE_WAY += [(f"appliance.config.{name}", SUBSYSTEMS) for name in ("errors", "fields")]
 
 
 @pytest.mark.parametrize(("module", "forbidden"), ONE_WAY, ids=[module for module, _ in ONE_WAY])

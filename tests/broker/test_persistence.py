@@ -27,7 +27,8 @@ from appliance.broker.persistence import (
     encode_properties,
 )
 from appliance.broker.topic_tree import SubscriptionOptions
-from appliance.config import ConfigError, load_config
+from appliance.config import ConfigError
+from appliance.gateway_config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PROPERTIES = {

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from appliance.cli import main
-from appliance.config import ConfigError, load_config
+from appliance.config import ConfigError
+from appliance.gateway_config import load_config
 
 
 def test_embedded_default_listens_on_loopback_with_data_under_var(tmp_path, monkeypatch):
@@ -63,3 +64,14 @@ def test_check_config_cli_prints_the_resolved_config(tmp_path, capsys):
     out = capsys.readouterr().out
     assert '"port": 2999' in out
     assert str(Path(tmp_path)) in out
+
+
+def test_a_relative_data_dir_on_the_command_line_is_taken_from_the_current_directory(tmp_path, monkeypatch, capsys):
+    """Not from the config file's folder: a path typed on a command line means where the user stands."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "gateway.toml").write_text('[gateway]\ndata_dir = "from-file"\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["check-config", "--config", str(etc / "gateway.toml"), "--data-dir", "typed"]) == 0
+    out = capsys.readouterr().out
+    assert str(tmp_path / "typed") in out and "from-file" not in out

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from appliance.config import ConfigError, load_config
+from appliance.config import ConfigError
+from appliance.gateway_config import load_config
 
 
 def hardware(section: dict[str, Any]):

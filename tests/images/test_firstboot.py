@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.config import load_config
+from appliance.gateway_config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "images/gateway/rootfs/usr/local/sbin/appliance-firstboot"

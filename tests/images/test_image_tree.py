@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.config import load_config
+from appliance.gateway_config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Paths a unit may name that the image does not ship: the technician's provisioning file on the boot
