@@ -84,7 +84,7 @@ class Broker:
         self.acl = acl
         self.services = list(services)
         self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
-        self.tree = SubscriptionTree()
+        self.tree = SubscriptionTree(config.limits.max_topic_levels)
         self.sessions: dict[str, Session] = {}
         self.router = Router(self.tree, self.sessions, acl)
         self.retained = RetainedMessages()
@@ -146,7 +146,10 @@ class Broker:
     # -- socket layer callbacks -----------------------------------------------------------------------
 
     def connection_made(self, link: Link) -> None:
-        link.connection.last_received = self.runtime.monotonic()
+        connection = link.connection
+        connection.last_received = self.runtime.monotonic()
+        connection.reader.max_topic_levels = self.limits.max_topic_levels
+        connection.reader.max_user_properties = self.limits.max_user_properties
         self.links.add(link)
 
     def data_received(self, link: Link, data: bytes) -> int:

@@ -40,7 +40,8 @@ class LimitsConfig:
     (more are dropped and counted; a client that makes progress loses none: its publishers are held back
     instead). ``outbound_buffer_bytes`` is the write-buffer high-water mark past which the publishers
     feeding a client are held back (and, for a stuck client, its QoS 0 dropped); ``sys_interval`` is how
-    often ``$SYS`` is republished (0: never)."""
+    often ``$SYS`` is republished (0: never). ``max_topic_levels`` and ``max_user_properties`` bound what one
+    packet can make the broker build (docs/broker-security.md, "Resource limits")."""
 
     max_packet_size: int = 4 * 1024 * 1024
     receive_maximum: int = 1024
@@ -51,6 +52,8 @@ class LimitsConfig:
     max_session_expiry: int = 0xFFFFFFFF
     outbound_buffer_bytes: int = 1024 * 1024
     sys_interval: int = 10
+    max_topic_levels: int = 128
+    max_user_properties: int = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,4 +141,8 @@ def parse_limits(raw: Any, path: str) -> LimitsConfig:
         max_session_expiry=get_int(table, "max_session_expiry", path, defaults.max_session_expiry, minimum=0, maximum=0xFFFFFFFF),
         outbound_buffer_bytes=get_int(table, "outbound_buffer_bytes", path, defaults.outbound_buffer_bytes, minimum=1024),
         sys_interval=get_int(table, "sys_interval", path, defaults.sys_interval, minimum=0),
+        # A 65,535-byte topic has at most 65,536 levels: a larger value would mean no limit at all.
+        max_topic_levels=get_int(table, "max_topic_levels", path, defaults.max_topic_levels, minimum=1, maximum=65536),
+        max_user_properties=get_int(table, "max_user_properties", path, defaults.max_user_properties, minimum=1,
+                                    maximum=65535),
     )

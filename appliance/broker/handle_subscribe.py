@@ -37,18 +37,20 @@ def handle_subscribe(broker: Broker, link: Link, subscribe: pk.Subscribe, now: f
         shared = topic_filter.startswith("$share/")
         if shared and request.no_local and connection.v5:
             raise ProtocolError(rc.PROTOCOL_ERROR, "no local on a shared subscription")
+        try:
+            # Before anything else looks at it (the ACL, the store): a filter too deep costs nothing more.
+            broker.tree.check(topic_filter)
+        except TopicError as exc:
+            log.info("client %s: bad topic filter %.200r: %s", connection.client_id, topic_filter, exc)
+            codes.append(rc.TOPIC_FILTER_INVALID)
+            continue
         if broker.acl is not None and not broker.acl.can_subscribe(connection.client_id, connection.username, topic_filter):
             log.info("client %s: subscribe to %r denied", connection.client_id, topic_filter)
             codes.append(rc.NOT_AUTHORIZED)
             continue
         options = SubscriptionOptions(request.qos, request.no_local, request.retain_as_published,
                                       request.retain_handling, sub_id)
-        try:
-            previous = broker.tree.subscribe(connection.client_id, topic_filter, options)
-        except TopicError as exc:
-            log.info("client %s: bad topic filter %r: %s", connection.client_id, topic_filter, exc)
-            codes.append(rc.TOPIC_FILTER_INVALID)
-            continue
+        previous = broker.tree.subscribe(connection.client_id, topic_filter, options)
         if session.journal is not None and broker.store is not None:
             broker.store.save_subscription(connection.client_id, topic_filter, options)
         codes.append(request.qos)

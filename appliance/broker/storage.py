@@ -91,7 +91,12 @@ def restore(broker: Broker, now: float) -> None:
     for message_id, stored in state.messages.items():
         messages[message_id] = Message(stored.topic, stored.payload, 1, False, properties_from(stored.properties),
                                        None, stored.expires_at)
+    max_levels = broker.limits.max_topic_levels
     for topic, retained in state.retained.items():
+        if topic.count("/") >= max_levels:
+            # Stored before max_topic_levels existed (or was lowered): a client could not publish it now.
+            log.warning("skipping the stored retained message on %.200r: more than %d levels", topic, max_levels)
+            continue
         broker.retained.update(Message(topic, retained.payload, retained.qos, True,
                                        properties_from(retained.properties), None, retained.expires_at))
     broker.stats.retained_count = len(broker.retained)
@@ -124,8 +129,9 @@ def restore(broker: Broker, now: float) -> None:
         for topic_filter, options in loaded.subscriptions.items():
             try:
                 broker.tree.subscribe(client_id, topic_filter, options)
-            except TopicError:
-                log.warning("client %s: dropping stored subscription %r", client_id, topic_filter)
+            except TopicError as exc:
+                # Invalid now, e.g. deeper than max_topic_levels (stored before the limit existed).
+                log.warning("client %s: dropping stored subscription %.200r: %s", client_id, topic_filter, exc)
         for entry in loaded.outbound:
             message = messages.get(entry.message_id)
             if message is None:

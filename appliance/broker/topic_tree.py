@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_TOPIC_BYTES = 65535
+#: Default of the broker's ``max_topic_levels``: deeper topic names and filters are refused.
+DEFAULT_MAX_TOPIC_LEVELS = 128
 SHARE_PREFIX = "$share/"
 #: Cached topic names before the cache is emptied; bounds memory when topics are unique per message.
 MATCH_CACHE_SIZE = 65536
@@ -137,6 +139,13 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
     return len(filter_levels) == len(topic_levels)
 
 
+def check_levels(text: str, max_levels: int, what: str) -> None:
+    """Raise ``TopicError`` if ``text`` has more than ``max_levels`` levels; counts without splitting, so
+    refusing a 64 KB string of ``/`` costs no allocation."""
+    if text.count("/") >= max_levels:
+        raise TopicError(f"{what} has more than {max_levels} levels")
+
+
 def _check_common(text: str, what: str) -> None:
     if "\x00" in text:
         raise TopicError(f"{what} contains NUL")
@@ -146,29 +155,42 @@ def _check_common(text: str, what: str) -> None:
 
 
 class _Node:
-    """One level of the tree; ``match_filter`` is the filter that ends at this node (shared-group keys)."""
+    """Where one or more filters end or branch. ``edge`` holds the levels from the parent to here, joined by
+    ``/`` (``span`` of them): a chain of levels that no other filter shares is one node, not one per level.
 
-    __slots__ = ("children", "match_filter", "shared", "subscribers")
+    A node per level with per-node dicts costs hundreds of bytes per level, so a 16,000-level filter
+    would cost megabytes even without any prefix strings; an edge costs what its text costs. The full
+    filter is kept once, in each ``Subscription``. ``children`` is keyed by the first level of each
+    child's edge; the containers are created when first needed.
+    """
 
-    def __init__(self, match_filter: str) -> None:
-        self.match_filter = match_filter
-        self.children: dict[str, _Node] = {}
-        self.subscribers: dict[str, Subscription] = {}
-        self.shared: dict[str, dict[str, Subscription]] = {}
+    __slots__ = ("children", "edge", "shared", "span", "subscribers")
 
-    def is_empty(self) -> bool:
-        return not (self.children or self.subscribers or self.shared)
+    def __init__(self, edge: str, span: int) -> None:
+        self.edge = edge
+        self.span = span
+        self.children: dict[str, _Node] | None = None
+        self.subscribers: dict[str, Subscription] | None = None
+        self.shared: dict[str, dict[str, Subscription]] | None = None
+
+    def has_subscriptions(self) -> bool:
+        return bool(self.subscribers or self.shared)
+
+    def levels(self) -> list[str]:
+        return self.edge.split("/") if self.span > 1 else [self.edge]
 
 
 class SubscriptionTree:
     """Every subscription of every session, indexed by filter level for ``match`` and by client id.
 
     A client has at most one subscription per ``topic_filter`` string (MQTT 3.8.4: a SUBSCRIBE with an
-    existing filter replaces it). ``generation`` increases on every change.
+    existing filter replaces it). ``generation`` increases on every change. ``max_levels`` is the
+    broker's ``max_topic_levels``: deeper filters are refused (docs/broker-security.md).
     """
 
-    def __init__(self) -> None:
-        self._root = _Node("")
+    def __init__(self, max_levels: int = DEFAULT_MAX_TOPIC_LEVELS) -> None:
+        self.max_levels = max_levels
+        self._root = _Node("", 0)
         self._by_client: dict[str, dict[str, Subscription]] = {}
         self.generation = 0
         self._cache: dict[str, MatchResult] = {}
@@ -177,25 +199,29 @@ class SubscriptionTree:
     def __len__(self) -> int:
         return sum(len(subs) for subs in self._by_client.values())
 
+    def check(self, topic_filter: str) -> tuple[str | None, str]:
+        """Validate a SUBSCRIBE filter, its depth included; (share group or None, filter to match)."""
+        group, match_filter = split_shared(topic_filter)
+        check_levels(match_filter, self.max_levels, "topic filter")
+        return group, match_filter
+
     def subscribe(self, client_id: str, topic_filter: str, options: SubscriptionOptions) -> Subscription | None:
         """Add or replace a subscription; return the one it replaced (None if new: retain handling 1).
 
-        Raises ``TopicError`` for an invalid filter, leaving the tree unchanged.
+        Raises ``TopicError`` for an invalid or too deep filter, leaving the tree unchanged.
         """
-        group, match_filter = split_shared(topic_filter)
+        group, match_filter = self.check(topic_filter)
         subscription = Subscription(client_id, topic_filter, match_filter, group, options)
-        node = self._root
-        levels = match_filter.split("/")
-        for depth, level in enumerate(levels):
-            child = node.children.get(level)
-            if child is None:
-                child = _Node("/".join(levels[: depth + 1]))
-                node.children[level] = child
-            node = child
+        node = self._insert(match_filter)
+        previous: Subscription | None
         if group is None:
+            if node.subscribers is None:
+                node.subscribers = {}
             previous = node.subscribers.get(client_id)
             node.subscribers[client_id] = subscription
         else:
+            if node.shared is None:
+                node.shared = {}
             members = node.shared.setdefault(group, {})
             previous = members.get(client_id)
             members[client_id] = subscription
@@ -229,6 +255,17 @@ class SubscriptionTree:
         """A copy of the client's subscriptions keyed by ``topic_filter``."""
         return dict(self._by_client.get(client_id, {}))
 
+    def node_count(self) -> int:
+        """Nodes below the root (what the tree costs; the tests check that removal gives them back)."""
+        count = 0
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            if node.children:
+                count += len(node.children)
+                stack.extend(node.children.values())
+        return count
+
     def match(self, topic: str) -> MatchResult:
         """Every subscription matching a (valid) topic name; cached until the next change."""
         if self._cache_generation != self.generation:
@@ -244,50 +281,81 @@ class SubscriptionTree:
         self._cache[topic] = result
         return result
 
+    def _insert(self, match_filter: str) -> _Node:
+        """The node where ``match_filter`` ends, splitting an edge or adding one as needed."""
+        levels = match_filter.split("/")
+        count = len(levels)
+        node = self._root
+        index = 0
+        while index < count:
+            if node.children is None:
+                node.children = {}
+            child = node.children.get(levels[index])
+            if child is None:
+                child = _Node("/".join(levels[index:]) if count - index > 1 else levels[index], count - index)
+                node.children[levels[index]] = child
+                return child
+            edge = child.levels()
+            common = 1
+            while common < child.span and index + common < count and edge[common] == levels[index + common]:
+                common += 1
+            if common < child.span:
+                # The filter leaves (or ends inside) this edge: split it where they part.
+                middle = _Node("/".join(edge[:common]), common)
+                child.edge = "/".join(edge[common:])
+                child.span -= common
+                middle.children = {edge[common]: child}
+                node.children[levels[index]] = middle
+                child = middle
+            node = child
+            index += common
+        return node
+
     def _walk(self, topic: str) -> MatchResult:
+        levels = topic.split("/")
+        count = len(levels)
         found: list[_Node] = []
-        nodes = [self._root]
-        # MQTT 4.7.2: a filter starting with '+' or '#' never matches a topic starting with '$'.
-        wildcards_allowed = not topic.startswith("$")
-        for level in topic.split("/"):
-            next_nodes: list[_Node] = []
-            for node in nodes:
-                children = node.children
-                if not children:
-                    continue
-                if wildcards_allowed:
-                    multi = children.get("#")
-                    if multi is not None:
-                        found.append(multi)
-                    single = children.get("+")
-                    if single is not None:
-                        next_nodes.append(single)
-                exact = children.get(level)
-                if exact is not None:
-                    next_nodes.append(exact)
-            nodes = next_nodes
-            if not nodes:
-                break
-            wildcards_allowed = True
-        for node in nodes:
-            found.append(node)
-            # "a/#" also matches "a" (MQTT 4.7.1.2).
-            parent_match = node.children.get("#")
-            if parent_match is not None:
-                found.append(parent_match)
+        # (node, index of the first topic level its children have to match)
+        pending: list[tuple[_Node, int]] = [(self._root, 0)]
+        while pending:
+            node, index = pending.pop()
+            children = node.children
+            if index == count:
+                found.append(node)
+                # "a/#" also matches "a" (MQTT 4.7.1.2).
+                parent_match = children.get("#") if children else None
+                if parent_match is not None:
+                    found.append(parent_match)
+                continue
+            if not children:
+                continue
+            # MQTT 4.7.2: a filter starting with '+' or '#' never matches a topic starting with '$'.
+            if index or not topic.startswith("$"):
+                multi = children.get("#")
+                if multi is not None:
+                    found.append(multi)
+                single = children.get("+")
+                if single is not None:
+                    _follow(single, levels, index, pending, found)
+            exact = children.get(levels[index])
+            if exact is not None:
+                _follow(exact, levels, index, pending, found)
         if not found:
             return NO_MATCH
         subscribers: dict[str, list[Subscription]] = {}
         shared: dict[tuple[str, str], tuple[Subscription, ...]] = {}
         for node in found:
-            for client_id, subscription in node.subscribers.items():
-                existing = subscribers.get(client_id)
-                if existing is None:
-                    subscribers[client_id] = [subscription]
-                else:
-                    existing.append(subscription)
-            for group, members in node.shared.items():
-                shared[(group, node.match_filter)] = tuple(members.values())
+            if node.subscribers:
+                for client_id, subscription in node.subscribers.items():
+                    existing = subscribers.get(client_id)
+                    if existing is None:
+                        subscribers[client_id] = [subscription]
+                    else:
+                        existing.append(subscription)
+            if node.shared:
+                for group, members in node.shared.items():
+                    members_now = tuple(members.values())
+                    shared[(group, members_now[0].match_filter)] = members_now
         if not subscribers and not shared:
             return NO_MATCH
         return MatchResult({client_id: tuple(subs) for client_id, subs in subscribers.items()}, shared)
@@ -295,19 +363,56 @@ class SubscriptionTree:
     def _remove_from_tree(self, subscription: Subscription) -> None:
         path: list[tuple[_Node, str]] = []
         node = self._root
-        for level in subscription.match_filter.split("/"):
-            path.append((node, level))
-            node = node.children[level]
+        levels = subscription.match_filter.split("/")
+        index = 0
+        while index < len(levels):
+            assert node.children is not None
+            path.append((node, levels[index]))
+            node = node.children[levels[index]]
+            index += node.span
         if subscription.share_group is None:
+            assert node.subscribers is not None
             del node.subscribers[subscription.client_id]
         else:
+            assert node.shared is not None
             members = node.shared[subscription.share_group]
             del members[subscription.client_id]
             if not members:
                 del node.shared[subscription.share_group]
-        # Prune the branch bottom-up so a churn of unique filters does not leak nodes.
-        for parent, level in reversed(path):
-            child = parent.children[level]
-            if not child.is_empty():
-                break
-            del parent.children[level]
+        if node.has_subscriptions():
+            return
+        parent, key = path[-1]
+        assert parent.children is not None
+        if not node.children:
+            # Give the node back, and with it a parent left as a bare link in a chain.
+            del parent.children[key]
+            if len(path) > 1 and len(parent.children) == 1 and not parent.has_subscriptions():
+                grandparent, parent_key = path[-2]
+                assert grandparent.children is not None
+                grandparent.children[parent_key] = _joined(parent, next(iter(parent.children.values())))
+        elif len(node.children) == 1:
+            parent.children[key] = _joined(node, next(iter(node.children.values())))
+
+
+def _joined(upper: _Node, lower: _Node) -> _Node:
+    """``lower`` taking the place of ``upper``, a node that no filter ends at and with one child."""
+    lower.edge = f"{upper.edge}/{lower.edge}"
+    lower.span += upper.span
+    return lower
+
+
+def _follow(child: _Node, levels: list[str], index: int, pending: list[tuple[_Node, int]], found: list[_Node]) -> None:
+    """Match ``child``'s edge against the topic levels from ``index`` (its first level already matched)."""
+    span = child.span
+    if span > 1:
+        count = len(levels)
+        edge = child.levels()
+        for offset in range(1, span):
+            level = edge[offset]
+            if level == "#":  # always an edge's last level; matches the rest, even nothing (4.7.1.2)
+                found.append(child)
+                return
+            at = index + offset
+            if at >= count or (level != "+" and level != levels[at]):
+                return
+    pending.append((child, index + span))

@@ -42,6 +42,8 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
         ("[gateway]\nlog_levle = 'info'\n", "gateway.log_levle"),
         ("[broker.auth]\nallow_anonymous = 'yes'\n", "broker.auth.allow_anonymous"),
         ("[[broker.listeners]]\ntype = 'tls'\n", "broker.listeners[0].certfile"),
+        ("[broker.limits]\nmax_topic_levels = 0\n", "broker.limits.max_topic_levels"),
+        ("[broker.limits]\nmax_user_properties = 'many'\n", "broker.limits.max_user_properties"),
     ],
 )
 def test_bad_field_is_reported_with_its_path(tmp_path, text, path):
@@ -75,3 +77,10 @@ def test_a_relative_data_dir_on_the_command_line_is_taken_from_the_current_direc
     assert main(["check-config", "--config", str(etc / "gateway.toml"), "--data-dir", "typed"]) == 0
     out = capsys.readouterr().out
     assert str(tmp_path / "typed") in out and "from-file" not in out
+
+
+def test_topic_depth_and_user_property_limits_default_and_parse(tmp_path):
+    file = tmp_path / "gw.toml"
+    file.write_text("[broker.limits]\nmax_topic_levels = 16000\n")
+    limits = load_config(file).broker.limits
+    assert (limits.max_topic_levels, limits.max_user_properties) == (16000, 64)

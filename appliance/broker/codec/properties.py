@@ -12,7 +12,13 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from appliance.broker.codec.reasons import MALFORMED_PACKET, PROTOCOL_ERROR, TOPIC_ALIAS_INVALID, ProtocolError
+from appliance.broker.codec.reasons import (
+    MALFORMED_PACKET,
+    PROTOCOL_ERROR,
+    QUOTA_EXCEEDED,
+    TOPIC_ALIAS_INVALID,
+    ProtocolError,
+)
 
 Properties = dict[int, Any]
 
@@ -209,8 +215,17 @@ def encode_properties(properties: Properties) -> bytes:
     return encode_varint(len(out)) + out
 
 
-def decode_properties(data: bytes, pos: int, end: int, kind: int) -> tuple[Properties, int]:
-    """Decode a property block for packet ``kind``; returns (properties, position after the block)."""
+def decode_properties(data: bytes, pos: int, end: int, kind: int,
+                      max_repeats: int | None = None) -> tuple[Properties, int]:
+    """Decode a property block for packet ``kind``; returns (properties, position after the block).
+
+    ``max_repeats`` (the broker's ``max_user_properties``; None: no cap) bounds each repeatable property
+    (user properties, subscription identifiers) per block. The check runs as each one is read, so a
+    hostile block of 400,000 tiny user properties costs at most that many decoded pairs before
+    the packet is refused with 0x97 Quota exceeded ("an implementation or administrative imposed limit
+    has been exceeded", MQTT 5 2.4): the packet is well-formed and within the Maximum Packet Size, so
+    neither 0x81 nor 0x95 would be true.
+    """
     length, pos = decode_varint(data, pos, end)
     if length == 0:
         return {}, pos
@@ -252,7 +267,10 @@ def decode_properties(data: bytes, pos: int, end: int, kind: int) -> tuple[Prope
             text, pos = decode_utf8(data, pos, stop)
             value = (key, text)
         if ident in REPEATABLE:
-            properties.setdefault(ident, []).append(value)
+            repeated = properties.setdefault(ident, [])
+            if max_repeats is not None and len(repeated) >= max_repeats:
+                raise ProtocolError(QUOTA_EXCEEDED, f"more than {max_repeats} of property 0x{ident:02X} in one packet")
+            repeated.append(value)
         elif ident in properties:
             raise ProtocolError(PROTOCOL_ERROR, f"property 0x{ident:02X} appears twice")
         else:

@@ -77,11 +77,17 @@ class PacketReader:
     when the owner sets it (a client reader after sending its CONNECT).
     """
 
-    __slots__ = ("protocol_level", "max_packet_size", "_pending", "_need", "_topics")
+    __slots__ = ("protocol_level", "max_packet_size", "max_topic_levels", "max_user_properties", "_pending", "_need",
+                 "_topics")
 
     def __init__(self, max_packet_size: int = ABSOLUTE_MAX_PACKET_SIZE, protocol_level: int = MQTT_311) -> None:
         self.protocol_level = protocol_level
         self.max_packet_size = max_packet_size
+        #: The broker's ``max_topic_levels`` for PUBLISH and will topic names (None: no cap, a client's
+        #: reader): a deeper one is refused with 0x90 before anything is built from it.
+        self.max_topic_levels: int | None = None
+        #: The broker's ``max_user_properties`` (``properties.decode_properties``; None: no cap).
+        self.max_user_properties: int | None = None
         self._pending = bytearray()
         self._need = 0
         self._topics: dict[bytes, str] = {}
@@ -184,7 +190,7 @@ class PacketReader:
             properties = {}
             pos += 1
         else:
-            properties, pos = decode_properties(buf, pos, end, props.PUBLISH)
+            properties, pos = decode_properties(buf, pos, end, props.PUBLISH, self.max_user_properties)
         return Publish(topic, bytes(buf[pos:end]), qos, bool(first & 1), dup, packet_id, properties,
                        bytes(buf[frame_start:end]))
 
@@ -199,11 +205,17 @@ class PacketReader:
             raise ProtocolError(MALFORMED_PACKET, "topic contains U+0000")
         if "+" in topic or "#" in topic:
             raise ProtocolError(TOPIC_NAME_INVALID, f"invalid topic name {topic!r}")
+        self._check_levels(topic, "topic name")
         topics = self._topics
         if len(topics) >= TOPIC_CACHE_SIZE:
             topics.clear()
         topics[raw] = topic
         return topic
+
+    def _check_levels(self, topic: str, what: str) -> None:
+        limit = self.max_topic_levels
+        if limit is not None and topic.count("/") >= limit:
+            raise ProtocolError(TOPIC_NAME_INVALID, f"{what} has more than {limit} levels")
 
     def _other(self, buf: bytes | bytearray, pos: int, end: int, kind: int, flags: int) -> Packet:
         if flags != _REQUIRED_FLAGS.get(kind, 0):
@@ -218,7 +230,7 @@ class PacketReader:
                     reason = buf[pos]
                     pos += 1
                 if pos < end:
-                    properties, pos = decode_properties(buf, pos, end, kind)
+                    properties, pos = decode_properties(buf, pos, end, kind, self.max_user_properties)
             _expect_end(pos, end)
             return _ACKS[kind](packet_id, reason, properties)
         if kind == PINGREQ or kind == PINGRESP:
@@ -232,7 +244,7 @@ class PacketReader:
             packet_id, pos = _packet_id(buf, pos, end)
             properties = {}
             if v5:
-                properties, pos = decode_properties(buf, pos, end, UNSUBSCRIBE)
+                properties, pos = decode_properties(buf, pos, end, UNSUBSCRIBE, self.max_user_properties)
             filters: list[str] = []
             while pos < end:
                 topic_filter, pos = decode_utf8(buf, pos, end)
@@ -249,7 +261,7 @@ class PacketReader:
                 reason = buf[pos]
                 pos += 1
                 if pos < end:
-                    properties, pos = decode_properties(buf, pos, end, kind)
+                    properties, pos = decode_properties(buf, pos, end, kind, self.max_user_properties)
             _expect_end(pos, end)
             return Disconnect(reason, properties) if kind == DISCONNECT else Auth(reason, properties)
         if kind == CONNACK:
@@ -263,7 +275,7 @@ class PacketReader:
             properties = {}
             if v5:
                 if pos < end:
-                    properties, pos = decode_properties(buf, pos, end, CONNACK)
+                    properties, pos = decode_properties(buf, pos, end, CONNACK, self.max_user_properties)
             else:
                 if code not in V311_CONNACK_REASONS:
                     raise ProtocolError(MALFORMED_PACKET, f"unknown CONNACK return code {code}")
@@ -274,7 +286,7 @@ class PacketReader:
             packet_id, pos = _packet_id(buf, pos, end)
             properties = {}
             if v5:
-                properties, pos = decode_properties(buf, pos, end, kind)
+                properties, pos = decode_properties(buf, pos, end, kind, self.max_user_properties)
             codes = list(buf[pos:end])
             if kind == SUBACK:
                 return Suback(packet_id, codes, properties)
@@ -308,18 +320,19 @@ class PacketReader:
             raise ProtocolError(MALFORMED_PACKET, "password without user name")
         properties: dict = {}
         if v5:
-            properties, pos = decode_properties(buf, pos, end, props.CONNECT)
+            properties, pos = decode_properties(buf, pos, end, props.CONNECT, self.max_user_properties)
         client_id, pos = decode_utf8(buf, pos, end)
         will = None
         if will_flag:
             will_properties: dict = {}
             if v5:
-                will_properties, pos = decode_properties(buf, pos, end, props.WILL)
+                will_properties, pos = decode_properties(buf, pos, end, props.WILL, self.max_user_properties)
             will_topic, pos = decode_utf8(buf, pos, end)
             if not will_topic or "+" in will_topic or "#" in will_topic:
                 # A will is published as it stands: a filter there would reach subscribers as a topic
                 # name no PUBLISH may carry (mosquitto refuses such a CONNECT too).
                 raise ProtocolError(TOPIC_NAME_INVALID, f"invalid will topic {will_topic!r}")
+            self._check_levels(will_topic, "will topic")
             will_payload, pos = decode_binary(buf, pos, end)
             will = Will(will_topic, will_payload, will_qos, will_retain, will_properties)
         username = None
@@ -335,7 +348,7 @@ class PacketReader:
         packet_id, pos = _packet_id(buf, pos, end)
         properties: dict = {}
         if v5:
-            properties, pos = decode_properties(buf, pos, end, SUBSCRIBE)
+            properties, pos = decode_properties(buf, pos, end, SUBSCRIBE, self.max_user_properties)
             if len(properties.get(props.SUBSCRIPTION_IDENTIFIER, ())) > 1:
                 raise ProtocolError(PROTOCOL_ERROR, "more than one subscription identifier")
         requests: list[SubscribeRequest] = []
