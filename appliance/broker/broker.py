@@ -401,6 +401,10 @@ class Broker:
         self.route(Message(topic, payload, qos, retain, properties, None, expires_at), now)
         self.schedule_flush()
 
+    def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        acl = self.acl
+        return acl is None or acl.can_publish(client_id, username, topic)
+
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         session = self.sessions.get(client_id)
         if session is not None and session.connection is not None:
