@@ -37,6 +37,7 @@ UNIT_MODULES = frozenset(
         "tests/broker/test_hardening.py",
         "tests/broker/test_imports.py",
         "tests/broker/test_limits.py",
+        "tests/broker/test_login_gate.py",
         "tests/broker/test_pair_fuzz.py",
         "tests/broker/test_retain.py",
         "tests/broker/test_session.py",

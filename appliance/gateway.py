@@ -70,7 +70,7 @@ def load_security(config: GatewayConfig) -> tuple[Authenticator, Acl | None]:
     """Build the authenticator and ACL from their files (raises on a bad file)."""
     auth = config.broker.auth
     authenticator = Authenticator.load(auth.password_file, auth.allow_anonymous)
-    acl = Acl.load(auth.acl_file) if auth.acl_file is not None else None
+    acl = Acl.load(auth.acl_file, auth.acl_client_patterns) if auth.acl_file is not None else None
     return authenticator, acl
 
 

@@ -11,7 +11,8 @@ Why it is built this way:
     topics a filter matches; without an access word the access is ``readwrite``.
   - ``pattern [read|write|readwrite|deny] <filter>`` applies to every client; a level that is exactly
     ``%c`` stands for the client id, exactly ``%u`` for the username (a pattern with ``%u`` never
-    applies to a client without a username).
+    applies to a client without a username), and - our extension, for the SDK topics that carry it -
+    exactly ``%x`` for the client id in upper-case hex (RFC 4648 base16 of its UTF-8 bytes).
   - Decision: the client's own rules first, ``deny`` rules before the others, and the first rule whose
     filter matches and carries the access decides; then the patterns the same way; otherwise denied.
     When patterns exist, a client id or username containing ``+`` or ``#`` is denied everything, so it
@@ -23,6 +24,12 @@ Why it is built this way:
   delivery: we refuse (SUBACK 0x87) a filter unless a read rule covers every topic it can match
   (``sensors/#`` is covered by ``sensors/#`` or ``#``, not by ``sensors/a``); delivery is still checked.
   A client learns at once that its subscription is useless instead of waiting for messages forever.
+* ``client_patterns`` (``[broker.auth] acl_client_patterns``) are patterns added after the file's own,
+  by default each client's ``clients/<id>/...`` topics and its state store notification topics, so a
+  site's ACL file keeps request/response clients working without writing them. A substituted value never
+  opens the state store's notification space (``clients/statestore/...``): only a rule that names it
+  does, so a client called ``statestore`` does not get everyone's notifications through
+  ``clients/%c/#``.
 * The checks run for every PUBLISH and every delivery, so decisions are cached per (client id,
   username, topic, access). An ``Acl`` is otherwise immutable; SIGHUP builds a new one with ``Acl.load``
   and the server swaps the reference (a bad file raises ``AclFileError`` and the old rules stay).
@@ -30,6 +37,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntFlag
@@ -39,6 +47,9 @@ from appliance.broker.topic_tree import SHARE_PREFIX, TopicError, split_shared, 
 
 #: Cached decisions before the cache is emptied; bounds memory when topics are unique per message.
 DECISION_CACHE_SIZE = 65536
+#: The state store's notification topics (``clients/statestore/v1/<system id>/<HEX(client id)>/...``):
+#: a ``%c``/``%u``/``%x`` substitution never reaches into them, only a rule that names them literally.
+NOTIFICATION_SPACE = "clients/statestore/"
 
 
 class AclFileError(ValueError):
@@ -118,16 +129,17 @@ class Acl:
         return cls((), {}, (), enforced=False)
 
     @classmethod
-    def load(cls, path: Path) -> Acl:
+    def load(cls, path: Path, client_patterns: Sequence[str] = ()) -> Acl:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise AclFileError(f"{path}: cannot read ACL file: {exc}") from exc
-        return cls.parse(text, str(path))
+        return cls.parse(text, str(path), client_patterns)
 
     @classmethod
-    def parse(cls, text: str, source: str = "<acl file>") -> Acl:
-        """Parse the mosquitto ACL format; ``AclFileError`` names ``source`` and the line number."""
+    def parse(cls, text: str, source: str = "<acl file>", client_patterns: Sequence[str] = ()) -> Acl:
+        """Parse the mosquitto ACL format; ``AclFileError`` names ``source`` and the line number.
+        ``client_patterns`` (``[access] filter``, as after ``pattern``) follow the file's patterns."""
         anonymous: list[AclRule] = []
         users: dict[str, list[AclRule]] = {}
         patterns: list[AclRule] = []
@@ -152,6 +164,7 @@ class Acl:
                 (patterns if keyword == "pattern" else current).append(rule)
             else:
                 raise AclFileError(f"{where}: expected 'user', 'topic' or 'pattern', got {keyword!r}")
+        patterns.extend(parse_pattern(text) for text in client_patterns)
         return cls(anonymous, dict(users), patterns)
 
     def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
@@ -205,6 +218,11 @@ class Acl:
         return False
 
 
+def parse_pattern(text: str) -> AclRule:
+    """One configured pattern (``[access] filter``, as after ``pattern`` in a file); ``AclFileError``."""
+    return _parse_rule("pattern", text.strip(" "), "acl_client_patterns", 0)
+
+
 def _parse_rule(keyword: str, rest: str, where: str, number: int) -> AclRule:
     if not rest:
         raise AclFileError(f"{where}: '{keyword}' needs a topic filter")
@@ -224,7 +242,7 @@ def _parse_rule(keyword: str, rest: str, where: str, number: int) -> AclRule:
 
 
 def _substitute(pattern: str, client_id: str, username: str | None) -> str | None:
-    """The pattern with whole ``%c``/``%u`` levels replaced; None if it cannot apply to this client."""
+    """The pattern with whole ``%c``/``%u``/``%x`` levels replaced; None if it cannot apply to this client."""
     if "%" not in pattern:
         return pattern
     levels = pattern.split("/")
@@ -233,13 +251,18 @@ def _substitute(pattern: str, client_id: str, username: str | None) -> str | Non
             value: str | None = client_id
         elif level == "%u":
             value = username
+        elif level == "%x":
+            value = base64.b16encode(client_id.encode("utf-8")).decode("ascii")
         else:
             continue
         # A value spanning levels can never equal one level, as in mosquitto's level-wise comparison.
         if value is None or "/" in value:
             return None
         levels[index] = value
-    return "/".join(levels)
+    concrete = "/".join(levels)
+    if concrete.startswith(NOTIFICATION_SPACE) and not pattern.startswith(NOTIFICATION_SPACE):
+        return None
+    return concrete
 
 
 def _apply(rule: AclRule, rule_filter: str, topic: str, wanted: int, subscribe: bool) -> bool | None:

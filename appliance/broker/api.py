@@ -121,6 +121,11 @@ class BrokerHandle(Protocol):
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         """Close a client's connection (MQTT 5: DISCONNECT with ``reason_code`` first)."""
 
+    def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        """Whether that client may itself publish to ``topic`` under the ACL in force now. A service that
+        publishes on a client's behalf (a response topic the client chose) asks first, so it is never
+        a deputy that writes where the client may not."""
+
 
 class BrokerService(Protocol):
     """A component that lives inside the broker, such as the state store."""

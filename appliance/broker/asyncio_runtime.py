@@ -46,6 +46,9 @@ class AsyncioRuntime:
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         return self.loop.run_in_executor(None, fn, *args)
 
+    def waiter(self) -> asyncio.Future[None]:
+        return self.loop.create_future()
+
     def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()

@@ -44,6 +44,7 @@ from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.config import BrokerConfig
 from appliance.broker.dispatch import HANDLERS, ReadFailure, unexpected
 from appliance.broker.link import Link
+from appliance.broker.login_gate import LoginGate
 from appliance.broker.message import Message
 from appliance.broker.persistence import BrokerStore, PersistenceError
 from appliance.broker.retain import RetainedMessages
@@ -94,6 +95,7 @@ class Broker:
         self.backpressure = Backpressure(self.runtime)
         self.service_filters = [(f, s) for s in self.services for f in s.topic_filters]
         self.service_cache: dict[str, tuple[BrokerService, ...]] = {}
+        self.login_gate = LoginGate()  # survives SIGHUP: slots in use and failure counts are not the file's
         #: Recent session takeovers per client id (``handle_connect.flap_delay``).
         self.takeovers: dict[str, deque[float]] = {}
         self.keepalive_timers: dict[Connection, Timer] = {}
@@ -404,6 +406,10 @@ class Broker:
         expires_at = now + message_expiry_interval if message_expiry_interval is not None else None
         self.route(Message(topic, payload, qos, retain, properties, None, expires_at), now)
         self.schedule_flush()
+
+    def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        acl = self.acl
+        return acl is None or acl.can_publish(client_id, username, topic)
 
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         session = self.sessions.get(client_id)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from appliance.broker.acl import AclFileError, parse_pattern
 from appliance.config.errors import ConfigError
 from appliance.config.fields import get_bool, get_choice, get_int, get_optional_str, get_str, join, reject_unknown, require_table
 
@@ -22,11 +23,23 @@ class ListenerConfig:
     require_certificate: bool = False
 
 
+#: Patterns added to every ACL file (docs/broker-security.md): each client's own ``clients/<client id>/``
+#: topics (the request/response prefix of the state store SDKs: Rust, .NET and our client use the id,
+#: the Go SDK its upper-case hex) and its state store notification topics. The state store answers only
+#: on topics the requester may write, so these make the SDKs work under any ACL file, and nothing else.
+DEFAULT_ACL_CLIENT_PATTERNS = (
+    "readwrite clients/%c/#",
+    "readwrite clients/%x/#",
+    "readwrite clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/%x/command/notify/#",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
     allow_anonymous: bool = True
     password_file: Path | None = None
     acl_file: Path | None = None
+    acl_client_patterns: tuple[str, ...] = DEFAULT_ACL_CLIENT_PATTERNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +120,12 @@ def parse(raw: Mapping[str, Any], path: str, base_dir: Path) -> BrokerConfig:
     )
     auth_path = join(path, "auth")
     auth_raw = require_table(raw.get("auth", {}), auth_path)
-    reject_unknown(auth_raw, auth_path, ("allow_anonymous", "password_file", "acl_file"))
+    reject_unknown(auth_raw, auth_path, ("allow_anonymous", "password_file", "acl_file", "acl_client_patterns"))
     auth = AuthConfig(
         allow_anonymous=get_bool(auth_raw, "allow_anonymous", auth_path, True),
         password_file=_path(auth_raw, "password_file", auth_path, base_dir),
         acl_file=_path(auth_raw, "acl_file", auth_path, base_dir),
+        acl_client_patterns=parse_client_patterns(auth_raw, join(auth_path, "acl_client_patterns")),
     )
     return BrokerConfig(
         listeners=listeners,
@@ -119,6 +133,19 @@ def parse(raw: Mapping[str, Any], path: str, base_dir: Path) -> BrokerConfig:
         limits=parse_limits(raw.get("limits", {}), join(path, "limits")),
         persistence=parse_persistence(raw.get("persistence", {}), join(path, "persistence")),
     )
+
+
+def parse_client_patterns(raw: Mapping[str, Any], path: str) -> tuple[str, ...]:
+    """A list of ``[access] filter`` strings, each checked as an ACL file's ``pattern`` line would be."""
+    value = raw.get("acl_client_patterns", list(DEFAULT_ACL_CLIENT_PATTERNS))
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(path, "expected a list of strings such as \"readwrite clients/%c/#\"")
+    for index, text in enumerate(value):
+        try:
+            parse_pattern(text)
+        except AclFileError as exc:
+            raise ConfigError(join(path, index), str(exc).removeprefix("acl_client_patterns: ")) from exc
+    return tuple(value)
 
 
 def parse_persistence(raw: Any, path: str) -> PersistenceConfig:

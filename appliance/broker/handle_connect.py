@@ -1,10 +1,13 @@
 """CONNECT (and AUTH): authenticate, take over or resume the session, answer CONNACK.
 
-A password check may need PBKDF2, which runs through ``runtime.run_blocking`` (a worker thread); a
-client id reconnecting too often (session takeovers inside FLAP_WINDOW) is slowed down with
-``runtime.sleep``. Either way ``handle_connect`` returns an awaitable and the broker core holds the rest
-of the connection's packets until it is done, so they keep their order. No asyncio, no time module:
-``now`` (wall-clock seconds, read once per batch) and the runtime come in from the core.
+A password check may need PBKDF2, which runs through ``runtime.run_blocking`` (a worker thread) once
+``broker.login_gate`` admits it: a source address out of failure tokens is refused at once (MQTT 5
+CONNACK 0x9F Connection rate exceeded, 3.1.1 return code 3), a check waits for one of a few slots, and a
+check whose client left while it waited is skipped (``login_gate`` says why). A client id reconnecting
+too often (session takeovers inside FLAP_WINDOW) is slowed down with ``runtime.sleep``. Either way
+``handle_connect`` returns an awaitable and the broker core holds the rest of the connection's packets
+until it is done, so they keep their order. No asyncio, no time module: ``now`` (wall-clock seconds,
+read once per batch) and the runtime come in from the core.
 """
 
 from __future__ import annotations
@@ -53,6 +56,12 @@ def handle_connect(broker: Broker, link: Link, connect: pk.Connect, now: float) 
     if verdict is not None and delay == 0.0:
         complete_connect(broker, link, connect, verdict, now)
         return None
+    if verdict is None:
+        refusal = broker.login_gate.admit(connection.peer, broker.runtime.monotonic())
+        if refusal is not None:
+            why = "too many failed logins from this address" if refusal == rc.CONNECTION_RATE_EXCEEDED else "busy"
+            refuse(broker, link, refusal if v5 else rc.SERVER_UNAVAILABLE, why)
+            return None
     return _connect_later(broker, link, connect, verdict, delay)
 
 
@@ -62,10 +71,36 @@ async def _connect_later(broker: Broker, link: Link, connect: pk.Connect, verdic
         log.info("client %s: reconnecting too often, slowed down by %.1fs", connect.client_id, delay)
         await runtime.sleep(delay)
     if verdict is None:
-        verdict = await runtime.run_blocking(broker.authenticator.check, connect.username, connect.password)
-    if link.connection.state == CLOSED:
+        verdict = await _check_password(broker, link, connect)
+    if verdict is None or link.connection.state == CLOSED:
         return
     complete_connect(broker, link, connect, verdict, runtime.now())
+
+
+async def _check_password(broker: Broker, link: Link, connect: pk.Connect) -> bool | None:
+    """The PBKDF2 check in one of the gate's slots; None if the client left before its turn came."""
+    gate, runtime = broker.login_gate, broker.runtime
+    turn = runtime.waiter()
+
+    def wake() -> None:
+        turn.set_result(None)
+
+    if not gate.enter(wake):
+        try:
+            await turn
+        except BaseException:  # cancelled (shutdown): give up the place or the slot, never leak it
+            gate.abandon(wake)
+            raise
+    try:
+        if link.connection.state == CLOSED or link.peer_closed():
+            gate.skipped += 1
+            return None
+        verdict = await runtime.run_blocking(broker.authenticator.check, connect.username, connect.password)
+    finally:
+        gate.leave()
+    if verdict:
+        gate.succeeded(link.connection.peer, runtime.monotonic())
+    return verdict
 
 
 def flap_delay(broker: Broker, client_id: str, now: float) -> float:

@@ -18,3 +18,7 @@ class Link(Protocol):
 
     def hold_reading(self, reason: str, held: bool) -> None:
         """Stop (or resume) reading for one named reason; reading resumes when no reason is left."""
+
+    def peer_closed(self) -> bool:
+        """Whether the client has closed its side, even while reading is held (when the connection would
+        only notice once it reads again): a waiting password check of a client that left is skipped."""

@@ -12,7 +12,7 @@ reads each once per batch of packets and hands that value down.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -20,6 +20,14 @@ T = TypeVar("T")
 
 class Timer(Protocol):
     def cancel(self) -> None: ...
+
+
+class Waiter(Protocol):
+    """A result some callback sets later; a spawned coroutine awaits it (an asyncio future)."""
+
+    def set_result(self, result: None) -> None: ...
+
+    def __await__(self) -> Generator[Any, None, None]: ...
 
 
 class Runtime(Protocol):
@@ -43,6 +51,9 @@ class Runtime(Protocol):
 
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         """Run ``fn`` where it cannot stall the loop (a worker thread) and await its result."""
+
+    def waiter(self) -> Waiter:
+        """A fresh ``Waiter``: for a coroutine that waits its turn in a queue (``login_gate``)."""
 
     def close(self) -> None:
         """Cancel what ``spawn`` started and is still running."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from appliance.broker.broker import Broker
 from appliance.broker.config import ListenerConfig
@@ -155,6 +156,24 @@ class ClientProtocol(asyncio.BufferedProtocol):
         self._lingering = self._loop.call_later(LINGER_SECONDS, transport.close)
         self._holds.clear()
         self._update_reading()
+
+    def peer_closed(self) -> bool:
+        """A peek at the socket: held reading means the transport has not seen a FIN or reset yet. An
+        empty peek is a FIN with nothing unread before it, an error a reset; data or nothing yet means the
+        client may still be there. (A duplicate descriptor, since uvloop's socket object cannot recv.)"""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return True
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            with socket.fromfd(sock.fileno(), sock.family, sock.type) as probe:
+                return probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     def hold_reading(self, reason: str, held: bool) -> None:
         """Stop (or resume) reading for one ``reason``; reading resumes when no reason is left."""

@@ -2,7 +2,9 @@
 
 Registrations are per (client id, key) and live only in memory: the protocol says they vanish when the
 client disconnects, so persisting them would only resurrect registrations nobody expects. The index is
-kept both ways (key -> clients for fan-out, client -> keys for dropping a client in O(its keys)).
+kept both ways (key -> clients for fan-out, client -> keys for dropping a client in O(its keys)), with
+the user name the client connected with, so the service can check the broker ACL for that client at each
+notification.
 
 The topic is ``clients/statestore/v1/<system id>/{HEX(clientId)}/command/notify/{HEX(key)}`` with RFC 4648
 base16 (upper case). Payloads are ``NOTIFY SET VALUE <v>`` and ``NOTIFY DELETE`` - the latter is what the
@@ -38,6 +40,8 @@ def notification_payload(change: Change) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Notification:
+    client_id: str
+    username: str | None
     topic: str
     payload: bytes
     version: str
@@ -47,11 +51,13 @@ class NotificationRegistry:
     def __init__(self) -> None:
         self._by_key: dict[bytes, set[str]] = defaultdict(set)
         self._by_client: dict[str, set[bytes]] = defaultdict(set)
+        self._usernames: dict[str, str | None] = {}
 
-    def register(self, client_id: str, key: bytes) -> None:
+    def register(self, client_id: str, key: bytes, username: str | None = None) -> None:
         """Idempotent: registering twice is one registration (one notification per change)."""
         self._by_key[key].add(client_id)
         self._by_client[client_id].add(key)
+        self._usernames[client_id] = username
 
     def unregister(self, client_id: str, key: bytes) -> bool:
         """True if there was a registration to remove (``+OK``), False otherwise (``:0``)."""
@@ -61,10 +67,12 @@ class NotificationRegistry:
         keys.discard(key)
         if not keys:
             del self._by_client[client_id]
+            del self._usernames[client_id]
         self._discard_client_from_key(key, client_id)
         return True
 
     def drop_client(self, client_id: str) -> None:
+        self._usernames.pop(client_id, None)
         for key in self._by_client.pop(client_id, ()):
             self._discard_client_from_key(key, client_id)
 
@@ -78,7 +86,10 @@ class NotificationRegistry:
             return []
         payload = notification_payload(change)
         version = str(change.version)
-        return [Notification(notification_topic(client, change.key), payload, version) for client in sorted(clients)]
+        return [
+            Notification(client, self._usernames.get(client), notification_topic(client, change.key), payload, version)
+            for client in sorted(clients)
+        ]
 
     def _discard_client_from_key(self, key: bytes, client_id: str) -> None:
         clients = self._by_key.get(key)

@@ -5,7 +5,8 @@ Response Topic, Correlation Data) before anything else and answers a bad envelop
 there is no valid place to send a payload answer to - and everything about the *payload* through a
 response message, as the protocol requires. The order of checks for a request is:
 
-1. envelope (response topic first: a forbidden one disconnects the client whatever else is wrong);
+1. envelope (response topic first: a forbidden one, or one the client may not itself publish to under
+   the broker's ACL, disconnects the client whatever else is wrong);
 2. payload -> command (``commands.parse_command``);
 3. authorization of the user for the key;
 4. ``__ts`` (SET requires it; any command may carry it) and ``__ft``: syntax, then clock skew;
@@ -24,6 +25,16 @@ the task that submitted first resumes first and publishes its response and notif
 with no await in between - before the next one. A client's own requests are in order anyway, since the
 broker awaits ``on_publish`` before reading that client's next packet. The response is published only after
 the worker's commit returned.
+
+The service is never a confused deputy: it publishes a response only to a topic the requesting client
+may itself publish to (``BrokerHandle.may_publish``, the broker ACL in force when the request arrives),
+and a notification only to a notification topic its registered client may publish to, checked when the
+registration is made and again at every notification (a SIGHUP may have changed the ACL since). Otherwise
+a client that may not write ``c/#`` could have a value of its choosing delivered to ``c/...`` subscribers
+through us. A response topic the client may not write is refused like a forbidden one (PUBACK 0x87, then
+DISCONNECT 0x87: there is nowhere to send a response); a KEYNOTIFY whose notification topic it may not
+write is answered ``-ERR not authorized`` and registers nothing; a registration whose topic became
+unwritable is dropped at its next notification, which is not sent.
 
 A store failure (SQLite error: disk full, read-only or corrupt file) is logged with the client id and key,
 the transaction is rolled back, and the client gets a response with status 500 and ``__stMsg`` instead of a
@@ -56,7 +67,7 @@ from appliance.statestore.commands import (
 from appliance.statestore.config import StateStoreConfig
 from appliance.statestore.errors import StateStoreError
 from appliance.statestore.hlc import Hlc, HlcFormatError
-from appliance.statestore.notify import NOTIFY_TOPIC_PREFIX, NotificationRegistry
+from appliance.statestore.notify import NOTIFY_TOPIC_PREFIX, NotificationRegistry, notification_topic
 from appliance.statestore.protocol import (
     PROTOCOL_VERSION,
     REQUEST_TOPIC,
@@ -79,6 +90,7 @@ STORE_FAILURE_MESSAGE = "the state store could not complete the request (storage
 
 # MQTT 5 reason codes for envelope failures (PUBACK/PUBREC and DISCONNECT).
 IMPLEMENTATION_SPECIFIC_ERROR = 0x83
+NOT_AUTHORIZED = 0x87
 TOPIC_NAME_INVALID = 0x90
 
 
@@ -173,6 +185,17 @@ class StateStoreService(ServiceDefaults):
                 disconnect=TOPIC_NAME_INVALID,
                 route=False,
             )
+        if message.response_topic is not None and not self._require_broker().may_publish(
+            message.client_id, message.username, message.response_topic
+        ):
+            log.info("state store: client %r may not publish to its response topic %r; disconnected",
+                     message.client_id, message.response_topic)
+            return PublishVerdict(
+                reason_code=NOT_AUTHORIZED,
+                reason_string="the response topic is not one this client may publish to",
+                disconnect=NOT_AUTHORIZED,
+                route=False,
+            )
         if message.protocol_level != 5:
             return refused("the state store requires MQTT 5")
         if message.qos != 1:
@@ -228,7 +251,7 @@ class StateStoreService(ServiceDefaults):
             timestamp = self._timestamp(message, "__ts", errors.TIMESTAMP_SKEW, now)
             fencing_token = self._timestamp(message, "__ft", errors.FENCING_TOKEN_SKEW, now)
             if isinstance(command, KeyNotifyCommand):
-                return self._keynotify(command, message.client_id)
+                return self._keynotify(command, message.client_id, message.username)
             if isinstance(command, SetCommand) and timestamp is None:
                 raise StateStoreError(errors.MISSING_TIMESTAMP)
             return await self._require_thread().call(self._execute, command, timestamp, fencing_token)
@@ -253,13 +276,16 @@ class StateStoreService(ServiceDefaults):
             raise StateStoreError(skew_error)
         return stamp
 
-    def _keynotify(self, command: KeyNotifyCommand, client_id: str) -> Reply:
+    def _keynotify(self, command: KeyNotifyCommand, client_id: str, username: str | None) -> Reply:
         """Registrations are loop-side memory: a change's notifications go to whoever is registered when
-        its committed result is published."""
+        its committed result is published. The client must be allowed to publish to its notification
+        topic itself, as for a response topic."""
         if command.stop:
             removed = self.registry.unregister(client_id, command.key)
             return Reply(resp3.OK if removed else resp3.encode_integer(0))
-        self.registry.register(client_id, command.key)
+        if not self._require_broker().may_publish(client_id, username, notification_topic(client_id, command.key)):
+            raise StateStoreError(errors.NOT_AUTHORIZED)
+        self.registry.register(client_id, command.key, username)
         return Reply(resp3.OK)
 
     def _execute(self, command: Command, timestamp: Hlc | None, fencing_token: Hlc | None) -> Reply:
@@ -290,6 +316,11 @@ class StateStoreService(ServiceDefaults):
         broker = self._require_broker()
         for change in changes:
             for note in self.registry.notifications(change):
+                if not broker.may_publish(note.client_id, note.username, note.topic):
+                    log.info("state store: client %r may no longer publish to its notification topic %r; "
+                             "its registration for that key ends", note.client_id, note.topic)
+                    self.registry.unregister(note.client_id, change.key)
+                    continue
                 broker.publish(
                     note.topic, note.payload, qos=1,
                     user_properties=[("__ts", note.version), ("__protVer", PROTOCOL_VERSION)],

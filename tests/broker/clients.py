@@ -31,8 +31,10 @@ def unique(prefix: str) -> str:
 class RawClient:
     """A blocking MQTT client on a plain socket that speaks through our codec."""
 
-    def __init__(self, port: int, level: int = 5, host: str = "127.0.0.1") -> None:
-        self.sock = socket.create_connection((host, port), timeout=TIMEOUT)
+    def __init__(self, port: int, level: int = 5, host: str = "127.0.0.1", source: str | None = None) -> None:
+        """``source``: the local address to connect from (127.0.0.2 ... are all loopback on Linux)."""
+        self.sock = socket.create_connection((host, port), timeout=TIMEOUT,
+                                             source_address=(source, 0) if source is not None else None)
         self.level = level
         self.reader = PacketReader(protocol_level=level)
         self.pending: list[pk.Packet] = []

@@ -101,6 +101,9 @@ class FakeRuntime:
         self.call_soon(lambda: future.set_result(fn(*args)))
         return future
 
+    def waiter(self) -> FakeFuture[None]:
+        return FakeFuture()
+
     def close(self) -> None:
         for coroutine in list(self._tasks):
             if not coroutine.cr_running:  # the one calling close (``Broker.stop``) ends by itself
@@ -174,6 +177,8 @@ class FakeClient:
         self.raw = bytearray()
         self.holds: set[str] = set()
         self.closed = False
+        #: The client closed its socket but the broker, not reading, has not noticed (``peer_closed``).
+        self.left_unnoticed = False
         self.writes_after_close = 0
         pair.broker.connection_made(self)
 
@@ -196,6 +201,9 @@ class FakeClient:
             self.holds.add(reason)
         else:
             self.holds.discard(reason)
+
+    def peer_closed(self) -> bool:
+        return self.closed or self.left_unnoticed
 
     # -- the test's side -------------------------------------------------------------------------------
 

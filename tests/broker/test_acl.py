@@ -11,6 +11,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
+from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
 from appliance.broker.acl import Acl, AclFileError, filter_covers
 from tests.support.processes import MosquittoProcess
 
@@ -282,3 +283,39 @@ def test_mosquitto_decides_the_same_for_the_same_file(tmp_path: Path, acl: Acl) 
             if theirs != ours or ours != allowed:
                 disagreements.append((username, client_id, topic, action, f"mosquitto={theirs} ours={ours}"))
         assert disagreements == []
+
+
+# -- the client patterns every ACL file gets ([broker.auth] acl_client_patterns) ---------------------
+
+NOTIFY = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8"
+
+
+def test_client_patterns_open_each_clients_own_sdk_topics_and_nothing_else() -> None:
+    acl = Acl.parse("user alice\ntopic readwrite alice/#\n", "acl", DEFAULT_ACL_CLIENT_PATTERNS)
+    own = ["clients/c1/services/statestore/_any_/command/invoke/response",  # Rust SDK, our client
+           "clients/c1/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke",  # .NET default prefix
+           "clients/6331/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response",  # Go: hex
+           f"{NOTIFY}/6331/command/notify/4B"]
+    for username in (None, "alice", "carol"):
+        for topic in own:
+            assert acl.can_publish("c1", username, topic) and acl.can_receive("c1", username, topic), topic
+        assert acl.can_subscribe("c1", username, f"{NOTIFY}/6331/command/notify/+")
+        for topic in ("clients/c2/x", f"{NOTIFY}/6332/command/notify/4B", f"{NOTIFY}/c1/command/notify/4B", "c/deputy"):
+            assert not acl.can_publish("c1", username, topic) and not acl.can_receive("c1", username, topic), topic
+    assert not acl.can_subscribe("c1", None, f"{NOTIFY}/+/command/notify/+")
+
+
+def test_a_substituted_value_never_opens_the_notification_space() -> None:
+    """A client called "statestore" would otherwise read and write every client's notifications."""
+    acl = Acl.parse("pattern readwrite clients/%c/#\npattern readwrite clients/%u/#\n", "acl")
+    for topic in (f"{NOTIFY}/6331/command/notify/4B", "clients/statestore/anything"):
+        assert not acl.can_publish("statestore", "statestore", topic)
+        assert not acl.can_subscribe("statestore", "statestore", "clients/statestore/#")
+    # A rule that names the space literally still opens it.
+    assert Acl.parse("topic readwrite clients/#\n", "acl").can_publish("statestore", None, f"{NOTIFY}/6331/command/notify/4B")
+
+
+def test_percent_x_is_the_upper_case_hex_of_the_client_id() -> None:
+    acl = Acl.parse("pattern read hex/%x\n", "acl")
+    assert acl.can_receive("é/+", None, "hex/C3A92F2B") is False  # a wildcard in the id denies everything
+    assert acl.can_receive("é", None, "hex/C3A9") and not acl.can_receive("é", None, "hex/c3a9")

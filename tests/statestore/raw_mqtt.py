@@ -19,7 +19,10 @@ TIMEOUT = 5.0
 
 
 class RawClient:
-    def __init__(self, host: str, port: int, protocol: int = mqtt.MQTTv5, client_id: str | None = None) -> None:
+    def __init__(
+        self, host: str, port: int, protocol: int = mqtt.MQTTv5, client_id: str | None = None,
+        username: str | None = None, password: str | None = None,
+    ) -> None:
         self.client_id = client_id or f"raw-{uuid.uuid4().hex[:10]}"
         self.messages: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
         self.pubacks: queue.Queue[tuple[int, int]] = queue.Queue()  # (mid, reason code)
@@ -32,6 +35,8 @@ class RawClient:
         self.mqtt.on_publish = lambda c, u, mid, rc, p: self.pubacks.put((mid, rc.value))
         self.mqtt.on_subscribe = lambda *a: self._subscribed.set()
         self.mqtt.on_disconnect = self._on_disconnect
+        if username is not None:
+            self.mqtt.username_pw_set(username, password)
         self.mqtt.connect(host, port, keepalive=30)
         self.mqtt.loop_start()
         if not self._connected.wait(TIMEOUT):

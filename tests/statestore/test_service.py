@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from appliance.broker.acl import Acl, AclFileError
+from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
 from appliance.broker.api import InboundPublish
 from appliance.statestore import errors
 from appliance.statestore.acl import AclRule
@@ -42,6 +46,7 @@ class RecordingBroker:
     published: list[Published] = field(default_factory=list)
     disconnected: list[tuple[str, int]] = field(default_factory=list)
     changed: asyncio.Event | None = None
+    acl: Acl | None = None  # the broker's real ACL; None: no acl_file, everything allowed
 
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False, **props: Any) -> None:
         self.published.append(
@@ -52,6 +57,9 @@ class RecordingBroker:
 
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         self.disconnected.append((client_id, reason_code))
+
+    def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        return self.acl is None or self.acl.can_publish(client_id, username, topic)
 
 
 class Harness:
@@ -261,3 +269,91 @@ def test_acl(tmp_path: Path) -> None:
         loop.run_until_complete(service.stop())
         loop.close()
         asyncio.set_event_loop(None)
+
+
+# -- never a confused deputy: responses and notifications only where the requester may publish --------
+
+DEPUTY_ACL = """\
+user mallory
+topic read c/#
+topic readwrite mallory/#
+"""
+
+
+def secured(harness: Harness, text: str = DEPUTY_ACL, patterns: tuple[str, ...] = DEFAULT_ACL_CLIENT_PATTERNS) -> None:
+    """The broker's ACL, as an acl_file with the configured client patterns gives it."""
+    harness.broker.acl = Acl.parse(text, "acl", patterns)
+
+
+def test_a_response_topic_the_requester_may_not_write_is_refused_and_nothing_is_published(harness: Harness) -> None:
+    secured(harness)
+    harness.request(SetCommand(b"k", b"chosen by mallory").encode())  # a value the deputy would carry
+    before = len(harness.broker.published)
+    verdict = run(harness, harness.service.on_publish(envelope(username="mallory", response_topic="c/deputy")))
+    assert (verdict.reason_code, verdict.disconnect, verdict.route) == (0x87, 0x87, False)
+    assert len(harness.broker.published) == before
+    # The same client's own topics (the default client patterns, or its ACL) are answered.
+    for topic in ("clients/c1/services/statestore/_any_/command/invoke/response", "mallory/resp"):
+        verdict = run(harness, harness.service.on_publish(envelope(username="mallory", response_topic=topic)))
+        assert verdict.reason_code == 0 and harness.broker.published[-1].topic == topic
+
+
+def test_keynotify_needs_a_notification_topic_the_client_may_write(harness: Harness) -> None:
+    # An ACL file without the client patterns: responses on clients/<id>/resp, no notification topic.
+    secured(harness, DEPUTY_ACL + "topic readwrite clients/+/resp\n", patterns=())
+    assert harness.request(KeyNotifyCommand(b"k").encode(), client_id="watcher", username="mallory",
+                           ).payload == b"-ERR not authorized\r\n"
+    count = len(harness.broker.published)
+    harness.request(SetCommand(b"k", b"v").encode(), client_id="mallory", username="mallory")
+    assert len(harness.broker.published) == count + 1  # the response only: nothing was registered
+
+
+def test_notifications_are_rechecked_when_sent_and_end_when_the_acl_no_longer_allows_them(harness: Harness) -> None:
+    secured(harness)
+    assert harness.request(KeyNotifyCommand(b"k").encode(), client_id="watcher", username="mallory").payload == b"+OK\r\n"
+    harness.request(SetCommand(b"k", b"one").encode(), client_id="mallory", username="mallory")
+    assert harness.broker.published[-1].topic == notification_topic("watcher", b"k")
+    secured(harness, patterns=("readwrite clients/%c/#",))  # SIGHUP: notification topics no longer writable
+    count = len(harness.broker.published)
+    harness.request(SetCommand(b"k", b"two").encode(), client_id="mallory", username="mallory")
+    assert len(harness.broker.published) == count + 1  # the response, no notification
+    assert not harness.service.registry.is_registered("watcher", b"k")
+    secured(harness)  # restoring the ACL does not resurrect the registration
+    harness.request(SetCommand(b"k", b"three").encode(), client_id="mallory", username="mallory")
+    assert len(harness.broker.published) == count + 2
+
+
+_levels = st.sampled_from(["c", "d", "clients", "statestore", "c1", "6331", "mallory", "%c", "%u", "%x", "+", "#"])
+_filters = st.lists(_levels, min_size=1, max_size=4).map("/".join).filter(lambda f: "#" not in f[:-1])
+_rules = st.lists(st.tuples(st.sampled_from(["topic", "pattern"]), st.sampled_from(["read", "write", "readwrite", "deny"]),
+                            _filters), max_size=5)
+_topics = st.lists(st.sampled_from(["c", "d", "clients", "statestore", "c1", "6331", "mallory", "x", "+", "#", ""]),
+                   min_size=1, max_size=4).map("/".join)
+
+
+@given(rules=_rules, response_topic=_topics, username=st.sampled_from([None, "mallory", "c1"]))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_no_acl_and_response_topic_gets_a_write_the_acl_denies(
+    harness: Harness, rules: list[tuple[str, str, str]], response_topic: str, username: str | None
+) -> None:
+    """Whatever the ACL and the response topic, every message the service publishes for a request goes to a
+    topic the requester may publish to; and a request whose topic it may publish to is answered."""
+    text = "user writer\ntopic readwrite #\nuser mallory\n" + "".join(f"{kind} {access} {topic_filter}\n" for kind, access, topic_filter in rules)
+    try:
+        acl = Acl.parse(text, "acl", DEFAULT_ACL_CLIENT_PATTERNS)
+    except AclFileError:
+        return  # a rule the file format refuses (the gateway would not start with it)
+    harness.broker.acl = acl
+    harness.broker.published.clear()
+    harness.broker.disconnected.clear()
+    for payload in (GetCommand(b"k").encode(), KeyNotifyCommand(b"k").encode()):
+        verdict = run(harness, harness.service.on_publish(
+            envelope(username=username, response_topic=response_topic, payload=payload)))
+        for message in harness.broker.published:
+            assert acl.can_publish("c1", username, message.topic), (text, message.topic)
+        if verdict.reason_code == 0 and verdict.disconnect is None:
+            assert harness.broker.published and harness.broker.published[-1].topic == response_topic
+    harness.request(SetCommand(b"k", b"v").encode(), client_id="writer", username="writer")  # notifies c1 if registered
+    harness.service.on_client_disconnected("c1")
+    for message in harness.broker.published:
+        assert message.topic == "clients/writer/resp" or acl.can_publish("c1", username, message.topic)

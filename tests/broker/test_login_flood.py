@@ -1,0 +1,96 @@
+"""Password hashing is no denial of service: a real ``appliance run`` with a password file written by
+``appliance passwd`` (the default 210,000 PBKDF2 rounds), floods of wrong-password CONNECTs from other
+loopback addresses (127.0.0.x are all loopback on Linux), and a legitimate login timed on the side.
+
+Before the fix, 200 wrong-password CONNECTs sent and dropped in 0.12 s queued 200 PBKDF2 checks, and a
+legitimate login waited for all of them (45 s on the build machine).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from appliance.broker.codec import packets as pk
+from appliance.broker.codec import reasons as rc
+from appliance.broker.codec.writer import encode
+from appliance.broker.login_gate import FAILURE_BURST
+from tests.broker.clients import RawClient, unique
+from tests.support.processes import ROOT, GatewayProcess
+
+#: The bound the issue sets for a legitimate login during a flood.
+LOGIN_BOUND = 2.0
+FLOOD = 200
+#: "alice" is the flood's target; each legitimate login uses a user never seen before, so its password
+#: needs a real PBKDF2 check (a proven password would be answered from memory).
+USERS = {"alice": "wonderland", "bob": "builder", "carol": "c-pass", "dave": "d-pass", "erin": "e-pass"}
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    work = tmp_path_factory.mktemp("flood")
+    password_file = work / "passwd"
+    for index, (user, password) in enumerate(USERS.items()):
+        args = [sys.executable, "-m", "appliance", "passwd", "-b", *(["-c"] if index == 0 else [])]
+        subprocess.run([*args, str(password_file), user, password], cwd=ROOT, check=True, capture_output=True)
+    config = work / "gateway.toml"
+    config.write_text(f'[broker.auth]\nallow_anonymous = false\npassword_file = "{password_file}"\n')
+    with GatewayProcess(work / "data", config=config) as process:
+        yield process
+
+
+def flood(port: int, source: str, count: int = FLOOD, level: int = 5) -> None:
+    """Wrong-password CONNECTs, each sent and its socket closed at once (what the issue measured)."""
+    connect = encode(pk.Connect(level, "", True, 60, username="alice", password=b"wrong"), level)
+    for _ in range(count):
+        with socket.create_connection(("127.0.0.1", port), source_address=(source, 0)) as sock:
+            sock.sendall(connect)
+
+
+def timed_login(port: int, source: str, username: str) -> tuple[int, float]:
+    started = time.monotonic()
+    client = RawClient(port, source=source)
+    try:
+        connack = client.connect(unique("legit"), username=username, password=USERS[username].encode())
+    finally:
+        client.sock.close()
+    return connack.reason_code, time.monotonic() - started
+
+
+def test_a_login_from_another_address_completes_during_a_flood(gateway: GatewayProcess) -> None:
+    flood(gateway.port, "127.0.0.2")
+    reason, elapsed = timed_login(gateway.port, "127.0.0.1", "bob")
+    print(f"legitimate login from another address after {FLOOD} wrong-password CONNECTs: {elapsed:.2f} s")
+    assert reason == rc.SUCCESS and elapsed < LOGIN_BOUND
+
+
+def test_a_login_from_the_flooding_address_completes_while_it_is_under_the_limit(gateway: GatewayProcess) -> None:
+    flood(gateway.port, "127.0.0.3", count=3)
+    reason, elapsed = timed_login(gateway.port, "127.0.0.3", "carol")
+    assert reason == rc.SUCCESS and elapsed < LOGIN_BOUND
+
+
+@pytest.mark.parametrize(("level", "expected"), [(5, rc.CONNECTION_RATE_EXCEEDED), (4, rc.SERVER_UNAVAILABLE)])
+def test_an_address_over_the_limit_is_refused_at_once_without_hashing(
+    gateway: GatewayProcess, level: int, expected: int
+) -> None:
+    source = f"127.0.0.{10 + level}"
+    clients = [RawClient(gateway.port, level, source=source) for _ in range(FAILURE_BURST + 3)]
+    try:
+        started = time.monotonic()
+        for client in clients:  # all of them stay open: their checks cannot be skipped
+            client.send(pk.Connect(level, unique("guess"), True, 60, username="alice", password=b"guess"))
+        refused = [client.expect(pk.Connack).reason_code for client in clients[-3:]]
+        assert refused == [expected] * 3 and time.monotonic() - started < LOGIN_BOUND
+        # The bad username/password answers come too, later (each one a PBKDF2 check).
+        assert clients[0].expect(pk.Connack).reason_code == rc.BAD_USERNAME_OR_PASSWORD
+    finally:
+        for client in clients:
+            client.sock.close()
+    reason, elapsed = timed_login(gateway.port, "127.0.0.1", "dave" if level == 5 else "erin")
+    assert reason == rc.SUCCESS and elapsed < LOGIN_BOUND
