@@ -148,7 +148,11 @@ class ClientProtocol(asyncio.BufferedProtocol):
         if not transport.can_write_eof():
             transport.close()
             return
-        transport.write_eof()
+        try:
+            transport.write_eof()
+        except OSError:  # the peer is already gone (asyncio's selector loop raises ENOTCONN): just close
+            transport.close()
+            return
         self._lingering = self._loop.call_later(LINGER_SECONDS, transport.close)
         self._holds.clear()
         self._update_reading()
