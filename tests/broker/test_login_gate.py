@@ -22,6 +22,11 @@ def test_source_keys_are_the_ipv4_address_or_the_ipv6_slash_64() -> None:
     assert source_key("fake:1") == "fake"
 
 
+@given(st.text())
+def test_any_peer_text_gets_a_key_and_no_exception(peer: str) -> None:
+    assert isinstance(source_key(peer), str)
+
+
 @given(
     events=st.lists(st.tuples(st.integers(0, 9), st.floats(0, 5), st.booleans()), max_size=300),
     max_addresses=st.integers(1, 8),
