@@ -82,6 +82,7 @@ INPROCESS_MODULES = frozenset(
     {
         "tests/broker/test_server.py",
         "tests/broker/test_server_linger.py",
+        "tests/broker/test_server_login.py",
         "tests/broker/test_services.py",
         "tests/statestore/test_hosted.py",
     }

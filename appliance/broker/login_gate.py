@@ -78,6 +78,9 @@ class LoginGate:
         self.refill_per_second = refill_per_second
         self.max_addresses = max_addresses
         self.running = 0
+        #: Checks admitted and not yet at ``enter`` (their coroutine has not run yet, or sleeps a flap
+        #: delay): many CONNECTs read in one loop turn are all admitted before the first one enters.
+        self.admitted = 0
         #: Checks not run because their client had gone when their turn came.
         self.skipped = 0
         self._waiting: deque[Wake] = deque()
@@ -87,12 +90,13 @@ class LoginGate:
 
     def admit(self, peer: str, now: float) -> int | None:
         """Take a token for a check from ``peer``: None if admitted, else the MQTT 5 reason to refuse with."""
-        if len(self._waiting) >= self.max_waiting:
+        if self.admitted + len(self._waiting) >= self.max_waiting:
             return rc.SERVER_BUSY
         bucket = self._bucket(source_key(peer), now)
         if bucket.tokens < 1.0:
             return rc.CONNECTION_RATE_EXCEEDED
         bucket.tokens -= 1.0
+        self.admitted += 1
         return None
 
     def succeeded(self, peer: str, now: float) -> None:
@@ -119,7 +123,9 @@ class LoginGate:
     # -- slots ---------------------------------------------------------------------------------------
 
     def enter(self, wake: Wake) -> bool:
-        """True: a slot is taken now. False: queued; ``wake()`` is called when the slot is handed over."""
+        """An admitted check asks for its slot. True: taken now. False: queued; ``wake()`` is called when
+        the slot is handed over."""
+        self.admitted -= 1
         if self.running < self.slots:
             self.running += 1
             return True

@@ -40,6 +40,7 @@ IO_FREE = (
     "appliance.broker.codec.properties",
     "appliance.broker.codec.reasons",
     "appliance.broker.backpressure",
+    "appliance.broker.login_gate",
 )
 CLOCK = {"asyncio", "time", "uvloop"}
 IO = CLOCK | {"socket", "ssl", "selectors", "threading", "sqlite3", "concurrent"}

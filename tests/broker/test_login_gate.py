@@ -3,6 +3,8 @@ checks of clients that left are skipped, failures rate limited per address with 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +22,11 @@ def test_source_keys_are_the_ipv4_address_or_the_ipv6_slash_64() -> None:
     assert source_key("2001:db8:1:2:ffff::1:443") == source_key("2001:db8:1:2::9:1")
     assert source_key("::ffff:10.0.0.1:1883") == "10.0.0.1"
     assert source_key("fake:1") == "fake"
+
+
+@given(st.text())
+def test_any_peer_text_gets_a_key_and_no_exception(peer: str) -> None:
+    assert isinstance(source_key(peer), str)
 
 
 @given(
@@ -52,24 +59,36 @@ def test_an_address_never_gets_more_failed_checks_than_its_budget_and_the_table_
 
 @given(st.lists(st.sampled_from(["enter", "leave", "abandon"]), max_size=200))
 def test_slots_are_never_exceeded_and_never_leak(operations: list[str]) -> None:
-    gate = LoginGate(slots=2)
-    holders = 0  # callers that hold a slot
-    queued: list[object] = []
-    woken: list[object] = []
+    """Whatever the order of arrivals, finished checks and cancelled waiters (``abandon``, either still
+    queued or just handed the slot), at most ``slots`` run and a slot is never lost or doubled."""
+    gate = LoginGate(slots=2, max_waiting=1000, burst=1000)
+    holders: list[Callable[[], None]] = []  # wakes of the callers holding a slot
+    queued: list[Callable[[], None]] = []
+    woken: list[Callable[[], None]] = []
+
+    def new_wake() -> Callable[[], None]:
+        def wake() -> None:
+            woken.append(wake)
+        return wake
+
     for operation in operations:
         if operation == "enter":
-            token = object()
-            if gate.enter(lambda token=token: woken.append(token)):
-                holders += 1
-            else:
-                queued.append(token)
+            assert gate.admit("10.0.0.1:1", 0.0) is None
+            wake = new_wake()
+            (holders if gate.enter(wake) else queued).append(wake)
         elif operation == "leave" and holders:
+            holders.pop(0)
             gate.leave()
-            holders -= 1
+        elif operation == "abandon" and (queued or holders):
+            # The last queued waiter is cancelled, or (no one queued) a holder is cancelled right after
+            # its wake-up, before it ran.
+            wake = queued.pop() if queued else holders.pop()
+            gate.abandon(wake)
         while woken:
-            queued.remove(woken.pop())
-            holders += 1
-        assert holders == gate.running <= 2 and len(queued) == gate.waiting
+            wake = woken.pop()
+            queued.remove(wake)
+            holders.append(wake)
+        assert len(holders) == gate.running <= 2 and len(queued) == gate.waiting
         assert gate.waiting == 0 or gate.running == 2
 
 
@@ -88,6 +107,14 @@ def test_a_check_whose_client_left_while_waiting_is_skipped_and_others_go_on() -
     assert pair.broker.login_gate.skipped == 1
     assert pair.broker.login_gate.running == 0 and pair.broker.login_gate.waiting == 0
     pair.stop()
+
+
+def test_connects_read_in_one_turn_count_against_the_waiting_bound_before_they_enter() -> None:
+    gate = LoginGate(max_waiting=3)
+    assert [gate.admit(f"10.0.0.{n}:1", 0.0) for n in range(5)] == [None, None, None, rc.SERVER_BUSY, rc.SERVER_BUSY]
+    gate.enter(lambda: None)
+    gate.enter(lambda: None)  # both run: two places free again
+    assert gate.admit("10.0.0.9:1", 0.0) is None
 
 
 def test_failures_from_one_address_are_refused_without_hashing_and_others_still_log_in() -> None:
