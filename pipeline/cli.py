@@ -11,11 +11,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from pipeline.envelope import DEFAULT_BATCH_FILTER, DEFAULT_METRICS_FILTER
+from pipeline.records import DEFAULT_BATCH_FILTER, DEFAULT_METRICS_FILTER
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from pipeline.ingest import DEFAULT_EVENTS_FILTER, IngestConfig, run_ingest
+    from pipeline.ingest import IngestConfig, run_ingest
+    from pipeline.records import DEFAULT_EVENTS_FILTER
 
     config = IngestConfig(
         host=args.host,
