@@ -1,7 +1,10 @@
-"""The batch job: every output recomputed from the whole landing zone (and the HIL timelines, if given).
+"""The batch job: every output recomputed from the landing zone (and the HIL timelines, if given).
 
 Batch has no watermark: late rows count in the window they belong to, so a batch run restates what the
-streaming job dropped as too late. Outputs are overwritten, partitioned by ``date``.
+streaming job dropped as too late. Outputs are partitioned by ``date``. A run over the whole zone
+overwrites them; a run over receive dates (``JobSettings.received_from``/``received_to``) reads only the
+landing partitions that can count there and replaces only the output partitions they can touch
+(``JobSettings.output_dates``, dynamic partition overwrite), so its cost follows the days, not the history.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Callable
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from pipeline.records import EVENTS, METRICS, QUARANTINE
 from pipeline.jobs import delivery, hil, rollups, setpoints, telemetry
@@ -28,7 +32,8 @@ def build(spark: SparkSession, settings: JobSettings) -> dict[str, DataFrame]:
     get there, so they are cached (a few numeric columns; ``run_batch`` drops the cache when done).
     Re-reading the landing files is cheaper than caching them whole, payloads and all.
     """
-    lines = {kind: read_landing(spark, settings.landing, kind) for kind in (EVENTS, METRICS, QUARANTINE)}
+    dates = settings.read_dates() if settings.ranged else None
+    lines = {kind: read_landing(spark, settings.landing, kind, dates=dates) for kind in (EVENTS, METRICS, QUARANTINE)}
     events = records(lines[EVENTS])
     parsed = telemetry.parse(events)
     readings = first_copies(telemetry.readings(parsed), "reading_at", settings.lateness, streaming=False)
@@ -52,6 +57,9 @@ def build(spark: SparkSession, settings: JobSettings) -> dict[str, DataFrame]:
              *unreadable],
         ),
     }
+    if settings.ranged:
+        first, last = settings.output_dates()
+        outputs = {name: frame.where(F.col("date").between(first, last)) for name, frame in outputs.items()}
     if settings.hil:
         timeline = read_hil(spark, settings.hil)
         outputs["hil_summary"] = hil.summary(timeline)
@@ -66,7 +74,7 @@ def run_batch(spark: SparkSession, settings: JobSettings, progress: Callable[[st
     for number, (name, frame) in enumerate(outputs.items(), start=1):
         started = time.monotonic()
         progress(f"[{number}/{len(outputs)}] {name} -> {settings.output(name)}")
-        counts[name] = write_output(spark, frame, settings.output(name))
+        counts[name] = write_output(spark, frame, settings.output(name), dynamic=settings.ranged)
         progress(f"[{number}/{len(outputs)}] {name}: {counts[name]} rows in {time.monotonic() - started:.1f}s")
     spark.catalog.clearCache()
     return counts

@@ -16,12 +16,15 @@ from pyspark.sql import types as T
 PARTITION = "date"
 
 
-def write_output(spark: SparkSession, frame: DataFrame, path: str) -> int:
-    """Overwrite ``path`` with ``frame`` (partitioned by ``date`` if it has one); returns its row count."""
+def write_output(spark: SparkSession, frame: DataFrame, path: str, dynamic: bool = False) -> int:
+    """Overwrite ``path`` with ``frame`` (partitioned by ``date`` if it has one); returns its row count.
+
+    ``dynamic``: replace only the ``date`` partitions ``frame`` has rows for and leave the others as they
+    are, files and all (a batch over a date range)."""
     writer = frame.write.mode("overwrite")
     partitioned = PARTITION in frame.columns
     if partitioned:
-        writer = writer.partitionBy(PARTITION)
+        writer = writer.partitionBy(PARTITION).option("partitionOverwriteMode", "dynamic" if dynamic else "static")
     writer.parquet(path)
     if partitioned:
         _keep_schema_when_empty(spark, frame.schema, path)

@@ -41,10 +41,14 @@ def landing_glob(landing: str, kind: str) -> str:
     return f"{str(landing).rstrip('/')}/{kind}/{SEALED_GLOB}"
 
 
-def read_landing(spark: SparkSession, landing: str, kind: str, stream: StreamOptions | None = None) -> DataFrame:
-    """Every line of one kind, good or bad (``landing_error``); see ``records`` and ``bad_lines``."""
+def read_landing(spark: SparkSession, landing: str, kind: str, stream: StreamOptions | None = None,
+                 dates: list[str] | None = None) -> DataFrame:
+    """Every line of one kind, good or bad (``landing_error``); see ``records`` and ``bad_lines``.
+
+    ``dates``: only these receive-date partitions (a batch over a date range lists nothing else)."""
     if stream is None:
-        frame = _read_json(spark, landing_glob(landing, kind), LANDING_READ, columnNameOfCorruptRecord=CORRUPT_LINE)
+        paths = [landing_glob(landing, kind)] if dates is None else _existing_dates(spark, landing, kind, dates)
+        frame = _read_json(spark, paths, LANDING_READ, columnNameOfCorruptRecord=CORRUPT_LINE) if paths else None
         if frame is None:  # nothing landed yet: an empty input, not an error
             frame = spark.createDataFrame([], LANDING_READ).withColumn(
                 "_metadata", F.struct(F.lit(None).cast("string").alias("file_path"))
@@ -110,7 +114,18 @@ def read_hil(spark: SparkSession, folder: str) -> DataFrame:
     return frame if frame is not None else spark.createDataFrame([], HIL_TIMELINE)
 
 
-def _read_json(spark: SparkSession, path: str, schema, **options) -> DataFrame | None:
+def _existing_dates(spark: SparkSession, landing: str, kind: str, dates: list[str]) -> list[str]:
+    """The sealed-file globs of the ``date=`` partitions of ``kind`` that exist (Hadoop FS: any store)."""
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(f"{str(landing).rstrip('/')}/{kind}")
+    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    found = fs.globStatus(jvm.org.apache.hadoop.fs.Path(root, "date=*")) if fs.exists(root) else []
+    present = {status.getPath().getName().removeprefix("date=") for status in found or []}
+    pattern = SEALED_GLOB.split("/", 1)[1]  # hour=*/*.jsonl
+    return [f"{root.toString()}/date={day}/{pattern}" for day in dates if day in present]
+
+
+def _read_json(spark: SparkSession, path: str | list[str], schema, **options) -> DataFrame | None:
     """The files at ``path`` read with ``schema``; None when there are none."""
     try:
         return spark.read.schema(schema).options(**options).json(path)
