@@ -11,11 +11,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from pipeline.envelope import DEFAULT_BATCH_FILTER, DEFAULT_METRICS_FILTER
+from pipeline.records import DEFAULT_BATCH_FILTER, DEFAULT_METRICS_FILTER
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from pipeline.ingest import DEFAULT_EVENTS_FILTER, IngestConfig, run_ingest
+    from pipeline.ingest import IngestConfig, run_ingest
+    from pipeline.records import DEFAULT_EVENTS_FILTER
 
     config = IngestConfig(
         host=args.host,
@@ -40,9 +41,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace):
     from pipeline.jobs.settings import JobSettings
 
+    received_from = getattr(args, "received_from", None)
+    received_to = getattr(args, "received_to", None)
+    if received_to is not None and received_from is None:
+        raise SystemExit("--to needs --from")
     return JobSettings(
         landing=args.landing, out=args.out, window=args.window, lateness=args.lateness,
         upstream_endpoint=args.upstream_endpoint, hil=getattr(args, "hil", None),
+        received_from=received_from, received_to=received_to, late_days=getattr(args, "late_days", 1),
     )
 
 
@@ -96,6 +102,15 @@ def _job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream-endpoint", default="upstream", help="metrics endpoint that feeds the cloud")
 
 
+def _date(text: str) -> str:
+    import datetime
+
+    try:
+        return datetime.date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="INFO", help="of the pipeline's own messages")
@@ -119,9 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--roll-seconds", type=float, default=60, help="seal landing files this old")
     ingest.set_defaults(func=cmd_ingest)
 
-    batch = sub.add_parser("batch", help="recompute every output from the whole landing zone")
+    batch = sub.add_parser("batch", help="recompute the outputs from the landing zone (all of it, or some days)")
     _job_arguments(batch)
     batch.add_argument("--hil", help="folder of HIL timelines (*.jsonl) to analyse")
+    batch.add_argument("--from", dest="received_from", type=_date,
+                       help="first receive date (YYYY-MM-DD) to process; default: the whole landing zone")
+    batch.add_argument("--to", dest="received_to", type=_date, help="last receive date (default: --from)")
+    batch.add_argument("--late-days", type=int, default=1,
+                       help="days after its event a message may still arrive (with --from: rewrites that many "
+                            "days before --from too)")
     batch.set_defaults(func=cmd_batch)
 
     stream = sub.add_parser("stream", help="update the outputs incrementally (Structured Streaming)")

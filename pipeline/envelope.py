@@ -3,7 +3,7 @@
 No I/O here: the ingest feeds it what paho received and writes what it returns, so every rule about what
 the cloud accepts is in this file and is tested without a broker. The message format it reads is
 ``docs/message-format.md`` (topic, ``gw-*`` user properties, metrics messages, upstream batches); the
-record it writes is ``LANDING_FIELDS``, documented in ``docs/pipeline.md`` and mirrored by
+record it writes is ``pipeline.records.LANDING_FIELDS``, documented in ``docs/pipeline.md`` and mirrored by
 ``pipeline.jobs.schemas.LANDING``.
 
 ``land_all`` is the ingest's entry point: a batch PUBLISH becomes one record per message in it, anything
@@ -24,34 +24,17 @@ from typing import TYPE_CHECKING
 
 from paho.mqtt.client import topic_matches_sub
 
+from pipeline.records import (
+    DEFAULT_BATCH_FILTER,
+    DEFAULT_METRICS_FILTER,
+    EVENTS,
+    LANDING_FIELDS,
+    METRICS,
+    QUARANTINE,
+)
+
 if TYPE_CHECKING:
     from appliance.forwarding.batch import Batch
-
-EVENTS = "events"
-METRICS = "metrics"
-QUARANTINE = "quarantine"
-KINDS = (EVENTS, METRICS, QUARANTINE)
-
-# Every landing record has exactly these keys, in this order (None where a kind has no value).
-LANDING_FIELDS = (
-    "message_id",
-    "gateway_id",
-    "device_id",
-    "module_id",
-    "output",
-    "priority",
-    "enqueued_ms",
-    "sent_ms",
-    "ttl_s",
-    "received_ms",
-    "topic",
-    "content_type",
-    "payload",
-    "payload_base64",
-    "properties",
-    "redelivered",
-    "reason",
-)
 
 # gw-* user property -> (landing field, parser, required)
 GATEWAY_PROPERTIES = {
@@ -63,10 +46,8 @@ GATEWAY_PROPERTIES = {
     "gw-priority": ("priority", int, True),
     "gw-enqueued-ms": ("enqueued_ms", int, True),
     "gw-sent-ms": ("sent_ms", int, True),
-    "gw-ttl-s": ("ttl_s", int, False),
+    "gw-ttl-s": ("ttl_s", int, True),
 }
-DEFAULT_METRICS_FILTER = "gateways/+/metrics"
-DEFAULT_BATCH_FILTER = "gateways/+/batches"
 # The device's own user properties that the gateway turns into system properties ($contentEncoding,
 # $messageId). A batch carries them (the one-message format does not); they land in ``properties``
 # under these, their original names.
@@ -128,7 +109,7 @@ def land_batch(message: Incoming, batch_filter: str = DEFAULT_BATCH_FILTER) -> l
     so a message that fails a check (priority, JSON) goes to quarantine on its own and the others land.
     A payload that is not a batch at all, or holds no message, becomes one quarantine record, raw.
     """
-    # Imported here: the Spark jobs import this module too, and spark-submit ships only ``pipeline``.
+    # Imported here: the ingest needs it only for batches.
     from appliance.forwarding.batch import BatchFormatError, decode_batch
 
     try:
@@ -227,7 +208,7 @@ def _event_record(message: Incoming) -> dict:
 
 
 def _metrics_record(message: Incoming) -> dict:
-    document = _require_json(message.payload)
+    document = _require_json(message.payload, finite=True)
     if not isinstance(document, dict):
         raise Rejected("metrics payload is not a JSON object")
     gateway_id, ts_ms = document.get("gateway_id"), document.get("ts_ms")
@@ -263,6 +244,10 @@ def _payload_fields(payload: bytes) -> tuple[str | None, str | None]:
         return None, base64.b64encode(payload).decode("ascii")
 
 
+def _reject_constant(name: str):
+    raise Rejected(f"metrics payload has a number that is not finite: {name}")
+
+
 def _is_json(content_type: str | None) -> bool:
     if not content_type:
         return False
@@ -270,9 +255,12 @@ def _is_json(content_type: str | None) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-def _require_json(payload: bytes):
+def _require_json(payload: bytes, finite: bool = False):
+    """The parsed payload. ``finite``: reject NaN and +-Infinity, which Python's ``json.dumps`` writes but
+    JSON has not. Telemetry keeps them (the job quarantines such a reading with the field's name), metrics
+    do not: a counter or gauge that is not a number would be read as a reset or a maximum."""
     try:
-        return json.loads(payload.decode("utf-8"))
+        return json.loads(payload.decode("utf-8"), parse_constant=_reject_constant if finite else None)
     except UnicodeDecodeError:
         raise Rejected("payload is not UTF-8") from None
     except json.JSONDecodeError as error:

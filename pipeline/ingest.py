@@ -32,12 +32,11 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from pipeline.envelope import DEFAULT_BATCH_FILTER, DEFAULT_METRICS_FILTER, Incoming, land_all
+from pipeline.envelope import Incoming, land_all
 from pipeline.landing import LandingWriter
+from pipeline.records import DEFAULT_BATCH_FILTER, DEFAULT_EVENTS_FILTER, DEFAULT_METRICS_FILTER
 
 log = logging.getLogger("pipeline.ingest")
-
-DEFAULT_EVENTS_FILTER = "gateways/+/devices/+/messages/events"
 
 
 @dataclass

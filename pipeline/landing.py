@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipeline.envelope import KINDS
+from pipeline.records import KINDS
 
 INPROGRESS_SUFFIX = ".jsonl.inprogress"
 SEALED_GLOB = "date=*/hour=*/*.jsonl"

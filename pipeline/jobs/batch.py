@@ -1,22 +1,28 @@
-"""The batch job: every output recomputed from the whole landing zone (and the HIL timelines, if given).
+"""The batch job: every output recomputed from the landing zone (and the HIL timelines, if given).
 
 Batch has no watermark: late rows count in the window they belong to, so a batch run restates what the
-streaming job dropped as too late. Outputs are overwritten, partitioned by ``date``.
+streaming job dropped as too late. Outputs are partitioned by ``date``. A run over the whole zone
+overwrites them; a run over receive dates (``JobSettings.received_from``/``received_to``) reads only the
+landing partitions that can count there and replaces only the output partitions they can touch
+(``JobSettings.output_dates``, dynamic partition overwrite), so its cost follows the days, not the history.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from pipeline.envelope import EVENTS, METRICS, QUARANTINE
+from pipeline.records import EVENTS, METRICS, QUARANTINE
 from pipeline.jobs import delivery, hil, rollups, setpoints, telemetry
-from pipeline.jobs.dedup import first_copies
+from pipeline.jobs.dedup import first_copies, first_rejects
+from pipeline.jobs.output import write_output
 from pipeline.jobs.settings import JobSettings
-from pipeline.jobs.source import read_hil, read_landing
+from pipeline.jobs.source import bad_lines, read_hil, read_landing, records
 
 
 def build(spark: SparkSession, settings: JobSettings) -> dict[str, DataFrame]:
@@ -26,26 +32,34 @@ def build(spark: SparkSession, settings: JobSettings) -> dict[str, DataFrame]:
     get there, so they are cached (a few numeric columns; ``run_batch`` drops the cache when done).
     Re-reading the landing files is cheaper than caching them whole, payloads and all.
     """
-    events = read_landing(spark, settings.landing, EVENTS)
+    dates = settings.read_dates() if settings.ranged else None
+    lines = {kind: read_landing(spark, settings.landing, kind, dates=dates) for kind in (EVENTS, METRICS, QUARANTINE)}
+    events = records(lines[EVENTS])
     parsed = telemetry.parse(events)
     readings = first_copies(telemetry.readings(parsed), "reading_at", settings.lateness, streaming=False)
     readings = readings.persist(StorageLevel.MEMORY_AND_DISK)
     rejects = first_copies(parsed.where("reason is not null"), "received_at", settings.lateness, streaming=False)
-    ingest_rejects = read_landing(spark, settings.landing, QUARANTINE)
+    ingest_rejects = first_rejects(records(lines[QUARANTINE]), settings.lateness, streaming=False)
     latency = delivery.latency(first_copies(events, "received_at", settings.lateness, streaming=False), settings.window)
     counters = delivery.queue_counters(
-        delivery.queue_samples(read_landing(spark, settings.landing, METRICS)), settings.window, streaming=False
+        delivery.queue_samples(records(lines[METRICS])), settings.window, streaming=False
     )
+    unreadable = [telemetry.as_quarantine(bad_lines(frame), "landing") for frame in lines.values()]
     outputs = {
         "rollups": rollups.rollups(readings, settings.window),
         "setpoint_changes": setpoints.changes(readings, streaming=False),
         "delivery_latency": latency,
         "queue_counters": counters,
         "sla": delivery.sla(latency, counters, settings.upstream_endpoint),
-        "quarantine": telemetry.as_quarantine(rejects, "telemetry").unionByName(
-            telemetry.as_quarantine(ingest_rejects, "ingest")
+        "quarantine": functools.reduce(
+            DataFrame.unionByName,
+            [telemetry.as_quarantine(rejects, "telemetry"), telemetry.as_quarantine(ingest_rejects, "ingest"),
+             *unreadable],
         ),
     }
+    if settings.ranged:
+        first, last = settings.output_dates()
+        outputs = {name: frame.where(F.col("date").between(first, last)) for name, frame in outputs.items()}
     if settings.hil:
         timeline = read_hil(spark, settings.hil)
         outputs["hil_summary"] = hil.summary(timeline)
@@ -60,11 +74,7 @@ def run_batch(spark: SparkSession, settings: JobSettings, progress: Callable[[st
     for number, (name, frame) in enumerate(outputs.items(), start=1):
         started = time.monotonic()
         progress(f"[{number}/{len(outputs)}] {name} -> {settings.output(name)}")
-        writer = frame.write.mode("overwrite")
-        if "date" in frame.columns:
-            writer = writer.partitionBy("date")
-        writer.parquet(settings.output(name))
-        counts[name] = spark.read.parquet(settings.output(name)).count()
+        counts[name] = write_output(spark, frame, settings.output(name), dynamic=settings.ranged)
         progress(f"[{number}/{len(outputs)}] {name}: {counts[name]} rows in {time.monotonic() - started:.1f}s")
     spark.catalog.clearCache()
     return counts

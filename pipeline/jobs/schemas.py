@@ -1,7 +1,7 @@
 """Explicit schemas for everything the jobs read. Nothing is inferred: a field that does not fit is null,
 and the telemetry parser turns that into a quarantine reason.
 
-``LANDING`` mirrors ``pipeline.envelope.LANDING_FIELDS`` (a test keeps them equal). The payload schemas
+``LANDING`` mirrors ``pipeline.records.LANDING_FIELDS`` (a test keeps them equal). The payload schemas
 are the contract with the thermostat firmware and the gateway, documented in ``docs/pipeline.md``.
 """
 

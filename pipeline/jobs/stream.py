@@ -14,15 +14,15 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from pipeline.envelope import EVENTS, METRICS, QUARANTINE
+from pipeline.records import EVENTS, METRICS, QUARANTINE
 from pipeline.jobs import delivery, rollups, setpoints, telemetry
-from pipeline.jobs.dedup import first_copies
+from pipeline.jobs.dedup import first_copies, first_rejects
 from pipeline.jobs.settings import JobSettings
-from pipeline.jobs.source import StreamOptions, read_landing
+from pipeline.jobs.source import StreamOptions, read_landing, records
 
 def build(spark: SparkSession, settings: JobSettings, options: StreamOptions) -> dict[str, DataFrame]:
     def events() -> DataFrame:
-        return read_landing(spark, settings.landing, EVENTS, options)
+        return records(read_landing(spark, settings.landing, EVENTS, options))
 
     def readings() -> DataFrame:
         parsed = telemetry.parse(events())
@@ -30,7 +30,8 @@ def build(spark: SparkSession, settings: JobSettings, options: StreamOptions) ->
 
     parsed = telemetry.parse(events())
     rejects = first_copies(parsed.where("reason is not null"), "received_at", settings.lateness, streaming=True)
-    samples = delivery.queue_samples(read_landing(spark, settings.landing, METRICS, options))
+    samples = delivery.queue_samples(records(read_landing(spark, settings.landing, METRICS, options)))
+    ingest_rejects = read_landing(spark, settings.landing, QUARANTINE, options)
     return {
         "rollups": rollups.rollups(readings(), settings.window),
         "setpoint_changes": setpoints.changes(readings(), streaming=True),
@@ -41,7 +42,7 @@ def build(spark: SparkSession, settings: JobSettings, options: StreamOptions) ->
             samples.withWatermark("sample_at", settings.lateness), settings.window, streaming=True
         ),
         "quarantine": telemetry.as_quarantine(rejects, "telemetry").unionByName(
-            telemetry.as_quarantine(read_landing(spark, settings.landing, QUARANTINE, options), "ingest")
+            telemetry.as_quarantine(first_rejects(records(ingest_rejects), settings.lateness, streaming=True), "ingest")
         ),
     }
 

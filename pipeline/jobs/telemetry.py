@@ -15,6 +15,9 @@ from pipeline.jobs.schemas import CORRUPT, TELEMETRY, TELEMETRY_PARSE
 
 TELEMETRY_OUTPUT = "data"
 
+# Numeric fields of a reading: NaN and +-Infinity (Python's json.dumps writes them, Spark's parser reads
+# them) are quarantined, never averaged.
+_FINITE_FIELDS = ("temperature", "set_point")
 _FIELD_REASONS = [
     ("temperature", "temperature is missing or not a number"),
     ("set_point", "set_point is missing or not a number"),
@@ -39,6 +42,9 @@ def _reason(t: Column) -> Column:
     reason = reason.when(t.isNull() | (t[CORRUPT].isNotNull() & not_an_object), F.lit("payload is not a JSON object"))
     for field, text in _FIELD_REASONS:
         reason = reason.when(t[field].isNull(), F.lit(text))
+        if field in _FINITE_FIELDS:
+            reason = reason.when(F.isnan(t[field]) | (F.abs(t[field]) == float("inf")),
+                                 F.lit(f"{field} is not a finite number"))
     return reason.when(
         t["device"] != F.col("device_id"),
         F.concat(F.lit("device '"), t["device"], F.lit("' does not match gw-device-id '"), F.col("device_id"), F.lit("'")),
@@ -47,7 +53,7 @@ def _reason(t: Column) -> Column:
 
 def readings(parsed: DataFrame) -> DataFrame:
     return parsed.where(F.col("reason").isNull()).select(
-        "message_id", "gateway_id", "device_id", "priority", "enqueued_ms", "received_ms", "sent_ms",
+        "message_id", "gateway_id", "device_id", "priority", "enqueued_ms", "received_ms", "sent_ms", "landing_file",
         F.col("t_ts_ms").alias("reading_ms"),
         F.timestamp_millis("t_ts_ms").alias("reading_at"),
         F.col("t_temperature").alias("temperature"),
@@ -62,7 +68,8 @@ def rejects(parsed: DataFrame) -> DataFrame:
 
 
 def as_quarantine(frame: DataFrame, stage: str) -> DataFrame:
-    """Landing-zone quarantine rows (``stage="ingest"``) or telemetry rejects, in one layout."""
+    """Landing-zone quarantine rows (``stage="ingest"``), lines that are not landing records
+    (``"landing"``) or telemetry rejects, in one layout."""
     return frame.select(
         F.lit(stage).alias("stage"), "reason", "message_id", "gateway_id", "device_id", "topic", "received_ms",
         F.timestamp_millis("received_ms").alias("received_at"), "payload", "payload_base64",

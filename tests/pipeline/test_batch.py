@@ -71,7 +71,7 @@ def test_sla_joins_latency_and_queue_outcomes(read):
 def test_quarantine_has_ingest_and_telemetry_rejects_with_reasons(read):
     rows = read("quarantine").sort_values(["stage", "message_id"])
     assert [(r.stage, r.message_id, r.reason) for r in rows.fillna({"message_id": "-"}).itertuples()] == [
-        ("ingest", "-", "missing user properties: gw-message-id, gw-device-id, gw-priority, gw-enqueued-ms, gw-sent-ms"),
+        ("ingest", "-", "missing user properties: gw-message-id, gw-device-id, gw-priority, gw-enqueued-ms, gw-sent-ms, gw-ttl-s"),
         ("telemetry", "gw1:901", "payload is not a JSON object"),
         ("telemetry", "gw1:902", "temperature is missing or not a number"),
         ("telemetry", "gw1:903", "device 't2' does not match gw-device-id 't1'"),

@@ -4,8 +4,7 @@ import pandas as pd
 
 from pipeline.envelope import land
 from pipeline.jobs import delivery
-from pipeline.jobs.schemas import LANDING
-from pipeline.jobs.source import with_times
+from pipeline.jobs.source import from_records
 from tests.pipeline.pipeline_data import MINUTE, at, reading
 
 WINDOW = 5 * MINUTE
@@ -40,7 +39,7 @@ def test_counters_count_increases_resets_from_zero_and_repeats_add_nothing():
 def test_latency_percentiles_per_gateway_priority_and_receive_window(spark):
     messages = [reading("gw1", "t1", n, 0, 20.0, 20.0, False, latency_ms=n * 100, priority=n % 2)
                 for n in range(1, 201)]
-    events = with_times(spark.createDataFrame([land(m).record for m in messages], LANDING))
+    events = from_records(spark, [land(m).record for m in messages])
     rows = {r.priority: r for r in delivery.latency(events, "5 minutes").collect()}
     odd, even = rows[1], rows[0]  # odd latencies 100, 300, ... 19900; even 200 ... 20000
     assert (odd.delivered, even.delivered) == (100, 100)

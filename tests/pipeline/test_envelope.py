@@ -39,6 +39,10 @@ def test_a_route_without_priority_lands_as_priority_10():
         (lambda props: [(k, "soon" if k == "gw-enqueued-ms" else v) for k, v in props],
          "user property gw-enqueued-ms is not an integer: 'soon'"),
         (lambda props: [(k, "12" if k == "gw-priority" else v) for k, v in props], "gw-priority out of range 0-10: 12"),
+        # The gateway always sends gw-ttl-s (docs/message-format.md): a message without it did not come from one.
+        (lambda props: [p for p in props if p[0] != "gw-ttl-s"], "missing user properties: gw-ttl-s"),
+        (lambda props: [(k, "1h" if k == "gw-ttl-s" else v) for k, v in props],
+         "user property gw-ttl-s is not an integer: '1h'"),
     ],
 )
 def test_bad_envelope_is_quarantined_with_the_reason(change, reason):
@@ -78,6 +82,11 @@ def test_metrics_message_is_named_by_gateway_and_time():
         (b'{"gateway_id": "gw1", "endpoints": {}}', "metrics payload has no integer ts_ms"),
         (b'{"gateway_id": "gw1", "ts_ms": 5}', "metrics payload has no endpoints object"),
         (b"\xff", "payload is not UTF-8"),
+        # Python's json.dumps writes these; a counter or gauge that is not a number would read as a reset.
+        (b'{"gateway_id": "gw1", "ts_ms": 5, "endpoints": {"upstream": {"0": {"depth": NaN}}}}',
+         "metrics payload has a number that is not finite: NaN"),
+        (b'{"gateway_id": "gw1", "ts_ms": 5, "endpoints": {"upstream": {"0": {"oldest_age_s": -Infinity}}}}',
+         "metrics payload has a number that is not finite: -Infinity"),
     ],
 )
 def test_bad_metrics_are_quarantined(payload, reason):

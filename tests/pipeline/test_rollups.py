@@ -4,8 +4,7 @@ from datetime import datetime, timezone
 
 from pipeline.envelope import land
 from pipeline.jobs import rollups, telemetry
-from pipeline.jobs.schemas import LANDING
-from pipeline.jobs.source import with_times
+from pipeline.jobs.source import from_records
 from tests.pipeline.pipeline_data import at, reading
 
 
@@ -17,7 +16,7 @@ def test_windows_are_half_open_and_epoch_aligned_and_aggregate_as_documented(spa
         (5.0, 30.0, 22.0, False),  # 05:00.000 - the second
     ]
     messages = [reading("gw1", "t1", n, minute, temp, sp, heat) for n, (minute, temp, sp, heat) in enumerate(taken)]
-    events = with_times(spark.createDataFrame([land(m).record for m in messages], LANDING))
+    events = from_records(spark, [land(m).record for m in messages])
     rows = rollups.rollups(telemetry.readings(telemetry.parse(events)), "5 minutes").orderBy("window_start").collect()
     assert [(r.window_start, r.window_end) for r in rows] == [
         (_ts(at(0)), _ts(at(5))), (_ts(at(5)), _ts(at(10)))]

@@ -7,13 +7,12 @@ import pytest
 from pipeline.envelope import land
 from pipeline.jobs import telemetry
 from pipeline.jobs.dedup import first_copies
-from pipeline.jobs.schemas import LANDING
-from pipeline.jobs.source import with_times
+from pipeline.jobs.source import from_records
 from tests.pipeline.pipeline_data import at, reading
 
 
 def events_frame(spark, messages):
-    return with_times(spark.createDataFrame([land(m).record for m in messages], LANDING))
+    return from_records(spark, [land(m).record for m in messages])
 
 
 def payload(**fields):
@@ -32,6 +31,9 @@ CASES = [
     (payload(ts_ms=None), "ts_ms is missing or not an integer"),
     (payload(device=None), "device is missing or not a string"),
     (payload(device="t2"), "device 't2' does not match gw-device-id 't1'"),
+    (payload(temperature=float("nan")), "temperature is not a finite number"),  # json.dumps writes NaN
+    (payload(temperature=float("-inf")), "temperature is not a finite number"),
+    (payload(set_point=float("inf")), "set_point is not a finite number"),
     (bytes([0xFF, 0xFE]), "payload is not UTF-8 text"),
 ]
 

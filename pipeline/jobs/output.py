@@ -1,0 +1,49 @@
+"""Writing an output table so that it can always be read back, empty or not.
+
+Spark writes nothing but ``_SUCCESS`` for an empty DataFrame partitioned by ``date``, and a reader that
+infers the schema then fails (``UNABLE_TO_INFER_SCHEMA``) - a clean landing zone, with nothing in
+quarantine, crashed ``batch`` that way. So an output with no rows at all gets one Parquet file with no
+rows and the full schema (``date`` included, as a column) at its root, which Spark, pyarrow and DuckDB
+all read as an empty table; the file goes as soon as the output has partitions. Everything the jobs read
+back, they read with the schema they wrote (``read_output``), never inferred.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+PARTITION = "date"
+
+
+def write_output(spark: SparkSession, frame: DataFrame, path: str, dynamic: bool = False) -> int:
+    """Overwrite ``path`` with ``frame`` (partitioned by ``date`` if it has one); returns its row count.
+
+    ``dynamic``: replace only the ``date`` partitions ``frame`` has rows for and leave the others as they
+    are, files and all (a batch over a date range)."""
+    writer = frame.write.mode("overwrite")
+    partitioned = PARTITION in frame.columns
+    if partitioned:
+        writer = writer.partitionBy(PARTITION).option("partitionOverwriteMode", "dynamic" if dynamic else "static")
+    writer.parquet(path)
+    if partitioned:
+        _keep_schema_when_empty(spark, frame.schema, path)
+    return read_output(spark, frame.schema, path).count()
+
+
+def read_output(spark: SparkSession, schema: T.StructType, path: str) -> DataFrame:
+    return spark.read.schema(schema).parquet(path)
+
+
+def _keep_schema_when_empty(spark: SparkSession, schema: T.StructType, path: str) -> None:
+    """Through Hadoop's FileSystem, so that it works on any store the job writes to."""
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(path)
+    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    children = [status.getPath() for status in fs.listStatus(root)]
+    if any(child.getName().startswith(f"{PARTITION}=") for child in children):
+        for child in children:
+            if child.getName().startswith("part-"):  # the empty-schema file of an earlier run
+                fs.delete(child, False)
+        return
+    spark.createDataFrame([], schema).coalesce(1).write.mode("overwrite").parquet(path)
