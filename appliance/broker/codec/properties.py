@@ -21,6 +21,8 @@ from appliance.broker.codec.reasons import (
 )
 
 Properties = dict[int, Any]
+#: What the decoders read from: the reader's receive buffer is a bytearray, single packets are bytes.
+ByteSource = bytes | bytearray
 
 PAYLOAD_FORMAT_INDICATOR = 0x01
 MESSAGE_EXPIRY_INTERVAL = 0x02
@@ -138,7 +140,7 @@ def encode_varint(value: int) -> bytes:
             return bytes(out)
 
 
-def decode_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+def decode_varint(data: ByteSource, pos: int, end: int) -> tuple[int, int]:
     """A variable byte integer at ``pos``: (value, position after it). At most four bytes."""
     value = 0
     shift = 0
@@ -163,7 +165,7 @@ def encode_binary(value: bytes) -> bytes:
     return _U16.pack(len(value)) + value
 
 
-def decode_utf8(data: bytes, pos: int, end: int) -> tuple[str, int]:
+def decode_utf8(data: ByteSource, pos: int, end: int) -> tuple[str, int]:
     raw, pos = decode_binary(data, pos, end)
     try:
         text = raw.decode("utf-8")
@@ -174,7 +176,7 @@ def decode_utf8(data: bytes, pos: int, end: int) -> tuple[str, int]:
     return text, pos
 
 
-def decode_binary(data: bytes, pos: int, end: int) -> tuple[bytes, int]:
+def decode_binary(data: ByteSource, pos: int, end: int) -> tuple[bytes, int]:
     if pos + 2 > end:
         raise ProtocolError(MALFORMED_PACKET, "truncated length prefix")
     length = (data[pos] << 8) | data[pos + 1]
@@ -215,7 +217,7 @@ def encode_properties(properties: Properties) -> bytes:
     return encode_varint(len(out)) + out
 
 
-def decode_properties(data: bytes, pos: int, end: int, kind: int,
+def decode_properties(data: ByteSource, pos: int, end: int, kind: int,
                       max_repeats: int | None = None) -> tuple[Properties, int]:
     """Decode a property block for packet ``kind``; returns (properties, position after the block).
 

@@ -49,7 +49,7 @@ from appliance.broker.codec.packets import (
     Unsubscribe,
     Will,
 )
-from appliance.broker.codec.properties import decode_binary, decode_properties, decode_utf8
+from appliance.broker.codec.properties import Properties, decode_binary, decode_properties, decode_utf8
 from appliance.broker.codec.reasons import (
     MALFORMED_PACKET,
     PACKET_TOO_LARGE,
@@ -184,6 +184,7 @@ class PacketReader:
             if not packet_id:
                 raise ProtocolError(PROTOCOL_ERROR, "packet identifier 0")
             pos += 2
+        properties: Properties
         if self.protocol_level != MQTT_5:
             properties = {}
         elif pos < end and buf[pos] == 0:  # the common empty property block, without the general decoder
@@ -224,7 +225,7 @@ class PacketReader:
         if kind == PUBACK or kind == PUBREC or kind == PUBREL or kind == PUBCOMP:
             packet_id, pos = _packet_id(buf, pos, end)
             reason = 0
-            properties: dict = {}
+            properties: Properties = {}
             if v5:
                 if pos < end:
                     reason = buf[pos]
@@ -318,13 +319,13 @@ class PacketReader:
             raise ProtocolError(MALFORMED_PACKET, "invalid will flags")
         if not v5 and flags & 0x40 and not flags & 0x80:
             raise ProtocolError(MALFORMED_PACKET, "password without user name")
-        properties: dict = {}
+        properties: Properties = {}
         if v5:
             properties, pos = decode_properties(buf, pos, end, props.CONNECT, self.max_user_properties)
         client_id, pos = decode_utf8(buf, pos, end)
         will = None
         if will_flag:
-            will_properties: dict = {}
+            will_properties: Properties = {}
             if v5:
                 will_properties, pos = decode_properties(buf, pos, end, props.WILL, self.max_user_properties)
             will_topic, pos = decode_utf8(buf, pos, end)
@@ -346,7 +347,7 @@ class PacketReader:
 
     def _subscribe(self, buf: bytes | bytearray, pos: int, end: int, v5: bool) -> Subscribe:
         packet_id, pos = _packet_id(buf, pos, end)
-        properties: dict = {}
+        properties: Properties = {}
         if v5:
             properties, pos = decode_properties(buf, pos, end, SUBSCRIBE, self.max_user_properties)
             if len(properties.get(props.SUBSCRIPTION_IDENTIFIER, ())) > 1:
@@ -377,7 +378,7 @@ class PacketReader:
         return Subscribe(packet_id, requests, properties)
 
 
-_ACKS = {PUBACK: PubAck, PUBREC: PubRec, PUBREL: PubRel, PUBCOMP: PubComp}
+_ACKS: dict[int, type[PubAck | PubRec | PubRel | PubComp]] = {PUBACK: PubAck, PUBREC: PubRec, PUBREL: PubRel, PUBCOMP: PubComp}
 
 
 def _packet_id(buf: bytes | bytearray, pos: int, end: int) -> tuple[int, int]:

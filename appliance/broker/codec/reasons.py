@@ -7,6 +7,11 @@ place, so no handler has to know how to end a connection.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from appliance.broker.codec.packets import Packet
+
 SUCCESS = 0x00
 GRANTED_QOS_1 = 0x01
 GRANTED_QOS_2 = 0x02
@@ -92,4 +97,4 @@ class ProtocolError(Exception):
         self.reason_code = reason_code
         self.message = message
         #: Packets the reader completed in the same read before the bad one; they are still handled.
-        self.parsed: list = []
+        self.parsed: list[Packet] = []

@@ -142,7 +142,7 @@ def encode(packet: Packet, protocol_level: int) -> bytes:
         case Disconnect() | Auth():
             if not v5 or (not packet.reason_code and not packet.properties):
                 return bytes((packet.type << 4, 0))
-            body = bytes((packet.reason_code,))
+            body = bytearray((packet.reason_code,))
             if packet.properties:
                 body += encode_properties(packet.properties)
             return _frame(packet.type << 4, body)
