@@ -39,7 +39,8 @@ def parse(text) -> tuple:
     if isinstance(text, (bytes, bytearray)):
         text = text.decode()
     parts = text.split(":", 2)
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or not parts[2]:
+    if (len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or not parts[2]
+            or len(parts[0]) > 18 or len(parts[1]) > 18):  # the gateway's bound (statestore-differences.md)
         raise ValueError("malformed HLC %r" % text)
     return int(parts[0]), int(parts[1]), parts[2]
 

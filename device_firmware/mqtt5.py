@@ -16,7 +16,7 @@ import socket
 import time
 
 import mqtt5_codec as codec
-from mqtt5_codec import (CONNACK, DISCONNECT, PINGRESP, PUBACK, PUBLISH, SUBACK,
+from mqtt5_codec import (CONNACK, DISCONNECT, PUBACK, PUBLISH, SUBACK,
                          MAXIMUM_PACKET_SIZE, RECEIVE_MAXIMUM, REASON_STRING,
                          SERVER_KEEP_ALIVE, SESSION_EXPIRY, ASSIGNED_CLIENT_ID)
 
@@ -102,8 +102,8 @@ class MQTTClient:
                                            self.user, self.password))
             packet = self._wait_packet(timeout_ms)
             if packet is None or packet[0] != CONNACK:
-                raise OSError(errno.ETIMEDOUT) if packet is None else codec.MQTTProtocolError("no CONNACK")
-            present, reason, cprops = codec.decode_connack(packet[2])
+                raise OSError(errno.ETIMEDOUT) if packet is None else codec.MQTTProtocolError(0x82)
+            present, reason, cprops = codec.decode_packet(*packet)
             if reason >= 0x80:
                 raise MQTTException(reason, "CONNECT", cprops.get(REASON_STRING))
         except Exception:
@@ -251,27 +251,27 @@ class MQTTClient:
         return self.acks.pop(pid)
 
     def _handle(self, packet) -> None:
-        kind, flags, body, length = packet
+        kind = packet[0]
+        fields = codec.decode_packet(*packet)  # every check of what arrived is there
         if kind == PUBLISH:
-            topic, payload, qos, pid, retain, props = codec.decode_publish(flags, body, length)
+            topic, payload, qos, pid, retain, props = fields
             if self.cb:
                 self.cb(topic, payload, props)
             if qos == 1:
                 self._send(self.packer.puback(pid))
             elif qos == 2:
                 # We never subscribe with QoS 2, so a QoS 2 PUBLISH is a broker error.
-                raise codec.MQTTProtocolError("QoS 2 PUBLISH received")
+                raise codec.MQTTProtocolError(0x82)
         elif kind == PUBACK:
-            pid, reason, props = codec.decode_puback(body)
+            pid, reason, props = fields
             self.acks[pid] = ([reason], props)
         elif kind == SUBACK:
-            pid, reasons, props = codec.decode_suback(body)
+            pid, reasons, props = fields
             self.acks[pid] = (reasons, props)
-        elif kind == PINGRESP:
-            pass  # _wait_packet already cleared the outstanding ping
         elif kind == DISCONNECT:
-            reason, props = codec.decode_disconnect(body)
+            reason, props = fields
             self.close()
             raise MQTTException(reason, "connection", props.get(REASON_STRING))
-        else:
-            raise codec.MQTTProtocolError("unexpected packet type %d" % kind)
+        elif kind == CONNACK:
+            raise codec.MQTTProtocolError(0x82)
+        # PINGRESP: nothing to do, _wait_packet already cleared the outstanding ping.

@@ -32,6 +32,7 @@ _MESSAGE_EXPIRY = const(0x02)
 CONTENT_TYPE = const(0x03)
 RESPONSE_TOPIC = const(0x08)
 CORRELATION_DATA = const(0x09)
+SUBSCRIPTION_ID = const(0x0B)
 SESSION_EXPIRY = const(0x11)
 ASSIGNED_CLIENT_ID = const(0x12)
 SERVER_KEEP_ALIVE = const(0x13)
@@ -67,8 +68,18 @@ def _kind(pid: int):
 _HEADER_ROOM = const(5)  # first byte + up to four bytes of remaining length
 
 
+# MQTT 5 reason codes of what a receiver finds wrong, carried by MQTTProtocolError.
+_MALFORMED = const(0x81)
+_PROTOCOL_ERROR = const(0x82)
+_TOPIC_NAME_INVALID = const(0x90)
+_TOPIC_ALIAS_INVALID = const(0x94)
+
+
 class MQTTProtocolError(ValueError):
-    """The peer sent bytes that are not a valid MQTT 5 packet."""
+    """The peer sent bytes that are not a valid MQTT 5 packet. `args[0]` is the MQTT 5 reason code
+    (0x81 malformed packet, 0x82 protocol error, 0x90 topic name invalid, 0x94 topic alias invalid),
+    as the broker codec reports it; a number, not a message, because each message string would stay
+    on the heap for the whole run (a kilobyte for the codec's dozen)."""
 
 
 class Oversized:
@@ -118,7 +129,7 @@ def get_varint(buf, pos: int, end: int):
             return value, pos
         shift += 7
         if shift > 21:
-            raise MQTTProtocolError("varint longer than 4 bytes")
+            raise MQTTProtocolError(_MALFORMED)
     return None, pos
 
 
@@ -180,17 +191,19 @@ def put_props(buf, pos: int, props, size: int) -> int:
 
 
 def get_props(mv, pos: int, end: int):
-    """Decode a property block at pos: (dict, next position). User properties are a list of pairs."""
+    """Decode a property block at pos: (dict, next position). User properties are a list of pairs,
+    subscription identifiers a list of ints (a PUBLISH carries one per matching subscription); any
+    other property given twice is a protocol error (MQTT 5 section 2.2.2.2)."""
     length, pos = get_varint(mv, pos, end)
     if length is None or pos + length > end:
-        raise MQTTProtocolError("truncated properties")
+        raise MQTTProtocolError(_MALFORMED)
     stop = pos + length
     props = {}
     while pos < stop:
         pid = mv[pos]
         kind = _kind(pid)
         if kind is None:
-            raise MQTTProtocolError("unknown property 0x%02x" % pid)
+            raise MQTTProtocolError(_MALFORMED)
         pos += 1
         if kind == _B:
             value = mv[pos]
@@ -206,31 +219,62 @@ def get_props(mv, pos: int, end: int):
         elif kind == _P:
             name, pos = get_string(mv, pos, stop)
             value, pos = get_string(mv, pos, stop)
-            props.setdefault(USER_PROPERTY, []).append((name, value))
-            continue
+            value = (name, value)
         else:
             value, pos = get_binary(mv, pos, stop)
             if kind == _S:
-                value = value.decode()
-        props[pid] = value
-    if pos != stop:
-        raise MQTTProtocolError("property overruns its block")
+                value = _utf8(value)
+        repeats = kind == _P or pid == SUBSCRIPTION_ID
+        if value is None:  # a varint cut off by the block's end
+            raise MQTTProtocolError(_MALFORMED)
+        if pid in props and not repeats:
+            raise MQTTProtocolError(_PROTOCOL_ERROR)
+        if repeats:
+            props.setdefault(pid, []).append(value)
+        else:
+            props[pid] = value
+    if pos != stop:  # a fixed-size value read past the block's end (past the packet's is an IndexError)
+        raise MQTTProtocolError(_MALFORMED)
     return props, stop
 
 
 def get_binary(mv, pos: int, end: int):
     if pos + 2 > end:
-        raise MQTTProtocolError("truncated length")
+        raise MQTTProtocolError(_MALFORMED)
     n = (mv[pos] << 8) | mv[pos + 1]
     pos += 2
     if pos + n > end:
-        raise MQTTProtocolError("truncated string")
+        raise MQTTProtocolError(_MALFORMED)
     return bytes(mv[pos:pos + n]), pos + n
+
+
+def _utf8(raw) -> str:
+    """raw as text. Ill-formed UTF-8 (a UnicodeError, which decode_packet reports) and U+0000 make a
+    packet malformed (1.5.4); MicroPython's decoder lets overlong forms and surrogates pass."""
+    if 0 in raw:
+        raise MQTTProtocolError(_MALFORMED)
+    return raw.decode()
 
 
 def get_string(mv, pos: int, end: int):
     value, pos = get_binary(mv, pos, end)
-    return value.decode(), pos
+    return _utf8(value), pos
+
+
+def _get_pid(body, pos: int) -> int:
+    """A packet identifier; 0 is not one (2.2.1)."""
+    pid = (body[pos] << 8) | body[pos + 1]
+    if not pid:
+        raise MQTTProtocolError(_PROTOCOL_ERROR)
+    return pid
+
+
+def _props_to_end(body, pos: int):
+    """The property block that ends the packet: nothing may follow it."""
+    props, pos = get_props(body, pos, len(body))
+    if pos != len(body):
+        raise MQTTProtocolError(_MALFORMED)
+    return props
 
 
 class Packer:
@@ -316,8 +360,9 @@ class Packer:
         return self._finish(_PINGREQ << 4, _HEADER_ROOM)
 
     def disconnect(self, reason: int = 0):
+        # Reason 0 with no properties is sent as an empty body (3.14.2.1), as the broker sends it.
         self.buf[_HEADER_ROOM] = reason
-        return self._finish(DISCONNECT << 4, _HEADER_ROOM + 1)
+        return self._finish(DISCONNECT << 4, _HEADER_ROOM + (1 if reason else 0))
 
 
 class Framer:
@@ -377,29 +422,62 @@ class Framer:
 
 # Decoders for the packets a client receives. Each takes the body view from Framer.
 
+def decode_packet(kind: int, flags: int, body, length: int):
+    """Any packet a client receives, from `Framer.next_packet()`'s parts: what the decoder of its
+    type returns (`()` for PINGRESP). Anything wrong is an MQTTProtocolError: a type a client never
+    receives, reserved flags set (all types but PUBLISH have them 0 here: 2.1.3), and whatever the
+    decoders find, including reads past a short packet and ill-formed UTF-8 (so they need no checks
+    of their own for those)."""
+    try:
+        if kind == PUBLISH:
+            return decode_publish(flags, body, length)
+        if not flags:
+            if kind == CONNACK:
+                return decode_connack(body)
+            if kind == PUBACK:
+                return decode_puback(body)
+            if kind == SUBACK:
+                return decode_suback(body)
+            if kind == DISCONNECT:
+                return decode_disconnect(body)
+            if kind == PINGRESP and not len(body):
+                return ()
+    except MQTTProtocolError:
+        raise
+    except (ValueError, IndexError):  # read past a short packet, ill-formed UTF-8, a bad struct
+        raise MQTTProtocolError(_MALFORMED)
+    # Reserved flags, a PINGRESP with a body, reserved type 0: malformed; a type we never receive: out of turn.
+    raise MQTTProtocolError(_PROTOCOL_ERROR if kind and not flags and kind != PINGRESP else _MALFORMED)
+
+
 def decode_connack(body):
     """(session present, reason code, properties)."""
-    if len(body) < 2:
-        raise MQTTProtocolError("short CONNACK")
-    props = get_props(body, 2, len(body))[0] if len(body) > 2 else {}
+    if body[0] & 0xFE:
+        raise MQTTProtocolError(_MALFORMED)
+    props = _props_to_end(body, 2) if len(body) > 2 else {}
     return bool(body[0] & 1), body[1], props
 
 
 def decode_publish(flags: int, body, length=None):
     """(topic bytes, payload, qos, packet id, retain, properties). The payload is a memoryview
-    into body (no copy), or `Oversized` when body is only the head of a `length`-byte packet."""
+    into body (no copy), or `Oversized` when body is only the head of a `length`-byte packet.
+    The topic stays bytes, but must be a topic name: UTF-8, no wildcards (3.3.2.1). We grant no
+    topic aliases (Topic Alias Maximum 0 by omission), so one received is an error (3.3.2.3.4)."""
     qos = (flags >> 1) & 3
-    if qos == 3:
-        raise MQTTProtocolError("PUBLISH with QoS 3")
+    if qos == 3 or flags & 8 and not qos:
+        raise MQTTProtocolError(_MALFORMED)
     end = len(body)
     topic, pos = get_binary(body, 0, end)
+    _utf8(topic)
+    if 0x23 in topic or 0x2B in topic:  # '#', '+'
+        raise MQTTProtocolError(_TOPIC_NAME_INVALID)
     pid = 0
     if qos:
-        if pos + 2 > end:
-            raise MQTTProtocolError("short PUBLISH")
-        pid = (body[pos] << 8) | body[pos + 1]
+        pid = _get_pid(body, pos)
         pos += 2
     props, pos = get_props(body, pos, end)
+    if _TOPIC_ALIAS in props:
+        raise MQTTProtocolError(_TOPIC_ALIAS_INVALID)
     if length is not None and length > end:
         payload = Oversized(length - pos, body[pos:])
     else:
@@ -409,23 +487,20 @@ def decode_publish(flags: int, body, length=None):
 
 def decode_puback(body):
     """(packet id, reason code, properties); a two-byte PUBACK means success (3.4.2.1)."""
-    end = len(body)
-    if end < 2:
-        raise MQTTProtocolError("short PUBACK")
-    pid = (body[0] << 8) | body[1]
-    if end == 2:
+    pid = _get_pid(body, 0)
+    if len(body) == 2:
         return pid, 0, {}
-    props = get_props(body, 3, end)[0] if end > 3 else {}
+    props = _props_to_end(body, 3) if len(body) > 3 else {}
     return pid, body[2], props
 
 
 def decode_suback(body):
-    """(packet id, list of reason codes, properties)."""
-    end = len(body)
-    if end < 3:
-        raise MQTTProtocolError("short SUBACK")
-    pid = (body[0] << 8) | body[1]
-    props, pos = get_props(body, 2, end)
+    """(packet id, list of reason codes, properties): at least one code, as a SUBSCRIBE has at
+    least one topic filter (3.9.3)."""
+    pid = _get_pid(body, 0)
+    props, pos = get_props(body, 2, len(body))
+    if pos == len(body):
+        raise MQTTProtocolError(_PROTOCOL_ERROR)
     return pid, list(body[pos:]), props
 
 
@@ -433,5 +508,5 @@ def decode_disconnect(body):
     """(reason code, properties); an empty body means normal disconnection."""
     if not len(body):
         return 0, {}
-    props = get_props(body, 1, len(body))[0] if len(body) > 1 else {}
+    props = _props_to_end(body, 1) if len(body) > 1 else {}
     return body[0], props

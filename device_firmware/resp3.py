@@ -1,7 +1,10 @@
 """RESP3, the state store's payload format: encode requests, decode replies (no I/O).
 
 The decoder is strict and total: anything it cannot account for byte by byte raises
-`ValueError`, so a damaged reply is never mistaken for a value. `-ERR ...` replies are
+`ValueError`, so a damaged reply is never mistaken for a value. Its rules are the gateway's
+(docs/statestore.md; tests/conformance holds both to the same vectors): no leading zeros or `-0`,
+integers within a signed 64-bit integer, no CR or LF inside a line, arrays nested 8 deep at most
+(deeper would recurse towards a small board's stack limit). `-ERR ...` replies are
 returned as `Resp3Error` values, not raised: the caller decides what an error means.
 
 It decodes in place: given a memoryview (the MQTT receive buffer) it returns bulk strings as
@@ -28,6 +31,7 @@ class TooLong:
 
 
 _MAX_LINE = const(256)  # a simple string, error or length line longer than this is not one we can use
+_MAX_DEPTH = const(8)
 
 
 def encode_command(*args) -> bytes:
@@ -48,18 +52,25 @@ def _line(buf, pos: int):
     while end < stop:
         if buf[end] == 13 and buf[end + 1] == 10:
             return bytes(buf[pos:end]), end + 2
+        if buf[end] == 13 or buf[end] == 10:
+            raise ValueError("RESP3: CR or LF inside a line")
         end += 1
     raise ValueError("RESP3: missing CRLF")
 
 
 def _number(text: bytes) -> int:
-    digits = text[1:] if text[:1] == b"-" else text
-    if not digits or not digits.isdigit():
+    negative = text[:1] == b"-"
+    digits = text[1:] if negative else text
+    if (not digits or not digits.isdigit() or len(digits) > 19 or (digits[0] == 0x30 and len(digits) > 1)
+            or text == b"-0"):
         raise ValueError("RESP3: bad integer %r" % text)
+    # Same-length digit strings compare like their numbers, so no big integer is needed to bound one.
+    if len(digits) == 19 and digits > (b"9223372036854775808" if negative else b"9223372036854775807"):
+        raise ValueError("RESP3: integer overflow")
     return int(text)
 
 
-def _value(buf, pos: int, partial: bool):
+def _value(buf, pos: int, partial: bool, depth: int = 0):
     if pos >= len(buf):
         raise ValueError("RESP3: truncated")
     kind = buf[pos]
@@ -96,11 +107,13 @@ def _value(buf, pos: int, partial: bool):
             return None, pos
         if n < 0:
             raise ValueError("RESP3: negative array length")
+        if depth >= _MAX_DEPTH:
+            raise ValueError("RESP3: arrays nested too deeply")
         items = []
         for _ in range(n):
             if partial and pos >= len(buf):
                 break
-            item, pos = _value(buf, pos, partial)
+            item, pos = _value(buf, pos, partial, depth + 1)
             items.append(item)
         return items, pos
     raise ValueError("RESP3: unknown type %r" % chr(kind))

@@ -8,8 +8,9 @@ exactly one RESP3 value.
 Strictness choices (documented in docs/statestore.md):
 
 * lengths and integers are ASCII digits with an optional leading ``-``; no ``+``, no spaces, no leading
-  zeros (``$03``), at most 18 digits so every value fits a signed 64-bit integer;
-* the only negative length is ``-1`` (the RESP null), for ``$`` and ``*``;
+  zeros (``$03``), and within a signed 64-bit integer (RESP3's number; the protocol document lists
+  "integer overflow" among the invalid payloads);
+* the only negative length is ``-1`` (the RESP2 null), for ``$`` and ``*``; RESP3's own null is ``_``;
 * every line ends in CRLF, and a bulk string's payload must be followed by CRLF exactly;
 * nesting deeper than ``MAX_DEPTH`` is refused rather than recursed into.
 
@@ -21,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CRLF = b"\r\n"
-MAX_DIGITS = 18
+MAX_DIGITS = 19
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_DEPTH = 8
 
 
@@ -73,7 +75,10 @@ def _parse_integer(text: bytes) -> int:
         raise Resp3Error(f"leading zero in integer: {text[:32]!r}")
     if text == b"-0":
         raise Resp3Error("negative zero")
-    return int(text)
+    value = int(text)
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise Resp3Error(f"integer overflow: {text[:32]!r}")
+    return value
 
 
 def _decode_at(data: bytes, pos: int, depth: int) -> tuple[Value, int]:
@@ -87,6 +92,10 @@ def _decode_at(data: bytes, pos: int, depth: int) -> tuple[Value, int]:
         return ErrorReply(line), after
     if marker == b":":
         return _parse_integer(line), after
+    if marker == b"_":
+        if line:
+            raise Resp3Error("null with content")
+        return None, after
     if marker == b"$":
         length = _parse_integer(line)
         if length == -1:

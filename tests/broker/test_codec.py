@@ -91,10 +91,10 @@ def packets(v5: bool) -> st.SearchStrategy[pk.Packet]:
         st.integers(0, 2) if v5 else st.just(0),
     )
     subscribe = st.builds(pk.Subscribe, packet_id, st.lists(request, min_size=1, max_size=4), props(pr.SUBSCRIBE))
-    suback_codes = st.lists(st.integers(0, 255) if v5 else st.sampled_from([0, 1, 2, 0x80]), max_size=4)
+    suback_codes = st.lists(st.integers(0, 255) if v5 else st.sampled_from([0, 1, 2, 0x80]), min_size=1, max_size=4)
     suback = st.builds(pk.Suback, packet_id, suback_codes, props(pr.SUBACK))
     unsubscribe = st.builds(pk.Unsubscribe, packet_id, st.lists(topic, min_size=1, max_size=4), props(pr.UNSUBSCRIBE))
-    unsuback = st.builds(pk.Unsuback, packet_id, st.lists(st.integers(0, 255), max_size=4) if v5 else st.just([]),
+    unsuback = st.builds(pk.Unsuback, packet_id, st.lists(st.integers(0, 255), min_size=1, max_size=4) if v5 else st.just([]),
                          props(pr.UNSUBACK))
     simple = [st.just(pk.PingReq()), st.just(pk.PingResp()), st.builds(pk.Disconnect, reason, props(pr.DISCONNECT))]
     if v5:

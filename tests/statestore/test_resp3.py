@@ -18,6 +18,9 @@ from appliance.statestore.resp3 import ErrorReply, Resp3Error, SimpleString
         (b":-1\r\n", -1),
         (b":0\r\n", 0),
         (b"$-1\r\n", None),
+        (b"_\r\n", None),  # the RESP3 null
+        (b":9223372036854775807\r\n", 2**63 - 1),
+        (b":-9223372036854775808\r\n", -(2**63)),
         (b"$0\r\n\r\n", b""),
         (b"$4\r\n1234\r\n", b"1234"),
         (b"$4\r\na\r\nb\r\n", b"a\r\nb"),  # binary safe: CRLF inside a bulk string
@@ -46,7 +49,9 @@ def test_decodes_well_formed_values(data: bytes, expected: object) -> None:
         b"$+3\r\nabc\r\n",
         b"$ 3\r\nabc\r\n",
         b":-0\r\n",
-        b":1234567890123456789\r\n",  # 19 digits: beyond the 18-digit limit
+        b":9223372036854775808\r\n",  # beyond a signed 64-bit integer
+        b":-9223372036854775809\r\n",
+        b"_x\r\n",  # the RESP3 null has no content
         b"$99999999999999999999\r\n",  # overflowing length
         b"*3\r\n",
         b"+OK\r\nextra",  # trailing bytes

@@ -289,10 +289,14 @@ class PacketReader:
             if v5:
                 properties, pos = decode_properties(buf, pos, end, kind, self.max_user_properties)
             codes = list(buf[pos:end])
+            if not v5 and kind == UNSUBACK:
+                if codes:
+                    raise ProtocolError(MALFORMED_PACKET, "MQTT 3.1.1 UNSUBACK with a payload")
+            elif not codes:
+                # One reason code per topic filter, and a (UN)SUBSCRIBE has at least one (MQTT 5 3.9.3, 3.11.3).
+                raise ProtocolError(PROTOCOL_ERROR, "acknowledgement without reason codes")
             if kind == SUBACK:
                 return Suback(packet_id, codes, properties)
-            if not v5 and codes:
-                raise ProtocolError(MALFORMED_PACKET, "MQTT 3.1.1 UNSUBACK with a payload")
             return Unsuback(packet_id, codes, properties)
         raise ProtocolError(MALFORMED_PACKET, f"reserved packet type {kind}")
 

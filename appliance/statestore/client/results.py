@@ -93,7 +93,7 @@ def keynotify_result(response: Response) -> bool:
 def parse_notification(key: bytes, payload: bytes, version: str | None) -> Notification:
     value = resp3.decode(payload)
     stamp = Hlc.parse(version) if version else None
-    if value == [b"NOTIFY", b"DELETE"]:
+    if value in ([b"NOTIFY", b"DELETE"], [b"NOTIFY", b"DEL"]):  # the SDK clients' word, and the document's
         return Notification(key, None, stamp)
     if isinstance(value, list) and len(value) == 4 and value[:3] == [b"NOTIFY", b"SET", b"VALUE"] and isinstance(value[3], bytes):
         return Notification(key, value[3], stamp)

@@ -84,3 +84,9 @@ def test_receive_refuses_peer_too_far_ahead():
 def test_wall_ms_is_unix_epoch_milliseconds():
     now = hlc.wall_ms()
     eq(now > 1600000000000, True)  # after 2020: epoch 1970, milliseconds
+
+
+def test_parse_takes_at_most_18_digits_per_number_like_the_gateway():
+    eq(hlc.parse("999999999999999999:999999999999999999:n"), (999999999999999999, 999999999999999999, "n"))
+    raises(ValueError, hlc.parse, "1234567890123456789:0:n")
+    raises(ValueError, hlc.parse, "1:1234567890123456789:n")

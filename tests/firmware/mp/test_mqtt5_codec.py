@@ -179,7 +179,8 @@ def test_connack_refused():
 def test_disconnect_forms():
     eq(codec.decode_disconnect(b""), (0, {}))
     eq(codec.decode_disconnect(h("8e")), (0x8E, {}))
-    eq(bytes(codec.Packer(16).disconnect()), h("e0 01 00"))
+    eq(bytes(codec.Packer(16).disconnect()), h("e0 00"))  # reason 0, no properties: the short form
+    eq(bytes(codec.Packer(16).disconnect(0x04)), h("e0 01 04"))
     eq(bytes(codec.Packer(16).pingreq()), h("c0 00"))
 
 
@@ -207,8 +208,51 @@ def test_every_property_kind_round_trips():
     buf = bytearray(256)
     size = codec.props_size(props)
     end = codec.put_props(buf, 0, props, size)
-    eq(codec.get_props(buf, 0, end), (props, end))
+    decoded = dict(props)
+    decoded[0x0B] = [300]  # subscription identifiers decode to a list: a PUBLISH may carry several
+    eq(codec.get_props(buf, 0, end), (decoded, end))
 
 
 def test_packing_an_unknown_property_is_refused():
     raises(ValueError, codec.props_size, {0x7F: 1})
+
+
+def receive(wire: bytes):
+    """What MQTTClient makes of these bytes: every packet framed and decoded, or the first error."""
+    framer = codec.Framer(256)
+    decoded = []
+    space = framer.space()
+    space[:len(wire)] = wire
+    framer.added(len(wire))
+    while True:
+        packet = framer.next_packet()
+        if packet is None:
+            return decoded
+        decoded.append(codec.decode_packet(*packet))
+
+
+def test_decode_packet_refuses_hostile_bytes_with_protocol_errors_only():
+    # Mutations of packets a client receives, and plain garbage: the one exception allowed is
+    # MQTTProtocolError (the thermostat drops the connection on it); anything else would reach the
+    # main loop's last-resort handler as a fault.
+    import random
+    random.seed(13)
+    packer = codec.Packer(128)
+    seeds = [h("20 08 00 87 05 1f 0002 6e6f"), h("90 0a 0002 04 1f 0001 78 00 02 87"), h("40 08 000a 97 04 1f 0001 71"),
+             h("e0 06 8e 04 1f 0001 78"), h("d0 00"),
+             bytes(packer.publish("a/b", b"x", 1, True, 10, {codec.RESPONSE_TOPIC: "r", codec.CORRELATION_DATA: b"\x01",
+                                                             codec.USER_PROPERTY: [("k", "v")]}))]
+    for i in range(3000):
+        wire = bytearray(seeds[i % len(seeds)])
+        for _ in range(1 + random.getrandbits(2)):
+            wire[random.randrange(len(wire))] = random.getrandbits(8)
+        if i % 3 == 0:
+            wire = wire[:random.randrange(len(wire) + 1)]
+        if i % 7 == 0:
+            wire = bytearray(random.getrandbits(8) for _ in range(random.randrange(1, 40)))
+        try:
+            receive(bytes(wire))
+        except codec.MQTTProtocolError:
+            pass
+        except Exception as e:
+            raise AssertionError("%r from %s" % (e, binascii.hexlify(wire)))

@@ -55,3 +55,18 @@ def test_partial_decode_reports_a_cut_off_bulk_string_by_its_size():
     eq(message[3].size, 5000)
     eq(resp3.decode(b"$70000\r\n12", True).size, 70000)
     raises(ValueError, resp3.decode, b"$70000\r\n12")
+
+
+def test_the_gateways_strictness_rules_apply():
+    # The gateway's resp3.py rules (docs/statestore.md), so both read the same bytes the same way.
+    for bad in (b":007\r\n", b"$03\r\nabc\r\n", b":-0\r\n", b"+O\rK\r\n", b":9223372036854775808\r\n",
+                b":-9223372036854775809\r\n", b"*1\r\n" * 9 + b":1\r\n"):
+        raises(ValueError, resp3.decode, bad)
+    eq(resp3.decode(b":9223372036854775807\r\n"), 9223372036854775807)
+    eq(resp3.decode(b":-9223372036854775808\r\n"), -9223372036854775808)
+    eq(resp3.decode(b"*1\r\n" * 8 + b":1\r\n"), [[[[[[[[1]]]]]]]])
+
+
+def test_nesting_is_refused_before_it_can_exhaust_the_stack():
+    # A 512-byte receive buffer holds 128 levels of "*1\r\n": refused at the ninth, not recursed into.
+    raises(ValueError, resp3.decode, b"*1\r\n" * 128 + b":1\r\n")
