@@ -24,6 +24,7 @@ from appliance.forwarding.upstream import UpstreamSender
 from appliance.store_thread import StoreThread
 from hil_tests.rig.relay import RelayThread
 from tests.forwarding.peers import Collector, batch_records
+from tests.support import waiting
 from tests.support.processes import MosquittoProcess, free_port
 
 UP = Endpoint("upstream")
@@ -123,7 +124,10 @@ def test_outage_keeps_messages_queued_then_reconnects(tmp_path: Path, mosquitto:
             relay.set(up=False)
             for n in range(1, 4):
                 await add(n)
-            await asyncio.sleep(0.5)  # an outage of half a second: nothing may leave the queue meanwhile
+            # The outage lasts until the bridge has tried three times more and been refused each time (the
+            # relay counts refusals): by then the messages had every chance to leave, and none may have.
+            refused = relay.stats().connections_refused
+            await waiting.until(lambda: relay.stats().connections_refused >= refused + 3, 10, "three refused attempts")
             assert await thread.call(store.message_count) == 3
             relay.set(up=True)
             await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 15)
