@@ -1,7 +1,8 @@
 """Read the gateway's one configuration file and build typed, validated settings.
 
-Each subsystem owns the schema of its own section (``appliance.<area>.config.parse``); this module only
-composes them, applies command-line overrides, and falls back to the embedded default
+Each subsystem owns the schema of its own section (the dataclasses of ``appliance.<area>.config``, one
+field per setting); this module composes them into ``ConfigFile``, which ``appliance.config.schema``
+parses in one pass, applies command-line overrides, and falls back to the embedded default
 (``default.toml``) so ``appliance run`` works with no file at all. A bad file raises ``ConfigError``
 with the path of the bad field and leaves any running configuration untouched: parsing never mutates.
 """
@@ -14,17 +15,32 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from appliance.broker import config as broker_config
 from appliance.config.errors import ConfigError
-from appliance.config.fields import get_choice, get_str, reject_unknown, require_table
+from appliance.config.schema import parse_section, require_table, setting
 from appliance.forwarding import config as forwarding_config
 from appliance.hardware import config as hardware_config
 from appliance.statestore import config as statestore_config
 
-SECTIONS = ("gateway", "broker", "statestore", "forwarding", "hardware")
-LOG_LEVELS = ("debug", "info", "warning", "error")
+
+@dataclass(frozen=True, slots=True)
+class GatewaySection:
+    id: str = setting(factory=socket.gethostname, shown_default="the host name", doc="names this gateway upstream and in $SYS")
+    data_dir: Path = setting(Path("var"), doc="where the databases live; --data-dir overrides it")
+    log_level: Literal["debug", "info", "warning", "error"] = setting("info")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigFile:
+    """The file's top level: one table per section, each optional."""
+
+    gateway: GatewaySection = setting(factory=GatewaySection)
+    broker: broker_config.BrokerConfig = setting(factory=broker_config.BrokerConfig)
+    statestore: statestore_config.StateStoreConfig = setting(factory=statestore_config.StateStoreConfig)
+    forwarding: forwarding_config.ForwardingConfig = setting(factory=forwarding_config.ForwardingConfig)
+    hardware: hardware_config.HardwareConfig = setting(factory=hardware_config.HardwareConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +58,8 @@ class GatewayConfig:
         """A JSON-friendly view, for ``appliance check-config``."""
         from dataclasses import asdict
 
-        raw = asdict(self)
-        return json.loads(json.dumps(raw, default=str))
+        view: dict[str, Any] = json.loads(json.dumps(asdict(self), default=str))
+        return view
 
 
 def default_config_text() -> str:
@@ -63,20 +79,15 @@ def parse_text(text: str, source: str) -> dict[str, Any]:
 
 
 def build(raw: dict[str, Any], source: str, base_dir: Path) -> GatewayConfig:
-    reject_unknown(raw, "", SECTIONS)
-    gateway = require_table(raw.get("gateway", {}), "gateway")
-    reject_unknown(gateway, "gateway", ("id", "data_dir", "log_level"))
-    data_dir = Path(get_str(gateway, "data_dir", "gateway", "var"))
-    if not data_dir.is_absolute():
-        data_dir = base_dir / data_dir
+    file = parse_section(ConfigFile, raw, "", base_dir)
     return GatewayConfig(
-        gateway_id=get_str(gateway, "id", "gateway", socket.gethostname()),
-        data_dir=data_dir,
-        log_level=get_choice(gateway, "log_level", "gateway", LOG_LEVELS, "info"),
-        broker=broker_config.parse(require_table(raw.get("broker", {}), "broker"), "broker", base_dir),
-        statestore=statestore_config.parse(require_table(raw.get("statestore", {}), "statestore"), "statestore"),
-        forwarding=forwarding_config.parse(require_table(raw.get("forwarding", {}), "forwarding"), "forwarding", base_dir),
-        hardware=hardware_config.parse(require_table(raw.get("hardware", {}), "hardware"), "hardware"),
+        gateway_id=file.gateway.id,
+        data_dir=file.gateway.data_dir,
+        log_level=file.gateway.log_level,
+        broker=file.broker,
+        statestore=file.statestore,
+        forwarding=file.forwarding,
+        hardware=file.hardware,
         source=source,
     )
 

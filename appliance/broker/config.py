@@ -1,26 +1,38 @@
-"""Schema of the ``[broker]`` section: listeners, limits and authentication."""
+"""Schema of the ``[broker]`` section: listeners, limits and authentication.
+
+Each setting is written once, as a field (``appliance.config.schema``); the rules between fields are the
+sections' ``checked`` methods. The generated reference is docs/configuration.md.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from appliance.broker.acl import AclFileError, parse_pattern
 from appliance.config.errors import ConfigError
-from appliance.config.fields import get_bool, get_choice, get_int, get_optional_str, get_str, join, reject_unknown, require_table
+from appliance.config.schema import join, setting
 
 
 @dataclass(frozen=True, slots=True)
 class ListenerConfig:
-    type: str
-    host: str
-    port: int
-    certfile: Path | None = None
-    keyfile: Path | None = None
-    cafile: Path | None = None
-    require_certificate: bool = False
+    type: Literal["tcp", "tls", "websocket"] = setting("tcp", doc="websocket: MQTT over WebSocket; with certfile, wss")
+    host: str = setting("127.0.0.1", doc="address to bind")
+    port: int = setting(1883, minimum=0, maximum=65535, doc="0: any free port; default 8883 for tls")
+    certfile: Path | None = setting(None, doc="PEM certificate chain; required for tls")
+    keyfile: Path | None = setting(None, doc="PEM private key; required for tls")
+    cafile: Path | None = setting(None, doc="CA bundle that client certificates must chain to")
+    require_certificate: bool = setting(False, doc="refuse TLS clients without a certificate signed by cafile")
+
+    def checked(self, given: Mapping[str, Any], path: str) -> ListenerConfig:
+        if self.type == "tls" and (self.certfile is None or self.keyfile is None):
+            raise ConfigError(join(path, "certfile"), "a tls listener needs certfile and keyfile")
+        if self.type == "tls" and "port" not in given:
+            return dataclasses.replace(self, port=8883)
+        return self
 
 
 #: Patterns added to every ACL file (docs/broker-security.md): each client's own ``clients/<client id>/``
@@ -36,140 +48,90 @@ DEFAULT_ACL_CLIENT_PATTERNS = (
 
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
-    allow_anonymous: bool = True
-    password_file: Path | None = None
-    acl_file: Path | None = None
-    acl_client_patterns: tuple[str, ...] = DEFAULT_ACL_CLIENT_PATTERNS
+    allow_anonymous: bool = setting(True, doc="clients without a username (or, with no password_file, any) may connect")
+    password_file: Path | None = setting(None, doc="mosquitto_passwd format ($7$ PBKDF2, $6$)")
+    acl_file: Path | None = setting(None, doc="mosquitto ACL format; absent: every client may use every topic")
+    acl_client_patterns: tuple[str, ...] = setting(
+        DEFAULT_ACL_CLIENT_PATTERNS, doc="[access] filter patterns added after the acl_file's own (docs/broker-security.md)"
+    )
+
+    def checked(self, given: Mapping[str, Any], path: str) -> AuthConfig:
+        """Each pattern is checked as an ACL file's ``pattern`` line would be."""
+        for index, text in enumerate(self.acl_client_patterns):
+            try:
+                parse_pattern(text)
+            except AclFileError as exc:
+                raise ConfigError(join(join(path, "acl_client_patterns"), index), str(exc).removeprefix("acl_client_patterns: ")) from exc
+        return self
 
 
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
     """Per-client limits (docs/broker.md).
 
-    ``max_inflight_messages`` caps the unacknowledged QoS 1/2 deliveries per client (mosquitto's option of
-    that name, default 20 as there; 0: no cap): 3.1.1 has no Receive Maximum, so without it a subscriber
-    that never acknowledges would get every queued message. ``max_queued_messages`` bounds the QoS 0
-    messages queued for one client, and the QoS 1/2 messages queued while it is away or a slow consumer
-    (more are dropped and counted; a client that makes progress loses none: its publishers are held back
-    instead). ``outbound_buffer_bytes`` is the write-buffer high-water mark past which the publishers
-    feeding a client are held back (and, for a stuck client, its QoS 0 dropped); ``sys_interval`` is how
-    often ``$SYS`` is republished (0: never). ``max_topic_levels`` and ``max_user_properties`` bound what one
-    packet can make the broker build (docs/broker-security.md, "Resource limits")."""
+    ``max_inflight_messages`` is mosquitto's option of that name (default 20 as there): 3.1.1 has no
+    Receive Maximum, so without it a subscriber that never acknowledges would get every queued message.
+    A client that makes progress loses no QoS 1/2 message to ``max_queued_messages``: its publishers are
+    held back instead. ``max_topic_levels`` and ``max_user_properties`` bound what one packet can make the
+    broker build (docs/broker-security.md, "Resource limits")."""
 
-    max_packet_size: int = 4 * 1024 * 1024
-    receive_maximum: int = 1024
-    max_inflight_messages: int = 20
-    max_queued_messages: int = 1000
-    max_keepalive: int = 65535
-    topic_alias_maximum: int = 64
-    max_session_expiry: int = 0xFFFFFFFF
-    outbound_buffer_bytes: int = 1024 * 1024
-    sys_interval: int = 10
-    max_topic_levels: int = 128
-    max_user_properties: int = 64
+    max_packet_size: int = setting(
+        4 * 1024 * 1024, minimum=64, maximum=268_435_460,
+        doc="largest packet accepted (bigger: DISCONNECT 0x95); announced in CONNACK",
+    )
+    receive_maximum: int = setting(
+        1024, minimum=1, maximum=65535,
+        doc="unacknowledged inbound QoS 2 messages per client (more: DISCONNECT 0x93); announced in CONNACK",
+    )
+    max_inflight_messages: int = setting(
+        20, minimum=0, maximum=65535,
+        doc="unacknowledged outbound QoS 1/2 deliveries per client (MQTT 5: min(Receive Maximum, this)); 0: no cap",
+    )
+    max_queued_messages: int = setting(
+        1000, minimum=0,
+        doc="QoS 0 messages queued per client while it is away or its window is full; QoS 1/2 messages queued"
+        " while it is away or a slow consumer (more are dropped and counted)",
+    )
+    max_keepalive: int = setting(
+        65535, minimum=1, maximum=65535, doc="larger keep-alives are cut to this (MQTT 5: Server Keep Alive in CONNACK)"
+    )
+    topic_alias_maximum: int = setting(
+        64, minimum=0, maximum=65535, doc="inbound topic aliases per connection; announced in CONNACK"
+    )
+    max_session_expiry: int = setting(
+        0xFFFFFFFF, minimum=0, maximum=0xFFFFFFFF, doc="cap on a client's session expiry interval"
+    )
+    outbound_buffer_bytes: int = setting(
+        1024 * 1024, minimum=1024,
+        doc="socket write buffer high-water mark past which the publishers feeding a client are held back"
+        " (for a stuck client, its QoS 0 dropped)",
+    )
+    sys_interval: int = setting(10, minimum=0, doc="seconds between $SYS updates (0: none)")
+    # A 65,535-byte topic has at most 65,536 levels: a larger value would mean no limit at all.
+    max_topic_levels: int = setting(
+        128, minimum=1, maximum=65536,
+        doc="levels in a topic filter (deeper: SUBACK 0x8F, 3.1.1: 0x80) or topic name (PUBLISH: DISCONNECT 0x90,"
+        " will: CONNACK 0x90; 3.1.1: closed)",
+    )
+    max_user_properties: int = setting(
+        64, minimum=1, maximum=65535,
+        doc="user properties (and subscription identifiers) in one packet's property block (more: DISCONNECT 0x97,"
+        " CONNECT: CONNACK 0x97)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class PersistenceConfig:
-    """``synchronous``: "normal" survives a killed process, "full" also power loss (an fsync per commit)."""
-
-    synchronous: str = "normal"
+    synchronous: Literal["normal", "full"] = setting(
+        "normal", doc="broker.db: normal survives a killed process, full also power loss (an fsync per commit)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
-    listeners: tuple[ListenerConfig, ...]
-    auth: AuthConfig = field(default_factory=AuthConfig)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
-    persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
-
-
-def _path(raw: Mapping[str, Any], key: str, path: str, base_dir: Path) -> Path | None:
-    value = get_optional_str(raw, key, path)
-    if value is None:
-        return None
-    resolved = Path(value)
-    return resolved if resolved.is_absolute() else base_dir / resolved
-
-
-def parse_listener(raw: Any, path: str, base_dir: Path) -> ListenerConfig:
-    table = require_table(raw, path)
-    reject_unknown(table, path, ("type", "host", "port", "certfile", "keyfile", "cafile", "require_certificate"))
-    kind = get_choice(table, "type", path, ("tcp", "tls", "websocket"), "tcp")
-    listener = ListenerConfig(
-        type=kind,
-        host=get_str(table, "host", path, "127.0.0.1"),
-        port=get_int(table, "port", path, 8883 if kind == "tls" else 1883, minimum=0, maximum=65535),
-        certfile=_path(table, "certfile", path, base_dir),
-        keyfile=_path(table, "keyfile", path, base_dir),
-        cafile=_path(table, "cafile", path, base_dir),
-        require_certificate=get_bool(table, "require_certificate", path, False),
+    listeners: tuple[ListenerConfig, ...] = setting(
+        (ListenerConfig(),), minimum=1, doc="[[broker.listeners]]; --listen HOST:PORT replaces them with one tcp listener"
     )
-    if kind == "tls" and (listener.certfile is None or listener.keyfile is None):
-        raise ConfigError(join(path, "certfile"), "a tls listener needs certfile and keyfile")
-    return listener
-
-
-def parse(raw: Mapping[str, Any], path: str, base_dir: Path) -> BrokerConfig:
-    reject_unknown(raw, path, ("listeners", "auth", "limits", "persistence"))
-    listeners_raw = raw.get("listeners", [{"type": "tcp", "host": "127.0.0.1", "port": 1883}])
-    if not isinstance(listeners_raw, list) or not listeners_raw:
-        raise ConfigError(join(path, "listeners"), "expected a non-empty list of listeners")
-    listeners = tuple(
-        parse_listener(item, join(join(path, "listeners"), index), base_dir) for index, item in enumerate(listeners_raw)
-    )
-    auth_path = join(path, "auth")
-    auth_raw = require_table(raw.get("auth", {}), auth_path)
-    reject_unknown(auth_raw, auth_path, ("allow_anonymous", "password_file", "acl_file", "acl_client_patterns"))
-    auth = AuthConfig(
-        allow_anonymous=get_bool(auth_raw, "allow_anonymous", auth_path, True),
-        password_file=_path(auth_raw, "password_file", auth_path, base_dir),
-        acl_file=_path(auth_raw, "acl_file", auth_path, base_dir),
-        acl_client_patterns=parse_client_patterns(auth_raw, join(auth_path, "acl_client_patterns")),
-    )
-    return BrokerConfig(
-        listeners=listeners,
-        auth=auth,
-        limits=parse_limits(raw.get("limits", {}), join(path, "limits")),
-        persistence=parse_persistence(raw.get("persistence", {}), join(path, "persistence")),
-    )
-
-
-def parse_client_patterns(raw: Mapping[str, Any], path: str) -> tuple[str, ...]:
-    """A list of ``[access] filter`` strings, each checked as an ACL file's ``pattern`` line would be."""
-    value = raw.get("acl_client_patterns", list(DEFAULT_ACL_CLIENT_PATTERNS))
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ConfigError(path, "expected a list of strings such as \"readwrite clients/%c/#\"")
-    for index, text in enumerate(value):
-        try:
-            parse_pattern(text)
-        except AclFileError as exc:
-            raise ConfigError(join(path, index), str(exc).removeprefix("acl_client_patterns: ")) from exc
-    return tuple(value)
-
-
-def parse_persistence(raw: Any, path: str) -> PersistenceConfig:
-    table = require_table(raw, path)
-    reject_unknown(table, path, ("synchronous",))
-    return PersistenceConfig(synchronous=get_choice(table, "synchronous", path, ("normal", "full"), "normal"))
-
-
-def parse_limits(raw: Any, path: str) -> LimitsConfig:
-    table = require_table(raw, path)
-    defaults = LimitsConfig()
-    reject_unknown(table, path, LimitsConfig.__slots__)
-    return LimitsConfig(
-        max_packet_size=get_int(table, "max_packet_size", path, defaults.max_packet_size, minimum=64, maximum=268_435_460),
-        receive_maximum=get_int(table, "receive_maximum", path, defaults.receive_maximum, minimum=1, maximum=65535),
-        max_inflight_messages=get_int(table, "max_inflight_messages", path, defaults.max_inflight_messages, minimum=0, maximum=65535),
-        max_queued_messages=get_int(table, "max_queued_messages", path, defaults.max_queued_messages, minimum=0),
-        max_keepalive=get_int(table, "max_keepalive", path, defaults.max_keepalive, minimum=1, maximum=65535),
-        topic_alias_maximum=get_int(table, "topic_alias_maximum", path, defaults.topic_alias_maximum, minimum=0, maximum=65535),
-        max_session_expiry=get_int(table, "max_session_expiry", path, defaults.max_session_expiry, minimum=0, maximum=0xFFFFFFFF),
-        outbound_buffer_bytes=get_int(table, "outbound_buffer_bytes", path, defaults.outbound_buffer_bytes, minimum=1024),
-        sys_interval=get_int(table, "sys_interval", path, defaults.sys_interval, minimum=0),
-        # A 65,535-byte topic has at most 65,536 levels: a larger value would mean no limit at all.
-        max_topic_levels=get_int(table, "max_topic_levels", path, defaults.max_topic_levels, minimum=1, maximum=65536),
-        max_user_properties=get_int(table, "max_user_properties", path, defaults.max_user_properties, minimum=1,
-                                    maximum=65535),
-    )
+    auth: AuthConfig = setting(factory=AuthConfig)
+    limits: LimitsConfig = setting(factory=LimitsConfig)
+    persistence: PersistenceConfig = setting(factory=PersistenceConfig)

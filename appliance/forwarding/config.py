@@ -1,28 +1,18 @@
 """Schema of the ``[forwarding]`` section (and ``[forwarding.upstream]``).
 
-Relative paths (manifest, TLS files) resolve against the configuration file's folder. Errors name the
-field path (``forwarding.upstream.port``) through ``appliance.config.fields``.
+Each setting is written once, as a field (``appliance.config.schema``); relative paths (manifest, TLS
+files) resolve against the configuration file's folder. The generated reference is docs/configuration.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from appliance.config.errors import ConfigError
-from appliance.config.fields import (
-    get_bool,
-    get_choice,
-    get_float,
-    get_int,
-    get_optional_str,
-    get_str,
-    join,
-    reject_unknown,
-    require_table,
-)
+from appliance.config.schema import join, setting
 
 DEFAULT_TOPIC_TEMPLATE = "gateways/{gateway_id}/devices/{device_id}/messages/events"
 #: ``message_id`` and ``priority`` carry the identity MQTT 3.1.1 cannot send as user properties.
@@ -31,105 +21,63 @@ DEFAULT_BATCH_TOPIC = "gateways/{gateway_id}/batches"
 BATCH_TOPIC_FIELDS = ("gateway_id", "priority")
 #: "message": one PUBLISH per message with ``gw-*`` user properties; "batch": several per PUBLISH
 #: (appliance/forwarding/batch.py). Both in docs/message-format.md.
-FORMATS = ("message", "batch")
+Format = Literal["message", "batch"]
+FORMATS: tuple[str, ...] = get_args(Format)
 
 
 @dataclass(frozen=True, slots=True)
 class UpstreamConfig:
-    host: str | None = None  # None: no upstream link; messages for $upstream wait in their queues
-    port: int = 1883
-    protocol: str = "5"  # "5" or "3.1.1"
-    tls: bool = False
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    tls_insecure: bool = False
-    username: str | None = None
-    password: str | None = None
-    client_id: str | None = None  # default: the gateway id
-    topic_template: str = DEFAULT_TOPIC_TEMPLATE
-    format: str = "message"
-    batch_topic: str = DEFAULT_BATCH_TOPIC
-    batch_max_bytes: int = 2048  # device payload per batch PUBLISH
-    keepalive_s: int = 30
-    backoff_min_s: float = 0.5
-    backoff_max_s: float = 60.0
+    host: str | None = setting(None, doc="the cloud broker; absent: no upstream link, $upstream messages wait in their queues")
+    port: int = setting(1883, minimum=1, maximum=65535)
+    protocol: Literal["5", "3.1.1"] = setting("5", doc="MQTT version spoken upstream")
+    tls: bool = setting(False)
+    ca_file: Path | None = setting(None, doc="CA bundle for the upstream's certificate; absent: the system's")
+    cert_file: Path | None = setting(None, doc="client certificate (PEM)")
+    key_file: Path | None = setting(None, doc="client key (PEM)")
+    tls_insecure: bool = setting(False, doc="accept any upstream certificate and host name")
+    username: str | None = setting(None)
+    password: str | None = setting(None)
+    client_id: str | None = setting(None, shown_default="the gateway id")
+    topic_template: str = setting(
+        DEFAULT_TOPIC_TEMPLATE, doc="also {module_id}, {output}, {message_id}, {priority} (docs/message-format.md)"
+    )
+    format: Format = setting("message", doc="batch: several messages per PUBLISH (docs/message-format.md)")
+    batch_topic: str = setting(DEFAULT_BATCH_TOPIC, doc="format = batch only; also {priority}")
+    batch_max_bytes: int = setting(
+        2048, minimum=64, maximum=1 << 24,
+        doc="device payload per batch PUBLISH (also capped by the upstream's Maximum Packet Size)",
+    )
+    keepalive_s: int = setting(30, minimum=1, maximum=65535)
+    backoff_min_s: float = setting(0.5, minimum=0.01, doc="first reconnect delay; doubles, with jitter, up to backoff_max_s")
+    backoff_max_s: float = setting(60.0, minimum=0.01, doc=">= backoff_min_s")
+
+    def checked(self, given: Mapping[str, Any], path: str) -> UpstreamConfig:
+        _check_template(self.topic_template, TOPIC_FIELDS, join(path, "topic_template"))
+        _check_template(self.batch_topic, BATCH_TOPIC_FIELDS, join(path, "batch_topic"))
+        if self.backoff_max_s < self.backoff_min_s:
+            raise ConfigError(join(path, "backoff_max_s"), f"must be >= backoff_min_s ({self.backoff_min_s})")
+        return self
+
+
+def _check_template(template: str, fields: tuple[str, ...], path: str) -> None:
+    """Format the template once with every field it may use: a typo fails here, not at the first message."""
+    try:
+        template.format(**{name: "x" for name in fields})
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
+        raise ConfigError(path, f"fields are {', '.join('{' + f + '}' for f in fields)}: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
 class ForwardingConfig:
-    enabled: bool = False
-    manifest: Path | None = None
-    watch_interval_s: float = 1.0
-    max_store_bytes: int | None = None
-    check_entire_queue_on_cleanup: bool = True
-    cleanup_interval_s: float = 30.0
-    metrics_interval_s: float = 60.0
-    metrics_port: int | None = None  # Prometheus text; 0 = any free port, absent = off
-    metrics_host: str = "127.0.0.1"
-    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
-
-
-def _path(raw: Mapping[str, Any], key: str, path: str, base_dir: Path) -> Path | None:
-    value = get_optional_str(raw, key, path)
-    if value is None:
-        return None
-    file = Path(value)
-    return file if file.is_absolute() else base_dir / file
-
-
-def _template(raw: Mapping[str, Any], key: str, path: str, default: str, fields: tuple[str, ...]) -> str:
-    template = get_str(raw, key, path, default)
-    try:
-        template.format(**{name: "x" for name in fields})
-    except (KeyError, IndexError, ValueError) as exc:
-        raise ConfigError(join(path, key), f"fields are {', '.join('{' + f + '}' for f in fields)}: {exc}") from exc
-    return template
-
-
-def parse_upstream(raw: Mapping[str, Any], path: str, base_dir: Path) -> UpstreamConfig:
-    reject_unknown(raw, path, UpstreamConfig.__dataclass_fields__)
-    template = _template(raw, "topic_template", path, DEFAULT_TOPIC_TEMPLATE, TOPIC_FIELDS)
-    batch_topic = _template(raw, "batch_topic", path, DEFAULT_BATCH_TOPIC, BATCH_TOPIC_FIELDS)
-    backoff_min = get_float(raw, "backoff_min_s", path, 0.5, minimum=0.01)
-    backoff_max = get_float(raw, "backoff_max_s", path, 60.0, minimum=0.01)
-    if backoff_max < backoff_min:
-        raise ConfigError(join(path, "backoff_max_s"), f"must be >= backoff_min_s ({backoff_min})")
-    return UpstreamConfig(
-        host=get_optional_str(raw, "host", path),
-        port=get_int(raw, "port", path, 1883, minimum=1, maximum=65535),
-        protocol=get_choice(raw, "protocol", path, ("5", "3.1.1"), "5"),
-        tls=get_bool(raw, "tls", path, False),
-        ca_file=_path(raw, "ca_file", path, base_dir),
-        cert_file=_path(raw, "cert_file", path, base_dir),
-        key_file=_path(raw, "key_file", path, base_dir),
-        tls_insecure=get_bool(raw, "tls_insecure", path, False),
-        username=get_optional_str(raw, "username", path),
-        password=get_optional_str(raw, "password", path),
-        client_id=get_optional_str(raw, "client_id", path),
-        topic_template=template,
-        format=get_choice(raw, "format", path, FORMATS, "message"),
-        batch_topic=batch_topic,
-        batch_max_bytes=get_int(raw, "batch_max_bytes", path, 2048, minimum=64, maximum=1 << 24),
-        keepalive_s=get_int(raw, "keepalive_s", path, 30, minimum=1, maximum=65535),
-        backoff_min_s=backoff_min,
-        backoff_max_s=backoff_max,
+    enabled: bool = setting(False)
+    manifest: Path | None = setting(None, doc="the $edgeHub desired properties (routes, TTL); re-read when it changes")
+    watch_interval_s: float = setting(1.0, minimum=0.05, doc="how often the manifest file's mtime is checked")
+    max_store_bytes: int | None = setting(None, minimum=4096, doc="bound on stored bodies + headers; absent: unbounded")
+    check_entire_queue_on_cleanup: bool = setting(True, doc="the cleanup scans whole queues, not only their heads")
+    cleanup_interval_s: float = setting(30.0, minimum=0.05, doc="how often expired messages are removed")
+    metrics_interval_s: float = setting(
+        60.0, minimum=0.1, doc="$SYS/gateway/forwarding/metrics and gateways/{id}/metrics upstream"
     )
-
-
-def parse(raw: Mapping[str, Any], path: str, base_dir: Path) -> ForwardingConfig:
-    reject_unknown(raw, path, ForwardingConfig.__dataclass_fields__)
-    max_store = raw.get("max_store_bytes")
-    metrics_port = raw.get("metrics_port")
-    return ForwardingConfig(
-        enabled=get_bool(raw, "enabled", path, False),
-        manifest=_path(raw, "manifest", path, base_dir),
-        watch_interval_s=get_float(raw, "watch_interval_s", path, 1.0, minimum=0.05),
-        max_store_bytes=None if max_store is None else get_int(raw, "max_store_bytes", path, minimum=4096),
-        check_entire_queue_on_cleanup=get_bool(raw, "check_entire_queue_on_cleanup", path, True),
-        cleanup_interval_s=get_float(raw, "cleanup_interval_s", path, 30.0, minimum=0.05),
-        metrics_interval_s=get_float(raw, "metrics_interval_s", path, 60.0, minimum=0.1),
-        metrics_port=None if metrics_port is None else get_int(raw, "metrics_port", path, minimum=0, maximum=65535),
-        metrics_host=get_str(raw, "metrics_host", path, "127.0.0.1"),
-        upstream=parse_upstream(require_table(raw.get("upstream", {}), join(path, "upstream")), join(path, "upstream"), base_dir),
-    )
+    metrics_port: int | None = setting(None, minimum=0, maximum=65535, doc="Prometheus text; 0: any free port, absent: off")
+    metrics_host: str = setting("127.0.0.1")
+    upstream: UpstreamConfig = setting(factory=UpstreamConfig)

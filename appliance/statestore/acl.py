@@ -10,7 +10,13 @@ Pure: matching is on bytes, so binary keys work (prefixes are configured as UTF-
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Literal
+
+from appliance.config.errors import ConfigError
+from appliance.config.schema import join, setting
 
 ANY_USER = "*"
 ACCESS_KINDS = ("read", "write")
@@ -20,9 +26,14 @@ ACCESS_KINDS = ("read", "write")
 class AclRule:
     """As configured (plain strings, so ``appliance check-config`` prints it as written)."""
 
-    user: str
-    prefix: str
-    access: tuple[str, ...]
+    user: str = setting(doc='a username, or "*" for every user, anonymous included')
+    prefix: str = setting("", doc="key prefix (UTF-8) the rule covers")
+    access: tuple[Literal["read", "write"], ...] = setting((), shown_default="required", doc="what the rule grants")
+
+    def checked(self, given: Mapping[str, Any], path: str) -> AclRule:
+        if not self.access:
+            raise ConfigError(join(path, "access"), f"expected a non-empty list of {', '.join(ACCESS_KINDS)}")
+        return dataclasses.replace(self, access=tuple(sorted(set(self.access))))
 
 
 class KeyAuthorizer:

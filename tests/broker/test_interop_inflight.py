@@ -8,11 +8,14 @@ every PUBLISH it sent to the subscriber arrives before the PINGRESP."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from appliance.broker.codec import packets as pk
-from appliance.broker.config import parse_limits
+from appliance.broker.config import LimitsConfig
 from appliance.config.errors import ConfigError
+from appliance.config.schema import parse_section
 from tests.broker.clients import RawClient, unique
 from tests.support.processes import GatewayProcess
 
@@ -64,8 +67,8 @@ def test_a_subscriber_that_never_acks_gets_at_most_the_cap(
 
 
 def test_max_inflight_messages_is_validated_with_its_field_path() -> None:
-    assert parse_limits({}, "broker.limits").max_inflight_messages == 20
-    assert parse_limits({"max_inflight_messages": 0}, "broker.limits").max_inflight_messages == 0
+    assert parse_section(LimitsConfig, {}, "broker.limits", Path()).max_inflight_messages == 20
+    assert parse_section(LimitsConfig, {"max_inflight_messages": 0}, "broker.limits", Path()).max_inflight_messages == 0
     with pytest.raises(ConfigError) as error:
-        parse_limits({"max_inflight_messages": -1}, "broker.limits")
+        parse_section(LimitsConfig, {"max_inflight_messages": -1}, "broker.limits", Path())
     assert error.value.path == "broker.limits.max_inflight_messages"

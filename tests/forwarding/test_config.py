@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 
 from appliance.config import ConfigError
-from appliance.forwarding.config import parse
+from appliance.config.schema import parse_section
+from appliance.forwarding.config import ForwardingConfig
 
 
 def test_defaults_and_relative_paths(tmp_path: Path) -> None:
-    config = parse({"enabled": True, "manifest": "m.json", "upstream": {"host": "cloud", "ca_file": "/etc/ca.pem"}}, "forwarding", tmp_path)
+    config = parse_section(ForwardingConfig, {"enabled": True, "manifest": "m.json", "upstream": {"host": "cloud", "ca_file": "/etc/ca.pem"}}, "forwarding", tmp_path)
     assert config.manifest == tmp_path / "m.json"
     assert config.upstream.host == "cloud" and config.upstream.port == 1883 and config.upstream.protocol == "5"
     assert config.upstream.ca_file == Path("/etc/ca.pem")
@@ -37,5 +38,5 @@ def test_defaults_and_relative_paths(tmp_path: Path) -> None:
 )
 def test_errors_name_the_field(tmp_path: Path, raw: dict, path: str) -> None:
     with pytest.raises(ConfigError) as info:
-        parse(raw, "forwarding", tmp_path)
+        parse_section(ForwardingConfig, raw, "forwarding", tmp_path)
     assert info.value.path == path

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from appliance.config import ConfigError
 from appliance.statestore.acl import AclRule
-from appliance.statestore.config import StateStoreConfig, parse
+from appliance.config.schema import parse_section
+from appliance.statestore.config import StateStoreConfig
+
+
+def parse(raw: dict[str, object], path: str) -> StateStoreConfig:
+    return parse_section(StateStoreConfig, raw, path, Path.cwd())
 
 
 def test_defaults() -> None:

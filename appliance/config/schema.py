@@ -1,0 +1,282 @@
+"""One parser for every configuration section, driven by the section's dataclass.
+
+A setting is written once, as a field of its section's frozen dataclass: the name is the field's, the
+type its annotation, and the default, bounds and one line of documentation its ``setting(...)``::
+
+    max_packet_size: int = setting(4 * 1024 * 1024, minimum=64, maximum=268_435_460, doc="...")
+
+``parse_section(Section, raw, path, base_dir)`` builds a section from its raw table (TOML or JSON): it
+reads the type hints, applies the defaults, checks the bounds, refuses unknown keys (naming the known
+ones) and raises ``ConfigError`` with the dotted path of the field it rejects
+(``broker.listeners[0].port``). Types it understands: ``bool``, ``int``, ``float`` (finite), ``str``,
+``Literal[...]`` (choices), ``Path`` (relative to the configuration file's folder, a default too),
+``X | None`` (absent or null: None), ``tuple[X, ...]`` (a list; ``minimum``/``maximum`` bound its
+length), and another section dataclass, alone or in a tuple (a table, a list of tables).
+
+Rules between fields (a TLS listener needs its key and certificate, a backoff ceiling at least its floor)
+are a section's ``checked(self, given, path)`` method, called with the raw table after the fields are
+parsed; it raises ``ConfigError`` naming a field, or returns the section (or a replacement, for a default
+that depends on another field). ``settings(Section)`` walks the same fields for the generated reference
+(``appliance check-config --schema``, docs/configuration.md).
+
+Why not msgspec: see docs/architecture.md ("Configuration").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import MISSING, dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from appliance.config.errors import ConfigError
+
+S = TypeVar("S")
+
+#: The key of a field's ``metadata`` that holds its ``Setting``.
+SETTING = "appliance.setting"
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """What a field's type cannot say: bounds (a value for numbers, a length for lists) and its doc."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+    doc: str = ""
+    #: How the reference shows a default computed at load time (``gateway.id``: "the host name").
+    shown_default: str | None = None
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    factory: Callable[[], Any] | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    doc: str = "",
+    shown_default: str | None = None,
+) -> Any:
+    """A dataclass field carrying its ``Setting``; no default and no factory: the key is required."""
+    metadata = {SETTING: Setting(minimum, maximum, doc, shown_default)}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def parse_section(cls: type[S], raw: Any, path: str, base_dir: Path) -> S:
+    """Build ``cls`` from ``raw`` (a table), every error naming its field path under ``path``."""
+    table = require_table(raw, path)
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    reject_unknown(table, path, (field.name for field in fields))
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    for field in fields:
+        field_path = join(path, field.name)
+        meta = field.metadata.get(SETTING, Setting())
+        if field.name in table:
+            values[field.name] = _convert(hints[field.name], table[field.name], field_path, meta, base_dir)
+        elif field.default is not MISSING:
+            values[field.name] = _resolve(field.default, base_dir) if isinstance(field.default, Path) else field.default
+        elif field.default_factory is not MISSING:
+            values[field.name] = field.default_factory()
+        else:
+            raise ConfigError(field_path, f"required: expected {describe_type(hints[field.name])}")
+    section = cls(**values)
+    checked = getattr(section, "checked", None)
+    return checked(table, path) if checked is not None else section
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def join(path: str, key: str | int) -> str:
+    """Extend a dotted path with a key or a list index."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def require_table(raw: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, f"expected a table, got {type(raw).__name__}")
+    return raw
+
+
+def reject_unknown(raw: Mapping[str, Any], path: str, known: Iterable[str]) -> None:
+    """Unknown keys are almost always typos; refusing them beats silently ignoring a setting."""
+    allowed = set(known)
+    for key in raw:
+        if key not in allowed:
+            raise ConfigError(join(path, key), f"unknown setting (expected one of: {', '.join(sorted(allowed))})")
+
+
+def _convert(hint: Any, value: Any, path: str, meta: Setting, base_dir: Path) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = (arg for arg in args if arg is not type(None))
+        return _convert(inner, value, path, meta, base_dir)
+    if origin is Literal:
+        text = _expect(str, value, path)
+        if text not in args:
+            raise ConfigError(path, f"must be one of {', '.join(args)}, got {text!r}")
+        return text
+    if origin is tuple:
+        return _convert_list(args[0], value, path, meta, base_dir)
+    if dataclasses.is_dataclass(hint):
+        return parse_section(hint, value, path, base_dir)  # type: ignore[arg-type]
+    if hint is bool:
+        return _expect(bool, value, path)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(path, f"expected an integer, got {type(value).__name__}")
+        return _bounded(value, path, meta)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(path, f"expected a number, got {type(value).__name__}")
+        if not math.isfinite(value):
+            raise ConfigError(path, f"expected a finite number, got {value}")
+        return float(_bounded(value, path, meta))
+    if hint is str:
+        return _expect(str, value, path)
+    if hint is Path:
+        return _resolve(Path(_expect(str, value, path)), base_dir)
+    raise TypeError(f"{path}: no parser for the type {hint!r}")  # a schema bug, not bad input
+
+
+def _convert_list(item: Any, value: Any, path: str, meta: Setting, base_dir: Path) -> tuple[Any, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(path, f"expected a list of {describe_type(item, plural=True)}, got {type(value).__name__}")
+    if meta.minimum is not None and len(value) < meta.minimum:
+        wanted = "a non-empty list" if meta.minimum == 1 else f"at least {meta.minimum} items"
+        raise ConfigError(path, f"expected {wanted} of {describe_type(item, plural=True)}")
+    if meta.maximum is not None and len(value) > meta.maximum:
+        raise ConfigError(path, f"expected at most {meta.maximum} items, got {len(value)}")
+    if _section_type(item) is not None:
+        return tuple(parse_section(item, element, join(path, index), base_dir) for index, element in enumerate(value))
+    return tuple(_list_item(item, element, path, index, base_dir) for index, element in enumerate(value))
+
+
+def _list_item(item: Any, value: Any, path: str, index: int, base_dir: Path) -> Any:
+    """A table in a list is a place of its own (``listeners[1].type``); a bad scalar is the list's error."""
+    try:
+        return _convert(item, value, join(path, index), Setting(), base_dir)
+    except ConfigError as exc:
+        raise ConfigError(path, f"item {index}: {exc.message}") from None
+
+
+def _expect(kind: type[S], value: Any, path: str) -> S:
+    if not isinstance(value, kind):
+        wanted = {bool: "true or false", str: "a string"}[kind]
+        raise ConfigError(path, f"expected {wanted}, got {type(value).__name__}")
+    return value
+
+
+def _bounded(value: float, path: str, meta: Setting) -> float:
+    if meta.minimum is not None and value < meta.minimum:
+        raise ConfigError(path, f"must be >= {meta.minimum}, got {value}")
+    if meta.maximum is not None and value > meta.maximum:
+        raise ConfigError(path, f"must be <= {meta.maximum}, got {value}")
+    return value
+
+
+def _resolve(file: Path, base_dir: Path) -> Path:
+    return file if file.is_absolute() else base_dir / file
+
+
+# -- the reference, generated from the same fields ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SettingDoc:
+    """One row of the settings reference."""
+
+    key: str
+    type: str
+    default: str
+    bounds: str
+    doc: str
+
+
+def settings(cls: type, path: str = "") -> Iterator[SettingDoc]:
+    """Every setting under ``cls``, depth first; a list of tables shows its items as ``key[].field``."""
+    hints = _hints(cls)
+    for field in dataclasses.fields(cls):
+        hint, key = hints[field.name], join(path, field.name)
+        meta = field.metadata.get(SETTING, Setting())
+        section = _section_type(hint)
+        if section is not None and typing.get_origin(hint) is tuple:
+            yield SettingDoc(key, f"list of {section.__name__} tables", _shown_default(field, meta), _shown_bounds(hint, meta), meta.doc)
+            yield from settings(section, f"{key}[]")
+        elif section is not None:
+            yield from settings(section, key)
+        else:
+            yield SettingDoc(key, describe_type(hint), _shown_default(field, meta), _shown_bounds(hint, meta), meta.doc)
+
+
+def _section_type(hint: Any) -> type | None:
+    if typing.get_origin(hint) is tuple:
+        hint = typing.get_args(hint)[0]
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
+
+
+def describe_type(hint: Any, plural: bool = False) -> str:
+    """The type as an operator reads it: "integer", "one of normal, full", "list of strings"."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        (inner,) = (arg for arg in args if arg is not type(None))
+        return f"{describe_type(inner, plural)} (optional)"
+    if origin is Literal:
+        return f"one of {', '.join(args)}"
+    if origin is tuple:
+        return f"list of {describe_type(args[0], plural=True)}"
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return "tables" if plural else "table"
+    names = {bool: "boolean", int: "integer", float: "number", str: "string", Path: "path"}
+    name = names[hint]
+    return f"{name}s" if plural else name
+
+
+def _shown_default(field: dataclasses.Field[Any], meta: Setting) -> str:
+    if meta.shown_default is not None:
+        return meta.shown_default
+    if field.default is not MISSING:
+        return toml_value(field.default)
+    if field.default_factory is not MISSING:
+        return toml_value(field.default_factory())
+    return "required"
+
+
+def toml_value(value: Any) -> str:
+    """A default as it would be written in the file; ``None`` is an absent key."""
+    if value is None:
+        return "absent"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, Path):
+        return f'"{value}"'
+    if isinstance(value, tuple):
+        if value and dataclasses.is_dataclass(value[0]):
+            return f"{len(value)} table{'s' if len(value) != 1 else ''}"
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    return str(value)
+
+
+def _shown_bounds(hint: Any, meta: Setting) -> str:
+    if meta.minimum is None and meta.maximum is None:
+        return ""
+    unit = " items" if typing.get_origin(hint) is tuple else ""
+    if meta.maximum is None:
+        return f">= {meta.minimum}{unit}"
+    if meta.minimum is None:
+        return f"<= {meta.maximum}{unit}"
+    return f"{meta.minimum} - {meta.maximum}{unit}"
