@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from appliance import doctor
 from appliance.broker import passwd_cli
 from appliance.config import ConfigError
+from appliance.config.schema import reference_table
 from appliance.forwarding import cli as forwarding_cli
 from appliance.cli_args import add_config_arguments, config_from_args
+from appliance.gateway_config import ConfigFile
 from appliance.statestore import cli as statestore_cli
 
 
@@ -27,6 +29,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    if args.schema:
+        sys.stdout.write(reference_table(ConfigFile))
+        return 0
     config = config_from_args(args)
     json.dump(config.to_dict(), sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -43,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a configuration file and print the result")
     add_config_arguments(check)
+    check.add_argument("--schema", action="store_true", help="print every setting (type, default, bounds) as docs/configuration.md lists them")
     check.set_defaults(handler=cmd_check_config)
 
     doctor.register(sub)

@@ -29,7 +29,7 @@ from appliance.statestore import config as statestore_config
 class GatewaySection:
     id: str = setting(factory=socket.gethostname, shown_default="the host name", doc="names this gateway upstream and in $SYS")
     data_dir: Path = setting(Path("var"), doc="where the databases live; --data-dir overrides it")
-    log_level: Literal["debug", "info", "warning", "error"] = setting("info")
+    log_level: Literal["debug", "info", "warning", "error"] = setting("info", doc="the lowest level the gateway logs (stdout)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,7 +130,8 @@ class PersistenceConfig:
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     listeners: tuple[ListenerConfig, ...] = setting(
-        (ListenerConfig(),), minimum=1, doc="[[broker.listeners]]; --listen HOST:PORT replaces them with one tcp listener"
+        (ListenerConfig(),), minimum=1, shown_default="tcp on 127.0.0.1:1883",
+        doc="[[broker.listeners]] tables; --listen HOST:PORT replaces them with one tcp listener",
     )
     auth: AuthConfig = setting(factory=AuthConfig)
     limits: LimitsConfig = setting(factory=LimitsConfig)

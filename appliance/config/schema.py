@@ -213,12 +213,21 @@ def settings(cls: type, path: str = "") -> Iterator[SettingDoc]:
         meta = field.metadata.get(SETTING, Setting())
         section = _section_type(hint)
         if section is not None and typing.get_origin(hint) is tuple:
-            yield SettingDoc(key, f"list of {section.__name__} tables", _shown_default(field, meta), _shown_bounds(hint, meta), meta.doc)
+            yield SettingDoc(key, "list of tables", _shown_default(field, meta), _shown_bounds(hint, meta), meta.doc)
             yield from settings(section, f"{key}[]")
         elif section is not None:
             yield from settings(section, key)
         else:
             yield SettingDoc(key, describe_type(hint), _shown_default(field, meta), _shown_bounds(hint, meta), meta.doc)
+
+
+def reference_table(cls: type) -> str:
+    """The settings under ``cls`` as a Markdown table (docs/configuration.md, ``check-config --schema``)."""
+    lines = ["| key | type | default | bounds | what |", "|---|---|---|---|---|"]
+    for row in settings(cls):
+        cells = (f"`{row.key}`", row.type, f"`{row.default}`" if row.default.startswith(('"', "[")) else row.default, row.bounds, row.doc)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _section_type(hint: Any) -> type | None:
@@ -234,7 +243,7 @@ def describe_type(hint: Any, plural: bool = False) -> str:
         (inner,) = (arg for arg in args if arg is not type(None))
         return f"{describe_type(inner, plural)} (optional)"
     if origin is Literal:
-        return f"one of {', '.join(args)}"
+        return ", ".join(args) if plural else f"one of {', '.join(args)}"
     if origin is tuple:
         return f"list of {describe_type(args[0], plural=True)}"
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
@@ -275,6 +284,8 @@ def _shown_bounds(hint: Any, meta: Setting) -> str:
     if meta.minimum is None and meta.maximum is None:
         return ""
     unit = " items" if typing.get_origin(hint) is tuple else ""
+    if unit and meta.minimum == 1 and meta.maximum is None:
+        return "non-empty"
     if meta.maximum is None:
         return f">= {meta.minimum}{unit}"
     if meta.minimum is None:

@@ -28,16 +28,16 @@ FORMATS: tuple[str, ...] = get_args(Format)
 @dataclass(frozen=True, slots=True)
 class UpstreamConfig:
     host: str | None = setting(None, doc="the cloud broker; absent: no upstream link, $upstream messages wait in their queues")
-    port: int = setting(1883, minimum=1, maximum=65535)
+    port: int = setting(1883, minimum=1, maximum=65535, doc="the cloud broker's port (8883 is usual with tls)")
     protocol: Literal["5", "3.1.1"] = setting("5", doc="MQTT version spoken upstream")
-    tls: bool = setting(False)
+    tls: bool = setting(False, doc="TLS to the cloud broker, checked against ca_file")
     ca_file: Path | None = setting(None, doc="CA bundle for the upstream's certificate; absent: the system's")
     cert_file: Path | None = setting(None, doc="client certificate (PEM)")
     key_file: Path | None = setting(None, doc="client key (PEM)")
     tls_insecure: bool = setting(False, doc="accept any upstream certificate and host name")
-    username: str | None = setting(None)
-    password: str | None = setting(None)
-    client_id: str | None = setting(None, shown_default="the gateway id")
+    username: str | None = setting(None, doc="MQTT username upstream")
+    password: str | None = setting(None, doc="MQTT password upstream")
+    client_id: str | None = setting(None, shown_default="the gateway id", doc="MQTT client id upstream")
     topic_template: str = setting(
         DEFAULT_TOPIC_TEMPLATE, doc="also {module_id}, {output}, {message_id}, {priority} (docs/message-format.md)"
     )
@@ -47,7 +47,7 @@ class UpstreamConfig:
         2048, minimum=64, maximum=1 << 24,
         doc="device payload per batch PUBLISH (also capped by the upstream's Maximum Packet Size)",
     )
-    keepalive_s: int = setting(30, minimum=1, maximum=65535)
+    keepalive_s: int = setting(30, minimum=1, maximum=65535, doc="MQTT keep-alive upstream")
     backoff_min_s: float = setting(0.5, minimum=0.01, doc="first reconnect delay; doubles, with jitter, up to backoff_max_s")
     backoff_max_s: float = setting(60.0, minimum=0.01, doc=">= backoff_min_s")
 
@@ -69,7 +69,7 @@ def _check_template(template: str, fields: tuple[str, ...], path: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ForwardingConfig:
-    enabled: bool = setting(False)
+    enabled: bool = setting(False, doc="run the routes of the manifest (store-and-forward)")
     manifest: Path | None = setting(None, doc="the $edgeHub desired properties (routes, TTL); re-read when it changes")
     watch_interval_s: float = setting(1.0, minimum=0.05, doc="how often the manifest file's mtime is checked")
     max_store_bytes: int | None = setting(None, minimum=4096, doc="bound on stored bodies + headers; absent: unbounded")
@@ -79,5 +79,5 @@ class ForwardingConfig:
         60.0, minimum=0.1, doc="$SYS/gateway/forwarding/metrics and gateways/{id}/metrics upstream"
     )
     metrics_port: int | None = setting(None, minimum=0, maximum=65535, doc="Prometheus text; 0: any free port, absent: off")
-    metrics_host: str = setting("127.0.0.1")
+    metrics_host: str = setting("127.0.0.1", doc="address of the Prometheus endpoint")
     upstream: UpstreamConfig = setting(factory=UpstreamConfig)

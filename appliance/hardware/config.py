@@ -26,7 +26,7 @@ def _pin(doc: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class GpioConfig:
-    enabled: bool = setting(False)
+    enabled: bool = setting(False, doc="drive the LEDs, button and relay below (gpiozero)")
     power_led: int | None = _pin("slow blink while starting, steady once ready")
     uplink_led: int | None = _pin("on while the upstream (or, without one, the modem) is connected")
     backlog_led: int | None = _pin("blinks while messages are queued")
@@ -55,9 +55,9 @@ class GpioConfig:
 
 @dataclass(frozen=True, slots=True)
 class ModemConfig:
-    enabled: bool = setting(False)
+    enabled: bool = setting(False, doc="watch the cellular modem over AT commands (pyserial)")
     port: str = setting("/dev/ttyUSB2", doc="the modem's AT serial device")
-    baudrate: int = setting(115200, minimum=300, maximum=4_000_000)
+    baudrate: int = setting(115200, minimum=300, maximum=4_000_000, doc="the AT port's speed")
     command_timeout: float = setting(5.0, minimum=0.01, doc="no final result within this: the modem is not answering")
     poll_interval: float = setting(30.0, minimum=0.01, doc="AT+CSQ, AT+CREG?, AT+CEREG?, AT+COPS?")
     power_off_seconds: float = setting(3.0, minimum=0.0, doc="how long the relay keeps the modem unpowered in a power cycle")

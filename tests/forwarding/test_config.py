@@ -26,6 +26,8 @@ def test_defaults_and_relative_paths(tmp_path: Path) -> None:
         ({"upstream": {"port": 70000}}, "forwarding.upstream.port"),
         ({"upstream": {"protocol": "4"}}, "forwarding.upstream.protocol"),
         ({"upstream": {"topic_template": "x/{nope}"}}, "forwarding.upstream.topic_template"),
+        ({"upstream": {"topic_template": "x/{device_id.real}"}}, "forwarding.upstream.topic_template"),
+        ({"upstream": {"batch_topic": "x/{priority[0]:d}"}}, "forwarding.upstream.batch_topic"),
         ({"upstream": {"format": "batches"}}, "forwarding.upstream.format"),
         ({"upstream": {"batch_topic": "gw/{device_id}"}}, "forwarding.upstream.batch_topic"),
         ({"upstream": {"batch_max_bytes": 10}}, "forwarding.upstream.batch_max_bytes"),
