@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from appliance import doctor
 from appliance.broker import passwd_cli
 from appliance.config import ConfigError
-from appliance.config.schema import reference_table
+from appliance.config.reference import reference_table
 from appliance.forwarding import cli as forwarding_cli
 from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.gateway_config import ConfigFile

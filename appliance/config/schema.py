@@ -16,8 +16,8 @@ length), and another section dataclass, alone or in a tuple (a table, a list of 
 Rules between fields (a TLS listener needs its key and certificate, a backoff ceiling at least its floor)
 are a section's ``checked(self, given, path)`` method, called with the raw table after the fields are
 parsed; it raises ``ConfigError`` naming a field, or returns the section (or a replacement, for a default
-that depends on another field). ``settings(Section)`` walks the same fields for the generated reference
-(``appliance check-config --schema``, docs/configuration.md).
+that depends on another field). ``appliance.config.reference`` walks the same fields for the generated
+settings reference (``appliance check-config --schema``, docs/configuration.md).
 
 Why not msgspec: see docs/architecture.md ("Configuration").
 """
@@ -28,7 +28,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -73,25 +73,26 @@ def parse_section(cls: type[S], raw: Any, path: str, base_dir: Path) -> S:
     table = require_table(raw, path)
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     reject_unknown(table, path, (field.name for field in fields))
-    hints = _hints(cls)
+    types_of = field_types(cls)
     values: dict[str, Any] = {}
     for field in fields:
         field_path = join(path, field.name)
         meta = field.metadata.get(SETTING, Setting())
         if field.name in table:
-            values[field.name] = _convert(hints[field.name], table[field.name], field_path, meta, base_dir)
+            values[field.name] = _convert(types_of[field.name], table[field.name], field_path, meta, base_dir)
         elif field.default is not MISSING:
             values[field.name] = _resolve(field.default, base_dir) if isinstance(field.default, Path) else field.default
         elif field.default_factory is not MISSING:
             values[field.name] = field.default_factory()
         else:
-            raise ConfigError(field_path, f"required: expected {describe_type(hints[field.name])}")
+            raise ConfigError(field_path, f"required: expected {describe_type(types_of[field.name])}")
     section = cls(**values)
     checked = getattr(section, "checked", None)
     return checked(table, path) if checked is not None else section
 
 
-def _hints(cls: type) -> dict[str, Any]:
+def field_types(cls: type) -> dict[str, Any]:
+    """The field types of a section (the annotations are strings under ``from __future__ import annotations``)."""
     return typing.get_type_hints(cls)
 
 
@@ -159,7 +160,7 @@ def _convert_list(item: Any, value: Any, path: str, meta: Setting, base_dir: Pat
         raise ConfigError(path, f"expected {wanted} of {describe_type(item, plural=True)}")
     if meta.maximum is not None and len(value) > meta.maximum:
         raise ConfigError(path, f"expected at most {meta.maximum} items, got {len(value)}")
-    if _section_type(item) is not None:
+    if section_type(item) is not None:
         return tuple(parse_section(item, element, join(path, index), base_dir) for index, element in enumerate(value))
     return tuple(_list_item(item, element, path, index, base_dir) for index, element in enumerate(value))
 
@@ -191,46 +192,7 @@ def _resolve(file: Path, base_dir: Path) -> Path:
     return file if file.is_absolute() else base_dir / file
 
 
-# -- the reference, generated from the same fields ------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SettingDoc:
-    """One row of the settings reference."""
-
-    key: str
-    type: str
-    default: str
-    bounds: str
-    doc: str
-
-
-def settings(cls: type, path: str = "") -> Iterator[SettingDoc]:
-    """Every setting under ``cls``, depth first; a list of tables shows its items as ``key[].field``."""
-    hints = _hints(cls)
-    for field in dataclasses.fields(cls):
-        hint, key = hints[field.name], join(path, field.name)
-        meta = field.metadata.get(SETTING, Setting())
-        section = _section_type(hint)
-        if section is not None and typing.get_origin(hint) is tuple:
-            yield SettingDoc(key, "list of tables", _shown_default(field, meta), _shown_bounds(hint, meta), meta.doc)
-            yield from settings(section, f"{key}[]")
-        elif section is not None:
-            yield from settings(section, key)
-        else:
-            yield SettingDoc(key, describe_type(hint), _shown_default(field, meta), _shown_bounds(hint, meta), meta.doc)
-
-
-def reference_table(cls: type) -> str:
-    """The settings under ``cls`` as a Markdown table (docs/configuration.md, ``check-config --schema``)."""
-    lines = ["| key | type | default | bounds | what |", "|---|---|---|---|---|"]
-    for row in settings(cls):
-        cells = (f"`{row.key}`", row.type, f"`{row.default}`" if row.default.startswith(('"', "[")) else row.default, row.bounds, row.doc)
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _section_type(hint: Any) -> type | None:
+def section_type(hint: Any) -> type | None:
     if typing.get_origin(hint) is tuple:
         hint = typing.get_args(hint)[0]
     return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
@@ -251,43 +213,3 @@ def describe_type(hint: Any, plural: bool = False) -> str:
     names = {bool: "boolean", int: "integer", float: "number", str: "string", Path: "path"}
     name = names[hint]
     return f"{name}s" if plural else name
-
-
-def _shown_default(field: dataclasses.Field[Any], meta: Setting) -> str:
-    if meta.shown_default is not None:
-        return meta.shown_default
-    if field.default is not MISSING:
-        return toml_value(field.default)
-    if field.default_factory is not MISSING:
-        return toml_value(field.default_factory())
-    return "required"
-
-
-def toml_value(value: Any) -> str:
-    """A default as it would be written in the file; ``None`` is an absent key."""
-    if value is None:
-        return "absent"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, Path):
-        return f'"{value}"'
-    if isinstance(value, tuple):
-        if value and dataclasses.is_dataclass(value[0]):
-            return f"{len(value)} table{'s' if len(value) != 1 else ''}"
-        return "[" + ", ".join(toml_value(item) for item in value) + "]"
-    return str(value)
-
-
-def _shown_bounds(hint: Any, meta: Setting) -> str:
-    if meta.minimum is None and meta.maximum is None:
-        return ""
-    unit = " items" if typing.get_origin(hint) is tuple else ""
-    if unit and meta.minimum == 1 and meta.maximum is None:
-        return "non-empty"
-    if meta.maximum is None:
-        return f">= {meta.minimum}{unit}"
-    if meta.minimum is None:
-        return f"<= {meta.maximum}{unit}"
-    return f"{meta.minimum} - {meta.maximum}{unit}"

@@ -116,7 +116,7 @@ ONE_WAY = [
 ]
 # The configuration leaf: every subsystem's config builds on it, so it may reach none of them.
 SUBSYSTEMS = ("appliance.broker", "appliance.statestore", "appliance.forwarding", "appliance.hardware", "appliance.gateway")
-ONE_WAY += [(f"appliance.config.{name}", SUBSYSTEMS) for name in ("errors", "schema")]
+ONE_WAY += [(f"appliance.config.{name}", SUBSYSTEMS) for name in ("errors", "schema", "reference")]
 
 
 @pytest.mark.parametrize(("module", "forbidden"), ONE_WAY, ids=[module for module, _ in ONE_WAY])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from appliance.cli import main
-from appliance.config.schema import reference_table, settings
+from appliance.config.reference import reference_table, settings
 from appliance.gateway_config import ConfigFile, build, parse_text
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

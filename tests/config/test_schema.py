@@ -11,7 +11,8 @@ import pytest
 
 from appliance.broker.config import BrokerConfig, ListenerConfig
 from appliance.config import ConfigError
-from appliance.config.schema import parse_section, settings, setting
+from appliance.config.reference import settings
+from appliance.config.schema import parse_section, setting
 from appliance.forwarding.config import ForwardingConfig
 from appliance.gateway_config import ConfigFile
 from appliance.hardware.config import HardwareConfig
