@@ -65,3 +65,8 @@ def toml_examples() -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("document", "text"), toml_examples(), ids=lambda value: str(value)[:40])
 def test_every_toml_example_in_the_docs_is_a_valid_configuration(document: str, text: str) -> None:
     build(parse_text(text, f"{document}.toml"), document, DOCS)
+
+
+def test_every_setting_says_what_it_is_for() -> None:
+    """A new setting is written once, with its doc; the reference has no blank rows."""
+    assert [row.key for row in settings(ConfigFile) if not row.doc] == []
