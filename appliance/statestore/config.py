@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.config.errors import ConfigError
-from appliance.config.fields import get_bool, get_choice, get_int, get_str, join, reject_unknown, require_table
+from appliance.config.fields import (
+    get_bool,
+    get_choice,
+    get_int,
+    get_str,
+    join,
+    reject_unknown,
+    require_table,
+)
 from appliance.statestore.acl import ACCESS_KINDS, AclRule
 
 SYNC_CHOICES = ("normal", "full")

@@ -12,7 +12,11 @@ from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.routes import Endpoint, RouteResult
 from appliance.store_thread import StoreThread
-from tests.forwarding.endpoints_for_tests import PreemptibleEndpoint, RecordingEndpoint, RefusingEndpoint
+from tests.forwarding.endpoints_for_tests import (
+    PreemptibleEndpoint,
+    RecordingEndpoint,
+    RefusingEndpoint,
+)
 
 UP = Endpoint("upstream")
 
