@@ -30,6 +30,7 @@ from appliance.config import GatewayConfig, load_config
 from appliance.hardware.config import ModemConfig
 from appliance.hardware.factory_reset import DATABASE_FILES
 from appliance.hardware.modem import ModemClosed, ModemMonitor, ModemTimeout
+from appliance.sqlite_files import DatabaseFileError, integrity_problems, refuse_emptied
 
 MIN_FREE_BYTES = 200 * 1024 * 1024
 MIN_FREE_FRACTION = 0.05
@@ -114,6 +115,31 @@ def check_disk(data_dir: Path, min_free_bytes: int = MIN_FREE_BYTES, min_free_fr
     return Finding("disk", Verdict.OK, f"{free_mb} MB free under {existing}")
 
 
+def check_databases(data_dir: Path) -> list[Finding]:
+    """``PRAGMA integrity_check`` on each database of the gateway that exists (read-only). The start
+    runs only ``quick_check`` (fast, but blind to an index that disagrees with its table); this is the
+    thorough one, for a person who suspects the disk."""
+    findings = []
+    for name in DATABASE_FILES:
+        path = data_dir / name
+        if not path.exists():
+            continue
+        try:
+            refuse_emptied(path, "database")
+        except DatabaseFileError as exc:
+            findings.append(Finding("databases", Verdict.PROBLEM, str(exc)))
+            continue
+        problems = integrity_problems(path)
+        if problems:
+            findings.append(Finding(
+                "databases", Verdict.PROBLEM,
+                f"{path} is damaged: {'; '.join(problems)} - stop the gateway, move the file away (or restore a backup)",
+            ))
+        else:
+            findings.append(Finding("databases", Verdict.OK, f"{path} passes SQLite's integrity check"))
+    return findings
+
+
 def check_modem(config: ModemConfig, probe: bool) -> list[Finding]:
     if not config.enabled:
         return [Finding("modem", Verdict.OK, "no modem configured")]
@@ -164,6 +190,7 @@ def run_checks(config: GatewayConfig, probe_modem: bool = False) -> list[Finding
         *check_forwarding_metrics(config.data_dir, config.forwarding.metrics_port if config.forwarding.enabled else None),
         *check_ports(config.broker.listeners),
         *check_data_dir(config.data_dir),
+        *check_databases(config.data_dir),
         check_clock(),
         *check_modem(config.hardware.modem, probe_modem),
         check_disk(config.data_dir),
