@@ -121,6 +121,10 @@ class BrokerHandle(Protocol):
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         """Close a client's connection (MQTT 5: DISCONNECT with ``reason_code`` first)."""
 
+    def prometheus(self) -> str:
+        """The broker's own metrics (whether ``broker.db`` commits) as Prometheus text, for a service
+        that serves the gateway's metrics endpoint."""
+
 
 class BrokerService(Protocol):
     """A component that lives inside the broker, such as the state store."""

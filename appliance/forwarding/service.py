@@ -343,6 +343,8 @@ class ForwardingService(ServiceDefaults):
                 assert self.store is not None
                 depths = await self.thread.call(self.store.depths)
                 text = self.metrics.to_prometheus(depths, int(time.time() * 1000))
+                if self._broker is not None:
+                    text += self._broker.prometheus()  # the broker's store health next to the queues
                 if self.hardware is not None:
                     text += self.hardware.prometheus()  # the modem's signal and registration next to the link
                 body = text.encode()

@@ -25,6 +25,9 @@ class SilentBroker:
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         raise AssertionError("forwarding never disconnects clients")
 
+    def prometheus(self) -> str:
+        return ""
+
 
 def publish(n: int, size: int = 10) -> InboundPublish:
     return InboundPublish(f"d{n}", None, 5, f"devices/d{n}/messages/events", bytes(size), 1, False)

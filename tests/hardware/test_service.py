@@ -31,6 +31,9 @@ class RecordingBroker:
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         raise AssertionError("the hardware service never disconnects clients")
 
+    def prometheus(self) -> str:
+        return ""
+
 
 
 

@@ -52,6 +52,9 @@ class RecordingBroker:
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         self.disconnected.append((client_id, reason_code))
 
+    def prometheus(self) -> str:
+        return ""
+
 
 class Harness:
     def __init__(self, service: StateStoreService, broker: RecordingBroker, clock: list[int]) -> None:
