@@ -33,6 +33,7 @@ LAYERS = ("unit", "inprocess", "process", "hil")
 
 UNIT_MODULES = frozenset(
     {
+        "tests/broker/test_certificates.py",
         "tests/broker/test_codec.py",
         "tests/broker/test_hardening.py",
         "tests/broker/test_imports.py",

@@ -23,8 +23,10 @@ import subprocess
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
+from appliance.broker.certificates import NEAR_EXPIRY, CertificateFileError, date_problems
 from appliance.broker.config import ListenerConfig
 from appliance.config import GatewayConfig, load_config
 from appliance.hardware.config import ModemConfig
@@ -61,6 +63,25 @@ def check_ports(listeners: Iterable[ListenerConfig], timeout: float = 1.0) -> li
             findings.append(
                 Finding("ports", Verdict.PROBLEM, f"nothing accepts connections on {where} ({exc.strerror or exc}): is the gateway running?")
             )
+    return findings
+
+
+def check_certificates(listeners: Iterable[ListenerConfig], now: datetime | None = None) -> list[Finding]:
+    """Every certificate a TLS listener serves or trusts: expired, not yet valid, or expiring within
+    ``certificates.NEAR_EXPIRY`` is a problem here (the gateway only warns at start)."""
+    now = now or datetime.now(timezone.utc)
+    findings = []
+    files = {(path, role) for listener in listeners
+             for path, role in ((listener.certfile, "certfile"), (listener.cafile, "cafile")) if path is not None}
+    for path, role in sorted(files, key=lambda item: str(item[0])):
+        try:
+            problems = date_problems(path, role, now)
+        except CertificateFileError as exc:
+            findings.append(Finding("tls", Verdict.PROBLEM, str(exc)))
+            continue
+        findings += [Finding("tls", Verdict.PROBLEM, str(problem)) for problem in problems]
+        if not problems:
+            findings.append(Finding("tls", Verdict.OK, f"TLS {role} {path}: every certificate is valid for {NEAR_EXPIRY.days} days or more"))
     return findings
 
 
@@ -189,6 +210,7 @@ def run_checks(config: GatewayConfig, probe_modem: bool = False) -> list[Finding
     return [
         *check_forwarding_metrics(config.data_dir, config.forwarding.metrics_port if config.forwarding.enabled else None),
         *check_ports(config.broker.listeners),
+        *check_certificates(config.broker.listeners),
         *check_data_dir(config.data_dir),
         *check_databases(config.data_dir),
         check_clock(),

@@ -13,10 +13,20 @@ import pytest
 from appliance.broker.config import ListenerConfig
 from appliance.cli import main
 from appliance.broker.persistence import BrokerStore, StoredMessage
-from appliance.doctor import Verdict, check_clock, check_data_dir, check_databases, check_disk, check_modem, check_ports
+from appliance.doctor import (
+    Verdict,
+    check_certificates,
+    check_clock,
+    check_data_dir,
+    check_databases,
+    check_disk,
+    check_modem,
+    check_ports,
+)
 from appliance.forwarding.queues import MessageStore
 from appliance.hardware.config import ModemConfig
 from tests.hardware.modem_emulator import ModemEmulator
+from tests.support.certificates import valid_for
 
 
 @pytest.fixture
@@ -95,6 +105,25 @@ def test_disk_space(tmp_path: Path) -> None:
     assert check_disk(tmp_path / "not-yet", min_free_bytes=0, min_free_fraction=0).verdict is Verdict.OK
     low = check_disk(tmp_path, min_free_bytes=1 << 60)
     assert low.verdict is Verdict.PROBLEM and "MB free" in low.message
+
+
+def test_certificates_expired_near_expiry_unreadable_and_fine(tmp_path: Path) -> None:
+    fine, fine_key = valid_for(tmp_path, "fine", 300)
+    expired, expired_key = valid_for(tmp_path, "expired", -1)
+    soon, _ = valid_for(tmp_path, "soon", 5)
+    broken = tmp_path / "broken.pem"
+    broken.write_text("not a certificate\n")
+    listeners = [
+        ListenerConfig("tcp", "127.0.0.1", 1883),
+        ListenerConfig("tls", "0.0.0.0", 8883, certfile=fine, keyfile=fine_key, cafile=soon),
+        ListenerConfig("websocket", "0.0.0.0", 8443, certfile=expired, keyfile=expired_key, cafile=broken),
+    ]
+    findings = {finding.message.split(":")[0]: finding for finding in check_certificates(listeners)}
+    assert findings[f"TLS certfile {fine}"].verdict is Verdict.OK
+    assert findings[f"TLS certfile {expired}"].verdict is Verdict.PROBLEM and "expired on" in findings[f"TLS certfile {expired}"].message
+    assert findings[f"TLS cafile {soon}"].verdict is Verdict.PROBLEM and "renew it" in findings[f"TLS cafile {soon}"].message
+    assert findings[f"TLS cafile {broken}"].verdict is Verdict.PROBLEM and "no PEM certificate" in findings[f"TLS cafile {broken}"].message
+    assert check_certificates([ListenerConfig("tcp", "127.0.0.1", 1883)]) == []
 
 
 PAGE = 4096
