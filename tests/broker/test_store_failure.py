@@ -8,10 +8,13 @@ real full filesystem is ``tests/broker/test_full_disk.py``."""
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
@@ -223,3 +226,68 @@ def test_a_flapping_store_is_logged_at_most_once_per_interval_and_ends_with_its_
     pair.advance(LOG_INTERVAL)
     logs = store_logs(caplog)
     assert len(logs) <= 3 and "healthy" in logs[-1].getMessage()
+
+
+# -- hostile timing: the store fails and recovers at any point -------------------------------------------
+
+ACTIONS = st.one_of(
+    st.just("lock"), st.just("unlock"), st.floats(0.05, 1.5),
+    st.lists(st.tuples(st.sampled_from(["stored", "live"]), st.integers(1, 2), st.booleans()), min_size=1, max_size=4),
+)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(actions=st.lists(ACTIONS, max_size=14))
+def test_whatever_fails_when_an_acknowledged_message_is_committed_and_pings_are_answered(
+    tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture, level: int, actions: list[object]
+) -> None:
+    """At every step: each message that got a success PUBACK/PUBREC is in ``broker.db`` (read by another
+    connection, as after kill -9), every PINGREQ is answered, no internal error is logged."""
+    data_dir = tmp_path_factory.mktemp("store")
+    pair = BrokerPair(data_dir, max_session_expiry=600)
+    try:
+        away_subscriber(pair, pk.MQTT_5, "away")
+        locked: LockedStore | None = None
+        acknowledged: set[bytes] = set()
+        publisher: FakeClient | None = None
+        sent = 0
+        for action in actions:
+            if action == "lock" and locked is None:
+                locked = LockedStore(pair, data_dir / "broker.db")
+            elif action == "unlock" and locked is not None:
+                locked.release()
+                locked = None
+            elif isinstance(action, float):
+                pair.advance(action)
+            elif isinstance(action, list):
+                if publisher is None or publisher.closed:
+                    publisher = pair.client(level)
+                    publisher.connect(f"publisher-{sent}")
+                packets: list[pk.Packet] = []
+                bodies: dict[int, bytes] = {}
+                for where, qos, then_disconnect in action:
+                    sent += 1
+                    bodies[sent] = b"%s-%d" % (where.encode(), sent)
+                    packets.append(pk.Publish(f"{where}/x", bodies[sent], qos=qos, packet_id=sent % 60000 + 1))
+                    if then_disconnect:
+                        packets.append(pk.Disconnect())
+                        break
+                packets.append(pk.PingReq())
+                publisher.send(*packets)
+                received = publisher.received()
+                for packet in received:
+                    if isinstance(packet, (pk.PubAck, pk.PubRec)) and packet.reason_code == 0:
+                        acknowledged.add(next(b for n, b in bodies.items() if n % 60000 + 1 == packet.packet_id))
+                if not publisher.closed:
+                    assert isinstance(received[-1], pk.PingResp), received
+            with sqlite3.connect(data_dir / "broker.db") as reader:
+                committed = {row[0] for row in reader.execute(
+                    "SELECT payload FROM messages JOIN outbound ON outbound.message_id = messages.id")}
+            reader.close()
+            assert {b for b in acknowledged if b.startswith(b"stored")} <= committed
+        if locked is not None:
+            locked.release()
+        assert not [r for r in caplog.records if "internal error" in r.getMessage() or r.exc_info]
+    finally:
+        pair.stop()
