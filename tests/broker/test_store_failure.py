@@ -237,7 +237,7 @@ ACTIONS = st.one_of(
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(actions=st.lists(ACTIONS, max_size=14))
 def test_whatever_fails_when_an_acknowledged_message_is_committed_and_pings_are_answered(
     tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture, level: int, actions: list[object]
