@@ -138,6 +138,7 @@ class Broker:
         self.runtime.close()
         if self.store is not None:
             self.commit()
+            self.commits.stop()
 
     def reload_security(self, authenticator: Authenticator, acl: Acl | None) -> None:
         """SIGHUP: swap in freshly loaded credentials and rules (both built before calling)."""

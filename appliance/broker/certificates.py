@@ -30,13 +30,14 @@ class CertificateFileError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class DateProblem:
-    """One certificate of ``path`` whose dates need attention; ``expired`` tells a warning from a failure."""
+    """One certificate of ``path`` whose dates need attention; ``invalid_now``: expired or not valid yet
+    (clients refuse it today), rather than only near its expiry."""
 
     path: Path
     role: str
     subject: str
     message: str
-    expired: bool
+    invalid_now: bool
 
     def __str__(self) -> str:
         return f"TLS {self.role} {self.path}: certificate {self.subject} {self.message}"

@@ -126,6 +126,12 @@ class CommitGate:
             self._state_changed()
         return True
 
+    def stop(self) -> None:
+        """The broker stopped: no more retries (the store is about to be closed)."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+
     def _schedule_retry(self, delay: float) -> None:
         if self._retry is None:
             self._retry = self.broker.runtime.call_later(delay, self._retry_commit)

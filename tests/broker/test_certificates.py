@@ -27,14 +27,14 @@ def test_an_expired_certificate_is_named_with_its_file_and_date(tmp_path: Path) 
     now = datetime.now(timezone.utc)  # after the certificate was made: exactly 3 days and a little
     [problem] = date_problems(cert, "certfile", now)
     expiry = (now - timedelta(days=3)).strftime("%Y-%m-%d")
-    assert problem.expired and str(cert) in str(problem) and "CN=gateway.example" in str(problem)
+    assert problem.invalid_now and str(cert) in str(problem) and "CN=gateway.example" in str(problem)
     assert f"expired on {expiry}" in str(problem) and "3 days ago" in str(problem)
 
 
 def test_a_certificate_near_its_expiry_is_a_warning_with_the_days_left(tmp_path: Path) -> None:
     cert, _ = valid_for(tmp_path, "soon", 12.5)
     [problem] = date_problems(cert, "certfile", NOW)
-    assert not problem.expired and "(in 12 days); renew it" in str(problem) and str(cert) in str(problem)
+    assert not problem.invalid_now and "(in 12 days); renew it" in str(problem) and str(cert) in str(problem)
     assert date_problems(cert, "certfile", NOW, near=timedelta(days=10)) == []
     assert NEAR_EXPIRY == timedelta(days=30)
 
@@ -42,7 +42,7 @@ def test_a_certificate_near_its_expiry_is_a_warning_with_the_days_left(tmp_path:
 def test_a_certificate_not_valid_yet_points_at_the_clock(tmp_path: Path) -> None:
     cert, _ = write_certificate(tmp_path, "future", NOW + timedelta(days=2), NOW + timedelta(days=400))
     [problem] = date_problems(cert, "certfile", NOW)
-    assert problem.expired and "not valid before" in str(problem) and "clock" in str(problem)
+    assert problem.invalid_now and "not valid before" in str(problem) and "clock" in str(problem)
 
 
 def test_every_certificate_of_a_chain_or_bundle_is_checked(tmp_path: Path) -> None:

@@ -193,6 +193,17 @@ def test_databases_an_index_that_disagrees_with_its_table(tmp_path: Path) -> Non
     assert str(path) in problem.message and "filler_text" in problem.message, problem.message
 
 
+@pytest.mark.parametrize("content", [b"not a database at all\n" * 300, os.urandom(8192), b"SQLite format 3\x00" + os.urandom(4080)],
+                         ids=["text", "random", "header-then-garbage"])
+def test_databases_a_file_that_is_no_database_is_a_problem_not_a_crash(tmp_path: Path, content: bytes) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "statestore.db").write_bytes(content)
+    [problem] = check_databases(data_dir)
+    assert problem.verdict is Verdict.PROBLEM and str(data_dir / "statestore.db") in problem.message
+    assert (data_dir / "statestore.db").read_bytes() == content
+
+
 def test_databases_a_zero_length_file_is_a_problem(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     gateway_databases(data_dir)
