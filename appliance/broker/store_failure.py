@@ -15,7 +15,7 @@ depends on the failed commit is held back, and it is answered instead of waiting
   *kept* and committed with the next successful commit (``BrokerStore`` retries the failed batch), so
   their messages may still reach subscribers: at least once, never lost.
 * **While the store keeps failing** every request that would need a write is refused before it
-  changes anything (``refuse_*`` below, called from the handlers), so memory does not grow with
+  changes anything (``refuse_publish`` and the other helpers below, called from the handlers), so memory does not grow with
   changes that cannot be written: a QoS 1/2 PUBLISH that would be stored (a durable subscriber, a
   retained message, a QoS 2 exchange of a durable session), a CONNECT of a durable session, and
   SUBSCRIBE/UNSUBSCRIBE of a durable session. Everything else is served as usual: PINGREQ, QoS 0,
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from appliance.broker import lifecycle
 from appliance.broker.codec import packets as pk
@@ -151,7 +151,7 @@ def failure_code(broker: Broker) -> int:
     return rc.QUOTA_EXCEEDED if broker.store_health.disk_full else rc.UNSPECIFIED_ERROR
 
 
-def _reason(connection: Connection) -> dict[int, object] | None:
+def _reason(connection: Connection) -> dict[int, Any] | None:
     return {pr.REASON_STRING: WHY} if connection.request_problem_info else None
 
 
@@ -170,7 +170,7 @@ def answer_failed_commit(broker: Broker, connection: Connection, held: list[Held
         kept += out[position:ack.start]
         position = ack.end
         if connection.v5 and ack.packet_type in (pk.PUBACK, pk.PUBREC):
-            kept += encode_ack(ack.packet_type, ack.packet_id, pk.MQTT_5, code, _reason(connection))  # type: ignore[arg-type]
+            kept += encode_ack(ack.packet_type, ack.packet_id, pk.MQTT_5, code, _reason(connection))
             if ack.packet_type == pk.PUBREC:
                 _forget_inbound_qos2(broker, connection.session, ack.packet_id)
             continue
@@ -228,9 +228,10 @@ def refuse_publish(broker: Broker, link: Link, publish: pk.Publish) -> None:
     broker.store_health.refused += 1
     connection = link.connection
     if connection.v5:
+        assert publish.packet_id is not None  # QoS 1/2
         packet_type = pk.PUBACK if publish.qos == 1 else pk.PUBREC
         connection.out += encode_ack(packet_type, publish.packet_id, pk.MQTT_5, failure_code(broker),
-                                     _reason(connection))  # type: ignore[arg-type]
+                                     _reason(connection))
     else:
         lifecycle.close(broker, link, failure_code(broker), WHY)
 
