@@ -16,11 +16,13 @@ import errno
 import json
 import os
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
@@ -222,3 +224,63 @@ def arrived(client: PahoClient, into: set[bytes]) -> set[bytes]:
         payload = bytes(client.messages.get_nowait().payload)
         into.add(payload.removesuffix(PAYLOAD))
     return into
+
+
+@pytest.mark.slow
+def test_a_flood_on_a_full_disk_costs_no_memory_no_log_and_no_latency(small_disk: Path) -> None:
+    """20 s of four publishers flooding QoS 1 messages of 48 KB for durable subscribers (all refused)
+    and QoS 0 for a live one, on a full disk: the gateway's memory stays flat (refused before anything
+    is kept), the log has one line, and a PINGREQ is answered within 0.5 s throughout."""
+    data_dir = small_disk / "data"
+    with GatewayProcess(data_dir) as gateway:
+        port = gateway.port
+        away_subscriber(port, "away", True).disconnect()
+        listener = PahoClient(port, "listener")
+        listener.connect()
+        listener.subscribe("live/#", 0)
+        fill(small_disk)
+        log_mark = len(gateway.log_lines)
+        publishers = [PahoClient(port, f"flood-{n}") for n in range(4)]
+        for publisher in publishers:
+            publisher.connect()
+        process = psutil.Process(gateway.process.pid)  # type: ignore[union-attr]
+        stop = threading.Event()
+        codes: list[int] = []
+
+        def flood(client: PahoClient) -> None:
+            while not stop.is_set():
+                codes.append(code_of(client.publish("stored/flood", PAYLOAD, 1)))
+                client.publish("live/flood", b"q0", 0)
+
+        threads = [threading.Thread(target=flood, args=(p,), daemon=True) for p in publishers]
+        for thread in threads:
+            thread.start()
+        ping = RawClient(port)
+        ping.connect("ping", keep_alive=0)
+        worst_ping = 0.0
+        rss_at_start = None
+        started = time.monotonic()
+        while time.monotonic() - started < 20.0:
+            sent = time.monotonic()
+            ping.send(pk.PingReq())
+            ping.expect(pk.PingResp, timeout=5.0)
+            worst_ping = max(worst_ping, time.monotonic() - sent)
+            if rss_at_start is None and time.monotonic() - started > 2.0:  # after the first refusals warmed up
+                rss_at_start = process.memory_info().rss
+            stop.wait(0.2)  # the probe's own pace, not synchronisation
+        stop.set()
+        for thread in threads:
+            thread.join(15)
+        assert rss_at_start is not None
+        growth_mb = (process.memory_info().rss - rss_at_start) / 2**20
+        during = gateway.log_lines[log_mark:]
+        refused = sum(code == QUOTA_EXCEEDED for code in codes)
+        print(f"{refused} QoS 1 refused, {len(codes) - refused} acknowledged, RSS +{growth_mb:.1f} MB, "
+              f"worst PINGREQ {worst_ping * 1000:.0f} ms, {len(during)} log lines in 20 s")
+        assert refused > 100 and set(codes) <= {0, QUOTA_EXCEEDED}
+        assert growth_mb < 10
+        assert worst_ping < 0.5
+        assert len(during) <= 2, "".join(during)
+        assert listener.get(timeout=5).payload == b"q0"  # QoS 0 kept flowing
+        for client in (*publishers, listener):
+            client.disconnect()
