@@ -24,6 +24,8 @@ class StoreHealth:
 
     what: str
     log: logging.Logger
+    #: What the failure means for clients, for the log line.
+    consequence: str = "writes are refused until a commit succeeds"
     healthy: bool = True
     #: The latest failure was SQLite's "database or disk is full" (SQLITE_FULL).
     disk_full: bool = False
@@ -46,8 +48,7 @@ class StoreHealth:
         self.healthy = False
         self._failing_since = now
         self._failed_in_spell = 1
-        self._changed(now, f"{self.what}: cannot commit ({error}); writes are refused until a commit succeeds "
-                           "(retried every half second)")
+        self._changed(now, f"{self.what}: cannot commit ({error}); {self.consequence}")
         return True
 
     def succeeded(self, now: float) -> bool:

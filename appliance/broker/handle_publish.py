@@ -94,6 +94,8 @@ def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Pub
     if not qos:
         return
     code = verdict.reason_code
+    if code >= 0x80 and verdict.disconnect is not None and not connection.v5:
+        return  # 3.1.1 cannot say no: closed by the caller without an acknowledgement, the client resends
     properties_out = {pr.REASON_STRING: verdict.reason_string} if verdict.reason_string else None
     level = connection.protocol_level
     start = len(connection.out)

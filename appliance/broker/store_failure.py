@@ -68,7 +68,10 @@ class CommitGate:
     def __init__(self, broker: Broker, log: logging.Logger) -> None:
         self.broker = broker
         store = broker.store
-        self.health = StoreHealth(str(store.path) if store is not None else "broker store", log)
+        self.health = StoreHealth(
+            str(store.path) if store is not None else "broker store", log,
+            f"requests that need a write are refused until a commit succeeds (retried every {COMMIT_RETRY} s)",
+        )
         self._held: dict[Connection, list[HeldAck]] = {}
         self._closing: dict[Connection, bool] = {}
         self._retry: Timer | None = None

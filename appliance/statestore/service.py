@@ -150,7 +150,8 @@ class StateStoreService(ServiceDefaults):
         self._sweeper: asyncio.Task[None] | None = None
         self._wake_sweeper = asyncio.Event()
         #: Whether ``statestore.db`` commits, logged once per change.
-        self.health = StoreHealth(str(self.data_dir / FILE_NAME), log)
+        self.health = StoreHealth(str(self.data_dir / FILE_NAME), log,
+                                  "requests it cannot complete get status 500 until a change commits again")
 
     # -- BrokerService -------------------------------------------------------------------------------
 
