@@ -11,8 +11,10 @@ Services are listed in ONE place, ``build_services``: a subsystem adds itself th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Mapping
@@ -21,6 +23,7 @@ from appliance.broker.acl import Acl, AclFileError
 from appliance.broker.api import BrokerService
 from appliance.broker.auth import Authenticator, PasswordFileError
 from appliance.broker.broker import Broker
+from appliance.broker.config import BrokerConfig, queued_bytes_default
 from appliance.broker.persistence import DB_FILENAME, BrokerStore, PersistenceError
 from appliance.broker.server import TlsSetupError, start_listener
 from appliance.config import GatewayConfig
@@ -72,6 +75,19 @@ def load_security(config: GatewayConfig) -> tuple[Authenticator, Acl | None]:
     return authenticator, acl
 
 
+def resolve_queued_bytes(config: GatewayConfig) -> BrokerConfig:
+    """The broker's configuration with ``max_queued_bytes`` set: when not configured, a share of the data
+    directory's free space now (``config.queued_bytes_default``), logged so the operator sees it."""
+    limits = config.broker.limits
+    if limits.max_queued_bytes is not None:
+        return config.broker
+    free = shutil.disk_usage(config.data_dir).free
+    bound = queued_bytes_default(free)
+    log.info("max_queued_bytes not set: %d bytes per durable session (%d bytes free in %s)", bound, free,
+             config.data_dir)
+    return dataclasses.replace(config.broker, limits=dataclasses.replace(limits, max_queued_bytes=bound))
+
+
 def run_gateway(config: GatewayConfig) -> int:
     logging.basicConfig(
         level=config.log_level.upper(),
@@ -109,7 +125,8 @@ async def serve(config: GatewayConfig) -> int:
         return {"clients": broker.stats.clients_connected}
 
     broker = Broker(
-        config.broker, store, authenticator, acl, build_services(config, restart_after_factory_reset, broker_status)
+        resolve_queued_bytes(config), store, authenticator, acl,
+        build_services(config, restart_after_factory_reset, broker_status),
     )
     notifier = Notifier()  # systemd: READY=1 and watchdog pings; a no-op outside systemd
     watchdog: asyncio.Task[None] | None = None

@@ -41,7 +41,7 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import ProtocolError
-from appliance.broker.config import BrokerConfig
+from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, BrokerConfig
 from appliance.broker.dispatch import HANDLERS, ReadFailure, unexpected
 from appliance.broker.link import Link
 from appliance.broker.message import Message
@@ -87,6 +87,10 @@ class Broker:
         self.tree = SubscriptionTree()
         self.sessions: dict[str, Session] = {}
         self.router = Router(self.tree, self.sessions, acl)
+        #: ``max_queued_bytes`` as resolved (``config.queued_bytes_limit``): the bound of each durable
+        #: session's stored deliveries.
+        self.queue_bytes_limit = config.limits.max_queued_bytes if config.limits.max_queued_bytes is not None \
+            else DEFAULT_QUEUED_BYTES_CAP
         self.retained = RetainedMessages()
         self.wills = PendingWills()
         self.stats = BrokerStats(started_at=0.0)
@@ -287,15 +291,18 @@ class Broker:
 
     # -- routing --------------------------------------------------------------------------------------
 
-    def route(self, message: Message, now: float, publisher: Link | None = None) -> None:
+    def route(self, message: Message, now: float, publisher: Link | None = None) -> bool:
         """Deliver ``message`` to every matching session (and retain it if asked); store the deliveries
-        to durable sessions; hold ``publisher`` back for congested receivers."""
+        to durable sessions; hold ``publisher`` back for congested receivers. False if a QoS 1/2
+        delivery was dropped because a receiver's queue is full (the publisher gets 0x97)."""
         if message.retain and self.retained.update(message):
             self.stats.retained_count = len(self.retained)
             storage.store_retained(self, message)
         durable: list[tuple[Session, Delivery]] = []
         backpressure = self.backpressure
-        count = self.router.route(message, now, self._dirty, durable, backpressure.congested_hits)
+        router = self.router
+        queue_full = router.queue_full
+        count = router.route(message, now, self._dirty, durable, backpressure.congested_hits)
         self.stats.messages_sent += count
         self._since_flush += count
         if durable:
@@ -304,6 +311,7 @@ class Broker:
             backpressure.after_route(publisher)
         if self._dirty and not self._flush_scheduled:
             self.schedule_flush()
+        return router.queue_full == queue_full
 
     # -- the periodic tick ----------------------------------------------------------------------------
 

@@ -73,6 +73,7 @@ def handle_publish(broker: Broker, link: Link, publish: pk.Publish, now: float) 
 def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Publish, verdict: PublishVerdict,
                    now: float) -> None:
     connection = link.connection
+    queued = True
     # A failure reason code means "not accepted": such a message is not routed either.
     if verdict.route and verdict.reason_code < 0x80:
         properties = publish.properties
@@ -85,11 +86,14 @@ def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Pub
                 raw = None
         message = Message(publish.topic, publish.payload, publish.qos, publish.retain, properties,
                           connection.client_id, expires_at, raw, connection.v5)
-        broker.route(message, now, link)
+        queued = broker.route(message, now, link)
     qos = publish.qos
     if not qos:
         return
     code = verdict.reason_code
+    if not queued and code < 0x80:
+        # Some subscriber's queue is full (max_queued_bytes): MQTT 5 says so (3.1.1 cannot).
+        code = rc.QUOTA_EXCEEDED
     properties_out = {pr.REASON_STRING: verdict.reason_string} if verdict.reason_string else None
     level = connection.protocol_level
     if qos == 1:

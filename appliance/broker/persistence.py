@@ -112,6 +112,11 @@ _DELETE_SESSION = (
 )
 # Only entries enqueued before delete_session: later ones in the same turn belong to the new session.
 _DELETE_SESSION_QUEUE = "DELETE FROM outbound WHERE client_id = ? AND seq < ?"
+_PAGE = (
+    "SELECT o.seq, o.message_id, o.qos, o.retain, o.subscription_ids, m.topic, m.payload, m.properties, m.expires_at"
+    " FROM outbound o JOIN messages m ON m.id = o.message_id"
+    " WHERE o.client_id = ? AND o.seq > ? AND o.state = 0 ORDER BY o.seq LIMIT ?"
+)
 
 
 class BrokerStore:
@@ -293,6 +298,50 @@ class BrokerStore:
         else:
             self._operations.append((_DELETE_DELIVERY, (seq,)))
 
+    @property
+    def last_seq(self) -> int:
+        """The highest queue sequence number handed out so far."""
+        return int(self._next_seq) - 1
+
+    def page(self, client_id: str, after_seq: int, limit: int) -> list[tuple[StoredDelivery, StoredMessage]]:
+        """The next ``limit`` deliveries of a session's queue never sent (state QUEUED) after
+        ``after_seq``, oldest first, with their messages: committed rows first, then the ones still
+        buffered (this turn's, or a batch whose commit failed), which all have higher numbers."""
+        try:
+            rows = self._db.execute(_PAGE, (client_id, after_seq, limit)).fetchall()
+        except sqlite3.Error as exc:
+            raise PersistenceError(f"{self.path}: cannot read queued messages: {exc}") from exc
+        page = [
+            (StoredDelivery(row[0], client_id, row[1], row[2], bool(row[3]), _ids(row[4])),
+             StoredMessage(row[5], row[6], decode_properties(row[7]), row[8]))
+            for row in rows
+        ]
+        if len(page) < limit and (self._failed or self._new_deliveries):
+            after = page[-1][0].seq if page else after_seq
+            page += self._buffered_page(client_id, after, limit - len(page))
+        return page
+
+    def _buffered_page(self, client_id: str, after_seq: int, limit: int) -> list[tuple[StoredDelivery, StoredMessage]]:
+        batches = [*self._failed, _Batch(list(self._new_messages.values()),
+                                         [tuple(row) for row in self._new_deliveries.values()], [])]
+        messages = {row[0]: row for batch in batches for row in batch.messages}
+        page: list[tuple[StoredDelivery, StoredMessage]] = []
+        for batch in batches:
+            for row in batch.deliveries:
+                seq, owner, message_id = row[0], row[1], row[2]
+                if owner != client_id or seq <= after_seq or row[7] != OutboundState.QUEUED:  # type: ignore[operator]
+                    continue
+                body = messages.get(message_id)
+                if body is None:
+                    body = (message_id, *self._db.execute(
+                        "SELECT topic, payload, properties, expires_at FROM messages WHERE id = ?", (message_id,)
+                    ).fetchone())
+                page.append((StoredDelivery(seq, client_id, message_id, row[3], bool(row[4]), _ids(row[5])),  # type: ignore[arg-type]
+                             StoredMessage(body[1], body[2], decode_properties(body[3]), body[4])))  # type: ignore[arg-type]
+                if len(page) == limit:
+                    return page
+        return page
+
     def _drop_new_delivery(self, seq: int) -> None:
         row = self._new_deliveries.pop(seq)
         message_id = row[2]
@@ -403,20 +452,26 @@ class BrokerStore:
             loaded = sessions.get(row[0])
             if loaded is not None:
                 loaded.subscriptions[row[1]] = SubscriptionOptions(row[2], bool(row[3]), bool(row[4]), row[5], row[6])
-        message_ids: set[int] = set()
+        # Queued deliveries are only counted: they are read back a window at a time (``page``).
         for row in db.execute(
-            "SELECT seq, client_id, message_id, qos, retain, subscription_ids, packet_id, state FROM outbound ORDER BY seq"
+            "SELECT o.client_id, sum(o.state = 0), sum(length(m.payload)) FROM outbound o"
+            " JOIN messages m ON m.id = o.message_id GROUP BY o.client_id"
+        ):
+            loaded = sessions.get(row[0])
+            if loaded is not None:
+                loaded.queued, loaded.stored_bytes = row[1], row[2]
+        messages: dict[int, StoredMessage] = {}
+        for row in db.execute(
+            "SELECT o.seq, o.client_id, o.message_id, o.qos, o.retain, o.subscription_ids, o.packet_id, o.state,"
+            " m.topic, m.payload, m.properties, m.expires_at FROM outbound o JOIN messages m ON m.id = o.message_id"
+            " WHERE o.state != 0 ORDER BY o.seq"
         ):
             loaded = sessions.get(row[1])
             if loaded is None:
                 continue
-            ids = tuple(int(part) for part in row[5].split(",")) if row[5] else ()
-            loaded.outbound.append(StoredDelivery(row[0], row[1], row[2], row[3], bool(row[4]), ids, row[6], OutboundState(row[7])))
-            message_ids.add(row[2])
-        messages: dict[int, StoredMessage] = {}
-        for row in db.execute("SELECT id, topic, payload, properties, expires_at FROM messages"):
-            if row[0] in message_ids:
-                messages[row[0]] = StoredMessage(row[1], row[2], decode_properties(row[3]), row[4])
+            loaded.outbound.append(StoredDelivery(row[0], row[1], row[2], row[3], bool(row[4]), _ids(row[5]), row[6],
+                                                  OutboundState(row[7])))
+            messages[row[2]] = StoredMessage(row[8], row[9], decode_properties(row[10]), row[11])
         for row in db.execute("SELECT client_id, packet_id FROM inbound_qos2"):
             loaded = sessions.get(row[0])
             if loaded is not None:
@@ -426,3 +481,8 @@ class BrokerStore:
             for row in db.execute("SELECT topic, payload, qos, properties, expires_at FROM retained")
         }
         return BrokerState(sessions, messages, retained)
+
+
+def _ids(column: object) -> tuple[int, ...]:
+    """The subscription identifiers column ("1,5" or NULL)."""
+    return tuple(int(part) for part in str(column).split(",")) if column else ()

@@ -34,6 +34,9 @@ class Router:
         #: None means no ACL file: everyone may read everything (no per-delivery check at all).
         self.acl = acl
         self._share_cursor: dict[tuple[str, str], int] = {}
+        #: QoS 1/2 deliveries dropped because the receiver's queue was at its bound (``Session.deliver``);
+        #: the caller compares it around ``route`` to answer the publisher 0x97 Quota exceeded.
+        self.queue_full = 0
 
     def route(
         self,
@@ -83,6 +86,8 @@ class Router:
         congested: list[Connection],
     ) -> int:
         if not session.deliver(delivery, now):
+            if delivery.qos:
+                self.queue_full += 1
             return 0
         if delivery.qos and session.expiry_interval:
             durable.append((session, delivery))

@@ -163,7 +163,7 @@ class Delivery:
     subscription identifiers it carries, and, once sent, its packet id. ``released`` means PUBREC
     arrived and PUBREL was sent (QoS 2, waiting for PUBCOMP)."""
 
-    __slots__ = ("message", "qos", "retain", "subscription_ids", "packet_id", "released", "sent", "seq")
+    __slots__ = ("message", "qos", "retain", "subscription_ids", "packet_id", "released", "sent", "seq", "spilled")
 
     def __init__(self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None) -> None:
         self.message = message
@@ -175,6 +175,8 @@ class Delivery:
         self.sent = False
         #: The store's sequence number for a delivery to a durable session (0: not stored).
         self.seq = 0
+        #: Handed to the store only: the session keeps no reference (its backlog, ``Session.spilled``).
+        self.spilled = False
 
 
 class DeliveryJournal(Protocol):
@@ -188,24 +190,41 @@ class DeliveryJournal(Protocol):
     def remove_delivery(self, seq: int) -> None: ...
 
 
+class Pager(Protocol):
+    """Reads a durable session's backlog back from the store, oldest first (``storage.StoredBacklog``):
+    the deliveries after ``session.cursor``, at most ``limit``; None when the store cannot be read now
+    (the backlog stays as it is and is read on a later acknowledgement)."""
+
+    def page(self, session: Session, limit: int) -> list[Delivery] | None: ...
+
+
 class Session:
     """What the broker owes one client id across connections (see the module docstring).
 
-    ``queue_limit`` bounds QoS 0 messages waiting while the client is away or its window is full, and
-    QoS 1/2 messages queued while the client is away or overloaded (mosquitto's ``max_queued_messages``):
-    a durable session of a client that never comes back, or a connected client that stopped
-    acknowledging, must not grow without bound in memory (nor in the store). While a connected client
-    makes progress its QoS 1/2 queue is not cut: the broker holds back the publishers feeding it instead
-    (lossless), so it is bounded by that.
+    Two queues. ``queue`` is in memory: QoS 0 messages waiting while the client is away or its window is
+    full, and QoS 1/2 deliveries behind the window of a connected client (bounded by the backpressure
+    that holds its publishers back). The *backlog* is in the store only, when the session has a
+    ``pager`` (durable, with a store): QoS 1/2 deliveries made while the client is away or a slow
+    consumer, and every later one until the backlog is empty again (order), are handed to the store and
+    not kept; ``spilled`` counts them, ``cursor`` is the store sequence number up to which the session
+    has taken everything into memory. They come back a window at a time (``fill_window``), so an away
+    session costs no memory for what is queued for it, however much that is.
+
+    Bounds: ``queue_limit`` (``max_queued_messages``) counts in-memory messages: QoS 0 ones, and QoS 1/2
+    ones of a session without a store while the client is away or overloaded. ``byte_limit``
+    (``max_queued_bytes``, 0: none) bounds the payload bytes of a durable session's stored deliveries
+    (``stored_bytes``); a delivery that would pass it is not spilled but dropped, and ``deliver``
+    returns False for it, which is how the publisher learns (0x97 Quota exceeded). While a connected
+    client makes progress nothing of it is cut: its publishers are held back instead (lossless).
     """
 
     __slots__ = (
         "client_id", "username", "expiry_interval", "inflight", "queue", "inbound_qos2", "connection", "will",
         "disconnected_at", "dropped", "queue_limit", "journal", "completed", "receive_check", "_next_packet_id",
-        "_queued_qos0",
+        "_queued_qos0", "pager", "spilled", "cursor", "stored_bytes", "byte_limit",
     )
 
-    def __init__(self, client_id: str, queue_limit: int) -> None:
+    def __init__(self, client_id: str, queue_limit: int, byte_limit: int = 0) -> None:
         self.client_id = client_id
         #: The user name of the latest connection: ACL checks for deliveries and wills made while the
         #: client is away use it.
@@ -228,6 +247,12 @@ class Session:
         self.receive_check: Callable[[Session, str], bool] | None = None
         self._next_packet_id = 1
         self._queued_qos0 = 0
+        #: Reads the backlog back from the store; set while the session is durable and there is a store.
+        self.pager: Pager | None = None
+        self.spilled = 0
+        self.cursor = 0
+        self.stored_bytes = 0
+        self.byte_limit = byte_limit
 
     @property
     def durable(self) -> bool:
@@ -235,9 +260,9 @@ class Session:
         return self.expiry_interval > 0
 
     def deliver(self, delivery: Delivery, now: float) -> bool:
-        """Send now if connected and the window allows, else queue. False if dropped (and counted): QoS 0
-        over the bound or for an overloaded client, QoS 1/2 over the bound while the client is away or
-        overloaded."""
+        """Send now if connected and the window allows, else queue (in memory, or in the store's backlog:
+        then ``delivery.spilled`` is set and the caller must store it). False if dropped (and counted):
+        QoS 0 over the bound or for an overloaded client; QoS 1/2 only over a queue bound (see the class)."""
         connection = self.connection
         if delivery.qos == 0:
             if connection is not None and not self.queue:
@@ -252,7 +277,18 @@ class Session:
             self._queued_qos0 += 1
             self.queue.append(delivery)
             return True
-        if connection is None or connection.overloaded:
+        if self.pager is not None:
+            size = len(delivery.message.payload)
+            if connection is None or connection.overloaded or self.spilled:
+                if self.byte_limit and self.stored_bytes + size > self.byte_limit:
+                    self.dropped += 1
+                    return False
+                self.spilled += 1
+                self.stored_bytes += size
+                delivery.spilled = True
+                return True
+            self.stored_bytes += size
+        elif connection is None or connection.overloaded:
             if len(self.queue) - self._queued_qos0 >= self.queue_limit:
                 self.dropped += 1
                 return False
@@ -322,8 +358,24 @@ class Session:
         return expired
 
     def detach(self, now: float) -> None:
+        """The client went away. A durable session's stored deliveries still waiting behind the window
+        leave memory for the backlog (in flight ones stay: at most one window, resent on resume)."""
         self.connection = None
         self.disconnected_at = now
+        if self.pager is None:
+            return
+        kept: deque[Delivery] = deque()
+        first = 0
+        for delivery in self.queue:
+            if delivery.qos and delivery.seq:
+                first = first or delivery.seq
+                self.spilled += 1
+            else:
+                kept.append(delivery)
+        if first:
+            # Sent in queue order, so everything before ``first`` is in flight or done already.
+            self.queue = kept
+            self.cursor = min(self.cursor, first - 1)
 
     def fill_window(self, now: float) -> list[Delivery]:
         """Move queued deliveries into flight while the client's Receive Maximum allows; each is checked
@@ -351,7 +403,51 @@ class Session:
             else:
                 self._queued_qos0 -= 1
                 self._write_publish(connection, delivery, now)
+        if self.spilled and not queue:
+            expired += self._page_in(connection, now)
         return expired
+
+    def _page_in(self, connection: Connection, now: float) -> list[Delivery]:
+        """Take the backlog's oldest deliveries from the store into flight. Only when at least half the
+        window is free (or nothing is in flight), so a draining backlog costs one read per half window,
+        not one per acknowledgement."""
+        pager = self.pager
+        quota = connection.send_quota
+        dropped: list[Delivery] = []
+        while self.spilled and pager is not None:
+            free = quota - len(self.inflight)
+            if free <= 0 or (self.inflight and free < max(1, quota // 2)):
+                break
+            page = pager.page(self, free)
+            if page is None:
+                break
+            # A short page means the store holds no more: the count follows what the store says.
+            self.spilled = self.spilled - len(page) if len(page) == free else 0
+            for delivery in page:
+                self.cursor = delivery.seq
+                if delivery.message.expired(now) or not self._readable(delivery):
+                    dropped.append(delivery)
+                    self._finished(delivery)
+                else:
+                    self._send_new(connection, delivery, now)
+            if not page:
+                break
+        return dropped
+
+    def unspill(self) -> None:
+        """The session stops being durable: its backlog moves into memory (the store forgets it)."""
+        pager = self.pager
+        while self.spilled and pager is not None:
+            page = pager.page(self, 1000)
+            if not page:
+                break
+            for delivery in page:
+                self.cursor = delivery.seq
+                self.queue.append(delivery)
+            self.spilled = self.spilled - len(page) if len(page) == 1000 else 0
+        self.spilled = 0
+        self.stored_bytes = 0
+        self.pager = None
 
     def restore(self, delivery: Delivery) -> None:
         """Put back a delivery loaded from the store: in flight if it had a packet id, else queued."""
@@ -367,6 +463,8 @@ class Session:
         self.queue.clear()
         self.inbound_qos2.clear()
         self._queued_qos0 = 0
+        self.spilled = 0
+        self.stored_bytes = 0
 
     def _send_new(self, connection: Connection, delivery: Delivery, now: float) -> None:
         packet_id = self._next_packet_id
@@ -386,6 +484,8 @@ class Session:
 
     def _finished(self, delivery: Delivery) -> None:
         self.completed += 1
+        if delivery.seq and self.pager is not None:
+            self.stored_bytes -= len(delivery.message.payload)
         if delivery.seq and self.journal is not None:
             self.journal.remove_delivery(delivery.seq)
             delivery.seq = 0

@@ -19,6 +19,9 @@ class BrokerStats:
     bytes_received: int = 0
     bytes_sent: int = 0
     publish_dropped: int = 0
+    #: QoS 1/2 deliveries dropped at a full queue (``max_queued_bytes``, ``max_queued_messages``); also in
+    #: ``publish_dropped``. Not in mosquitto, which counts them only there.
+    queue_full: int = 0
     retained_count: int = 0
 
     def snapshot(self, now: float) -> list[tuple[str, bytes]]:
@@ -32,6 +35,7 @@ class BrokerStats:
             "$SYS/broker/bytes/received": self.bytes_received,
             "$SYS/broker/bytes/sent": self.bytes_sent,
             "$SYS/broker/publish/messages/dropped": self.publish_dropped,
+            "$SYS/broker/publish/messages/queue-full": self.queue_full,
             "$SYS/broker/retained messages/count": self.retained_count,
         }
         return [(topic, str(value).encode("ascii")) for topic, value in values.items()]

@@ -192,11 +192,42 @@ def test_will_of_a_client_connected_during_kill9_is_sent_after_restart(tmp_path:
         watcher.close()
 
 
-def test_an_away_clients_queue_is_bounded_by_max_queued_messages_across_a_restart(tmp_path: Path) -> None:
-    """An offline durable session keeps the first ``max_queued_messages`` QoS 1 messages (in the store,
-    so they survive a restart) and drops the rest, as mosquitto does; nothing more piles up."""
+def test_2000_acknowledged_messages_for_an_away_session_survive_kill9_with_the_defaults(tmp_path: Path) -> None:
+    """No acknowledged QoS 1 message for a durable session is dropped by default: the queue is bounded
+    by bytes of disk (``max_queued_bytes``), not by a count of 1,000 (which kept 1,000 of these 2,000)."""
+    gateway = GatewayProcess(tmp_path / "data")
+    with gateway:
+        away = PahoClient(gateway.port, "away-2000", clean=False)
+        away.connect(session_expiry=3600)
+        away.subscribe("backlog/#", 1)
+        away.disconnect()
+        publisher = PahoClient(gateway.port, "backlog-publisher")
+        publisher.connect()
+        payloads = [f"{index:06d}".encode().ljust(4096, b"x") for index in range(2000)]
+        infos = [publisher.client.publish("backlog/t", payload, 1) for payload in payloads]
+        for info in infos:
+            info.wait_for_publish(timeout=30)
+        with publisher._lock:
+            codes = [publisher._ack_codes[info.mid] for info in infos]
+        assert all(not code.is_failure for code in codes)
+        publisher.stop()
+        gateway.kill9()
+        gateway.start()
+
+        back = PahoClient(gateway.port, "away-2000", clean=False)
+        flags, _, _ = back.connect(session_expiry=3600)
+        assert flags.session_present
+        received = [back.get(timeout=30).payload for _ in range(2000)]
+        assert received == payloads
+        back.assert_nothing()
+        back.disconnect()
+
+
+def test_max_queued_bytes_bounds_an_away_session_across_a_restart(tmp_path: Path) -> None:
+    """Past ``max_queued_bytes`` an away durable session keeps the first messages (in the store, so they
+    survive a restart) and drops the rest; MQTT 5 publishers hear 0x97, 3.1.1 ones cannot."""
     config = tmp_path / "gateway.toml"
-    config.write_text("[broker.limits]\nmax_queued_messages = 5\n")
+    config.write_text("[broker.limits]\nmax_queued_bytes = 500\n")
     gateway = GatewayProcess(tmp_path / "data", config=config)
     with gateway:
         away = RawClient(gateway.port, level=4)
@@ -206,20 +237,23 @@ def test_an_away_clients_queue_is_bounded_by_max_queued_messages_across_a_restar
         away.expect_closed()
         publisher = RawClient(gateway.port)
         publisher.connect("queue-publisher")
-        for index in range(12):
-            publisher.send(pk.Publish("queued", str(index).encode(), 1, packet_id=index + 1))
-        assert {publisher.expect(pk.PubAck).packet_id for _ in range(12)} == set(range(1, 13))
+        for index in range(8):
+            publisher.send(pk.Publish("queued", str(index).encode().ljust(100, b"."), 1, packet_id=index + 1))
+        acks = [publisher.expect(pk.PubAck) for _ in range(8)]
+        assert [(a.packet_id, a.reason_code) for a in acks] == [(i + 1, 0 if i < 5 else 0x97) for i in range(8)]
         publisher.close()
         assert gateway.terminate() == 0
         gateway.start()
 
         away = RawClient(gateway.port, level=4)
         assert away.connect("away", clean_start=False).session_present
-        away.send(pk.PingReq())
         received: list[bytes] = []
-        while not isinstance(packet := away.recv(), pk.PingResp):
-            assert isinstance(packet, pk.Publish)
-            received.append(packet.payload)
+        while len(received) < 5:
+            packet = away.expect(pk.Publish)
+            received.append(packet.payload[:1])
+            away.send(pk.PubAck(packet.packet_id))
+        away.send(pk.PingReq())
+        assert isinstance(away.recv(), pk.PingResp)
         assert received == [str(index).encode() for index in range(5)]
         away.close()
 
