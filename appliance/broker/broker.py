@@ -307,11 +307,21 @@ class Broker:
         self._since_flush += count
         if durable:
             storage.store_deliveries(self, message, durable)
+            self._page_in_idle(durable, now)
         if backpressure.congested_hits:
             backpressure.after_route(publisher)
         if self._dirty and not self._flush_scheduled:
             self.schedule_flush()
         return router.queue_full == queue_full
+
+    def _page_in_idle(self, durable: list[tuple[Session, Delivery]], now: float) -> None:
+        """A delivery went to the backlog of a connected client with nothing in flight: no acknowledgement
+        will come to read it back, so read it now (it is in the store's buffer)."""
+        for session, delivery in durable:
+            connection = session.connection
+            if delivery.spilled and connection is not None and not session.inflight:
+                session.fill_window(now)
+                self.mark(connection)
 
     # -- the periodic tick ----------------------------------------------------------------------------
 

@@ -257,3 +257,17 @@ def test_buffered_rows_of_a_failed_commit_are_paged_too(tmp_path: Path) -> None:
 def test_the_default_byte_bound_is_a_share_of_free_space_with_a_cap(free: int, expected: int) -> None:
     assert queued_bytes_default(free) == expected
 
+
+
+def test_a_connected_slow_consumer_with_nothing_in_flight_still_gets_its_backlog(tmp_path: Path) -> None:
+    """A slow consumer's QoS 1 deliveries go to the store; with nothing in flight no acknowledgement
+    would read them back, so they are read at once."""
+    pair = BrokerPair(tmp_path)
+    subscriber = pair.client()
+    subscriber.connect("stuck", properties=EXPIRY)
+    subscriber.subscribe("q/#", 1)
+    pair.broker.sessions["stuck"].connection.overloaded = True  # type: ignore[union-attr]
+    publisher = pair.client()
+    publisher.connect("publisher")
+    publish(publisher, 3)
+    assert indexes(drain(subscriber)) == [0, 1, 2]
