@@ -19,6 +19,7 @@ import signal
 import sys
 from collections.abc import Callable, Mapping
 
+from appliance.broker import lifecycle
 from appliance.broker.acl import Acl, AclFileError
 from appliance.broker.api import BrokerService
 from appliance.broker.auth import Authenticator, PasswordFileError
@@ -38,11 +39,13 @@ def build_services(
     config: GatewayConfig,
     on_factory_reset: Callable[[], None] = lambda: None,
     status_report: Callable[[], Mapping[str, object]] = dict,
+    broker_metrics: Callable[[], str] = str,
 ) -> list[BrokerService]:
     """Every in-process service the broker hosts, in start order. Subsystems add themselves here.
 
     ``on_factory_reset`` is the hardware button's long press; ``serve`` stops, resets and exits for a restart.
-    ``status_report`` is what the button's short press logs about the broker.
+    ``status_report`` is what the button's short press logs about the broker; ``broker_metrics`` its
+    counters as Prometheus text, served on forwarding's metrics endpoint.
     The hardware starts before forwarding, which takes its modem link state (no upstream connection attempts
     while the modem is not registered) and drives its uplink and backlog LEDs (``docs/hardware.md``)."""
     services: list[BrokerService] = []
@@ -63,7 +66,8 @@ def build_services(
     if config.forwarding.enabled:
         from appliance.forwarding.service import ForwardingService
 
-        services.append(ForwardingService(config.forwarding, config.data_dir, config.gateway_id, hardware))
+        services.append(ForwardingService(config.forwarding, config.data_dir, config.gateway_id, hardware,
+                                          broker_metrics))
     return services
 
 
@@ -124,9 +128,13 @@ async def serve(config: GatewayConfig) -> int:
     def broker_status() -> dict[str, object]:
         return {"clients": broker.stats.clients_connected}
 
+    def broker_metrics() -> str:
+        lifecycle.count_drops(broker)
+        return broker.stats.prometheus()
+
     broker = Broker(
         resolve_queued_bytes(config), store, authenticator, acl,
-        build_services(config, restart_after_factory_reset, broker_status),
+        build_services(config, restart_after_factory_reset, broker_status, broker_metrics),
     )
     notifier = Notifier()  # systemd: READY=1 and watchdog pings; a no-op outside systemd
     watchdog: asyncio.Task[None] | None = None

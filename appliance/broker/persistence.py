@@ -28,6 +28,9 @@ Why it is built this way:
   until it succeeds).
 * Ids are assigned in memory (message ids, queue sequence numbers) so callers get them at once, without
   a round trip; queue order per session is sequence order.
+* Queues are read, not loaded: ``load`` returns only the deliveries in flight and counts the queued ones;
+  ``page`` reads a session's next queued rows (the ``(client_id, seq)`` index), followed by those still
+  in the buffer, so an away session's backlog never has to fit in memory.
 """
 
 from __future__ import annotations

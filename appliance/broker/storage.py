@@ -4,7 +4,8 @@
 module is the one place that translates (mosquitto keeps the same seam between ``database.c`` and
 ``persist_*.c``): what a session, a will, a queued delivery and a retained message are stored as, and
 how a restart rebuilds the broker from what was stored. It only buffers changes in the store; the
-broker's flush commits them before it sends any acknowledgement.
+broker's flush commits them before it sends any acknowledgement. The one read after the start is
+``StoredBacklog``: a durable session's queue is left in the store and read back a window at a time.
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ def store_retained(broker: Broker, message: Message) -> None:
 
 
 def restore(broker: Broker, now: float) -> None:
-    """Rebuild sessions, subscriptions, queues, retained messages and pending wills from the store."""
+    """Rebuild sessions, subscriptions, deliveries in flight, retained messages and pending wills from the
+    store; queued deliveries stay there (each session's backlog, read when its client returns)."""
     store = broker.store
     assert store is not None
     state = store.load()

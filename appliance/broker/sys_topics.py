@@ -39,3 +39,16 @@ class BrokerStats:
             "$SYS/broker/retained messages/count": self.retained_count,
         }
         return [(topic, str(value).encode("ascii")) for topic, value in values.items()]
+
+    def prometheus(self) -> str:
+        """The drop counters as Prometheus text, for the gateway's metrics endpoint (``gateway.py``)."""
+        counters = (
+            ("gateway_broker_messages_dropped_total", "deliveries dropped (queue bounds, slow consumers)",
+             self.publish_dropped),
+            ("gateway_broker_messages_queue_full_total", "QoS 1/2 deliveries dropped at a full queue",
+             self.queue_full),
+        )
+        lines: list[str] = []
+        for name, help_text, value in counters:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
+        return "\n".join(lines) + "\n"
