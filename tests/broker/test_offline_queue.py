@@ -7,10 +7,13 @@ The broker core on a fake clock with a real ``broker.db`` (``tests/broker/pair.p
 from __future__ import annotations
 
 import gc
+import tempfile
 import tracemalloc
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
@@ -271,3 +274,105 @@ def test_a_connected_slow_consumer_with_nothing_in_flight_still_gets_its_backlog
     publisher.connect("publisher")
     publish(publisher, 3)
     assert indexes(drain(subscriber)) == [0, 1, 2]
+
+
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(1, 25)),
+        st.tuples(st.just("connect"), st.integers(1, 8)),
+        st.tuples(st.just("disconnect"), st.integers(0, 1)),
+        st.tuples(st.just("ack"), st.integers(0, 12)),
+        st.tuples(st.just("overload"), st.integers(0, 1)),
+        st.tuples(st.just("crash"), st.integers(0, 1)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=STEPS)
+def test_every_acknowledged_message_arrives_in_order_and_only_dup_resends_repeat(steps: list[tuple[str, int]]) -> None:
+    """A model check of the backlog: any interleaving of publishes, the subscriber coming and going (with
+    any window), acknowledging some of what it has, being a slow consumer, and the broker crashing
+    (everything uncommitted lost, as with kill -9) or stopping. At the end every acknowledged message has
+    arrived, in publish order, and a message arrived again only as a DUP resend."""
+    with tempfile.TemporaryDirectory() as folder:
+        data = Path(folder)
+        pair = BrokerPair(data, max_inflight_messages=0)
+        away_subscriber(pair, "model")
+        publisher = pair.client()
+        publisher.connect("model-publisher")
+        published = 0
+        received: list[pk.Publish] = []
+        unacked: list[pk.Publish] = []
+        subscriber: FakeClient | None = None
+
+        def collect() -> None:
+            assert subscriber is not None
+            for packet in subscriber.received():
+                if isinstance(packet, pk.Publish):
+                    received.append(packet)
+                    unacked.append(packet)
+
+        for action, value in steps:
+            if action == "publish":
+                acks = publish(publisher, value, first=published)
+                assert [a.reason_code for a in acks if isinstance(a, pk.PubAck)] == [0] * value
+                published += value
+            elif action == "connect" and subscriber is None:
+                unacked.clear()
+                subscriber = pair.client()
+                subscriber.send(pk.Connect(pk.MQTT_5, "model", False, 0,
+                                           properties={**EXPIRY, pr.RECEIVE_MAXIMUM: value}))
+                connack, *rest = subscriber.received()
+                assert isinstance(connack, pk.Connack) and connack.session_present
+                subscriber.inbox = rest
+            elif action == "disconnect" and subscriber is not None:
+                collect()
+                if value:
+                    subscriber.send(pk.Disconnect())
+                else:
+                    subscriber.drop()
+                subscriber = None
+            elif action == "ack" and subscriber is not None:
+                collect()
+                done, unacked[:] = unacked[: value], unacked[value:]
+                if done:
+                    subscriber.send(*(pk.PubAck(p.packet_id or 0) for p in done))
+            elif action == "overload" and subscriber is not None:
+                subscriber.congest(bool(value))
+                if value:
+                    subscriber.connection.overloaded = True
+            elif action == "crash":
+                if subscriber is not None:
+                    collect()
+                if value:
+                    pair.stop()
+                elif pair.store is not None:
+                    pair.store.close()  # kill -9: the buffered changes are lost
+                pair = BrokerPair(data, max_inflight_messages=0)
+                publisher = pair.client()
+                publisher.connect("model-publisher")
+                subscriber = None
+            if subscriber is not None:
+                collect()
+        if subscriber is not None:
+            subscriber.send(pk.Disconnect())
+            subscriber = None
+        subscriber = come_back(pair, "model")
+        while True:
+            before = len(received)
+            collect()
+            if len(received) == before:
+                break
+            subscriber.send(*(pk.PubAck(p.packet_id or 0) for p in unacked))
+            unacked.clear()
+        pair.stop()
+    seen: list[int] = []
+    for packet in received:
+        index = int(packet.payload[:8])
+        if index in seen:
+            assert packet.dup, f"message {index} delivered twice as a new message"
+        else:
+            seen.append(index)
+    assert seen == list(range(published))
