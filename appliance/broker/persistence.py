@@ -306,19 +306,23 @@ class BrokerStore:
         """The highest queue sequence number handed out so far."""
         return int(self._next_seq) - 1
 
-    def page(self, client_id: str, after_seq: int, limit: int) -> list[tuple[StoredDelivery, StoredMessage]]:
+    def page(self, client_id: str, after_seq: int, limit: int,
+             max_bytes: int = 0) -> list[tuple[StoredDelivery, StoredMessage]]:
         """The next ``limit`` deliveries of a session's queue never sent (state QUEUED) after
         ``after_seq``, oldest first, with their messages: committed rows first, then the ones still
-        buffered (this turn's, or a batch whose commit failed), which all have higher numbers."""
+        buffered (this turn's, or a batch whose commit failed), which all have higher numbers. With
+        ``max_bytes``, no row is read once that much payload is (the rows are fetched one by one)."""
+        page: list[tuple[StoredDelivery, StoredMessage]] = []
+        size = 0
         try:
-            rows = self._db.execute(_PAGE, (client_id, after_seq, limit)).fetchall()
+            for row in self._db.execute(_PAGE, (client_id, after_seq, limit)):
+                page.append((StoredDelivery(row[0], client_id, row[1], row[2], bool(row[3]), _ids(row[4])),
+                             StoredMessage(row[5], row[6], decode_properties(row[7]), row[8])))
+                size += len(row[6])
+                if max_bytes and size >= max_bytes:
+                    return page
         except sqlite3.Error as exc:
             raise PersistenceError(f"{self.path}: cannot read queued messages: {exc}") from exc
-        page = [
-            (StoredDelivery(row[0], client_id, row[1], row[2], bool(row[3]), _ids(row[4])),
-             StoredMessage(row[5], row[6], decode_properties(row[7]), row[8]))
-            for row in rows
-        ]
         if len(page) < limit and (self._failed or self._new_deliveries):
             after = page[-1][0].seq if page else after_seq
             page += self._buffered_page(client_id, after, limit - len(page))

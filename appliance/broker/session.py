@@ -52,6 +52,9 @@ ALLOWED_PACKETS: dict[str, frozenset[int]] = {
 }
 
 NEVER_EXPIRES = 0xFFFFFFFF
+#: How much of a durable session's backlog is read from the store ahead of the window (``_read_ahead``).
+READ_AHEAD_ROWS = 64
+READ_AHEAD_BYTES = 1024 * 1024
 
 
 class Connection:
@@ -192,10 +195,11 @@ class DeliveryJournal(Protocol):
 
 class Pager(Protocol):
     """Reads a durable session's backlog back from the store, oldest first (``storage.StoredBacklog``):
-    the deliveries after ``session.cursor``, at most ``limit``; None when the store cannot be read now
-    (the backlog stays as it is and is read on a later acknowledgement)."""
+    the deliveries after ``session.cursor``, at most ``limit``, and once ``max_bytes`` of payload are
+    read no more (0: no byte budget); None when the store cannot be read now (the backlog stays as it
+    is and is read on a later acknowledgement)."""
 
-    def page(self, session: Session, limit: int) -> list[Delivery] | None: ...
+    def page(self, session: Session, limit: int, max_bytes: int = 0) -> list[Delivery] | None: ...
 
 
 class Session:
@@ -378,8 +382,9 @@ class Session:
             self.cursor = min(self.cursor, first - 1)
 
     def fill_window(self, now: float) -> list[Delivery]:
-        """Move queued deliveries into flight while the client's Receive Maximum allows; each is checked
-        against the ACL as it leaves (``receive_check``). Returns those dropped as expired or unreadable."""
+        """Move queued deliveries into flight while the client's Receive Maximum allows, reading the
+        backlog ahead from the store when the memory queue runs out; each is checked against the ACL as
+        it leaves (``receive_check``). Returns those dropped as expired or unreadable."""
         connection = self.connection
         expired: list[Delivery] = []
         if connection is None:
@@ -387,64 +392,49 @@ class Session:
         queue = self.queue
         inflight = self.inflight
         quota = connection.send_quota
-        while queue:
-            delivery = queue[0]
-            if delivery.qos and len(inflight) >= quota:
-                break
-            queue.popleft()
-            if delivery.message.expired(now) or not self._readable(delivery):
-                expired.append(delivery)
-                self._finished(delivery)
-                if not delivery.qos:
-                    self._queued_qos0 -= 1
-                continue
-            if delivery.qos:
-                self._send_new(connection, delivery, now)
-            else:
-                self._queued_qos0 -= 1
-                self._write_publish(connection, delivery, now)
-        if self.spilled and not queue:
-            expired += self._page_in(connection, now)
-        return expired
-
-    def _page_in(self, connection: Connection, now: float) -> list[Delivery]:
-        """Take the backlog's oldest deliveries from the store into flight. Only when at least half the
-        window is free (or nothing is in flight), so a draining backlog costs one read per half window,
-        not one per acknowledgement."""
-        pager = self.pager
-        quota = connection.send_quota
-        dropped: list[Delivery] = []
-        while self.spilled and pager is not None:
-            free = quota - len(self.inflight)
-            if free <= 0 or (self.inflight and free < max(1, quota // 2)):
-                break
-            page = pager.page(self, free)
-            if page is None:
-                break
-            # A short page means the store holds no more: the count follows what the store says.
-            self.spilled = self.spilled - len(page) if len(page) == free else 0
-            for delivery in page:
-                self.cursor = delivery.seq
+        while True:
+            while queue:
+                delivery = queue[0]
+                if delivery.qos and len(inflight) >= quota:
+                    break
+                queue.popleft()
                 if delivery.message.expired(now) or not self._readable(delivery):
-                    dropped.append(delivery)
+                    expired.append(delivery)
                     self._finished(delivery)
-                else:
+                    if not delivery.qos:
+                        self._queued_qos0 -= 1
+                    continue
+                if delivery.qos:
                     self._send_new(connection, delivery, now)
-            if not page:
-                break
-        return dropped
+                else:
+                    self._queued_qos0 -= 1
+                    self._write_publish(connection, delivery, now)
+            if queue or not self.spilled or len(inflight) >= quota or not self._read_ahead(min(quota, READ_AHEAD_ROWS)):
+                return expired
+
+    def _read_ahead(self, rows: int) -> bool:
+        """Move the backlog's oldest deliveries from the store to the memory queue: ``rows`` of them, or
+        fewer past READ_AHEAD_BYTES of payload (at least one). So a draining backlog costs one read per
+        window of small messages, and memory holds at most about a window more than is in flight, while
+        each acknowledgement is answered at once by the next PUBLISH (as mosquitto does; sending only
+        per half window left clients without TCP_NODELAY waiting for delayed ACKs). False if nothing
+        was read (the store has no more: the count follows it; or it cannot be read now)."""
+        pager = self.pager
+        page = pager.page(self, rows, READ_AHEAD_BYTES) if pager is not None else None
+        if not page:
+            if page is not None:
+                self.spilled = 0
+            return False
+        self.spilled = max(0, self.spilled - len(page))
+        for delivery in page:
+            self.cursor = delivery.seq
+            self.queue.append(delivery)
+        return True
 
     def unspill(self) -> None:
         """The session stops being durable: its backlog moves into memory (the store forgets it)."""
-        pager = self.pager
-        while self.spilled and pager is not None:
-            page = pager.page(self, 1000)
-            if not page:
-                break
-            for delivery in page:
-                self.cursor = delivery.seq
-                self.queue.append(delivery)
-            self.spilled = self.spilled - len(page) if len(page) == 1000 else 0
+        while self.spilled and self._read_ahead(1000):
+            pass
         self.spilled = 0
         self.stored_bytes = 0
         self.pager = None

@@ -88,9 +88,9 @@ class StoredBacklog:
     def __init__(self, store: BrokerStore) -> None:
         self.store = store
 
-    def page(self, session: Session, limit: int) -> list[Delivery] | None:
+    def page(self, session: Session, limit: int, max_bytes: int = 0) -> list[Delivery] | None:
         try:
-            rows = self.store.page(session.client_id, session.cursor, limit)
+            rows = self.store.page(session.client_id, session.cursor, limit, max_bytes)
         except PersistenceError as exc:
             log.warning("client %s: cannot read its queued messages now: %s", session.client_id, exc)
             return None
