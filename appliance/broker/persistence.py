@@ -3,8 +3,8 @@
 What it holds: durable sessions (with their will message), their subscriptions, the QoS 1/2 messages
 queued for or in flight to each session, the inbound QoS 2 packet ids awaiting PUBREL, retained messages,
 and a ``meta`` table with the schema version (the layout and its migrations: ``persistence_schema``; the
-records handed in and out: ``persistence_records``; how the broker's live objects map onto them:
-``storage``).
+records handed in and out: ``persistence_records``; the restart's load and the queue pages:
+``persistence_reads``; how the broker's live objects map onto them: ``storage``).
 
 Why it is built this way:
 
@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.broker.persistence_reads import committed_page, load_state, subscription_ids
 from appliance.broker.persistence_records import (
     BrokerState,
     LoadedSession,
@@ -115,11 +116,6 @@ _DELETE_SESSION = (
 )
 # Only entries enqueued before delete_session: later ones in the same turn belong to the new session.
 _DELETE_SESSION_QUEUE = "DELETE FROM outbound WHERE client_id = ? AND seq < ?"
-_PAGE = (
-    "SELECT o.seq, o.message_id, o.qos, o.retain, o.subscription_ids, m.topic, m.payload, m.properties, m.expires_at"
-    " FROM outbound o JOIN messages m ON m.id = o.message_id"
-    " WHERE o.client_id = ? AND o.seq > ? AND o.state = 0 ORDER BY o.seq LIMIT ?"
-)
 
 
 class BrokerStore:
@@ -312,18 +308,11 @@ class BrokerStore:
         ``after_seq``, oldest first, with their messages: committed rows first, then the ones still
         buffered (this turn's, or a batch whose commit failed), which all have higher numbers. With
         ``max_bytes``, no row is read once that much payload is (the rows are fetched one by one)."""
-        page: list[tuple[StoredDelivery, StoredMessage]] = []
-        size = 0
         try:
-            for row in self._db.execute(_PAGE, (client_id, after_seq, limit)):
-                page.append((StoredDelivery(row[0], client_id, row[1], row[2], bool(row[3]), _ids(row[4])),
-                             StoredMessage(row[5], row[6], decode_properties(row[7]), row[8])))
-                size += len(row[6])
-                if max_bytes and size >= max_bytes:
-                    return page
+            page, full = committed_page(self._db, client_id, after_seq, limit, max_bytes)
         except sqlite3.Error as exc:
             raise PersistenceError(f"{self.path}: cannot read queued messages: {exc}") from exc
-        if len(page) < limit and (self._failed or self._new_deliveries):
+        if not full and len(page) < limit and (self._failed or self._new_deliveries):
             after = page[-1][0].seq if page else after_seq
             page += self._buffered_page(client_id, after, limit - len(page))
         return page
@@ -343,7 +332,7 @@ class BrokerStore:
                     body = (message_id, *self._db.execute(
                         "SELECT topic, payload, properties, expires_at FROM messages WHERE id = ?", (message_id,)
                     ).fetchone())
-                page.append((StoredDelivery(seq, client_id, message_id, row[3], bool(row[4]), _ids(row[5])),  # type: ignore[arg-type]
+                page.append((StoredDelivery(seq, client_id, message_id, row[3], bool(row[4]), subscription_ids(row[5])),  # type: ignore[arg-type]
                              StoredMessage(body[1], body[2], decode_properties(body[3]), body[4])))  # type: ignore[arg-type]
                 if len(page) == limit:
                     return page
@@ -436,60 +425,6 @@ class BrokerStore:
     def load(self) -> BrokerState:
         """Read everything committed. Rows of clients without a session row are left out."""
         try:
-            return self._load()
+            return load_state(self._db)
         except sqlite3.DatabaseError as exc:
             raise CorruptDatabaseError(f"{self.path}: cannot read the broker database: {exc}") from exc
-
-    def _load(self) -> BrokerState:
-        db = self._db
-        sessions: dict[str, LoadedSession] = {}
-        for row in db.execute(
-            "SELECT client_id, protocol_level, expiry_interval, username, disconnected_at, will_topic, will_payload,"
-            " will_qos, will_retain, will_properties, will_delay_interval FROM sessions"
-        ):
-            will = None
-            if row[5] is not None:
-                will = StoredWill(row[5], row[6], row[7], bool(row[8]), decode_properties(row[9]), row[10])
-            session = StoredSession(row[0], row[1], row[2], row[3], row[4], will)
-            sessions[session.client_id] = LoadedSession(session)
-        for row in db.execute(
-            "SELECT client_id, topic_filter, qos, no_local, retain_as_published, retain_handling,"
-            " subscription_identifier FROM subscriptions"
-        ):
-            loaded = sessions.get(row[0])
-            if loaded is not None:
-                loaded.subscriptions[row[1]] = SubscriptionOptions(row[2], bool(row[3]), bool(row[4]), row[5], row[6])
-        # Queued deliveries are only counted: they are read back a window at a time (``page``).
-        for row in db.execute(
-            "SELECT o.client_id, sum(o.state = 0), sum(length(m.payload)) FROM outbound o"
-            " JOIN messages m ON m.id = o.message_id GROUP BY o.client_id"
-        ):
-            loaded = sessions.get(row[0])
-            if loaded is not None:
-                loaded.queued, loaded.stored_bytes = row[1], row[2]
-        messages: dict[int, StoredMessage] = {}
-        for row in db.execute(
-            "SELECT o.seq, o.client_id, o.message_id, o.qos, o.retain, o.subscription_ids, o.packet_id, o.state,"
-            " m.topic, m.payload, m.properties, m.expires_at FROM outbound o JOIN messages m ON m.id = o.message_id"
-            " WHERE o.state != 0 ORDER BY o.seq"
-        ):
-            loaded = sessions.get(row[1])
-            if loaded is None:
-                continue
-            loaded.outbound.append(StoredDelivery(row[0], row[1], row[2], row[3], bool(row[4]), _ids(row[5]), row[6],
-                                                  OutboundState(row[7])))
-            messages[row[2]] = StoredMessage(row[8], row[9], decode_properties(row[10]), row[11])
-        for row in db.execute("SELECT client_id, packet_id FROM inbound_qos2"):
-            loaded = sessions.get(row[0])
-            if loaded is not None:
-                loaded.inbound_qos2.add(row[1])
-        retained = {
-            row[0]: RetainedMessage(row[0], row[1], row[2], decode_properties(row[3]), row[4])
-            for row in db.execute("SELECT topic, payload, qos, properties, expires_at FROM retained")
-        }
-        return BrokerState(sessions, messages, retained)
-
-
-def _ids(column: object) -> tuple[int, ...]:
-    """The subscription identifiers column ("1,5" or NULL)."""
-    return tuple(int(part) for part in str(column).split(",")) if column else ()

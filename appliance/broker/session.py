@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.properties import TOPIC_ALIAS
@@ -32,7 +32,7 @@ from appliance.broker.codec.reasons import (
     ProtocolError,
 )
 from appliance.broker.codec.writer import encode_ack
-from appliance.broker.message import Message
+from appliance.broker.delivery import Delivery, DeliveryJournal, Pager
 
 AWAITING_CONNECT, AUTHENTICATING, CONNECTED, CLOSED = "awaiting-connect", "authenticating", "connected", "closed"
 
@@ -161,65 +161,20 @@ class Connection:
         return alias, False
 
 
-class Delivery:
-    """One message on its way to one session: the QoS and retain flag it is delivered with, the
-    subscription identifiers it carries, and, once sent, its packet id. ``released`` means PUBREC
-    arrived and PUBREL was sent (QoS 2, waiting for PUBCOMP)."""
-
-    __slots__ = ("message", "qos", "retain", "subscription_ids", "packet_id", "released", "sent", "seq", "spilled")
-
-    def __init__(self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None) -> None:
-        self.message = message
-        self.qos = qos
-        self.retain = retain
-        self.subscription_ids = subscription_ids
-        self.packet_id = 0
-        self.released = False
-        self.sent = False
-        #: The store's sequence number for a delivery to a durable session (0: not stored).
-        self.seq = 0
-        #: Handed to the store only: the session keeps no reference (its backlog, ``Session.spilled``).
-        self.spilled = False
-
-
-class DeliveryJournal(Protocol):
-    """Where a durable session records its outbound progress (``persistence.BrokerStore`` fits): it only
-    buffers, so calling it keeps this module free of I/O."""
-
-    def mark_publish_sent(self, seq: int, packet_id: int) -> None: ...
-
-    def mark_pubrel_sent(self, seq: int, packet_id: int) -> None: ...
-
-    def remove_delivery(self, seq: int) -> None: ...
-
-
-class Pager(Protocol):
-    """Reads a durable session's backlog back from the store, oldest first (``storage.StoredBacklog``):
-    the deliveries after ``session.cursor``, at most ``limit``, and once ``max_bytes`` of payload are
-    read no more (0: no byte budget); None when the store cannot be read now (the backlog stays as it
-    is and is read on a later acknowledgement)."""
-
-    def page(self, session: Session, limit: int, max_bytes: int = 0) -> list[Delivery] | None: ...
-
-
 class Session:
     """What the broker owes one client id across connections (see the module docstring).
 
-    Two queues. ``queue`` is in memory: QoS 0 messages waiting while the client is away or its window is
-    full, and QoS 1/2 deliveries behind the window of a connected client (bounded by the backpressure
-    that holds its publishers back). The *backlog* is in the store only, when the session has a
-    ``pager`` (durable, with a store): QoS 1/2 deliveries made while the client is away or a slow
-    consumer, and every later one until the backlog is empty again (order), are handed to the store and
-    not kept; ``spilled`` counts them, ``cursor`` is the store sequence number up to which the session
-    has taken everything into memory. They come back a window at a time (``fill_window``), so an away
-    session costs no memory for what is queued for it, however much that is.
+    ``queue`` is in memory: QoS 0 messages, and QoS 1/2 deliveries behind a connected client's window
+    (bounded by holding its publishers back). The *backlog* is in the store only (a session with a
+    ``pager``: durable, with a store): QoS 1/2 deliveries made while the client is away or a slow
+    consumer, and every later one until it is empty again (order); ``spilled`` counts them, ``cursor``
+    is the store sequence number up to which the session has taken everything into memory. They come
+    back a window at a time (``fill_window``), so what is queued for an away session costs no memory.
 
-    Bounds: ``queue_limit`` (``max_queued_messages``) counts in-memory messages: QoS 0 ones, and QoS 1/2
-    ones of a session without a store while the client is away or overloaded. ``byte_limit``
-    (``max_queued_bytes``, 0: none) bounds the payload bytes of a durable session's stored deliveries
-    (``stored_bytes``); a delivery that would pass it is not spilled but dropped, and ``deliver``
-    returns False for it, which is how the publisher learns (0x97 Quota exceeded). While a connected
-    client makes progress nothing of it is cut: its publishers are held back instead (lossless).
+    Bounds: ``queue_limit`` (``max_queued_messages``) counts what is queued in memory while the client
+    is away or overloaded; ``byte_limit`` (``max_queued_bytes``, 0: none) the payload bytes of a durable
+    session's stored deliveries (``stored_bytes``). ``deliver`` returns False for a QoS 1/2 delivery
+    past a bound (the publisher hears 0x97). A connected client that makes progress loses nothing.
     """
 
     __slots__ = (
@@ -413,12 +368,10 @@ class Session:
                 return expired
 
     def _read_ahead(self, rows: int) -> bool:
-        """Move the backlog's oldest deliveries from the store to the memory queue: ``rows`` of them, or
-        fewer past READ_AHEAD_BYTES of payload (at least one). So a draining backlog costs one read per
-        window of small messages, and memory holds at most about a window more than is in flight, while
-        each acknowledgement is answered at once by the next PUBLISH (as mosquitto does; sending only
-        per half window left clients without TCP_NODELAY waiting for delayed ACKs). False if nothing
-        was read (the store has no more: the count follows it; or it cannot be read now)."""
+        """Move the backlog's oldest deliveries to the memory queue: ``rows``, fewer past READ_AHEAD_BYTES
+        (at least one). One read per window of small messages, at most a window more in memory than in
+        flight, and each acknowledgement is answered at once by the next PUBLISH (sending per half window
+        left clients without TCP_NODELAY waiting for delayed ACKs). False if nothing was read."""
         pager = self.pager
         page = pager.page(self, rows, READ_AHEAD_BYTES) if pager is not None else None
         if not page:
