@@ -7,7 +7,9 @@ The broker core on a fake clock with a real ``broker.db`` (``tests/broker/pair.p
 from __future__ import annotations
 
 import gc
+import sqlite3
 import tempfile
+from contextlib import closing
 import tracemalloc
 from pathlib import Path
 
@@ -376,3 +378,27 @@ def test_every_acknowledged_message_arrives_in_order_and_only_dup_resends_repeat
         else:
             seen.append(index)
     assert seen == list(range(published))
+
+
+def test_a_broker_db_written_before_the_backlog_existed_is_read_back(tmp_path: Path) -> None:
+    """The layout is unchanged (schema version 2); a file written by the previous version, whose restart
+    loaded every queued row, has queued rows (state 0) and in-flight ones (state 1) as below. They come
+    back: the one in flight with DUP and its packet id, then the queued ones in order."""
+    BrokerStore.open(tmp_path / "broker.db").close()
+    with closing(sqlite3.connect(tmp_path / "broker.db")) as db, db:
+        assert db.execute("SELECT value FROM meta").fetchone() == ("2",)
+        db.execute("INSERT INTO sessions (client_id, protocol_level, expiry_interval, username, disconnected_at)"
+                   " VALUES ('old', 5, 3600, NULL, 1700000000.0)")
+        db.execute("INSERT INTO subscriptions VALUES ('old', 'q/#', 1, 0, 0, 0, NULL)")
+        for index in range(5):
+            db.execute("INSERT INTO messages (id, topic, payload) VALUES (?, 'q/t', ?)",
+                       (index + 1, f"{index:08d}".encode()))
+            db.execute("INSERT INTO outbound VALUES (?, 'old', ?, 1, 0, NULL, ?, ?)",
+                       (index + 1, index + 1, 7 if index == 0 else None, 1 if index == 0 else 0))
+    pair = BrokerPair(tmp_path)
+    session = pair.broker.sessions["old"]
+    assert (list(session.inflight), session.spilled, session.stored_bytes) == ([7], 4, 40)
+    back = come_back(pair, "old")
+    got = drain(back)
+    assert indexes(got) == [0, 1, 2, 3, 4]
+    assert (got[0].dup, got[0].packet_id) == (True, 7) and not any(p.dup for p in got[1:])

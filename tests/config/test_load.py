@@ -41,6 +41,8 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
         ("[gateway]\nlog_levle = 'info'\n", "gateway.log_levle"),
         ("[broker.auth]\nallow_anonymous = 'yes'\n", "broker.auth.allow_anonymous"),
         ("[[broker.listeners]]\ntype = 'tls'\n", "broker.listeners[0].certfile"),
+        ("[broker.limits]\nmax_queued_bytes = -1\n", "broker.limits.max_queued_bytes"),
+        ("[broker.limits]\nmax_queued_bytes = '1G'\n", "broker.limits.max_queued_bytes"),
     ],
 )
 def test_bad_field_is_reported_with_its_path(tmp_path, text, path):
@@ -63,3 +65,12 @@ def test_check_config_cli_prints_the_resolved_config(tmp_path, capsys):
     out = capsys.readouterr().out
     assert '"port": 2999' in out
     assert str(Path(tmp_path)) in out
+
+
+def test_max_queued_bytes_is_unset_by_default_and_taken_as_written(tmp_path):
+    """Unset, the gateway works it out from the free disk at start (``gateway.resolve_queued_bytes``)."""
+    file = tmp_path / "gw.toml"
+    file.write_text("[broker.limits]\nmax_queued_bytes = 0\n")
+    assert load_config(file).broker.limits.max_queued_bytes == 0
+    file.write_text("")
+    assert load_config(file).broker.limits.max_queued_bytes is None
