@@ -402,3 +402,26 @@ def test_a_broker_db_written_before_the_backlog_existed_is_read_back(tmp_path: P
     got = drain(back)
     assert indexes(got) == [0, 1, 2, 3, 4]
     assert (got[0].dup, got[0].packet_id) == (True, 7) and not any(p.dup for p in got[1:])
+
+
+@settings(max_examples=40, deadline=None)
+@given(limit=st.integers(1, 5000), sizes=st.lists(st.integers(8, 1500), min_size=1, max_size=25))
+def test_the_byte_bound_holds_and_exactly_the_refused_messages_get_quota_exceeded(limit: int, sizes: list[int]) -> None:
+    """Whatever the sizes: the stored bytes never pass the bound, the publisher hears 0x97 for exactly the
+    messages the away session did not queue, and the client gets exactly the others, in order."""
+    with tempfile.TemporaryDirectory() as folder:
+        pair = BrokerPair(Path(folder), max_queued_bytes=limit)
+        away_subscriber(pair, "bounded")
+        publisher = pair.client()
+        publisher.connect("bounded-publisher")
+        accepted: list[int] = []
+        for index, size in enumerate(sizes):
+            publisher.send(pk.Publish("q/t", f"{index:08d}".encode().ljust(size, b"."), 1, packet_id=index + 1))
+            ack = publisher.expect(pk.PubAck)
+            assert ack.reason_code in (0, rc.QUOTA_EXCEEDED)
+            if ack.reason_code == 0:
+                accepted.append(index)
+            assert pair.broker.sessions["bounded"].stored_bytes <= limit
+        assert pair.broker.sessions["bounded"].dropped == len(sizes) - len(accepted)
+        assert indexes(drain(come_back(pair, "bounded"))) == accepted
+        pair.stop()
