@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from appliance.broker.acl import Acl
 from appliance.broker.message import Message
-from appliance.broker.session import Connection, Delivery, Session
+from appliance.broker.session import MEMORY_QUEUE_BYTES, Connection, Delivery, Session
 from appliance.broker.topic_tree import Subscription, SubscriptionTree
 
 #: Deliveries queued behind a connected client's Receive Maximum window past which the publishers
@@ -96,7 +96,7 @@ class Router:
             if connection.out and not connection.flush_pending:
                 connection.flush_pending = True
                 touched.append(connection)
-            if connection.congested or len(session.queue) >= QUEUE_HIGH_WATER:
+            if connection.congested or len(session.queue) >= QUEUE_HIGH_WATER or session.queued_bytes >= MEMORY_QUEUE_BYTES:
                 congested.append(connection)
         return 1
 

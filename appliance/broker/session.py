@@ -55,6 +55,10 @@ NEVER_EXPIRES = 0xFFFFFFFF
 #: How much of a durable session's backlog is read from the store ahead of the window (``_read_ahead``).
 READ_AHEAD_ROWS = 64
 READ_AHEAD_BYTES = 1024 * 1024
+#: Payload bytes a session queues in memory: past them the messages of an away or slow client that would
+#: be queued in memory are dropped (next to ``max_queued_messages``: 1,000 queued messages of 4 MB would
+#: be 4 GB of RAM), and the publishers of a connected client are held back (``router``).
+MEMORY_QUEUE_BYTES = 8 * 1024 * 1024
 
 
 class Connection:
@@ -180,7 +184,7 @@ class Session:
     __slots__ = (
         "client_id", "username", "expiry_interval", "inflight", "queue", "inbound_qos2", "connection", "will",
         "disconnected_at", "dropped", "queue_limit", "journal", "completed", "receive_check", "_next_packet_id",
-        "_queued_qos0", "pager", "spilled", "cursor", "stored_bytes", "byte_limit",
+        "_queued_qos0", "_queued_bytes", "pager", "spilled", "cursor", "stored_bytes", "byte_limit",
     )
 
     def __init__(self, client_id: str, queue_limit: int, byte_limit: int = 0) -> None:
@@ -206,12 +210,19 @@ class Session:
         self.receive_check: Callable[[Session, str], bool] | None = None
         self._next_packet_id = 1
         self._queued_qos0 = 0
+        #: Payload bytes in ``queue`` (``queued_bytes``).
+        self._queued_bytes = 0
         #: Reads the backlog back from the store; set while the session is durable and there is a store.
         self.pager: Pager | None = None
         self.spilled = 0
         self.cursor = 0
         self.stored_bytes = 0
         self.byte_limit = byte_limit
+
+    @property
+    def queued_bytes(self) -> int:
+        """Payload bytes queued in memory (the router holds publishers back past MEMORY_QUEUE_BYTES)."""
+        return self._queued_bytes
 
     @property
     def durable(self) -> bool:
@@ -230,11 +241,11 @@ class Session:
                     return False
                 self._write_publish(connection, delivery, now)
                 return True
-            if self._queued_qos0 >= self.queue_limit:
+            if self._queued_qos0 >= self.queue_limit or self._memory_full(delivery):
                 self.dropped += 1
                 return False
             self._queued_qos0 += 1
-            self.queue.append(delivery)
+            self._enqueue(delivery)
             return True
         if self.pager is not None:
             size = len(delivery.message.payload)
@@ -248,14 +259,22 @@ class Session:
                 return True
             self.stored_bytes += size
         elif connection is None or connection.overloaded:
-            if len(self.queue) - self._queued_qos0 >= self.queue_limit:
+            if len(self.queue) - self._queued_qos0 >= self.queue_limit or self._memory_full(delivery):
                 self.dropped += 1
                 return False
         if connection is not None and len(self.inflight) < connection.send_quota and not self.queue:
             self._send_new(connection, delivery, now)
         else:
-            self.queue.append(delivery)
+            self._enqueue(delivery)
         return True
+
+    def _memory_full(self, delivery: Delivery) -> bool:
+        """Whether queuing ``delivery`` in memory would pass MEMORY_QUEUE_BYTES (one message always fits)."""
+        return bool(self._queued_bytes) and self._queued_bytes + len(delivery.message.payload) > MEMORY_QUEUE_BYTES
+
+    def _enqueue(self, delivery: Delivery) -> None:
+        self.queue.append(delivery)
+        self._queued_bytes += len(delivery.message.payload)
 
     def on_puback(self, packet_id: int, now: float) -> Delivery | None:
         """A QoS 1 delivery is done; returns it (None for an unknown id, which is ignored)."""
@@ -334,6 +353,7 @@ class Session:
         if first:
             # Sent in queue order, so everything before ``first`` is in flight or done already.
             self.queue = kept
+            self._queued_bytes = sum(len(delivery.message.payload) for delivery in kept)
             self.cursor = min(self.cursor, first - 1)
 
     def fill_window(self, now: float) -> list[Delivery]:
@@ -353,6 +373,7 @@ class Session:
                 if delivery.qos and len(inflight) >= quota:
                     break
                 queue.popleft()
+                self._queued_bytes -= len(delivery.message.payload)
                 if delivery.message.expired(now) or not self._readable(delivery):
                     expired.append(delivery)
                     self._finished(delivery)
@@ -381,7 +402,7 @@ class Session:
         self.spilled = max(0, self.spilled - len(page))
         for delivery in page:
             self.cursor = delivery.seq
-            self.queue.append(delivery)
+            self._enqueue(delivery)
         return True
 
     def unspill(self) -> None:
@@ -398,7 +419,7 @@ class Session:
             self.inflight[delivery.packet_id] = delivery
             self._next_packet_id = delivery.packet_id % 65535 + 1
         else:
-            self.queue.append(delivery)
+            self._enqueue(delivery)
 
     def clear(self) -> None:
         """Clean start: forget everything owed (subscriptions live in the topic tree)."""
@@ -406,6 +427,7 @@ class Session:
         self.queue.clear()
         self.inbound_qos2.clear()
         self._queued_qos0 = 0
+        self._queued_bytes = 0
         self.spilled = 0
         self.stored_bytes = 0
 

@@ -425,3 +425,46 @@ def test_the_byte_bound_holds_and_exactly_the_refused_messages_get_quota_exceede
         assert pair.broker.sessions["bounded"].dropped == len(sizes) - len(accepted)
         assert indexes(drain(come_back(pair, "bounded"))) == accepted
         pair.stop()
+
+
+def test_qos0_messages_queued_in_memory_for_an_away_client_are_bounded_by_bytes(tmp_path: Path) -> None:
+    """QoS 0 deliveries of an away session stay in memory (they are not worth a write), so they have a
+    byte bound next to max_queued_messages: of 60 x 1 MB the first 8 MiB are kept, the rest dropped and
+    counted (held with their received frames: about twice the payload, not 120 MB)."""
+    pair = BrokerPair(tmp_path, max_packet_size=2 * 1024 * 1024)
+    away_subscriber(pair, qos=0)
+    publisher = pair.client()
+    publisher.connect("publisher")
+    megabyte = 1024 * 1024
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for index in range(60):
+            publisher.send(pk.Publish("q/t", f"{index:08d}".encode().ljust(megabyte - 100, b"."), 0))
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    session = pair.broker.sessions["away"]
+    assert (len(session.queue), session.dropped) == (8, 52)
+    assert grown < 20 * megabyte, f"{grown / megabyte:.1f} MB held"
+    assert indexes(drain(come_back(pair))) == list(range(8))
+
+
+def test_publishers_are_held_back_by_the_bytes_a_connected_client_has_queued(tmp_path: Path) -> None:
+    """A connected client that does not acknowledge: its queue behind the window stops growing at about
+    MEMORY_QUEUE_BYTES of payload (the publisher is held back), not at 1,000 messages."""
+    pair = BrokerPair(tmp_path, max_packet_size=2 * 1024 * 1024)
+    subscriber = pair.client()
+    subscriber.connect("slow", properties={pr.RECEIVE_MAXIMUM: 1})
+    subscriber.subscribe("q/#", 1)
+    publisher = pair.client()
+    publisher.connect("publisher")
+    megabyte = 1024 * 1024
+    index = 0
+    while "backpressure" not in publisher.holds:
+        publisher.send(pk.Publish("q/t", f"{index:08d}".encode().ljust(megabyte, b"."), 1, packet_id=index + 1))
+        index += 1
+        assert index < 20, "the publisher was never held back"
+    assert pair.broker.sessions["slow"].queued_bytes <= 8 * megabyte
