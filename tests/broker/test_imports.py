@@ -30,6 +30,8 @@ CLOCK_FREE = (
 #: Sans-I/O cores: no asyncio, time, sockets, TLS, threads or SQLite, directly or through our imports.
 IO_FREE = (
     "appliance.broker.session",
+    "appliance.broker.connection",
+    "appliance.broker.delivery",
     "appliance.broker.router",
     "appliance.broker.topic_tree",
     "appliance.broker.will",
