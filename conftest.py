@@ -39,6 +39,7 @@ UNIT_MODULES = frozenset(
         "tests/broker/test_limits.py",
         "tests/broker/test_pair_fuzz.py",
         "tests/broker/test_retain.py",
+        "tests/broker/test_retained_feed.py",
         "tests/broker/test_session.py",
         "tests/broker/test_timing.py",
         "tests/broker/test_topic_tree.py",
@@ -78,6 +79,7 @@ UNIT_MODULES = frozenset(
 
 INPROCESS_MODULES = frozenset(
     {
+        "tests/broker/test_retained_feed_sockets.py",
         "tests/broker/test_server.py",
         "tests/broker/test_server_linger.py",
         "tests/broker/test_services.py",

@@ -47,6 +47,7 @@ from appliance.broker.link import Link
 from appliance.broker.message import Message
 from appliance.broker.persistence import BrokerStore, PersistenceError
 from appliance.broker.retain import RetainedMessages
+from appliance.broker.retained_feed import RetainedFeeds
 from appliance.broker.router import Router
 from appliance.broker.runtime import Runtime, Timer
 from appliance.broker.session import ALLOWED_PACKETS, CLOSED, CONNECTED, Connection, Delivery, Session
@@ -88,6 +89,7 @@ class Broker:
         self.sessions: dict[str, Session] = {}
         self.router = Router(self.tree, self.sessions, acl)
         self.retained = RetainedMessages()
+        self.retained_feeds = RetainedFeeds(self)
         self.wills = PendingWills()
         self.stats = BrokerStats(started_at=0.0)
         self.links: set[Link] = set()

@@ -34,6 +34,9 @@ class Router:
         #: None means no ACL file: everyone may read everything (no per-delivery check at all).
         self.acl = acl
         self._share_cursor: dict[tuple[str, str], int] = {}
+        #: Client id -> the topics of live deliveries to it while retained messages are still being fed to
+        #: it (``retained_feed``): their retained messages are older and are skipped.
+        self.live_topics: dict[str, set[str]] = {}
 
     def route(
         self,
@@ -84,6 +87,10 @@ class Router:
     ) -> int:
         if not session.deliver(delivery, now):
             return 0
+        if self.live_topics:
+            topics = self.live_topics.get(session.client_id)
+            if topics is not None:
+                topics.add(delivery.message.topic)
         if delivery.qos and session.expiry_interval:
             durable.append((session, delivery))
         connection = session.connection

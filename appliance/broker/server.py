@@ -147,7 +147,12 @@ class ClientProtocol(asyncio.BufferedProtocol):
         if not transport.can_write_eof():
             transport.close()
             return
-        transport.write_eof()
+        try:
+            transport.write_eof()
+        except OSError:
+            # The peer reset the connection before the loop saw it (ENOTCONN): nothing left to linger for.
+            transport.close()
+            return
         self._lingering = self._loop.call_later(LINGER_SECONDS, transport.close)
         self._holds.clear()
         self._update_reading()

@@ -20,6 +20,7 @@ CLOCK_FREE = (
     "appliance.broker.handle_connect",
     "appliance.broker.handle_publish",
     "appliance.broker.handle_subscribe",
+    "appliance.broker.retained_feed",
     "appliance.broker.lifecycle",
     "appliance.broker.backpressure",
     "appliance.broker.storage",
