@@ -49,7 +49,9 @@ class _Feed:
     session: Session
     topic_filter: str
     options: SubscriptionOptions
-    matches: RetainedMatches
+    #: Started when the feed reaches the head of its client's line: a SUBSCRIBE of thousands of filters
+    #: queues thousands of feeds, and each walk in progress holds a generator.
+    matches: RetainedMatches | None = None
 
 
 class RetainedFeeds:
@@ -73,7 +75,7 @@ class RetainedFeeds:
         if feeds is None:
             feeds = self._feeds[client_id] = deque()
             self._broker.router.live_topics[client_id] = set()
-        feeds.append(_Feed(session, topic_filter, options, self._broker.retained.matches(topic_filter)))
+        feeds.append(_Feed(session, topic_filter, options))
         if len(feeds) == 1 and self._spare > 0:
             # Most filters match a handful of messages: they leave with the SUBACK, as they always did.
             self._spare -= self._feed(client_id, self._spare, now)
@@ -129,6 +131,8 @@ class RetainedFeeds:
             if connection is None or connection.congested or len(session.queue) >= QUEUE_HIGH_WATER:
                 break
             matches = feed.matches
+            if matches is None:
+                matches = feed.matches = broker.retained.matches(feed.topic_filter)
             if not matches.complete:
                 used += matches.find(budget - used)
                 continue
