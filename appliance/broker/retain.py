@@ -1,6 +1,7 @@
 """Retained messages: the last retained PUBLISH per topic, handed to new subscriptions.
 
-Kept in memory (the store persists every change) in a tree with one level per topic level, so a new
+Kept in memory (the store persists every change) in a tree by topic level (``edge_tree``: a chain of
+levels no other topic shares is one node, so a deep topic costs what its text costs), so a new
 subscription walks only the branches its filter can match: ``site/+/temp`` visits the children of
 ``site`` and one child of each, not every retained topic. A gateway holds thousands of retained topics
 (device states, ``$SYS``) and clients subscribe with wildcards on every reconnect, so a linear scan per
@@ -16,26 +17,31 @@ import itertools
 from collections.abc import Iterator
 from operator import attrgetter
 
+from appliance.broker import edge_tree
+from appliance.broker.edge_tree import EdgeNode
 from appliance.broker.message import Message
 
 _FIRST_RETAINED = attrgetter("order")
 
 
-class _Level:
-    """One topic level: its children by name and, if a topic ends here, its retained message and the
-    order in which that topic was first retained."""
+class _Level(EdgeNode):
+    """Where topics end or branch (``edge_tree``): if a topic ends here, its retained message and the order
+    in which that topic was first retained."""
 
-    __slots__ = ("children", "message", "order")
+    __slots__ = ("message", "order")
 
-    def __init__(self) -> None:
-        self.children: dict[str, _Level] = {}
+    def __init__(self, edge: str, span: int) -> None:
+        super().__init__(edge, span)
         self.message: Message | None = None
         self.order = 0
+
+    def occupied(self) -> bool:
+        return self.message is not None
 
 
 class RetainedMessages:
     def __init__(self) -> None:
-        self._root = _Level()
+        self._root = _Level("", 0)
         self._count = 0
         self._orders = itertools.count(1)
 
@@ -45,12 +51,7 @@ class RetainedMessages:
     def update(self, message: Message) -> bool:
         """Store or (empty payload) delete the retained message of ``message.topic``; True if it changed."""
         if message.payload:
-            node = self._root
-            for level in message.topic.split("/"):
-                child = node.children.get(level)
-                if child is None:
-                    child = node.children[level] = _Level()
-                node = child
+            node = edge_tree.insert(self._root, message.topic.split("/"), _Level)
             if node.message is None:
                 self._count += 1
                 node.order = next(self._orders)
@@ -77,55 +78,76 @@ class RetainedMessages:
 
     def _walk(self, topic_filter: str) -> Iterator[_Level | None]:
         """Visit the levels ``topic_filter`` can match, yielding each one that holds a matching message
-        and None for every other level visited, so the caller can stop after any number of steps."""
+        and None for every other one visited, so the caller can stop after any number of steps."""
         levels = topic_filter.split("/")
         last = len(levels)
-        stack: list[tuple[_Level, int]] = [(self._root, 0)]
+        stack: list[tuple[_Level, int]] = [(self._root, 0)]  # (node, filter index after its edge)
         while stack:
             node, index = stack.pop()
             if index == last:
                 yield node if node.message is not None else None
                 continue
             level = levels[index]
+            children = node.children
             if level == "#":  # this level and everything below it ("a/#" matches "a" too, 4.7.1.2)
                 yield node if node.message is not None and index else None
-                # MQTT 4.7.2: a filter starting with a wildcard never matches a topic starting with '$'.
-                below = [child for name, child in node.children.items() if not (index == 0 and name.startswith("$"))]
-                while below:
-                    node = below.pop()
-                    yield node if node.message is not None else None
-                    below.extend(node.children.values())
+                if children:
+                    # MQTT 4.7.2: a filter starting with a wildcard never matches a topic starting with '$'.
+                    yield from _below([c for name, c in children.items() if not (index == 0 and name.startswith("$"))])
+            elif not children:
+                yield None
             elif level == "+":
                 # A copy: the walk pauses between steps, and the tree may change meanwhile.
-                for name, child in list(node.children.items()):
+                for name, child in list(children.items()):
                     yield None
                     if not (index == 0 and name.startswith("$")):
-                        stack.append((child, index + 1))
+                        yield from _follow(child, levels, index, stack)
             else:
                 yield None
-                child = node.children.get(level)
-                if child is not None:
-                    stack.append((child, index + 1))
+                exact = children.get(level)
+                if exact is not None:
+                    yield from _follow(exact, levels, index, stack)
 
     def _delete(self, topic: str) -> bool:
-        path: list[tuple[_Level, str]] = []
-        node = self._root
-        for level in topic.split("/"):
-            child = node.children.get(level)
-            if child is None:
-                return False
-            path.append((node, level))
-            node = child
-        if node.message is None:
+        found = edge_tree.find(self._root, topic.split("/"))
+        if found is None or found[1].message is None:
             return False
+        path, node = found
         node.message = None
         self._count -= 1
-        for parent, level in reversed(path):  # prune levels left with nothing below them
-            child = parent.children[level]
-            if child.message is not None or child.children:
-                break
-            del parent.children[level]
+        edge_tree.release(path, node)
         return True
+
+    def node_count(self) -> int:
+        """Nodes below the root (the tests check that deletions give them back)."""
+        return edge_tree.count_nodes(self._root)
+
+
+def _follow(child: _Level, levels: list[str], index: int, stack: list[tuple[_Level, int]]) -> Iterator[_Level | None]:
+    """Match the rest of ``child``'s edge (its first level matched ``levels[index]``) against the filter;
+    continue below it, or (a '#' reached inside the edge) yield it and everything below it."""
+    if child.span > 1:
+        edge = child.levels()
+        for offset in range(1, child.span):
+            at = index + offset
+            if at >= len(levels):
+                return  # the filter ends inside the edge: every topic here is longer
+            level = levels[at]
+            if level == "#":
+                yield from _below([child])
+                return
+            if level != "+" and level != edge[offset]:
+                return
+    stack.append((child, index + child.span))
+
+
+def _below(stack: list[_Level]) -> Iterator[_Level | None]:
+    """Every level in ``stack`` and below it, those with a message yielded."""
+    while stack:
+        node = stack.pop()
+        yield node if node.message is not None else None
+        if node.children:
+            stack.extend(node.children.values())
 
 
 class RetainedMatches:

@@ -32,6 +32,7 @@ IO_FREE = (
     "appliance.broker.session",
     "appliance.broker.router",
     "appliance.broker.topic_tree",
+    "appliance.broker.edge_tree",
     "appliance.broker.will",
     "appliance.broker.retain",
     "appliance.broker.message",
