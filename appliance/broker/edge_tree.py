@@ -17,13 +17,19 @@ from typing import Self, TypeVar
 
 class EdgeNode:
     """A node and the edge that leads to it; ``children`` is keyed by the first level of each child's
-    edge and created when first needed. Subclasses say what an entry at the node is (``occupied``)."""
+    edge and created when first needed. Subclasses say what an entry at the node is (``occupied``).
 
-    __slots__ = ("children", "edge", "span")
+    ``depth`` is the number of levels from the root to the end of the edge. Splits and joins move where an
+    edge starts, never where it ends, so a walk that pauses between steps (retained messages for a new
+    subscription) can tell from ``depth - span`` where a node's edge starts now.
+    """
 
-    def __init__(self, edge: str, span: int) -> None:
+    __slots__ = ("children", "depth", "edge", "span")
+
+    def __init__(self, edge: str, span: int, depth: int) -> None:
         self.edge = edge
         self.span = span
+        self.depth = depth
         self.children: dict[str, Self] | None = None
 
     def levels(self) -> list[str]:
@@ -37,7 +43,7 @@ N = TypeVar("N", bound=EdgeNode)
 Path = list[tuple[N, str]]
 
 
-def insert(root: N, levels: list[str], make: Callable[[str, int], N]) -> N:
+def insert(root: N, levels: list[str], make: Callable[[str, int, int], N]) -> N:
     """The node where ``levels`` end, splitting an edge (``make`` builds the new nodes) or adding one."""
     count = len(levels)
     node = root
@@ -47,7 +53,7 @@ def insert(root: N, levels: list[str], make: Callable[[str, int], N]) -> N:
             node.children = {}
         child = node.children.get(levels[index])
         if child is None:
-            child = make("/".join(levels[index:]) if count - index > 1 else levels[index], count - index)
+            child = make("/".join(levels[index:]) if count - index > 1 else levels[index], count - index, count)
             node.children[levels[index]] = child
             return child
         edge = child.levels()
@@ -56,7 +62,7 @@ def insert(root: N, levels: list[str], make: Callable[[str, int], N]) -> N:
             common += 1
         if common < child.span:
             # The key leaves (or ends inside) this edge: split it where they part.
-            middle = make("/".join(edge[:common]), common)
+            middle = make("/".join(edge[:common]), common, index + common)
             child.edge = "/".join(edge[common:])
             child.span -= common
             middle.children = {edge[common]: child}
@@ -116,7 +122,9 @@ def count_nodes(root: EdgeNode) -> int:
 
 
 def _joined(upper: N, lower: N) -> N:
-    """``lower`` taking the place of ``upper``, a node without an entry and with one child."""
+    """``lower`` taking the place of ``upper``, a node without an entry and with one child (``upper`` keeps
+    its child: a paused walk standing on it still finds ``lower``, and knows from its depth where its
+    edge starts now)."""
     lower.edge = f"{upper.edge}/{lower.edge}"
     lower.span += upper.span
     return lower

@@ -30,8 +30,8 @@ class _Level(EdgeNode):
 
     __slots__ = ("message", "order")
 
-    def __init__(self, edge: str, span: int) -> None:
-        super().__init__(edge, span)
+    def __init__(self, edge: str, span: int, depth: int) -> None:
+        super().__init__(edge, span, depth)
         self.message: Message | None = None
         self.order = 0
 
@@ -41,7 +41,7 @@ class _Level(EdgeNode):
 
 class RetainedMessages:
     def __init__(self) -> None:
-        self._root = _Level("", 0)
+        self._root = _Level("", 0, 0)
         self._count = 0
         self._orders = itertools.count(1)
 
@@ -97,10 +97,12 @@ class RetainedMessages:
             elif not children:
                 yield None
             elif level == "+":
-                # A copy: the walk pauses between steps, and the tree may change meanwhile.
-                for name, child in list(children.items()):
+                # The names, taken now; each child as it is when its turn comes (the walk pauses between
+                # steps and the tree may change meanwhile: ``edge_tree.EdgeNode``).
+                for name in list(children):
                     yield None
-                    if not (index == 0 and name.startswith("$")):
+                    child = node.children.get(name) if node.children else None
+                    if child is not None and not (index == 0 and name.startswith("$")):
                         yield from _follow(child, levels, index, stack)
             else:
                 yield None
@@ -124,12 +126,16 @@ class RetainedMessages:
 
 
 def _follow(child: _Level, levels: list[str], index: int, stack: list[tuple[_Level, int]]) -> Iterator[_Level | None]:
-    """Match the rest of ``child``'s edge (its first level matched ``levels[index]``) against the filter;
-    continue below it, or (a '#' reached inside the edge) yield it and everything below it."""
-    if child.span > 1:
+    """Match the rest of ``child``'s edge against the filter, its level at ``index`` already matched (by
+    name); continue below it, or (a '#' reached inside the edge) yield it and everything below it.
+
+    The edge starts at ``index`` unless the node the walk came from was joined into ``child`` while the
+    walk paused: then its first ``index - start`` levels were matched on the way here already."""
+    start = child.depth - child.span
+    if child.depth - index > 1:
         edge = child.levels()
-        for offset in range(1, child.span):
-            at = index + offset
+        for offset in range(index - start + 1, child.span):
+            at = start + offset
             if at >= len(levels):
                 return  # the filter ends inside the edge: every topic here is longer
             level = levels[at]
@@ -138,7 +144,7 @@ def _follow(child: _Level, levels: list[str], index: int, stack: list[tuple[_Lev
                 return
             if level != "+" and level != edge[offset]:
                 return
-    stack.append((child, index + child.span))
+    stack.append((child, child.depth))
 
 
 def _below(stack: list[_Level]) -> Iterator[_Level | None]:

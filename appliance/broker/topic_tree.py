@@ -163,8 +163,8 @@ class _Node(EdgeNode):
 
     __slots__ = ("shared", "subscribers")
 
-    def __init__(self, edge: str, span: int) -> None:
-        super().__init__(edge, span)
+    def __init__(self, edge: str, span: int, depth: int) -> None:
+        super().__init__(edge, span, depth)
         self.subscribers: dict[str, Subscription] | None = None
         self.shared: dict[str, dict[str, Subscription]] | None = None
 
@@ -182,7 +182,7 @@ class SubscriptionTree:
 
     def __init__(self, max_levels: int = DEFAULT_MAX_TOPIC_LEVELS) -> None:
         self.max_levels = max_levels
-        self._root = _Node("", 0)
+        self._root = _Node("", 0, 0)
         self._by_client: dict[str, dict[str, Subscription]] = {}
         self.generation = 0
         self._cache: dict[str, MatchResult] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tracemalloc
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,3 +120,56 @@ def test_a_16000_level_retained_topic_costs_what_its_text_costs() -> None:
     assert [m.topic for m in index.matching("a/a/#", NOW)] == [deep]
     assert [m.topic for m in index.matching("a/+", NOW)] == ["a/other"]
     assert index.update(retained(deep, b"")) and index.node_count() == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(DEEP_TOPICS, min_size=1, max_size=25), DEEP_FILTERS, st.integers(1, 6),
+       st.lists(st.tuples(DEEP_TOPICS, st.booleans()), max_size=12))
+def test_a_walk_paused_while_the_tree_changes_finds_no_stranger_and_loses_no_bystander(
+    topics: list[str], topic_filter: str, steps: int, changes: list[tuple[str, bool]]
+) -> None:
+    """A new subscription's walk pauses between steps while other clients retain and delete topics,
+    which splits and joins edges under it. What it finds must still match the filter, and every topic
+    that stayed retained and untouched all along must be found."""
+    index = RetainedMessages()
+    for topic in topics:
+        index.update(retained(topic))
+    walk = index.matches(topic_filter)
+    touched = set()
+    for topic, delete in changes:
+        walk.find(steps)
+        index.update(retained(topic, b"" if delete else b"new"))
+        touched.add(topic)
+    walk.find(None)
+    found = []
+    while (message := walk.next()) is not None:
+        found.append(message.topic)
+    assert all(reference_matches(topic_filter, topic) for topic in found), found
+    bystanders = {t for t in topics if t not in touched and reference_matches(topic_filter, t)}
+    assert bystanders <= set(found)
+    assert len(found) == len(set(found))
+
+
+@pytest.mark.parametrize(
+    ("topics", "change", "topic_filter"),
+    [
+        (["X/b/c", "X/z"], "X/b/d", "X/+"),  # an edge the walk is about to follow is split
+        (["X/b", "X/b/c", "X/z"], "X/b", "X/+/c/c"),  # a node the walk stands on is joined into its child
+        (["X/b", "X/b/c", "X/z"], "X/b", "X/+/c"),
+    ],
+)
+def test_edges_split_or_joined_at_any_pause_of_a_walk(topics: list[str], change: str, topic_filter: str) -> None:
+    for pause in range(12):
+        index = RetainedMessages()
+        for topic in topics:
+            index.update(retained(topic))
+        walk = index.matches(topic_filter)
+        walk.find(pause)
+        index.update(retained(change, b"" if change in topics else b"new"))
+        walk.find(None)
+        found = []
+        while (message := walk.next()) is not None:
+            found.append(message.topic)
+        assert all(reference_matches(topic_filter, topic) for topic in found), (pause, found)
+        untouched = [t for t in topics if t != change and reference_matches(topic_filter, t)]
+        assert set(untouched) <= set(found), (pause, found)
