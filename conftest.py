@@ -42,6 +42,7 @@ UNIT_MODULES = frozenset(
         "tests/broker/test_offline_queue.py",
         "tests/broker/test_pair_fuzz.py",
         "tests/broker/test_retain.py",
+        "tests/broker/test_retained_feed.py",
         "tests/broker/test_session.py",
         "tests/broker/test_store_failure.py",
         "tests/broker/test_timing.py",
@@ -84,6 +85,7 @@ UNIT_MODULES = frozenset(
 
 INPROCESS_MODULES = frozenset(
     {
+        "tests/broker/test_retained_feed_sockets.py",
         "tests/broker/test_server.py",
         "tests/broker/test_server_linger.py",
         "tests/broker/test_server_login.py",

@@ -49,6 +49,7 @@ from appliance.broker.login_gate import LoginGate
 from appliance.broker.message import Message
 from appliance.broker.persistence import BrokerStore
 from appliance.broker.retain import RetainedMessages
+from appliance.broker.retained_feed import RetainedFeeds
 from appliance.broker.router import Router
 from appliance.broker.runtime import Runtime, Timer
 from appliance.broker.session import ALLOWED_PACKETS, CLOSED, CONNECTED, Connection, Delivery, Session
@@ -93,6 +94,7 @@ class Broker:
         self.queue_bytes_limit = config.limits.max_queued_bytes if config.limits.max_queued_bytes is not None \
             else DEFAULT_QUEUED_BYTES_CAP
         self.retained = RetainedMessages()
+        self.retained_feeds = RetainedFeeds(self)
         self.wills = PendingWills()
         self.stats = BrokerStats(started_at=0.0)
         self.links: set[Link] = set()

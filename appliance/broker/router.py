@@ -37,6 +37,9 @@ class Router:
         #: QoS 1/2 deliveries dropped because the receiver's queue was at its bound (``Session.deliver``);
         #: the caller compares it around ``route`` to answer the publisher 0x97 Quota exceeded.
         self.queue_full = 0
+        #: Client id -> the topics of live deliveries to it while retained messages are still being fed to
+        #: it (``retained_feed``): their retained messages are older and are skipped.
+        self.live_topics: dict[str, set[str]] = {}
 
     def route(
         self,
@@ -103,6 +106,10 @@ class Router:
             if delivery.qos:
                 self.queue_full += 1
             return 0
+        if self.live_topics:
+            topics = self.live_topics.get(session.client_id)
+            if topics is not None:
+                topics.add(delivery.message.topic)
         if delivery.qos and session.expiry_interval:
             durable.append((session, delivery))
         connection = session.connection
