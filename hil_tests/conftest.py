@@ -17,7 +17,14 @@ import pytest
 
 from hil_tests.bench import DEFAULT_BENCH, BenchConfig, load_bench
 from hil_tests.harness import Site
-from hil_tests.netns_site import CLOUD_BROKER_PORT, HostLinks, NamespacedGateway, NamespacedMosquitto, netns_refusal
+from hil_tests.netns_site import (
+    CLOUD_BROKER_PORT,
+    HostLinks,
+    NamespacedGateway,
+    NamespacedMosquitto,
+    PrefixedGateway,
+    netns_refusal,
+)
 from hil_tests.rig.client import RigClient
 from hil_tests.rig.launcher import local_rig
 from hil_tests.timeline import Timeline, TimelineRun, format_summary, summarize
@@ -104,11 +111,15 @@ def host_links(rig: RigClient) -> Iterator[HostLinks]:
 
 @pytest.fixture
 def site(request: pytest.FixtureRequest, bench: BenchConfig, rig: RigClient) -> Site:
-    """Userspace rig: a host gateway whose uplink goes to the relay's ``listen``. Local netns rig: the gateway
-    in the gateway namespace, its uplink to the rig's delay ``relay`` in the cloud namespace, across the
-    shaped veth."""
+    """Where the scenario's gateway runs and where its uplink connects.
+
+    Local userspace rig: a host gateway whose uplink goes to the relay's ``listen``. Local netns rig: the
+    gateway in the gateway namespace, its uplink to the rig's delay ``relay`` in the cloud namespace, across
+    the shaped veth. A rig on its serial device (a bridge rig box): the gateway runs behind
+    ``gateway.run_in`` on ``gateway.host:port``, its uplink to the rig's ``relay`` when the rig has one
+    (DELAY/JITTER), else to the cloud broker's uplink address; the cabling takes it through the rig."""
     status = rig.status()
-    if "listen" in status:
+    if bench.rig.local and "listen" in status:
         host, port = status["listen"].rsplit(":", 1)
         return Site((host, int(port)), lambda data_dir, config: GatewayProcess(data_dir, config=config))
     if _local_netns(bench):
@@ -116,7 +127,15 @@ def site(request: pytest.FixtureRequest, bench: BenchConfig, rig: RigClient) -> 
         host, port = status["relay"].rsplit(":", 1)
         namespace, address = links.gateway.namespace, links.gateway.address
         return Site((host, int(port)), lambda data_dir, config: NamespacedGateway(namespace, address, data_dir, config))
-    pytest.skip("a real rig's uplink is wired by hand: the scenarios start their gateway behind a local rig only")
+    upstream = bench.cloud.uplink
+    if "relay" in status:
+        relay_host, relay_port = status["relay"].rsplit(":", 1)
+        upstream = (relay_host, int(relay_port))
+    gateway = bench.gateway
+    return Site(
+        upstream,
+        lambda data_dir, config: PrefixedGateway(gateway.run_in, gateway.host, data_dir, config, gateway.port),
+    )
 
 
 @pytest.fixture

@@ -1,0 +1,112 @@
+"""The scenarios against a bench described only by its bench file: a bridge rig box between a gateway and its uplink.
+
+A real bench is cabled by hand, and the suite learns it from ``--bench bench.toml`` alone: the rig's serial
+device, where the gateway runs and listens, and the cloud broker's address. Here the cabling is the three
+namespaces of `hil_tests/bridge_site.py`; a rig process already runs in the rig namespace (``--backend
+bridge --ports eth1,eth2``, on a pty whose device name goes into the file, as ``/dev/ttyUSB0`` would),
+mosquitto already runs in the uplink namespace (``cloud.start = false``), and the gateway is started by the
+scenarios behind ``gateway.run_in = ["ip", "netns", "exec", <gateway namespace>]``. A second pytest runs the
+scenarios on that file, so nothing in it knows the bench is simulated. Afterwards nothing of it is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hil_tests.bench import DEFAULT_BENCH, BenchConfig, load_bench
+from hil_tests.bridge_site import BridgeSite, leftovers
+from hil_tests.netns_site import NamespacedMosquitto, netns_refusal
+from hil_tests.rig.launcher import REPO_ROOT, local_rig
+from hil_tests.timeline import TimelineRun
+
+SCENARIOS = REPO_ROOT / "hil_tests" / "scenarios"
+CLOUD_PORT = 1883
+GATEWAY_PORT = 1883
+RUN_TIMEOUT_S = 300
+
+
+@pytest.fixture
+def bridge_bench(bench: BenchConfig, hil_run: TimelineRun, tmp_path: Path) -> Iterator[Path]:
+    """Cable the namespaces, start the rig and the cloud broker, and write the bench file that describes them."""
+    if bench.source != DEFAULT_BENCH:
+        pytest.skip("runs only with the default bench: --bench already names the bench under test")
+    refusal = netns_refusal()
+    if refusal is not None:
+        pytest.skip(refusal)
+    site = BridgeSite()
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: _assert_gone(site))
+        stack.enter_context(site)
+        links = site.host_links
+        stack.enter_context(NamespacedMosquitto(tmp_path / "cloud", links.cloud, CLOUD_PORT))
+        cloud = f"{links.cloud.address}:{CLOUD_PORT}"
+        rig_args = ["--backend", "bridge", "--ports", ",".join(site.ports), "--address", site.rig_address, "--target", cloud]
+        ready = stack.enter_context(local_rig(rig_args, tmp_path / "rig.log", prefix=site.exec_in(site.rig_ns)))
+        site.rig_routes()
+        config = tmp_path / "bench.toml"
+        config.write_text(
+            f"""# A bridge rig box between a gateway and its uplink (written by {Path(__file__).name}).
+[rig]
+serial = "{ready['serial']}"
+backend = "bridge"
+baud = 115200
+
+[gateway]
+start = true
+host = "{links.gateway.address}"
+port = {GATEWAY_PORT}
+run_in = {json.dumps(site.exec_in(site.gateway_ns))}
+upstream_formats = ["message"]
+
+[cloud]
+start = false
+host = "{links.cloud.address}"
+port = {CLOUD_PORT}
+
+[devices]
+count = 20
+id_prefix = "thermostat-"
+start = true
+micropython = "{REPO_ROOT / '.venv/bin/micropython'}"
+firmware = "{REPO_ROOT / 'device_firmware/main.py'}"
+
+[artifacts]
+dir = "{hil_run.folder / 'bridge'}"
+"""
+        )
+        loaded = load_bench(config)
+        assert not loaded.rig.local and loaded.cloud.uplink == (links.cloud.address, CLOUD_PORT)
+        yield config
+
+
+def _assert_gone(site: BridgeSite) -> None:
+    assert not leftovers(site.namespaces), "a namespace of the bridge bench was left behind"
+
+
+def _run_scenarios(config: Path, *targets: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *targets, "--bench", str(config)],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+    print(result.stdout[-6000:])
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert "skipped" not in result.stdout, result.stdout[-3000:]
+    return result.stdout
+
+
+def test_set_point_propagation_runs_on_a_bench_described_only_by_its_file(bridge_bench: Path) -> None:
+    out = _run_scenarios(bridge_bench, str(SCENARIOS / "test_set_point_propagation.py"))
+    assert "1 passed" in out
+
+
+@pytest.mark.slow
+def test_every_scenario_runs_on_the_bridge_bench(bridge_bench: Path) -> None:
+    out = _run_scenarios(bridge_bench, str(SCENARIOS))
+    assert " passed" in out and "failed" not in out
