@@ -35,6 +35,9 @@ from hil_tests.rig.relay import Relay
 from hil_tests.rig.shaping import LinkSettings
 
 DEFAULT_BRIDGE = "hilbr0"
+# Interface names as the rig accepts them: they go into nft scripts and tc/ip arguments, and the kernel
+# itself allows quotes and braces in a name, which would change an nft script's meaning.
+INTERFACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,14}")
 NFT_FAMILY = "bridge"
 NFT_HOOKS = ("forward", "input")
 
@@ -57,6 +60,11 @@ class BridgeBackend:
         the relay; ``target`` enables DELAY/JITTER through that relay and needs ``address``."""
         if len(ports) != 2 or ports[0] == ports[1]:
             raise ValueError(f"the bridge backend needs two different ports, got {','.join(ports)}")
+        for name in (*ports, bridge):
+            if not INTERFACE_NAME.fullmatch(name):
+                raise ValueError(f"not an interface name the rig accepts (letters, digits, _.@-, at most 15): {name!r}")
+        if bridge in ports:
+            raise ValueError(f"the bridge {bridge!r} cannot also be one of its ports")
         if target is not None and address is None:
             raise ValueError("--target on the bridge backend needs --address: the relay listens on the bridge")
         self.ports = ports
@@ -66,7 +74,7 @@ class BridgeBackend:
         self._relay_port = relay_port
         self._queue_s = queue_s
         self.features = frozenset({"rate", "loss", "down"} | ({"delay", "jitter"} if target else set()))
-        self._table = "hilrig_" + re.sub(r"[^A-Za-z0-9]", "_", bridge)
+        self._table = "hilrig_" + re.sub(r"[^A-Za-z0-9]", "_", bridge)  # nft identifiers: no '-', no '@'
         self._created_bridge = False
         self._added_address = False
         self._enslaved: list[str] = []

@@ -9,6 +9,7 @@ bridge, qdisc and table) go whatever happens (fixture finalizers), and the tests
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -23,14 +24,19 @@ from typing import Any
 
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hil_tests.bridge_site import GATEWAY_ADDRESS, RIG_ADDRESS, UPLINK_ADDRESS, BridgeSite, leftovers
 from hil_tests.harness import Route, write_gateway_config
 from hil_tests.netns_site import NamespacedGateway, NamespacedMosquitto, netns_refusal
+from hil_tests.rig.bridge import INTERFACE_NAME, BridgeBackend
 from hil_tests.rig.client import RigClient
+from hil_tests.rig.kernel import drop_rules
 from hil_tests.rig.launcher import RigStartError, local_rig
 from hil_tests.rig.namespace_sockets import in_namespace
-from hil_tests.rig.shaping import WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES
+from hil_tests.rig.program import _ports
+from hil_tests.rig.shaping import WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES, LinkSettings
 from hil_tests.rig.tests.flow import drain, flooding, measure_connection, quiet_for
 from tests.forwarding.peers import Collector, Device
 
@@ -302,3 +308,30 @@ def test_bad_port_lists_are_refused_before_anything_is_touched(site, tmp_path):
             with local_rig(["--backend", "bridge", "--ports", ports], tmp_path / "rig.log",
                            prefix=site.exec_in(site.rig_ns)):
                 pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(first=st.text(max_size=20), second=st.text(max_size=20), bridge=st.text(max_size=20))
+def test_hostile_port_and_bridge_names_are_refused_before_any_command(first, second, bridge):
+    """Names reach ip, tc and nft scripts: anything but a plain interface name is a ValueError at construction
+    (the kernel accepts quotes and braces in names, which would rewrite an nft script)."""
+    try:
+        backend = BridgeBackend((first, second), bridge)
+    except ValueError:
+        return
+    for name in (first, second, bridge):
+        assert INTERFACE_NAME.fullmatch(name) and len(name) <= 15
+    assert backend._table.replace("_", "").isalnum()  # nft's identifier rules
+    script = drop_rules(backend._table, "bridge", ("forward",), backend.ports, LinkSettings(up=False))
+    assert script.count('"') == 4  # each port name quoted once, nothing else
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.text(max_size=40))
+def test_the_ports_option_takes_two_different_names_or_says_what_it_expects(value):
+    try:
+        first, second = _ports(value)
+    except argparse.ArgumentTypeError as error:
+        assert "IF1,IF2" in str(error)
+        return
+    assert first and second and first != second and f"{first},{second}" == value
