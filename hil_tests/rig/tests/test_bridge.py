@@ -32,7 +32,7 @@ from hil_tests.harness import Route, write_gateway_config
 from hil_tests.netns_site import NamespacedGateway, NamespacedMosquitto, netns_refusal
 from hil_tests.rig.bridge import INTERFACE_NAME, BridgeBackend
 from hil_tests.rig.client import RigClient
-from hil_tests.rig.kernel import drop_rules
+from hil_tests.rig.kernel import drop_rules, tbf_limit
 from hil_tests.rig.launcher import RigStartError, local_rig
 from hil_tests.rig.namespace_sockets import in_namespace
 from hil_tests.rig.program import _ports
@@ -141,6 +141,46 @@ def test_a_rate_switch_is_in_force_when_its_reply_arrives(site, start_rig):
     assert switched < SWITCH_BOUND_S
     # Within one frame of 64 kbit/s over the 2 s window (a frame is 190 ms at this rate).
     assert after < 64_000 * 1.2
+
+
+@pytest.mark.slow  # 13 s: the queue fills at 9.6 kbit/s
+def test_the_queue_delay_at_9600_is_bounded_by_the_tbf_limit(site, start_rig):
+    """Behind a bulk flow that fills tbf's queue, a small datagram waits at most the queue's bytes at the
+    rate: ``limit = burst + 1 s at the rate`` (2,800 bytes, 2.3 s at 9.6 kbit/s, where the 1,600-byte burst
+    is most of it); it was 12.6 s of queue before issue 16 section 2. Probes that find the queue full are
+    tail-dropped, as a real modem's buffer would drop them."""
+    _, rig = start_rig()
+    rig.rate(9600)
+    limit_s = tbf_limit(LinkSettings(rate_bps=9600)) * 8 / 9600
+    probe_port = SINK_PORT + 1
+    receiver = in_namespace(site.uplink_ns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    sender = in_namespace(site.gateway_ns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    delays: list[float] = []
+    with receiver, sender, in_namespace(site.uplink_ns, lambda: socket.create_server(("0.0.0.0", SINK_PORT))) as sink:
+        receiver.bind(("0.0.0.0", probe_port))
+        receiver.settimeout(limit_s + 1.0)
+        with flooding(_sender(site)):
+            connection, _ = sink.accept()
+            with connection:
+                threading.Thread(target=_read_until_closed, args=(connection,), daemon=True).start()
+                for number in range(8):
+                    sent = time.monotonic()
+                    sender.sendto(b"%d" % number, (UPLINK_ADDRESS, probe_port))
+                    with contextlib.suppress(TimeoutError):
+                        while receiver.recv(16) != b"%d" % number:
+                            pass
+                        delays.append(time.monotonic() - sent)
+    print(f"queue delay at 9600 bit/s behind a bulk flow: {[round(d, 2) for d in delays]} s (limit {limit_s:.2f} s)")
+    assert len(delays) >= 3, "most probes should find room in the queue"
+    assert max(delays) <= limit_s + 0.3
+    assert sorted(delays)[len(delays) // 2] >= 0.3, "the bulk flow should have kept the queue filled"
+
+
+def _read_until_closed(connection: socket.socket) -> None:
+    """Keep the bulk flow moving (a receiver that stops reading would close its window and empty the queue)."""
+    with contextlib.suppress(OSError):
+        while connection.recv(65536):
+            pass
 
 
 def test_down_stops_bytes_and_up_resumes_the_same_connection(site, start_rig):
