@@ -25,12 +25,14 @@ from hil_tests.netns_site import (
     PrefixedGateway,
     netns_refusal,
 )
+from hil_tests.report import write_run_report
 from hil_tests.rig.client import RigClient
 from hil_tests.rig.launcher import local_rig
 from hil_tests.timeline import Timeline, TimelineRun, format_summary, summarize
 from tests.support.processes import GatewayProcess, MosquittoProcess
 
 RUN_KEY = pytest.StashKey[TimelineRun]()
+OUTCOMES_KEY = pytest.StashKey["RunOutcomes"]()
 BENCH_KEY = pytest.StashKey[BenchConfig]()
 
 
@@ -44,6 +46,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[OUTCOMES_KEY] = RunOutcomes()
+    config.pluginmanager.register(config.stash[OUTCOMES_KEY], "hil-run-outcomes")
     config.addinivalue_line(
         "markers", "forwarding: a store-and-forward scenario; runs once per gateway.upstream_formats of the bench"
     )
@@ -162,6 +166,19 @@ def rig(request: pytest.FixtureRequest, bench: BenchConfig, timeline: Timeline, 
             yield client
 
 
+class RunOutcomes:
+    """A plugin that keeps each test's outcome by its name (the timeline's scenario) for summary.md."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or report.failed:
+            name = report.nodeid.rsplit("::", 1)[-1]
+            if self.by_name.get(name) != "failed":
+                self.by_name[name] = report.outcome
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run is None:
@@ -170,3 +187,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     if records:
         terminalreporter.write_sep("=", f"HIL timelines: {run.folder}")
         terminalreporter.write_line(format_summary(summarize(records)))
+        try:
+            summary = write_run_report(run.folder, config.stash[OUTCOMES_KEY].by_name)
+        except Exception as error:  # a broken plot must not hide the run's own result; say what broke
+            terminalreporter.write_line(f"HIL report not written: {type(error).__name__}: {error}", red=True)
+        else:
+            terminalreporter.write_line(f"HIL report: {summary} (plots beside each timeline)")

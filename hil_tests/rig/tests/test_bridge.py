@@ -99,7 +99,7 @@ def _sender(site: BridgeSite) -> socket.socket:
 
 def _goodput(site: BridgeSite, rig: RigClient, rate_bps: int) -> float:
     rig.rate(rate_bps)
-    window = max(3.0, 6 * (WIRE_PAYLOAD_BYTES + WIRE_HEADER_BYTES) * 8 / rate_bps)  # at least six frames
+    window = max(3.0, 10 * (WIRE_PAYLOAD_BYTES + WIRE_HEADER_BYTES) * 8 / rate_bps)  # at least ten frames
     with _sink(site, rate_bps) as sink, flooding(_sender(site)):
         return measure_connection(sink, window=window, warmup=2.0, timeout=30)
 
