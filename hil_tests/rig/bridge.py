@@ -94,7 +94,12 @@ class BridgeBackend:
                 self._enslaved.append(port)
                 await run_command("ip", "link", "set", "dev", port, "up")
             await run_command("ip", "link", "set", "dev", self.bridge, "up")
-            await delete_table(NFT_FAMILY, self._table)  # a killed rig's leftovers
+            # What a killed rig left: its drop table and its tbf qdiscs (deleting a root qdisc that is not
+            # there fails; deleting a NIC's default one only resets it), so the link starts unshaped.
+            await delete_table(NFT_FAMILY, self._table)
+            for port in self.ports:
+                with contextlib.suppress(BackendError):
+                    await run_command("tc", "qdisc", "del", "dev", port, "root")
             if self._address is not None:
                 await run_command("ip", "addr", "replace", str(self._address), "dev", self.bridge)
                 self._added_address = True

@@ -110,3 +110,10 @@ def test_set_point_propagation_runs_on_a_bench_described_only_by_its_file(bridge
 def test_every_scenario_runs_on_the_bridge_bench(bridge_bench: Path) -> None:
     out = _run_scenarios(bridge_bench, str(SCENARIOS), "-k", "not satellite")  # its outages take minutes
     assert " passed" in out and "failed" not in out
+
+
+@pytest.mark.slow
+def test_the_satellite_scenario_runs_on_the_bridge_bench(bridge_bench: Path) -> None:
+    """Scenario 7 needs every feature: rate, loss and DOWN in the kernel, the 600 ms delay in the rig's relay."""
+    out = _run_scenarios(bridge_bench, str(SCENARIOS / "test_satellite_link.py"), "-k", "outage30s", "-s")
+    assert "1 passed" in out

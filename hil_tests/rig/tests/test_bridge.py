@@ -323,6 +323,20 @@ def test_a_terminated_rig_removes_its_bridge_qdiscs_and_rules_and_keeps_the_port
     assert {line.split("@")[0] for line in links.splitlines()} >= {"eth1", "eth2"} and not _masters(site)
 
 
+def test_a_new_rig_clears_what_a_killed_one_left(site, start_rig):
+    ready, rig = start_rig()
+    rig.rate(64_000)
+    rig.down()
+    os.kill(ready["pid"], signal.SIGKILL)
+    psutil.Process(ready["pid"]).wait(15)
+    links, qdiscs, rules = _kernel_state(site)
+    assert "tbf" in qdiscs and "drop" in rules  # the killed rig could not clean up
+    _, rig = start_rig()
+    assert rig.status()["up"] == "1"
+    links, qdiscs, rules = _kernel_state(site)
+    assert "tbf" not in qdiscs and "drop" not in rules and _masters(site) == {"eth1": "hilbr0", "eth2": "hilbr0"}
+
+
 def test_a_bridge_that_exists_is_reused_and_left_in_place(site, start_rig):
     subprocess.run(["ip", "-n", site.rig_ns, "link", "add", "lab0", "type", "bridge"], check=True)
     ready, rig = start_rig("--bridge", "lab0")
