@@ -26,9 +26,12 @@ the bridge or the address it created), also after a failed start, and leaves the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import re
+from collections.abc import Coroutine
+from typing import Any
 
 from hil_tests.rig.kernel import DEFAULT_QUEUE_SECONDS, BackendError, delete_table, drop_rules, run_command, tbf_arguments
 from hil_tests.rig.relay import Relay
@@ -144,33 +147,32 @@ class BridgeBackend:
         return details
 
     async def close(self) -> None:
-        """Undo start() and apply(); safe to call twice and after a failed start. The ports stay."""
+        """Undo start() and apply(); safe to call twice and after a failed start. The ports stay.
+
+        Independent steps run side by side, so SIGTERM ends the rig well within a second even on a busy box."""
         errors: list[str] = []
 
-        async def attempt(*argv: str) -> None:
+        async def attempt(step: Coroutine[Any, Any, Any]) -> None:
             try:
-                await run_command(*argv)
+                await step
             except BackendError as error:
                 errors.append(str(error))
 
         if self._relay is not None:
             await self._relay.stop()
             self._relay = None
+        steps = [attempt(delete_table(NFT_FAMILY, self._table))]
         if self._applied.rate_bps:
-            for port in self.ports:
-                await attempt("tc", "qdisc", "del", "dev", port, "root")
+            steps += [attempt(run_command("tc", "qdisc", "del", "dev", port, "root")) for port in self.ports]
         self._applied = LinkSettings()
-        try:
-            await delete_table(NFT_FAMILY, self._table)
-        except BackendError as error:
-            errors.append(str(error))
-        while self._enslaved:
-            await attempt("ip", "link", "set", "dev", self._enslaved.pop(), "nomaster")
+        steps += [attempt(run_command("ip", "link", "set", "dev", port, "nomaster")) for port in self._enslaved]
+        self._enslaved.clear()
+        await asyncio.gather(*steps)
         if self._created_bridge:
-            await attempt("ip", "link", "del", self.bridge)
+            await attempt(run_command("ip", "link", "del", self.bridge))
             self._created_bridge = self._added_address = False
         if self._added_address and self._address is not None:
-            await attempt("ip", "addr", "del", str(self._address), "dev", self.bridge)
+            await attempt(run_command("ip", "addr", "del", str(self._address), "dev", self.bridge))
             self._added_address = False
         if errors:
             raise BackendError("; ".join(errors))

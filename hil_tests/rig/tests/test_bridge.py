@@ -13,11 +13,13 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import threading
 import time
+import tty
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -300,6 +302,36 @@ def _kernel_state(site: BridgeSite) -> tuple[str, str, str]:
         return subprocess.run(["ip", "netns", "exec", site.rig_ns, *argv], capture_output=True, text=True, check=True).stdout
 
     return run("ip", "-br", "link"), run("tc", "qdisc", "show"), run("nft", "list", "ruleset")
+
+
+def test_hostile_lines_and_a_host_that_never_reads_change_nothing_and_sigterm_still_cleans_up(site, start_rig):
+    """Garbage, refused values, an unsupported DELAY and 3,000 unread STATUS replies: the link keeps its
+    shaping, and SIGTERM still removes the qdiscs, the table and the bridge within a second."""
+    ready, rig = start_rig()
+    rig.rate(64_000)
+    host = os.open(ready["serial"], os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+    tty.setraw(host)
+    try:
+        lines = b"RATE \xff\xfe\n" + b"X" * 300 + b"\n" + b"RATE -5\nLOSS 100\nDELAY 10\nDOWN now\n"
+        pending = lines + b"STATUS\n" * 3000
+        deadline = time.monotonic() + 10
+        while pending:
+            assert time.monotonic() < deadline, "the rig stopped reading its serial line"
+            try:
+                pending = pending[os.write(host, pending):]
+            except BlockingIOError:
+                select.select([], [host], [], 0.1)
+        _, qdiscs, rules = _kernel_state(site)
+        assert qdiscs.count("rate 64Kbit") == 2 and "drop" not in rules
+        started = time.monotonic()
+        os.kill(ready["pid"], signal.SIGTERM)
+        psutil.Process(ready["pid"]).wait(5)
+        stopped = time.monotonic() - started
+    finally:
+        os.close(host)
+    links, qdiscs, rules = _kernel_state(site)
+    print(f"bridge rig: SIGTERM to exit with cleanup in {stopped:.3f} s")
+    assert stopped < 1.0 and "tbf" not in qdiscs and "hilrig" not in rules and "hilbr0" not in links
 
 
 def _masters(site: BridgeSite) -> dict[str, str]:
