@@ -39,6 +39,7 @@ ROUTES = (Route("alerts", "alerts", priority=0, ttl_s=900), Route("data", "data"
 UPLINK_KEEPALIVE_S = 10
 
 
+@pytest.mark.timeout(600)  # an outage of up to 120 s, its drain at 1.2 s round trips, and settling
 @pytest.mark.parametrize("outage_s", [30, 120], ids=lambda s: f"outage{s}s")
 def test_a_satellite_backlog_drains_with_the_window_full_and_alerts_first(
     system: Callable[..., System], rig: RigClient, outage_s: int

@@ -32,9 +32,13 @@ GATEWAY_PORT = 1883
 RUN_TIMEOUT_S = 300
 
 
-@pytest.fixture
-def bridge_bench(bench: BenchConfig, hil_run: TimelineRun, tmp_path: Path) -> Iterator[Path]:
-    """Cable the namespaces, start the rig and the cloud broker, and write the bench file that describes them."""
+@pytest.fixture(params=["relay", "plain"])
+def bridge_bench(request: pytest.FixtureRequest, bench: BenchConfig, hil_run: TimelineRun, tmp_path: Path) -> Iterator[Path]:
+    """Cable the namespaces, start the rig and the cloud broker, and write the bench file that describes them.
+
+    ``plain``: the rig only bridges (rate, loss, down), the gateway's uplink goes to the broker across it
+    untouched, as on a bench without DELAY. ``relay``: the rig also has ``--address`` and ``--target``, so
+    DELAY/JITTER work and the gateway's uplink goes to the rig's relay (STATUS ``relay``)."""
     if bench.source != DEFAULT_BENCH:
         pytest.skip("runs only with the default bench: --bench already names the bench under test")
     refusal = netns_refusal()
@@ -47,9 +51,12 @@ def bridge_bench(bench: BenchConfig, hil_run: TimelineRun, tmp_path: Path) -> It
         links = site.host_links
         stack.enter_context(NamespacedMosquitto(tmp_path / "cloud", links.cloud, CLOUD_PORT))
         cloud = f"{links.cloud.address}:{CLOUD_PORT}"
-        rig_args = ["--backend", "bridge", "--ports", ",".join(site.ports), "--address", site.rig_address, "--target", cloud]
+        rig_args = ["--backend", "bridge", "--ports", ",".join(site.ports)]
+        if request.param == "relay":
+            rig_args += ["--address", site.rig_address, "--target", cloud]
         ready = stack.enter_context(local_rig(rig_args, tmp_path / "rig.log", prefix=site.exec_in(site.rig_ns)))
-        site.rig_routes()
+        if request.param == "relay":
+            site.rig_routes()
         config = tmp_path / "bench.toml"
         config.write_text(
             f"""# A bridge rig box between a gateway and its uplink (written by {Path(__file__).name}).
@@ -107,12 +114,16 @@ def test_set_point_propagation_runs_on_a_bench_described_only_by_its_file(bridge
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)  # the nested run's own limit, not the suite's 120 s per test
+@pytest.mark.parametrize("bridge_bench", ["relay"], indirect=True)  # scenario 3 needs DELAY
 def test_every_scenario_runs_on_the_bridge_bench(bridge_bench: Path) -> None:
     out = _run_scenarios(bridge_bench, str(SCENARIOS), "-k", "not satellite")  # its outages take minutes
     assert " passed" in out and "failed" not in out
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("bridge_bench", ["relay"], indirect=True)
 def test_the_satellite_scenario_runs_on_the_bridge_bench(bridge_bench: Path) -> None:
     """Scenario 7 needs every feature: rate, loss and DOWN in the kernel, the 600 ms delay in the rig's relay."""
     out = _run_scenarios(bridge_bench, str(SCENARIOS / "test_satellite_link.py"), "-k", "outage30s", "-s")
