@@ -22,11 +22,17 @@ every veth, bridge, qdisc and nftables table, whatever state a failed test left 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import secrets
+import signal
 import subprocess
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
-from hil_tests.netns_site import HostLinks, SiteError
+from hil_tests.netns_site import HostLinks, NamespacedMosquitto, SiteError
+from hil_tests.rig.launcher import REPO_ROOT, local_rig
 
 GATEWAY_PORT_NAME = "eth1"
 UPLINK_PORT_NAME = "eth2"
@@ -34,6 +40,8 @@ GATEWAY_ADDRESS = "10.203.0.1"
 UPLINK_ADDRESS = "10.203.0.2"
 RIG_ADDRESS = "10.203.0.3"
 PREFIX_LENGTH = 24
+CLOUD_PORT = 1883  # both fresh namespaces: the well-known ports are free
+GATEWAY_PORT = 1883
 
 
 def _run(*argv: str) -> str:
@@ -125,3 +133,74 @@ def list_namespaces() -> set[str]:
 def leftovers(namespaces: Sequence[str]) -> set[str]:
     """Which of ``namespaces`` still exist (a test's cleanup check)."""
     return set(namespaces) & list_namespaces()
+
+
+@contextlib.contextmanager
+def bridge_bench(folder: Path, artifacts: Path, relay: bool = True) -> Iterator[tuple[Path, BridgeSite]]:
+    """A whole bench in namespaces, and the bench file that describes it: ``folder/bench.toml`` (and the site).
+
+    The rig runs in the rig namespace (``--backend bridge --ports eth1,eth2``; with ``relay`` also
+    ``--address``/``--target`` for DELAY/JITTER) on a pty whose device goes into the file as a rig box's
+    serial device would; mosquitto runs in the uplink namespace (``cloud.start = false``); the file says
+    how to run the gateway in the gateway namespace (``gateway.run_in``). Everything goes on exit.
+    """
+    site = BridgeSite()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(site)
+        links = site.host_links
+        stack.enter_context(NamespacedMosquitto(folder / "cloud", links.cloud, CLOUD_PORT))
+        rig_args = ["--backend", "bridge", "--ports", ",".join(site.ports)]
+        if relay:
+            rig_args += ["--address", site.rig_address, "--target", f"{links.cloud.address}:{CLOUD_PORT}"]
+        ready = stack.enter_context(local_rig(rig_args, folder / "rig.log", prefix=site.exec_in(site.rig_ns)))
+        if relay:
+            site.rig_routes()
+        config = folder / "bench.toml"
+        config.write_text(
+            f"""# A bridge rig box between a gateway and its uplink, in network namespaces (hil_tests/bridge_site.py).
+[rig]
+serial = "{ready['serial']}"
+backend = "bridge"
+baud = 115200
+
+[gateway]
+start = true
+host = "{links.gateway.address}"
+port = {GATEWAY_PORT}
+run_in = {json.dumps(site.exec_in(site.gateway_ns))}
+upstream_formats = ["message"]
+
+[cloud]
+start = false
+host = "{links.cloud.address}"
+port = {CLOUD_PORT}
+
+[devices]
+count = 20
+id_prefix = "thermostat-"
+start = true
+micropython = "{REPO_ROOT / '.venv/bin/micropython'}"
+firmware = "{REPO_ROOT / 'device_firmware/main.py'}"
+
+[artifacts]
+dir = "{artifacts}"
+"""
+        )
+        yield config, site
+
+
+def main() -> None:
+    """``python -m hil_tests.bridge_site FOLDER [--plain]``: bring the bench up, print its bench file's
+    path, and take it down on Ctrl-C or SIGTERM; meanwhile ``pytest hil_tests/scenarios --bench`` it."""
+    folder = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path("build/bridge-bench").resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    stop = signal.SIGTERM
+    signal.signal(stop, signal.default_int_handler)  # SIGTERM ends the bench as Ctrl-C does: cleanly
+    with bridge_bench(folder, folder / "artifacts", relay="--plain" not in sys.argv) as (config, _):
+        print(f"bench up: pytest hil_tests/scenarios --bench {config}   (Ctrl-C takes it down)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+
+
+if __name__ == "__main__":
+    main()

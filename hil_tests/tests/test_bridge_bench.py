@@ -11,8 +11,6 @@ scenarios on that file, so nothing in it knows the bench is simulated. Afterward
 
 from __future__ import annotations
 
-import contextlib
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,14 +19,13 @@ from pathlib import Path
 import pytest
 
 from hil_tests.bench import DEFAULT_BENCH, BenchConfig, load_bench
-from hil_tests.bridge_site import BridgeSite, leftovers
-from hil_tests.netns_site import NamespacedMosquitto, netns_refusal
-from hil_tests.rig.launcher import REPO_ROOT, local_rig
+from hil_tests.bridge_site import bridge_bench as bench_in_namespaces
+from hil_tests.bridge_site import leftovers
+from hil_tests.netns_site import netns_refusal
+from hil_tests.rig.launcher import REPO_ROOT
 from hil_tests.timeline import TimelineRun
 
 SCENARIOS = REPO_ROOT / "hil_tests" / "scenarios"
-CLOUD_PORT = 1883
-GATEWAY_PORT = 1883
 RUN_TIMEOUT_S = 300
 
 
@@ -44,56 +41,10 @@ def bridge_bench(request: pytest.FixtureRequest, bench: BenchConfig, hil_run: Ti
     refusal = netns_refusal()
     if refusal is not None:
         pytest.skip(refusal)
-    site = BridgeSite()
-    with contextlib.ExitStack() as stack:
-        stack.callback(lambda: _assert_gone(site))
-        stack.enter_context(site)
-        links = site.host_links
-        stack.enter_context(NamespacedMosquitto(tmp_path / "cloud", links.cloud, CLOUD_PORT))
-        cloud = f"{links.cloud.address}:{CLOUD_PORT}"
-        rig_args = ["--backend", "bridge", "--ports", ",".join(site.ports)]
-        if request.param == "relay":
-            rig_args += ["--address", site.rig_address, "--target", cloud]
-        ready = stack.enter_context(local_rig(rig_args, tmp_path / "rig.log", prefix=site.exec_in(site.rig_ns)))
-        if request.param == "relay":
-            site.rig_routes()
-        config = tmp_path / "bench.toml"
-        config.write_text(
-            f"""# A bridge rig box between a gateway and its uplink (written by {Path(__file__).name}).
-[rig]
-serial = "{ready['serial']}"
-backend = "bridge"
-baud = 115200
-
-[gateway]
-start = true
-host = "{links.gateway.address}"
-port = {GATEWAY_PORT}
-run_in = {json.dumps(site.exec_in(site.gateway_ns))}
-upstream_formats = ["message"]
-
-[cloud]
-start = false
-host = "{links.cloud.address}"
-port = {CLOUD_PORT}
-
-[devices]
-count = 20
-id_prefix = "thermostat-"
-start = true
-micropython = "{REPO_ROOT / '.venv/bin/micropython'}"
-firmware = "{REPO_ROOT / 'device_firmware/main.py'}"
-
-[artifacts]
-dir = "{hil_run.folder / 'bridge'}"
-"""
-        )
+    with bench_in_namespaces(tmp_path, hil_run.folder / "bridge", relay=request.param == "relay") as (config, site):
         loaded = load_bench(config)
-        assert not loaded.rig.local and loaded.cloud.uplink == (links.cloud.address, CLOUD_PORT)
+        assert not loaded.rig.local and not loaded.cloud.start and loaded.gateway.run_in == tuple(site.exec_in(site.gateway_ns))
         yield config
-
-
-def _assert_gone(site: BridgeSite) -> None:
     assert not leftovers(site.namespaces), "a namespace of the bridge bench was left behind"
 
 
