@@ -33,14 +33,18 @@ LAYERS = ("unit", "inprocess", "process", "hil")
 
 UNIT_MODULES = frozenset(
     {
+        "tests/broker/test_certificates.py",
         "tests/broker/test_codec.py",
         "tests/broker/test_hardening.py",
         "tests/broker/test_imports.py",
         "tests/broker/test_limits.py",
         "tests/broker/test_login_gate.py",
+        "tests/broker/test_offline_queue.py",
         "tests/broker/test_pair_fuzz.py",
         "tests/broker/test_retain.py",
+        "tests/broker/test_retained_feed.py",
         "tests/broker/test_session.py",
+        "tests/broker/test_store_failure.py",
         "tests/broker/test_timing.py",
         "tests/broker/test_topic_tree.py",
         "tests/broker/test_websocket.py",
@@ -84,6 +88,7 @@ UNIT_MODULES = frozenset(
 
 INPROCESS_MODULES = frozenset(
     {
+        "tests/broker/test_retained_feed_sockets.py",
         "tests/broker/test_server.py",
         "tests/broker/test_server_linger.py",
         "tests/broker/test_server_login.py",

@@ -69,10 +69,7 @@ def default_config_text() -> str:
 def parse_text(text: str, source: str) -> dict[str, Any]:
     """TOML or JSON by the file name; JSON files are common when configs come from a fleet manager."""
     try:
-        if source.endswith(".json"):
-            raw = json.loads(text)
-        else:
-            raw = tomllib.loads(text)
+        raw = json.loads(text) if source.endswith(".json") else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError("", f"{source}: not valid {'JSON' if source.endswith('.json') else 'TOML'}: {exc}") from exc
     return dict(require_table(raw, ""))

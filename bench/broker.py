@@ -44,7 +44,15 @@ import psutil
 if __package__ in (None, ""):  # run by path (``make bench``): make ``bench`` and ``tests`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.mqtt_load import MQTT_5, MQTT_311, Schedule, WorkerResult, WorkerSpec, raise_fd_limit, run_load  # noqa: E402
+from bench.mqtt_load import (  # noqa: E402
+    MQTT_5,
+    MQTT_311,
+    Schedule,
+    WorkerResult,
+    WorkerSpec,
+    raise_fd_limit,
+    run_load,
+)
 from tests.support.processes import GatewayProcess, MosquittoProcess  # noqa: E402
 
 #: mosquitto as the issue measures it: unlimited queues (``max_queued_messages 0``), the same 64-message
@@ -71,11 +79,11 @@ class Sizes:
     payload: int = 64
 
     @classmethod
-    def full(cls) -> "Sizes":
+    def full(cls) -> Sizes:
         return cls(connections=2000, fanout_subscribers=100)
 
     @classmethod
-    def quick(cls) -> "Sizes":
+    def quick(cls) -> Sizes:
         return cls(connections=200, fanout_subscribers=10)
 
 

@@ -127,7 +127,7 @@ class Publisher:
             # Keep paho's own queue short: it hands out packet ids when publish() is called, and with
             # more than 65,535 queued they repeat and acknowledgements go to the wrong message.
             with self.cond:
-                self.cond.wait_for(lambda: self.target - count + n - self.acked < QUEUED)
+                self.cond.wait_for(lambda n=n: self.target - count + n - self.acked < QUEUED)
             self.publish("data", b"d" * PAYLOAD)
         if not self.done.wait(3600):
             raise TimeoutError("no PUBACK for the last message")

@@ -311,7 +311,7 @@ class Subscriber(Client):
     def on_frames(self, buf: bytes, frames: list[tuple[int, int, int]]) -> None:
         count = 0
         acks: list[bytes] = []
-        for first, start, stop in frames:
+        for first, start, _stop in frames:
             if first & 0xF0 != PUBLISH:
                 continue
             count += 1
@@ -324,7 +324,7 @@ class Subscriber(Client):
         if self.stamped and self.measuring and len(self.latencies_us) < MAX_LATENCY_SAMPLES:
             now = time.monotonic_ns()
             samples = self.latencies_us
-            for first, start, stop in frames:
+            for first, _start, stop in frames:
                 if first & 0xF0 == PUBLISH:
                     samples.append((now - int.from_bytes(buf[stop - 8:stop], "big")) // 1000)
 
@@ -424,7 +424,7 @@ class WindowPublisher(Client):
 
     def on_frames(self, buf: bytes, frames: list[tuple[int, int, int]]) -> None:
         inflight = self.inflight
-        for first, start, stop in frames:
+        for first, start, _stop in frames:
             if first & 0xF0 == PUBACK:
                 inflight.discard((buf[start] << 8) | buf[start + 1])
                 self.acked += 1

@@ -145,7 +145,7 @@ def start_echo(host: str, port: int) -> mqtt.Client:
 
 def measure(host: str, port: int, topic: str, clients: int, payloads_for: list[list[bytes]], window: int) -> RunResult:
     requesters = [Requester(host, port, topic, window) for _ in range(clients)]
-    threads = [threading.Thread(target=r.run, args=(p,)) for r, p in zip(requesters, payloads_for)]
+    threads = [threading.Thread(target=r.run, args=(p,)) for r, p in zip(requesters, payloads_for, strict=True)]
     started = time.perf_counter()
     for thread in threads:
         thread.start()

@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,7 +33,7 @@ FIELDS = ("run_id", "scenario", "message_id", "priority", "device", "event", "t_
 
 def new_run_id() -> str:
     """Sortable and unique: UTC time of the run plus a random suffix for runs started the same second."""
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
 
 
 def scenario_file_name(scenario: str) -> str:
@@ -53,7 +53,7 @@ class Timeline:
         self._clock = clock
         self._start = clock()
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] = open(path, "a", encoding="utf-8")
+        self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115  # open while the timeline is
 
     def record(
         self,
@@ -224,7 +224,7 @@ def format_summary(rows: Iterable[SummaryRow]) -> str:
         )
     widths = [max(len(line[i]) for line in table) for i in range(len(headers))]
     lines = [
-        "  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in enumerate(zip(line, widths)))
+        "  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in enumerate(zip(line, widths, strict=True)))
         for line in table
     ]
     lines.insert(1, "  ".join("-" * width for width in widths))

@@ -34,7 +34,11 @@ from paho.mqtt.properties import Properties
 
 from pipeline.envelope import Incoming, land_all
 from pipeline.landing import LandingWriter
-from pipeline.records import DEFAULT_BATCH_FILTER, DEFAULT_EVENTS_FILTER, DEFAULT_METRICS_FILTER
+from pipeline.records import (
+    DEFAULT_BATCH_FILTER,
+    DEFAULT_EVENTS_FILTER,
+    DEFAULT_METRICS_FILTER,
+)
 
 log = logging.getLogger("pipeline.ingest")
 

@@ -23,7 +23,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.records import KINDS
@@ -34,7 +34,7 @@ SEALED_GLOB = "date=*/hour=*/*.jsonl"
 
 def partition_of(received_ms: int) -> tuple[str, str]:
     """(date, hour) of the partition a message received at ``received_ms`` lands in."""
-    at = datetime.fromtimestamp(received_ms / 1000, tz=timezone.utc)
+    at = datetime.fromtimestamp(received_ms / 1000, tz=UTC)
     return at.strftime("%Y-%m-%d"), at.strftime("%H")
 
 

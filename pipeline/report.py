@@ -18,10 +18,9 @@ import re
 import sys
 from pathlib import Path
 
+import matplotlib
 import pandas as pd
 import pyarrow.dataset as ds
-
-import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
@@ -142,7 +141,7 @@ def hil_section(page: _Page, out: Path, max_plots: int) -> None:
         rate.step(seconds, shaped / 1000, where="post", color="tab:blue", label="link rate")
         rate.set_ylabel("link rate (kbit/s)", color="tab:blue")
         starts = seconds.tolist()
-        for start, end, link in zip(starts, starts[1:] + [starts[-1] + 1], rows["link"]):
+        for start, end, link in zip(starts, starts[1:] + [starts[-1] + 1], rows["link"], strict=True):
             if link == "down":
                 ax.axvspan(start, end, color="grey", alpha=0.2, linewidth=0)
         ax.set_ylim(bottom=0)

@@ -43,7 +43,13 @@ from dataclasses import dataclass
 from enum import IntFlag
 from pathlib import Path
 
-from appliance.broker.topic_tree import SHARE_PREFIX, TopicError, split_shared, topic_matches, validate_topic_filter
+from appliance.broker.topic_tree import (
+    SHARE_PREFIX,
+    TopicError,
+    split_shared,
+    topic_matches,
+    validate_topic_filter,
+)
 
 #: Cached decisions before the cache is emptied; bounds memory when topics are unique per message.
 DECISION_CACHE_SIZE = 65536

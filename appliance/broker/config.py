@@ -65,15 +65,30 @@ class AuthConfig:
         return self
 
 
+#: ``max_queued_bytes`` when not configured: min(this, QUEUED_BYTES_SHARE of the data directory's free
+#: space when the gateway starts) per durable session (``queued_bytes_default``).
+DEFAULT_QUEUED_BYTES_CAP = 1024 * 1024 * 1024
+QUEUED_BYTES_SHARE = 0.25
+
+
+def queued_bytes_default(free_bytes: int) -> int:
+    """The default bound of one durable session's stored deliveries: large enough that an away client
+    loses nothing in any ordinary outage (1 GiB is 250,000 messages of 4 KB), small enough that one
+    session cannot fill the disk under the others (a quarter of what is free)."""
+    return max(1, min(DEFAULT_QUEUED_BYTES_CAP, int(free_bytes * QUEUED_BYTES_SHARE)))
+
+
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
     """Per-client limits (docs/broker.md).
 
     ``max_inflight_messages`` is mosquitto's option of that name (default 20 as there): 3.1.1 has no
     Receive Maximum, so without it a subscriber that never acknowledges would get every queued message.
-    A client that makes progress loses no QoS 1/2 message to ``max_queued_messages``: its publishers are
-    held back instead. ``max_topic_levels`` and ``max_user_properties`` bound what one packet can make the
-    broker build (docs/broker-security.md, "Resource limits")."""
+    A durable session's QoS 1/2 messages wait in ``broker.db``, bounded by ``max_queued_bytes``; what
+    waits in memory is bounded by ``max_queued_messages``. A client that makes progress loses no QoS 1/2
+    message to either bound: its publishers are held back instead. ``max_topic_levels`` and
+    ``max_user_properties`` bound what one packet can make the broker build (docs/broker-security.md,
+    "Resource limits")."""
 
     max_packet_size: int = setting(
         4 * 1024 * 1024, minimum=64, maximum=268_435_460,
@@ -89,8 +104,13 @@ class LimitsConfig:
     )
     max_queued_messages: int = setting(
         1000, minimum=0,
-        doc="QoS 0 messages queued per client while it is away or its window is full; QoS 1/2 messages queued"
-        " while it is away or a slow consumer (more are dropped and counted)",
+        doc="messages queued in memory per client: QoS 0 while it is away or its window is full; QoS 1/2 of a"
+        " non-durable slow consumer (more, or more than 8 MiB of payload, are dropped and counted)",
+    )
+    max_queued_bytes: int | None = setting(
+        None, minimum=0, shown_default="min(1 GiB, 25 % of the data dir's free space at start)",
+        doc="payload bytes of one durable session's QoS 1/2 messages in broker.db (more are dropped, counted,"
+        " MQTT 5 publishers get 0x97); absent: queued_bytes_default of the free space; 0: no bound",
     )
     max_keepalive: int = setting(
         65535, minimum=1, maximum=65535, doc="larger keep-alives are cut to this (MQTT 5: Server Keep Alive in CONNACK)"

@@ -17,7 +17,13 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.handle_connect import handle_auth, handle_connect
-from appliance.broker.handle_publish import handle_puback, handle_pubcomp, handle_publish, handle_pubrec, handle_pubrel
+from appliance.broker.handle_publish import (
+    handle_puback,
+    handle_pubcomp,
+    handle_publish,
+    handle_pubrec,
+    handle_pubrel,
+)
 from appliance.broker.handle_subscribe import handle_subscribe, handle_unsubscribe
 from appliance.broker.link import Link
 

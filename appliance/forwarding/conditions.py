@@ -293,7 +293,7 @@ def _json_value(value: Any) -> Any:
     """A JSON body value as a condition value: objects and arrays are not comparable, so undefined."""
     if value is None:
         return NULL
-    if isinstance(value, bool) or isinstance(value, str):
+    if isinstance(value, (bool, str)):
         return value
     if isinstance(value, (int, float)):
         return _number(float(value))
@@ -501,7 +501,7 @@ class _Parser:
         if builtin.variadic is not None:
             valid = len(args) >= 2 and all(_fits(builtin.variadic, k) for k in kinds)
         else:
-            valid = any(len(o) == len(kinds) and all(_fits(r, k) for r, k in zip(o, kinds)) for o in builtin.overloads)
+            valid = any(len(o) == len(kinds) and all(_fits(r, k) for r, k in zip(o, kinds, strict=True)) for o in builtin.overloads)
         if not valid:
             given = ", ".join(k.value for k in kinds)
             raise self.error(f"no overload of {name.text.lower()}({given})", name.column)

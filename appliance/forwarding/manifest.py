@@ -18,7 +18,13 @@ from typing import Any
 import jsonschema
 
 from appliance.forwarding.lexer import RouteSyntaxError
-from appliance.forwarding.routes import DEFAULT_PRIORITY, DEFAULT_TTL_S, Evaluator, Route, parse_route
+from appliance.forwarding.routes import (
+    DEFAULT_PRIORITY,
+    DEFAULT_TTL_S,
+    Evaluator,
+    Route,
+    parse_route,
+)
 
 SCHEMA: dict[str, Any] = {
     "$schema": "http://json-schema.org/draft-07/schema#",

@@ -46,13 +46,18 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from appliance.backoff import Backoff
 from appliance.forwarding.batch import encode_batch
 from appliance.forwarding.config import UpstreamConfig
-from appliance.forwarding.endpoints import Refused, SendFailed, identity_properties, message_id
+from appliance.forwarding.endpoints import (
+    Refused,
+    SendFailed,
+    identity_properties,
+    message_id,
+)
 from appliance.forwarding.liveness import Liveness
 from appliance.forwarding.metrics import LinkStats
 from appliance.forwarding.queues import QueuedMessage
-from appliance.backoff import Backoff
 from appliance.forwarding.routes import UPSTREAM
 from appliance.forwarding.window import LinkEstimate, Window
 
@@ -178,7 +183,7 @@ class UpstreamSender:
             self._link_changed.clear()
             try:
                 sock = await self._open_socket()
-            except (OSError, ValueError, asyncio.TimeoutError) as exc:  # ssl.SSLError is an OSError
+            except (TimeoutError, OSError, ValueError) as exc:  # ssl.SSLError is an OSError
                 log.info("upstream %s:%s: connect failed: %s", self.settings.host, self.settings.port, exc)
             else:
                 if await self._session(sock):
@@ -207,7 +212,7 @@ class UpstreamSender:
                 if self._tls is None:
                     return sock
                 return await asyncio.wait_for(self._handshake(sock), CONNECT_TIMEOUT_S)
-            except (OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError) as exc:
                 sock.close()
                 failure = exc
             except BaseException:  # cancelled (the bridge stops): no socket left behind

@@ -55,13 +55,16 @@ def write_backup(data_dir: Path, now: float | None = None) -> Path:
     backup_dir = data_dir / BACKUP_DIR_NAME
     backup_dir.mkdir(mode=0o700, exist_ok=True)
     target = backup_dir / f"factory-reset-{stamp}.tar.gz"
-    with tempfile.TemporaryDirectory(dir=backup_dir) as scratch:
-        with atomic_file.replacing(target, mode=0o600) as raw, tarfile.open(fileobj=raw, mode="w:gz") as archive:
-            for database in existing_databases(data_dir):
-                snapshot = Path(scratch) / database.name
-                _online_backup(database, snapshot)
-                archive.add(snapshot, arcname=database.name)
-            archive.addfile(_manifest_info(stamp), io.BytesIO(_manifest(stamp)))
+    with (
+        tempfile.TemporaryDirectory(dir=backup_dir) as scratch,
+        atomic_file.replacing(target, mode=0o600) as raw,
+        tarfile.open(fileobj=raw, mode="w:gz") as archive,
+    ):
+        for database in existing_databases(data_dir):
+            snapshot = Path(scratch) / database.name
+            _online_backup(database, snapshot)
+            archive.add(snapshot, arcname=database.name)
+        archive.addfile(_manifest_info(stamp), io.BytesIO(_manifest(stamp)))
     return target
 
 

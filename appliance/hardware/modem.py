@@ -25,8 +25,8 @@ from typing import Protocol
 
 import serial
 
-from appliance.hardware.at import AtConnection, Noise, Response, Urc
 from appliance.backoff import Backoff
+from appliance.hardware.at import AtConnection, Noise, Response, Urc
 from appliance.hardware.config import ModemConfig
 from appliance.hardware.modem_status import (
     ModemStatus,

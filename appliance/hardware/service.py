@@ -16,10 +16,17 @@ means "connected to the cloud", not just "registered".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
-from appliance.broker.api import ACCEPTED, BrokerHandle, InboundPublish, PublishVerdict, ServiceDefaults
+from appliance.broker.api import (
+    ACCEPTED,
+    BrokerHandle,
+    InboundPublish,
+    PublishVerdict,
+    ServiceDefaults,
+)
 from appliance.hardware.config import HardwareConfig
 from appliance.hardware.gpio import StatusPanel
 from appliance.hardware.modem import LinkListener, ModemMonitor
@@ -150,9 +157,7 @@ class HardwareService(ServiceDefaults):
     async def stop(self) -> None:
         if self._modem_task is not None and not self._modem_task.done():
             self._modem_task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._modem_task
-            except asyncio.CancelledError:
-                pass
         if self.panel is not None:
             self.panel.close()

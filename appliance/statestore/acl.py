@@ -44,6 +44,6 @@ class KeyAuthorizer:
         if not self.rules:
             return True
         return any(
-            (user == ANY_USER or user == username) and access in kinds and key.startswith(prefix)
+            (user in (ANY_USER, username)) and access in kinds and key.startswith(prefix)
             for user, prefix, kinds in self.rules
         )

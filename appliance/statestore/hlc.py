@@ -36,7 +36,7 @@ class Hlc:
         return f"{self.wall_ms:015d}:{self.counter:05d}:{self.node_id}"
 
     @classmethod
-    def parse(cls, text: str) -> "Hlc":
+    def parse(cls, text: str) -> Hlc:
         parts = text.split(":", 2)
         if len(parts) != 3:
             raise HlcFormatError(f"expected <wall>:<counter>:<node>, got {text[:64]!r}")

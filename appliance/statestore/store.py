@@ -28,9 +28,9 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from appliance.sqlite_files import DatabaseFileError, quick_check, refuse_emptied
 from appliance.statestore import errors
 from appliance.statestore.commands import Condition, SetCommand
-from appliance.sqlite_files import DatabaseFileError, quick_check, refuse_emptied
 from appliance.statestore.errors import StateStoreError
 from appliance.statestore.hlc import Hlc, HybridClock
 
@@ -206,7 +206,7 @@ class StateStore:
 
     # -- internals -----------------------------------------------------------------------------------
 
-    def _transaction(self) -> "_Transaction":
+    def _transaction(self) -> _Transaction:
         return _Transaction(self)
 
     def _load(self, key: bytes) -> Entry | None:

@@ -94,7 +94,7 @@ def keep_logs(gateway: GatewayProcess, fleet: list[Thermostat], tmp_path: Path, 
     are rotated away by later runs, and a failed scenario is explained by these."""
     timeline_path.with_suffix(".gateway.log").write_text(gateway.output())
     timeline_path.with_suffix(".thermostats.log").write_text(
-        "".join(f"{t.name} {when:.3f} {line}\n" for t in fleet for line, when in zip(t.lines, t.times))
+        "".join(f"{t.name} {when:.3f} {line}\n" for t in fleet for line, when in zip(t.lines, t.times, strict=False))
     )
     for name, source in (("rig", tmp_path / "rig.log"), ("cloud", next((tmp_path / "cloud").glob("*.log"), None))):
         if source is not None and source.exists():

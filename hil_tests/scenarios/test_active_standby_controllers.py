@@ -25,7 +25,11 @@ from typing import Any
 
 import pytest
 
-from appliance.statestore.client import FencingTokenLower, Notification, StateStoreClient
+from appliance.statestore.client import (
+    FencingTokenLower,
+    Notification,
+    StateStoreClient,
+)
 from appliance.statestore.hlc import Hlc
 from hil_tests.harness import Recorder, Route, System, wait_until
 from tests.support.processes import ROOT
@@ -45,7 +49,7 @@ class Controller:
         self.recorder = recorder
         self.events: list[dict[str, Any]] = []
         self.cond = threading.Condition()
-        self._stderr = open(log, "w")
+        self._stderr = open(log, "w")  # noqa: SIM115  # the controller process writes it for its whole life
         self.process = subprocess.Popen(
             [sys.executable, "-m", "hil_tests.scenarios.controller", "--host", gateway[0], "--port", str(gateway[1]),
              "--name", name, "--key", key, "--base", str(base), "--ttl-ms", str(LEASE_TTL_MS)],

@@ -53,12 +53,12 @@ def test_alerts_overtake_a_growing_backlog_that_drains_in_priority_order(
         before = _alerts_of(bench.tap.snapshot(), thermostat.name)
         raise_alert(thermostat)
         tapped = bench.tap.wait_for(
-            lambda got: len(_alerts_of(got, thermostat.name)) > len(before),
+            lambda got, name=thermostat.name, before=before: len(_alerts_of(got, name)) > len(before),
             timeout=10, what=f"alert {number} at the gateway",
         )
         alert = _alerts_of(tapped, thermostat.name)[-1]
         arrived = bench.cloud.wait_for(
-            lambda got: any(m.key == alert.key for m in got), timeout=30, what=f"alert {alert.key} at the cloud"
+            lambda got, key=alert.key: any(m.key == key for m in got), timeout=30, what=f"alert {alert.key} at the cloud"
         )
         alert_latencies.append(next(m.at for m in arrived if m.key == alert.key) - alert.at)
         backlog_at_alert.append(len(_pending(bench.tap.snapshot(), arrived, priority=1)))

@@ -33,7 +33,7 @@ def as_publishes(items: list[QueuedMessage]) -> list[tuple[str, bytes, dict[str,
 
 
 def test_the_collector_subscribes_to_both_formats():
-    assert BATCH_TOPIC == f"gateways/{GATEWAY_ID}/batches"
+    assert f"gateways/{GATEWAY_ID}/batches" == BATCH_TOPIC
     assert BATCH_TOPIC in CLOUD_TOPICS
 
 

@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from hil_tests.timeline import FIELDS, Timeline, TimelineRun, format_summary, read_timeline, summarize
+from hil_tests.timeline import (
+    FIELDS,
+    Timeline,
+    TimelineRun,
+    format_summary,
+    read_timeline,
+    summarize,
+)
 
 
 class FakeClock:
@@ -46,9 +53,8 @@ def test_records_have_every_field_and_milliseconds_since_the_scenario_start(tmp_
     ],
 )
 def test_bad_records_are_refused_and_nothing_is_written(tmp_path, call, message):
-    with Timeline(tmp_path / "s.jsonl", "r", "s") as timeline:
-        with pytest.raises((ValueError, TypeError), match=message):
-            call(timeline)
+    with Timeline(tmp_path / "s.jsonl", "r", "s") as timeline, pytest.raises((ValueError, TypeError), match=message):
+        call(timeline)
     assert (tmp_path / "s.jsonl").read_text() == ""
 
 

@@ -4,6 +4,7 @@ fixed sleeps."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import socket
@@ -57,7 +58,7 @@ class RawClient:
             self.sock.settimeout(remaining)
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 raise TimeoutError("no packet arrived") from None
             if not data:
                 raise ConnectionError("closed by the broker")
@@ -86,10 +87,8 @@ class RawClient:
         return self.expect(pk.Suback)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
 
 class PahoClient:

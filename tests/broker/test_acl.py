@@ -11,8 +11,8 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
 from appliance.broker.acl import Acl, AclFileError, filter_covers
+from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
 from tests.support.processes import MosquittoProcess
 
 ACL_TEXT = """\

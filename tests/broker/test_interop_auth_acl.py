@@ -150,7 +150,7 @@ def test_sighup_reloads_the_password_file(secured: GatewayProcess, tmp_path: Pat
     add_user(password_file, "carol", "c4r0l")
     before = secured.output().count("reloaded")
     secured.signal(signal.SIGHUP)
-    secured.wait_for_log("reloaded" if before == 0 else r"(?s)(reloaded.*){%d}" % (before + 1))
+    secured.wait_for_log("reloaded" if before == 0 else rf"(?s)(reloaded.*){{{before + 1}}}")
     client = RawClient(secured.port)
     try:
         assert client.connect(unique("carol"), username="carol", password=b"c4r0l").reason_code == 0

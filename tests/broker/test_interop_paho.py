@@ -105,7 +105,7 @@ def test_will_is_sent_on_abnormal_close_only(gateway: GatewayProcess, v5: bool) 
 def test_durable_session_receives_messages_published_while_offline(gateway: GatewayProcess, v5: bool) -> None:
     client_id = unique("durable")
     topic = unique("offline")
-    sub = PahoClient(gateway.port, client_id, v5=v5, clean=False if not v5 else True)
+    sub = PahoClient(gateway.port, client_id, v5=v5, clean=v5)
     sub.connect(session_expiry=300)
     sub.subscribe(topic, 1)
     sub.disconnect()

@@ -21,7 +21,17 @@ import pytest
 
 from appliance.broker.codec import reasons
 from tests.conformance import canonical
-from tests.conformance.canonical import HLC, MQTT, PROPERTY_IDS, PROPERTY_NAMES, RESP3, STATESTORE, as_bytes, hexed, params
+from tests.conformance.canonical import (
+    HLC,
+    MQTT,
+    PROPERTY_IDS,
+    PROPERTY_NAMES,
+    RESP3,
+    STATESTORE,
+    as_bytes,
+    hexed,
+    params,
+)
 from tests.firmware.conftest import FIRMWARE, MICROPYTHON
 
 RUNNER = Path(__file__).resolve().parent / "mp" / "run_vectors.py"

@@ -19,7 +19,11 @@ from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons
 from appliance.broker.codec.packets import MQTT_5, MQTT_311
 from appliance.broker.codec.reader import PacketReader
-from appliance.broker.codec.reasons import V311_CONNACK_CODES, V311_CONNACK_REASONS, ProtocolError
+from appliance.broker.codec.reasons import (
+    V311_CONNACK_CODES,
+    V311_CONNACK_REASONS,
+    ProtocolError,
+)
 from appliance.broker.codec.writer import encode
 from appliance.statestore import resp3
 from appliance.statestore.client import UnexpectedResponse
@@ -27,7 +31,17 @@ from appliance.statestore.client.results import parse_notification
 from appliance.statestore.hlc import Hlc, HlcFormatError
 from appliance.statestore.notify import notification_topic
 from tests.conformance import canonical
-from tests.conformance.canonical import HLC, MQTT, PROPERTY_IDS, PROPERTY_NAMES, RESP3, STATESTORE, as_bytes, hexed, params
+from tests.conformance.canonical import (
+    HLC,
+    MQTT,
+    PROPERTY_IDS,
+    PROPERTY_NAMES,
+    RESP3,
+    STATESTORE,
+    as_bytes,
+    hexed,
+    params,
+)
 
 
 def check(vector: dict[str, Any], side: str, actual: Any, expected: Any) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-import time
-import sys
 import subprocess
+import sys
+import time
 import urllib.request
 from contextlib import ExitStack
 from pathlib import Path

@@ -6,8 +6,13 @@ import pytest
 
 from appliance.forwarding.conditions import DictMessage
 from appliance.forwarding.lexer import RouteSyntaxError
-from appliance.forwarding.routes import DEFAULT_PRIORITY, UPSTREAM, Evaluator, parse_route
 from appliance.forwarding.messages import message_from_publish
+from appliance.forwarding.routes import (
+    DEFAULT_PRIORITY,
+    UPSTREAM,
+    Evaluator,
+    parse_route,
+)
 
 TELEMETRY = DictMessage({"key1": "value1", "key2": "value2"}, {}, source="/messages/events")
 MESSAGE4 = DictMessage({"key1": "value4", "key2": "value2"}, {}, source="/messages/events")

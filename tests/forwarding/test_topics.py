@@ -16,7 +16,11 @@ from hypothesis import strategies as st
 
 from appliance.forwarding.conditions import compile_condition
 from appliance.forwarding.messages import message_from_publish
-from appliance.forwarding.topics import PropertyBagError, parse_property_bag, parse_telemetry_topic
+from appliance.forwarding.topics import (
+    PropertyBagError,
+    parse_property_bag,
+    parse_telemetry_topic,
+)
 
 
 def test_device_bag_splits_system_and_application_properties() -> None:

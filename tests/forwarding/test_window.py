@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from appliance.forwarding.window import LinkEstimate
 
 
@@ -88,7 +90,7 @@ def test_packed_window_on_a_fast_link_uses_full_publishes_and_nine_bdp() -> None
     for _ in range(14):
         feed_packed(estimate, rate=10_000_000, fixed=0.002, batches=1)
         seen.append(estimate.packed_window(2048).bytes)
-    assert all(b <= 2 * a for a, b in zip(seen, seen[1:])), "at most doubling per batch"
+    assert all(b <= 2 * a for a, b in itertools.pairwise(seen)), "at most doubling per batch"
     window = estimate.packed_window(2048)
     assert window.chunk_bytes == 2048
     assert abs(window.bytes - 9 * 0.002 * 10_000_000) < 2048

@@ -6,7 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.hardware.at import MAX_LINE, AtConnection, Event, Noise, ProtocolError, Response, Urc, reply_prefix
+from appliance.hardware.at import (
+    MAX_LINE,
+    AtConnection,
+    Event,
+    Noise,
+    ProtocolError,
+    Response,
+    Urc,
+    reply_prefix,
+)
 
 
 def events(conn: AtConnection) -> list[Event]:

@@ -15,7 +15,14 @@ import pytest
 from gpiozero.pins.mock import MockFactory, MockPin
 
 from appliance.hardware.config import GpioConfig
-from appliance.hardware.gpio import FAST_BLINK, SLOW_BLINK, BacklogLevel, ModemPowerRelay, StatusPanel, backlog_level
+from appliance.hardware.gpio import (
+    FAST_BLINK,
+    SLOW_BLINK,
+    BacklogLevel,
+    ModemPowerRelay,
+    StatusPanel,
+    backlog_level,
+)
 from tests.support.waiting import wait_until
 
 POWER, UPLINK, BACKLOG, BUTTON, RELAY = 17, 27, 22, 23, 24

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from pipeline.cli import build_parser
+from pipeline.envelope import Incoming
 from pipeline.jobs.batch import run_batch
 from pipeline.jobs.settings import JobSettings
 from tests.pipeline import duckdb_reference
-from pipeline.envelope import Incoming
 from tests.pipeline.pipeline_data import MINUTE, T0, metrics, reading, write_batch
 
 DAY = 24 * 60  # minutes

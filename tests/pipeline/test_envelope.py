@@ -5,7 +5,13 @@ import json
 import pytest
 
 from pipeline.envelope import (
-    EVENTS, LANDING_FIELDS, METRICS, QUARANTINE, Incoming, decode_payload, land,
+    EVENTS,
+    LANDING_FIELDS,
+    METRICS,
+    QUARANTINE,
+    Incoming,
+    decode_payload,
+    land,
 )
 from tests.pipeline.pipeline_data import gateway_properties, metrics, reading
 

@@ -5,9 +5,24 @@ import base64
 import pytest
 
 from pipeline.envelope import (
-    EVENTS, LANDING_FIELDS, METRICS, QUARANTINE, Incoming, decode_payload, land, land_all, land_batch,
+    EVENTS,
+    LANDING_FIELDS,
+    METRICS,
+    QUARANTINE,
+    Incoming,
+    decode_payload,
+    land,
+    land_all,
+    land_batch,
 )
-from tests.pipeline.pipeline_data import at, batch_publish, metrics, queued, reading, single_publish
+from tests.pipeline.pipeline_data import (
+    at,
+    batch_publish,
+    metrics,
+    queued,
+    reading,
+    single_publish,
+)
 
 SENT = at(3)
 RECEIVED = at(3) + 700

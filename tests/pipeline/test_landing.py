@@ -3,7 +3,13 @@
 import os
 import time
 
-from pipeline.landing import INPROGRESS_SUFFIX, LandingWriter, partition_of, read_records, sealed_files
+from pipeline.landing import (
+    INPROGRESS_SUFFIX,
+    LandingWriter,
+    partition_of,
+    read_records,
+    sealed_files,
+)
 from tests.pipeline.pipeline_data import T0
 
 

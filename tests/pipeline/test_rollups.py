@@ -1,6 +1,6 @@
 """Five-minute rollups: window boundaries and what each column means."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pipeline.envelope import land
 from pipeline.jobs import rollups, telemetry
@@ -30,4 +30,4 @@ def test_windows_are_half_open_and_epoch_aligned_and_aggregate_as_documented(spa
 
 def _ts(ms):
     """Spark returns naive datetimes in the session time zone, which is UTC."""
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).replace(tzinfo=None)
+    return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)

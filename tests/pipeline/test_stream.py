@@ -7,7 +7,13 @@ from pyspark.sql import functions as F
 from pipeline.jobs import batch, stream
 from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import StreamOptions
-from tests.pipeline.pipeline_data import FLUSH_GATEWAY, SAMPLE_LATENESS, reading, write_batch, write_sample
+from tests.pipeline.pipeline_data import (
+    FLUSH_GATEWAY,
+    SAMPLE_LATENESS,
+    reading,
+    write_batch,
+    write_sample,
+)
 
 pytestmark = pytest.mark.slow  # Spark jobs over the sample: seconds each
 
@@ -61,7 +67,7 @@ def test_late_rows_are_dropped_by_streaming_and_counted_by_batch(spark, tmp_path
 
     def readings_per_window(frame):
         rows = comparable(frame.select("window_start", "readings", "gateway_id"))
-        return dict(zip(rows["window_start"].dt.strftime("%H:%M"), rows["readings"]))
+        return dict(zip(rows["window_start"].dt.strftime("%H:%M"), rows["readings"], strict=True))
 
     def set_points(frame):
         return comparable(frame.select("changed_ms", "set_point", "gateway_id"))["set_point"].tolist()

@@ -24,11 +24,11 @@ class HostedGateway(InProcessBroker):
     def __init__(
         self,
         data_dir: Path,
-        config: StateStoreConfig = StateStoreConfig(),
+        config: StateStoreConfig | None = None,
         store_factory: StoreFactory = StateStore,
         clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
-        self.service = StateStoreService(config, data_dir, clock_ms=clock_ms, store_factory=store_factory)
+        self.service = StateStoreService(config or StateStoreConfig(), data_dir, clock_ms=clock_ms, store_factory=store_factory)
         super().__init__(data_dir, [self.service])
         self._clients: list[StateStoreClient] = []
 
@@ -43,7 +43,7 @@ class HostedGateway(InProcessBroker):
         self._clients.append(client)
         return client
 
-    def __enter__(self) -> "HostedGateway":
+    def __enter__(self) -> HostedGateway:
         super().__enter__()
         return self
 

@@ -7,10 +7,10 @@ import io
 import json
 import subprocess
 import sys
-from unittest import mock
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 from appliance.cli import main
 from appliance.statestore.hlc import Hlc

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from appliance.statestore.client import FencingTokenLower, FencingTokenRequired, Notification, StateStoreClient
+from appliance.statestore.client import (
+    FencingTokenLower,
+    FencingTokenRequired,
+    Notification,
+    StateStoreClient,
+)
 from appliance.statestore.hlc import Hlc
 from tests.support.processes import GatewayProcess
 

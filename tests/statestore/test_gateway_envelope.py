@@ -10,8 +10,8 @@ import pytest
 from appliance.statestore.client import StateStoreClient, StatusError
 from appliance.statestore.commands import GetCommand, SetCommand
 from appliance.statestore.hlc import Hlc
-from appliance.statestore.resp3 import encode_array
 from appliance.statestore.protocol import REQUEST_TOPIC
+from appliance.statestore.resp3 import encode_array
 from appliance.statestore.service import wall_clock_ms
 from tests.statestore.raw_mqtt import TIMEOUT, RawClient
 from tests.support.processes import GatewayProcess

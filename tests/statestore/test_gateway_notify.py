@@ -16,7 +16,7 @@ Key = Callable[[str], bytes]
 Connect = Callable[..., StateStoreClient]
 
 
-def watch(client: StateStoreClient, *keys: bytes) -> "queue.Queue[Notification]":
+def watch(client: StateStoreClient, *keys: bytes) -> queue.Queue[Notification]:
     notes: queue.Queue[Notification] = queue.Queue()
     for k in keys:
         client.keynotify(k, notes.put)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from appliance.statestore.hlc import Hlc
-from appliance.statestore.notify import NotificationRegistry, notification_payload, notification_topic
+from appliance.statestore.notify import (
+    NotificationRegistry,
+    notification_payload,
+    notification_topic,
+)
 from appliance.statestore.store import Change
 
 V = Hlc(1, 1, "S")

@@ -51,7 +51,7 @@ class InProcessBroker:
         """Run a coroutine on the broker's loop and wait for it."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(10)
 
-    def __enter__(self) -> "InProcessBroker":
+    def __enter__(self) -> InProcessBroker:
         self._thread.start()
         self.call(self._start())
         return self

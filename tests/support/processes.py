@@ -77,7 +77,7 @@ class GatewayProcess:
             cmd += ["--config", str(self.config)]
         return cmd + self.extra_args
 
-    def start(self, timeout: float = 20.0) -> "GatewayProcess":
+    def start(self, timeout: float = 20.0) -> GatewayProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if self.env:
             env.update(self.env)
@@ -136,7 +136,7 @@ class GatewayProcess:
         assert self.process is not None
         self.process.send_signal(signum)
 
-    def __enter__(self) -> "GatewayProcess":
+    def __enter__(self) -> GatewayProcess:
         return self.start() if self.process is None else self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -154,7 +154,7 @@ class MosquittoProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self.host = "127.0.0.1"
 
-    def start(self, timeout: float = 10.0, attempts: int = 3) -> "MosquittoProcess":
+    def start(self, timeout: float = 10.0, attempts: int = 3) -> MosquittoProcess:
         """Start and wait until the mosquitto process itself listens on the port.
 
         A port from ``free_port()`` can be taken by another process before mosquitto binds it; a plain
@@ -219,7 +219,7 @@ class MosquittoProcess:
                 self.process.kill()
                 self.process.wait(5)
 
-    def __enter__(self) -> "MosquittoProcess":
+    def __enter__(self) -> MosquittoProcess:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -5,6 +5,7 @@ retained ``$SYS/gateway/modem/...`` messages."""
 
 from __future__ import annotations
 
+import itertools
 import socket
 import threading
 from pathlib import Path
@@ -29,7 +30,7 @@ def test_ready_watchdog_and_stopping_from_the_running_gateway(tmp_path: Path) ->
         messages = receiver.wait_for(5)
         pings = [at for at, message in messages if message == "WATCHDOG=1"]
         assert len(pings) >= 3
-        assert all(0.1 <= later - earlier <= 0.35 for earlier, later in zip(pings, pings[1:])), pings
+        assert all(0.1 <= later - earlier <= 0.35 for earlier, later in itertools.pairwise(pings)), pings
         assert gateway.terminate() == 0
         assert receiver.messages[-1][1] == "STOPPING=1"
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -76,7 +77,7 @@ def test_watchdog_pings_come_every_half_period_and_stop_while_the_loop_is_stuck(
 
     asyncio.run(gateway_loop())
     times = [at for at, message in receiver.wait_for(6) if message == "WATCHDOG=1"]
-    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     longest = max(gaps)
     assert longest >= 0.5  # no ping while the loop was blocked
     regular = sorted(gaps)[:-1]

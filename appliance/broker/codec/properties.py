@@ -193,10 +193,7 @@ def encode_properties(properties: Properties) -> bytes:
     out = bytearray()
     for ident, value in properties.items():
         kind = TYPES[ident]
-        if ident in REPEATABLE:
-            items = value
-        else:
-            items = (value,)
+        items = value if ident in REPEATABLE else (value,)
         for item in items:
             out.append(ident)
             if kind == BYTE:

@@ -49,7 +49,12 @@ from appliance.broker.codec.packets import (
     Unsubscribe,
     Will,
 )
-from appliance.broker.codec.properties import Properties, decode_binary, decode_properties, decode_utf8
+from appliance.broker.codec.properties import (
+    Properties,
+    decode_binary,
+    decode_properties,
+    decode_utf8,
+)
 from appliance.broker.codec.reasons import (
     MALFORMED_PACKET,
     PACKET_TOO_LARGE,
@@ -222,7 +227,7 @@ class PacketReader:
         if flags != _REQUIRED_FLAGS.get(kind, 0):
             raise ProtocolError(MALFORMED_PACKET, f"reserved flags 0x{flags:X} in packet type {kind}")
         v5 = self.protocol_level == MQTT_5
-        if kind == PUBACK or kind == PUBREC or kind == PUBREL or kind == PUBCOMP:
+        if kind in (PUBACK, PUBREC, PUBREL, PUBCOMP):
             packet_id, pos = _packet_id(buf, pos, end)
             reason = 0
             properties: Properties = {}
@@ -234,7 +239,7 @@ class PacketReader:
                     properties, pos = decode_properties(buf, pos, end, kind, self.max_user_properties)
             _expect_end(pos, end)
             return _ACKS[kind](packet_id, reason, properties)
-        if kind == PINGREQ or kind == PINGRESP:
+        if kind in (PINGREQ, PINGRESP):
             _expect_end(pos, end)
             return PingReq() if kind == PINGREQ else PingResp()
         if kind == CONNECT:
@@ -253,7 +258,7 @@ class PacketReader:
             if not filters:
                 raise ProtocolError(PROTOCOL_ERROR, "UNSUBSCRIBE without topic filters")
             return Unsubscribe(packet_id, filters, properties)
-        if kind == DISCONNECT or kind == AUTH:
+        if kind in (DISCONNECT, AUTH):
             if kind == AUTH and not v5:
                 raise ProtocolError(MALFORMED_PACKET, "AUTH packet in MQTT 3.1.1")
             reason = 0
@@ -283,7 +288,7 @@ class PacketReader:
                 code = V311_CONNACK_REASONS[code]
             _expect_end(pos, end)
             return Connack(session_present, code, properties)
-        if kind == SUBACK or kind == UNSUBACK:
+        if kind in (SUBACK, UNSUBACK):
             packet_id, pos = _packet_id(buf, pos, end)
             properties = {}
             if v5:

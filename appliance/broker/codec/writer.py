@@ -36,7 +36,13 @@ from appliance.broker.codec.packets import (
     Unsuback,
     Unsubscribe,
 )
-from appliance.broker.codec.properties import Properties, encode_binary, encode_properties, encode_utf8, encode_varint
+from appliance.broker.codec.properties import (
+    Properties,
+    encode_binary,
+    encode_properties,
+    encode_utf8,
+    encode_varint,
+)
 from appliance.broker.codec.reasons import V311_CONNACK_CODES
 
 _U16 = struct.Struct(">H")

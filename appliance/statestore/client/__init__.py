@@ -53,7 +53,13 @@ from appliance.statestore.client.errors import (
     WrongNumberOfArguments,
 )
 from appliance.statestore.client.lease import Lease
-from appliance.statestore.client.results import DeleteResult, GetResult, Notification, Response, SetResult
+from appliance.statestore.client.results import (
+    DeleteResult,
+    GetResult,
+    Notification,
+    Response,
+    SetResult,
+)
 from appliance.statestore.commands import Condition
 
 __all__ = [

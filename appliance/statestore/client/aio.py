@@ -11,7 +11,13 @@ from appliance.statestore.client import calls
 from appliance.statestore.client.blocking import StateStoreClient
 from appliance.statestore.client.calls import Call
 from appliance.statestore.client.errors import RequestTimeout
-from appliance.statestore.client.results import DeleteResult, GetResult, Notification, Response, SetResult
+from appliance.statestore.client.results import (
+    DeleteResult,
+    GetResult,
+    Notification,
+    Response,
+    SetResult,
+)
 from appliance.statestore.commands import Condition
 from appliance.statestore.hlc import Hlc
 
@@ -24,7 +30,7 @@ class AsyncStateStoreClient:
     def __init__(self, client: StateStoreClient) -> None:
         self.sync = client
 
-    async def __aenter__(self) -> "AsyncStateStoreClient":
+    async def __aenter__(self) -> AsyncStateStoreClient:
         await asyncio.to_thread(self.sync.connect)
         return self
 
@@ -67,7 +73,7 @@ class AsyncStateStoreClient:
     ) -> DeleteResult:
         return await self.call(calls.vdelete(key, value, fencing_token), timeout)
 
-    async def watch(self, key: bytes | str, *, timeout: float | None = None) -> "NotificationStream":
+    async def watch(self, key: bytes | str, *, timeout: float | None = None) -> NotificationStream:
         """Register for ``key`` now (so no change after this returns is missed) and return the stream.
 
         Use it as ``async with await client.watch(k) as notes: async for note in notes: ...``; leaving the
@@ -88,7 +94,7 @@ class NotificationStream:
     def deliver(self, note: Notification) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, note)
 
-    def __aiter__(self) -> "NotificationStream":
+    def __aiter__(self) -> NotificationStream:
         return self
 
     async def __anext__(self) -> Notification:
@@ -98,7 +104,7 @@ class NotificationStream:
         if self.client._connected.is_set():
             await asyncio.to_thread(self.client.stop_keynotify, self.key)
 
-    async def __aenter__(self) -> "NotificationStream":
+    async def __aenter__(self) -> NotificationStream:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -20,7 +20,6 @@ from paho.mqtt.reasoncodes import ReasonCode
 from appliance.statestore import resp3
 from appliance.statestore.client import calls
 from appliance.statestore.client.calls import Call
-from appliance.statestore.client.lease import Lease
 from appliance.statestore.client.errors import (
     NotConnected,
     RequestRejected,
@@ -29,7 +28,15 @@ from appliance.statestore.client.errors import (
     UnexpectedResponse,
     status_failure,
 )
-from appliance.statestore.client.results import DeleteResult, GetResult, Notification, Response, SetResult, parse_notification
+from appliance.statestore.client.lease import Lease
+from appliance.statestore.client.results import (
+    DeleteResult,
+    GetResult,
+    Notification,
+    Response,
+    SetResult,
+    parse_notification,
+)
 from appliance.statestore.commands import Condition
 from appliance.statestore.hlc import Hlc, HybridClock
 from appliance.statestore.notify import notification_topic
@@ -94,7 +101,7 @@ class StateStoreClient:
 
     # -- connection ----------------------------------------------------------------------------------
 
-    def connect(self) -> "StateStoreClient":
+    def connect(self) -> StateStoreClient:
         properties = Properties(PacketTypes.CONNECT)
         properties.SessionExpiryInterval = 0
         try:
@@ -114,7 +121,7 @@ class StateStoreClient:
         self._mqtt.loop_stop()
         self._fail_all(NotConnected("client closed"))
 
-    def __enter__(self) -> "StateStoreClient":
+    def __enter__(self) -> StateStoreClient:
         return self.connect()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -18,7 +18,14 @@ from appliance.statestore.client.results import (
     keynotify_result,
     set_result,
 )
-from appliance.statestore.commands import Condition, DelCommand, GetCommand, KeyNotifyCommand, SetCommand, VDelCommand
+from appliance.statestore.commands import (
+    Condition,
+    DelCommand,
+    GetCommand,
+    KeyNotifyCommand,
+    SetCommand,
+    VDelCommand,
+)
 from appliance.statestore.hlc import Hlc
 
 T = TypeVar("T")

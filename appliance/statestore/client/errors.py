@@ -96,7 +96,7 @@ def status_failure(properties: dict[str, str]) -> StateStoreClientError | None:
     return None
 
 
-def raise_for_error(response: "Response") -> None:
+def raise_for_error(response: Response) -> None:
     if isinstance(response.value, resp3.ErrorReply):
         text = response.value.text.decode("utf-8", "replace")
         message = text[4:] if text.startswith("ERR ") else text

@@ -90,9 +90,8 @@ def test_rig_opens_a_serial_device_by_name(tmp_path):
 
 
 def test_a_rig_that_cannot_start_is_reported_with_its_stderr(tmp_path):
-    with pytest.raises(RigStartError, match="needs --target"):
-        with local_rig(["--backend", "userspace"], tmp_path / "rig.log"):
-            pass
+    with pytest.raises(RigStartError, match="needs --target"), local_rig(["--backend", "userspace"], tmp_path / "rig.log"):
+        pass
 
 
 def test_a_host_that_never_reads_replies_cannot_freeze_the_rig(tmp_path):

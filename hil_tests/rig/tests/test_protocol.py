@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hil_tests.rig.protocol import FEATURES, Apply, CommandError, LineBuffer, Reply, RigState, Status
+from hil_tests.rig.protocol import (
+    FEATURES,
+    Apply,
+    CommandError,
+    LineBuffer,
+    Reply,
+    RigState,
+    Status,
+)
 from hil_tests.rig.shaping import LinkSettings
 
 ALL = frozenset(FEATURES)

@@ -26,10 +26,9 @@ async def _round_trip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 def test_throughput_follows_the_rate_within_15_percent(rate_bps):
     """RATE counts frames on the wire, as tc does on the netns backend: payload goodput is RATE x 1448/1514."""
     async def scenario() -> float:
-        async with sink_server() as sink:
-            async with Relay("127.0.0.1", sink.port) as relay:
-                relay.set(rate_bps=rate_bps)
-                return await measured_rate_bps(sink, "127.0.0.1", relay.port)
+        async with sink_server() as sink, Relay("127.0.0.1", sink.port) as relay:
+            relay.set(rate_bps=rate_bps)
+            return await measured_rate_bps(sink, "127.0.0.1", relay.port)
 
     measured = asyncio.run(scenario())
     assert measured == pytest.approx(rate_bps * WIRE_PAYLOAD_BYTES / (WIRE_PAYLOAD_BYTES + WIRE_HEADER_BYTES), rel=0.15)
@@ -66,7 +65,7 @@ def test_jitter_spreads_latency_without_reordering_the_stream():
             writer.close()
             assert bytes(sink.data) == b"".join(b"%02d" % i for i in range(15))
             arrivals = [t for t, n in sink.arrivals for _ in range(n // 2)]
-            return [arrived - sent for arrived, sent in zip(arrivals, sent_at)]
+            return [arrived - sent for arrived, sent in zip(arrivals, sent_at, strict=True)]
 
     latencies = asyncio.run(scenario())
     assert min(latencies) >= 0.019
@@ -177,17 +176,16 @@ def test_invalid_settings_are_rejected_and_change_nothing():
 
 
 def test_relay_thread_serves_blocking_sockets_and_applies_set_before_returning():
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        with RelayThread("127.0.0.1", server.getsockname()[1]) as relay:
-            client = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
-            upstream, _ = server.accept()
-            upstream.settimeout(5)
-            relay.set(delay_ms=200)
-            assert relay.settings.delay_ms == 200
-            started = time.monotonic()
-            client.sendall(b"hi")
-            assert upstream.recv(2) == b"hi"
-            assert time.monotonic() - started >= 0.2
-            assert relay.stats().upstream.bytes_forwarded == 2
-            client.close()
-            upstream.close()
+    with socket.create_server(("127.0.0.1", 0)) as server, RelayThread("127.0.0.1", server.getsockname()[1]) as relay:
+        client = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+        upstream, _ = server.accept()
+        upstream.settimeout(5)
+        relay.set(delay_ms=200)
+        assert relay.settings.delay_ms == 200
+        started = time.monotonic()
+        client.sendall(b"hi")
+        assert upstream.recv(2) == b"hi"
+        assert time.monotonic() - started >= 0.2
+        assert relay.stats().upstream.bytes_forwarded == 2
+        client.close()
+        upstream.close()
