@@ -15,6 +15,7 @@ from typing import Any
 from appliance import doctor
 from appliance.broker import passwd_cli
 from appliance.config import ConfigError, load_config
+from appliance.firmware import cli as firmware_cli
 from appliance.forwarding import cli as forwarding_cli
 from appliance.statestore import cli as statestore_cli
 
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=cmd_check_config)
 
     doctor.register(sub)
+    firmware_cli.register(sub)
     forwarding_cli.register(sub)
     passwd_cli.register(sub)
     statestore_cli.register(sub)
