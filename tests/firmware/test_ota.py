@@ -1,0 +1,208 @@
+"""Over-the-air updates end to end: thermostats booted from their .mpy bundle under a 64 KB heap, our
+gateway (`python -m appliance run`) serving bundles published with `appliance firmware publish`.
+
+The board resets for real (tests/firmware/ota_rig.py: exit status 3 starts micropython again in the same
+flash directory), so the switch, the trial boot and the rollback run the code a board runs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import pytest
+
+from appliance.statestore.client import StateStoreClient
+from tests.firmware.conftest import FIRMWARE
+from tests.firmware.ota_rig import ResettingBoard, build_variant, publish
+from tests.support.processes import GatewayProcess
+
+OLD = "0.1.0"  # device_firmware's VERSION: what the boards are deployed with
+# The heap the updates run in. NOT the 64 KB of the rest of the firmware tests: importing ota.py into the
+# running thermostat fails there (MemoryError: its code and the fifth qstr pool its names bring do not fit
+# the ~16 KB left, fragmented); 96 KB is measured to work (docs/firmware.md, OTA, "Heap"). The 64 KB case
+# is kept below as a strict xfail, so fixing it is noticed.
+OTA_HEAP = "96K"
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bundles")
+    return {
+        OLD: build_variant(FIRMWARE, out, OLD),
+        "0.2.0": build_variant(FIRMWARE, out, "0.2.0"),
+        "0.3.0-crash": build_variant(FIRMWARE, out, "0.3.0-crash", 'raise RuntimeError("broken at boot")\n'),
+    }
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    gw = GatewayProcess(tmp_path / "gateway").start()
+    yield gw
+    gw.kill9()
+
+
+@pytest.fixture
+def boards(tmp_path, gateway, bundles):
+    started: list[ResettingBoard] = []
+
+    def start(name: str, heap: str = OTA_HEAP, **config) -> ResettingBoard:
+        board = ResettingBoard(tmp_path / name, bundles[OLD], name, gateway.host, gateway.port, heap, **config)
+        started.append(board)
+        board.expect(rf"^registered {name}\\setPoint$", timeout=30)
+        return board
+
+    yield start
+    for board in started:
+        board.stop()
+
+
+def telemetry_while(peer, name: str, until, timeout: float = 60.0) -> list[dict]:
+    """Telemetry of one thermostat until `until(data)` is true."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while True:
+        data = peer.next_json(f"devices/{name}/messages/events/data", timeout=max(0.1, deadline - time.monotonic()))
+        seen.append(data)
+        if until(data):
+            return seen
+
+
+def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards, bundles, paho_peer):
+    board = boards("t-ota")
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-ota/messages/events/data", 0)
+    started = time.monotonic()
+    out = publish(gateway, str(bundles["0.2.0"]), "--target", "t-ota")
+    assert out[0]["stored"] == "0.2.0" and out[1] == {"key": "t-ota\\desiredFirmware", "version": "0.2.0", "applied": True}
+    seen = telemetry_while(peer, "t-ota", lambda d: d["fw"] == "0.2.0" and d["registered"])
+    took = time.monotonic() - started
+    board.expect(r"^update: 0\.2\.0 verified \(\d+ files\), restarting$")
+    board.expect(r"^firmware 0\.2\.0 accepted$")
+    assert board.pointer() == "0.2.0 - - -"  # on 0.2.0, accepted; the deployed version is the way back
+    during = [d for d in seen if (d.get("update") or {}).get("state") == "downloading"]
+    assert during, seen
+    free, largest = min(d["mem_free"] for d in during), min(d["mem_largest"] for d in during)
+    print(f"update of one thermostat: {took:.1f} s; heap during it: free >= {free} B, largest block >= {largest} B")
+    assert free >= 4096 and largest >= 1024, during
+    assert seen[-1]["update"] is None and "MemoryError" not in board.output() and "fault" not in board.output()
+
+
+def test_a_file_that_does_not_match_its_sha256_is_refused_and_the_old_version_keeps_running(
+        gateway, boards, bundles, paho_peer):
+    board = boards("t-bad-sha")
+    publish(gateway, str(bundles["0.2.0"]))
+    damaged = gateway.data_dir / "firmware" / "0.2.0" / "thermostat.mpy"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-bad-sha/messages/events/data", 0)
+    publish(gateway, "--version", "0.2.0", "--target", "t-bad-sha")
+    board.expect(r"^update: refused 0\.2\.0: thermostat\.mpy: sha256 does not match the manifest$", timeout=30)
+    data = telemetry_while(peer, "t-bad-sha", lambda d: (d.get("update") or {}).get("state") == "refused")[-1]
+    assert data["fw"] == OLD and data["registered"]
+    assert data["update"]["reason"] == "thermostat.mpy: sha256 does not match the manifest"
+    assert board.pointer() is None and board.boots == 1
+    assert not (board.flash / "firmware" / "0.2.0").exists()  # bad data is not kept
+
+
+def test_an_update_whose_app_crashes_at_boot_is_rolled_back(gateway, boards, bundles, paho_peer):
+    board = boards("t-crash")
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-crash/messages/events/data", 0)
+    publish(gateway, str(bundles["0.3.0-crash"]), "--target", "t-crash")
+    board.expect(r"^update: 0\.3\.0-crash verified")
+    board.expect(r"^firmware 0\.3\.0-crash rolled back: RuntimeError: broken at boot$", timeout=30)
+    third, _ = board.expect(r"^<boot 3>$", timeout=30)
+    back, _ = board.expect(r"^registered t-crash\\setPoint$", after=third, timeout=30)
+    data = telemetry_while(peer, "t-crash", lambda d: d["fw"] == OLD and (d.get("update") or {}).get("state") == "rolled_back")[-1]
+    assert data["update"]["version"] == "0.3.0-crash"
+    assert board.pointer() == "- - - 0.3.0-crash"  # the deployed version, and it will not fetch 0.3.0-crash again
+    assert board.boots == 3  # the switch, the crash's reset, nothing more: no boot loop
+    assert "update: fetching 0.3.0-crash" not in "\n".join(board.lines[back:])
+
+
+def test_a_transfer_cut_by_a_gateway_restart_resumes_where_it_stopped(gateway, boards, bundles, paho_peer):
+    board = boards("t-resume")
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-resume/messages/events/data", 0)
+    publish(gateway, str(bundles["0.2.0"]), "--target", "t-resume")
+    seen = telemetry_while(peer, "t-resume", lambda d: ((d.get("update") or {}).get("file") or "").endswith(".mpy")
+                           and d["update"]["offset"] > 0)
+    before = seen[-1]["update"]
+    mark = len(board.lines)
+    gateway.kill9()
+    board.expect(r"^connection lost:", after=mark)
+    gateway.start()
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-resume/messages/events/data", 0)
+    after = telemetry_while(peer, "t-resume", lambda d: d["registered"] and d.get("update"))[-1]["update"]
+    # It goes on from the file and offset it had, not from the start.
+    assert after["version"] == "0.2.0" and after["state"] in ("downloading", "rebooting"), after
+    assert (after["file"], after["offset"]) >= (before["file"], before["offset"]) or after["file"] != "manifest.txt", (before, after)
+    board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
+    assert board.output().count("update: fetching 0.2.0") == 1
+
+
+def fleet_update(gateway, boards, bundles, paho_peer, count: int) -> dict:
+    names = [f"t-fl{i:02d}" for i in range(count)]
+    fleet = {name: boards(name) for name in names}
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/+/messages/events/data", 0)
+    heap = []
+    latencies = []
+    started = time.monotonic()
+    publish(gateway, str(bundles["0.2.0"]), *[arg for name in names for arg in ("--target", name)])
+    value = 20.0
+    with StateStoreClient(gateway.host, gateway.port, client_id="fleet-operator", timeout=10) as store:
+        pending = set(names)
+        while pending:
+            assert time.monotonic() - started < 60 * count, f"not updated: {pending}"
+            # Set points keep coming during the update: each must be applied within its bound.
+            value = 21.0 if value == 20.0 else 20.0
+            for name in names:
+                board = fleet[name]
+                mark = len(board.lines)
+                sent = time.monotonic()
+                assert store.set(name + "\\setPoint", str(value)).applied
+                index, _ = board.expect(rf"^set point {value} from (notify|get)$", after=mark, timeout=10)
+                latencies.append(board.times[index] - sent)
+            while True:
+                try:
+                    msg = peer.next_message(timeout=0.05)
+                except Exception:
+                    break
+                data = json.loads(msg.payload)
+                if (data.get("update") or {}).get("state") == "downloading":
+                    heap.append((data["mem_free"], data["mem_largest"]))
+                if data["fw"] == "0.2.0" and data["registered"]:
+                    pending.discard(data["device"])
+    took = time.monotonic() - started
+    for board in fleet.values():
+        assert "MemoryError" not in board.output() and "fault" not in board.output()
+    latencies.sort()
+    return {"took_s": took, "p50_ms": 1000 * statistics.median(latencies), "max_ms": 1000 * latencies[-1],
+            "samples": len(latencies), "heap_min": (min(h[0] for h in heap), min(h[1] for h in heap))}
+
+
+def test_a_fleet_of_5_updates_while_set_points_keep_being_applied(gateway, boards, bundles, paho_peer):
+    figures = fleet_update(gateway, boards, bundles, paho_peer, 5)
+    print("fleet of 5:", figures)
+    assert figures["max_ms"] < 1000, figures
+
+
+@pytest.mark.slow
+def test_a_fleet_of_20_updates_while_set_points_keep_being_applied(gateway, boards, bundles, paho_peer):
+    figures = fleet_update(gateway, boards, bundles, paho_peer, 20)
+    print("fleet of 20:", figures)
+    assert figures["max_ms"] < 1000, figures
+
+
+@pytest.mark.xfail(strict=True, reason="ota.py does not fit the running thermostat's 64 KB heap yet (MemoryError)")
+def test_an_update_within_the_64k_heap(gateway, boards, bundles):
+    board = boards("t-64k", heap="64K")
+    publish(gateway, str(bundles["0.2.0"]), "--target", "t-64k")
+    board.expect(r"^firmware 0\.2\.0 accepted$", timeout=30)
+    assert "MemoryError" not in board.output()
