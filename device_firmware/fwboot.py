@@ -1,6 +1,8 @@
 """Which firmware version boots, and the rollback of one that does not come up. Run by `main.py`
 before the application is imported, and never replaced by an update (the copy in the flash's root
-is the one that runs), so a broken update cannot break the way back.
+is the one that runs), so a broken update cannot break the way back. The deployed `main.py` only
+imports the app; the first update replaces it with the form that runs this (`ota_fetch.MAIN_PY`), so a
+board that was never updated spends no heap on it.
 
 The deployed version lives in the flash's root; each over-the-air update is written beside it in
 `firmware/<version>/` (by `ota.py`). The pointer `firmware.txt` says which one boots, as one line
@@ -29,11 +31,11 @@ _MAX_TRIAL_BOOTS = const(1)  # starts a version on trial may make without accept
 
 def read() -> list:
     """[version, previous, boots, failed]: names or None, boots an int or None."""
-    fields = ()
-    for entry in os.ilistdir():  # not open() in a try: a caught exception's traceback can pin heap
-        if entry[0] == "firmware.txt":
-            with open("firmware.txt") as f:
-                fields = f.read().split()
+    try:  # it exists: main.py runs fwboot only once an update wrote both
+        with open("firmware.txt") as f:
+            fields = f.read().split()
+    except OSError:
+        fields = ()
     if len(fields) != 4:
         return [None, None, None, None]
     value = [None if v == "-" else v for v in fields]
