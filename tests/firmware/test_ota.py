@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from appliance.statestore.client import StateStoreClient
-from tests.firmware.conftest import FIRMWARE
+from tests.firmware.conftest import FIRMWARE, ROOT
 from tests.firmware.ota_rig import ResettingBoard, build_variant, publish
 from tests.support.processes import GatewayProcess
 
@@ -87,6 +92,44 @@ def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards,
     print(f"update of one thermostat: {took:.1f} s; heap during it: free >= {free} B, largest block >= {largest} B")
     assert free >= 4096 and largest >= 1024, during
     assert seen[-1]["update"] is None and "MemoryError" not in board.output() and "fault" not in board.output()
+
+
+def key_file(path: Path) -> Path:
+    key = ec.generate_private_key(ec.SECP256R1())
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    return path
+
+
+def public_key(gateway, key: Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "appliance", "firmware", "public-key", str(key)],
+                          capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(proc.stdout)["key"]
+
+
+def test_a_signed_manifest_is_verified_on_the_device_and_one_signed_by_another_key_is_refused(
+        tmp_path, gateway, boards, bundles, paho_peer):
+    ours, theirs = key_file(tmp_path / "ours.pem"), key_file(tmp_path / "theirs.pem")
+    update = {"key": public_key(gateway, ours)}
+    forged = boards("t-forged", update=update)
+    signed = boards("t-signed", update=update)
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/+/messages/events/data", 0)
+    out = publish(gateway, str(bundles["0.2.0"]), "--key", str(theirs), "--target", "t-forged")
+    assert out[0]["signed"] is True
+    forged.expect(r"^update: refused 0\.2\.0: manifest signature does not verify$", timeout=30)
+    assert forged.pointer() is None
+    # The same version signed with our key (a stored version may be signed again), for the other one.
+    publish(gateway, str(bundles["0.2.0"]), "--key", str(ours), "--target", "t-signed")
+    signed.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
+    status = subprocess.run([sys.executable, "-m", "appliance", "firmware", "status", "--wait", "1.5",
+                             "--data-dir", str(gateway.data_dir), "--host", gateway.host, "--port", str(gateway.port)],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    lines = [json.loads(line) for line in status.stdout.splitlines()]
+    assert lines[0] == {"stored": ["0.2.0"]}
+    by_device = {line["device"]: line for line in lines[1:]}
+    assert (by_device["t-signed"]["running"], by_device["t-signed"]["desired"]) == ("0.2.0", "0.2.0"), lines
+    assert by_device["t-forged"]["running"] == OLD and by_device["t-forged"]["update"]["state"] == "refused", lines
 
 
 def test_a_file_that_does_not_match_its_sha256_is_refused_and_the_old_version_keeps_running(
