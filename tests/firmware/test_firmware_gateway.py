@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import zipfile
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from appliance.broker.api import InboundPublish, PublishVerdict
 from appliance.firmware.protocol import (
     MAX_CHUNK,
+    REQUEST_TOPIC,
     ChunkQueue,
     ChunkRequest,
     PendingChunk,
@@ -135,3 +139,80 @@ def test_group_members_are_names():
     assert group_members(b"t-01, t-02 t-03") == ["t-01", "t-02", "t-03"]
     with pytest.raises(ValueError, match="not a thermostat name"):
         group_members(b"t-01 a/b")
+
+
+class RecordingBroker:
+    """The BrokerHandle the service publishes its replies through, recording them."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[str, bytes, int, bytes | None]] = []
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False, **props: Any) -> None:
+        self.published.append((topic, payload, qos, props.get("correlation_data")))
+
+    def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
+        raise AssertionError("the firmware service disconnects nobody")
+
+
+def inbound(client: str, payload: bytes, response_topic: str | None = "clients/c/r", correlation: bytes | None = b"1",
+            qos: int = 1, level: int = 5) -> InboundPublish:
+    return InboundPublish(client_id=client, username=None, protocol_level=level, topic=REQUEST_TOPIC,
+                          payload=payload, qos=qos, retain=False, response_topic=response_topic,
+                          correlation_data=correlation)
+
+
+def test_envelopes_are_checked_like_the_state_stores(tmp_path):
+    async def scenario() -> list[PublishVerdict]:
+        service = FirmwareService(tmp_path, queue_limit=1)
+        good = request(b"CHUNK", b"0.2.0", b"app.mpy", b"0", b"8")
+        return [await service.on_publish(message) for message in (
+            inbound("a", good, response_topic="clients/a/#"), inbound("a", good, level=4), inbound("a", good, qos=0),
+            inbound("a", good, response_topic=None), inbound("a", good, correlation=None),
+            inbound("a", good), inbound("b", good))]
+
+    verdicts = asyncio.run(scenario())
+    assert [(v.reason_code, v.disconnect) for v in verdicts] == [
+        (0x90, 0x90), (0x83, None), (0x83, None), (0x83, None), (0x83, None), (0, None), (0x97, None)]
+    assert not any(v.route for v in verdicts)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["t-1", "t-2", "t-3"]),
+                          st.one_of(st.binary(max_size=60),
+                                    st.builds(lambda v, f, o, n: request(b"CHUNK", v, f, o, n),
+                                              st.sampled_from([b"0.2.0", b"0.3.0", b"..", b""]),
+                                              st.sampled_from([b"app.mpy", b"manifest.txt", b"x/y", b"\xff"]),
+                                              st.sampled_from([b"0", b"5", b"99999", b"-1", b"1e3"]),
+                                              st.sampled_from([b"1", b"384", b"0", b"999999999999"])))),
+                min_size=1, max_size=30))
+def test_hostile_requests_never_crash_the_worker_and_each_reply_answers_one_accepted_request(tmp_path_factory, requests):
+    data_dir = tmp_path_factory.mktemp("fw")
+    bundle = bundle_file(data_dir / "b.zip", {"app.mpy": b"M\x06" + bytes(range(200))})
+
+    async def scenario() -> tuple[list[PublishVerdict], RecordingBroker, FirmwareService]:
+        service = FirmwareService(data_dir, queue_limit=2)
+        service.repository.store(read_bundle(bundle), None)
+        broker = RecordingBroker()
+        await service.start(broker)
+        verdicts = []
+        for serial, (client, payload) in enumerate(requests):
+            verdicts.append(await service.on_publish(inbound(client, payload, f"clients/{client}/r", b"%d" % serial)))
+            assert len(service.queue) <= 2
+            if serial % 3 == 0:
+                await asyncio.sleep(0)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        await service.stop()
+        return verdicts, broker, service
+
+    verdicts, broker, service = asyncio.run(scenario())
+    accepted = [str(i).encode() for i, v in enumerate(verdicts) if v.reason_code == 0]
+    answered = [corr for _, _, _, corr in broker.published]
+    # Every reply answers an accepted request, at most once; a client's newer request may replace its older.
+    assert len(answered) == len(set(answered)) and set(answered) <= set(accepted)
+    for _, payload, qos, _ in broker.published:
+        assert qos == 1
+        value = resp3.decode(payload)
+        assert isinstance(value, (bytes, resp3.ErrorReply)), value
+        assert not isinstance(value, bytes) or len(value) <= MAX_CHUNK
+    assert len(service.queue) == 0
