@@ -221,8 +221,9 @@ class Updater:
         if state == "refused" and self.version:
             _remove_tree("firmware/" + self.version)  # bad data: a retry starts from nothing
 
-    def _open(self, name, size, sha) -> None:
-        """Start (or resume) one file: what is already on flash is hashed and kept if it can be."""
+    def _open(self, name, size, sha) -> bool:
+        """Start (or resume) one file: what is already on flash is hashed and kept if it can be.
+        True if it is all there already (its check is then the caller's: no recursion per file)."""
         self.name, self.size, self.sha = name, size, sha
         self.path = "firmware/%s/%s" % (self.version, name)
         self.hash = hashlib.sha256()
@@ -242,27 +243,33 @@ class Updater:
                         break
                     self.hash.update(memoryview(buf)[:n])
             self.offset = have
-            if have == size:
-                self._finish()
+        return size is not None and self.offset == size
 
     def _finish(self) -> None:
-        digest = self.hash.digest()
+        """The last chunk of a file arrived."""
         name = self.name
         if name == "manifest.txt":
-            self.manifest = digest
+            self.manifest = self.hash.digest()
             try:
                 self.key = self._public_key()
             except (OSError, ValueError) as e:
                 return self._stop("refused", "config update.key: %s" % e)
             if self.key:
-                return self._open("manifest.sig", None, None)
+                self._open("manifest.sig", None, None)
+                return
             return self._check_manifest()
         if name == "manifest.sig":
             return self._check_signature()
-        if self.offset != self.size or binascii.hexlify(digest) != self.sha:
-            return self._stop("refused", "%s: sha256 does not match the manifest" % name)
+        if self._complete():
+            self._next_file()
+
+    def _complete(self) -> bool:
+        """The file fetched (or found) in full matches the manifest; else the update is refused."""
+        if self.offset != self.size or binascii.hexlify(self.hash.digest()) != self.sha:
+            self._stop("refused", "%s: sha256 does not match the manifest" % self.name)
+            return False
         self.done += 1
-        self._next_file()
+        return True
 
     def _check_signature(self) -> None:
         with open(self.path, "rb") as f:
@@ -293,17 +300,23 @@ class Updater:
         self._next_file()
 
     def _next_file(self) -> None:
-        with open("firmware/%s/manifest.txt" % self.version, "rb") as f:
-            f.seek(self.pos)
-            line = f.readline()
-            self.pos = f.tell()
-        fields = line.split()
-        if not fields:
-            return self._switch()
-        if (len(fields) != 3 or not _safe_name(fields[0]) or not fields[1].isdigit()
-                or len(fields[2]) != 64):
-            return self._stop("refused", "malformed manifest line")
-        self._open(fields[0].decode(), int(fields[1]), fields[2].lower())
+        """On to the manifest's next file to fetch (those already on flash are checked and passed),
+        or the switch when there is none."""
+        while True:
+            with open("firmware/%s/manifest.txt" % self.version, "rb") as f:
+                f.seek(self.pos)
+                line = f.readline()
+                self.pos = f.tell()
+            fields = line.split()
+            if not fields:
+                return self._switch()
+            if (len(fields) != 3 or not _safe_name(fields[0]) or not fields[1].isdigit()
+                    or len(fields[2]) != 64):
+                return self._stop("refused", "malformed manifest line")
+            if not self._open(fields[0].decode(), int(fields[1]), fields[2].lower()):
+                return  # to be fetched
+            if not self._complete():
+                return
 
     def _switch(self) -> None:
         """Every file verified: point the boot at the new version (one rename) and restart into it."""

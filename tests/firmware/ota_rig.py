@@ -3,7 +3,7 @@
 `micropython -m main` runs in a flash directory (the bundle's .mpy files and config.json); when it exits
 with status 3 (what `machine.reset()` is on a board: fwboot.reset, board_sim.restart) it is started again
 in the same directory, as a board boots again. Lines of every run are kept in one list, each run's first
-line preceded by `<boot N>`, so a test waits for what happens across reboots.
+line preceded by `<boot N>`, so a test waits for what happens across reboots. `power_cycle()` is a power cut.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class ResettingBoard:
         self.exit_status: int | None = None
         self._cond = threading.Condition()
         self._stopped = False
+        self._power_cut = False
         self.process: subprocess.Popen[str] | None = None
         threading.Thread(target=self._run, daemon=True).start()
 
@@ -68,6 +69,9 @@ class ResettingBoard:
             for line in self.process.stdout:
                 self._add(line.rstrip("\n"))
             status = self.process.wait()
+            if self._power_cut:
+                self._power_cut = False
+                continue
             if status != RESET_STATUS:
                 self.exit_status = status
                 self._add(f"<exit {status}>")
@@ -102,6 +106,12 @@ class ResettingBoard:
             return (self.flash / "firmware.txt").read_text()
         except FileNotFoundError:
             return None
+
+    def power_cycle(self) -> None:
+        """Pull the plug (kill -9): the board boots again with its flash as the cut left it."""
+        self._power_cut = True
+        assert self.process is not None
+        self.process.kill()
 
     def stop(self) -> None:
         self._stopped = True

@@ -189,6 +189,22 @@ def test_a_transfer_cut_by_a_gateway_restart_resumes_where_it_stopped(gateway, b
     assert board.output().count("update: fetching 0.2.0") == 1
 
 
+def test_a_transfer_cut_by_a_power_cut_resumes_from_what_is_on_flash(gateway, boards, bundles, paho_peer):
+    board = boards("t-power")
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-power/messages/events/data", 0)
+    publish(gateway, str(bundles["0.2.0"]), "--target", "t-power")
+    files = lambda d: (d.get("update") or {}).get("file") or ""  # noqa: E731
+    before = telemetry_while(peer, "t-power", lambda d: files(d) >= "mqtt5" and files(d).endswith(".mpy"))[-1]["update"]
+    board.power_cycle()
+    board.expect(r"^<boot 2>$")
+    # After the reboot the manifest is fetched again, and the files already on flash are checked, not fetched.
+    after = telemetry_while(peer, "t-power", lambda d: files(d).endswith(".mpy"))[-1]["update"]
+    assert after["file"] >= before["file"], (before, after)
+    board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
+    assert board.output().count("update: fetching 0.2.0") == 2
+
+
 def fleet_update(gateway, boards, bundles, paho_peer, count: int) -> dict:
     names = [f"t-fl{i:02d}" for i in range(count)]
     fleet = {name: boards(name) for name in names}
