@@ -128,7 +128,7 @@ class Updater:
             os.mkdir("firmware/" + version)
         except OSError:
             pass
-        self.state, self.reason, self.done = "downloading", None, 0
+        self.state, self.reason, self.done, self.app_listed = "downloading", None, 0, False
         print("update: fetching", version)
         self._open("manifest.txt", None, None)
         return True
@@ -309,10 +309,13 @@ class Updater:
                 self.pos = f.tell()
             fields = line.split()
             if not fields:
+                if not self.app_listed:  # a version without the module the boot imports is no version
+                    return self._stop("refused", "the manifest lists no app.mpy")
                 return self._switch()
             if (len(fields) != 3 or not _safe_name(fields[0]) or not fields[1].isdigit()
                     or len(fields[2]) != 64):
                 return self._stop("refused", "malformed manifest line")
+            self.app_listed = self.app_listed or fields[0] == b"app.mpy"
             if not self._open(fields[0].decode(), int(fields[1]), fields[2].lower()):
                 return  # to be fetched
             if not self._complete():
