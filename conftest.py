@@ -50,6 +50,7 @@ UNIT_MODULES = frozenset(
         "tests/broker/test_websocket.py",
         "tests/config/test_load.py",
         "tests/conformance/test_host_codecs.py",
+        "tests/firmware/test_firmware_gateway.py",
         "tests/forwarding/test_batch.py",
         "tests/forwarding/test_conditions.py",
         "tests/forwarding/test_config.py",
