@@ -128,10 +128,11 @@ class StandaloneCluster:
 
     # -- submitting ------------------------------------------------------------------------------------
     def submit(self, args: Sequence[str], timeout: float = 480) -> subprocess.CompletedProcess[str]:
-        """``spark-submit --master <this cluster> ARGS`` (client mode: the driver runs here)."""
+        """``spark-submit --master <this cluster> ARGS`` (client mode: the driver runs here), from the work
+        folder: a checkout in the current folder would be importable by the driver."""
         command = [str(self.home / "bin" / "spark-submit"), "--master", self.master_url, *args]
-        process = subprocess.Popen(command, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, start_new_session=True)
+        process = subprocess.Popen(command, cwd=self.work_dir, env=self.env(), stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             output, _ = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
