@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -25,12 +26,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 FLOAT_TOLERANCE = 1e-12  # relative; a double has ~16 significant digits
 
-# Tiny data, as in conftest.py's session: interpreted expressions and a C1-only JIT start faster than
-# they lose; small heaps, the machine is shared. Nothing here changes what the job computes.
+# Tiny data, as in conftest.py's session: no adaptive planning, interpreted expressions and a C1-only JIT
+# start faster than they lose; small heaps, the machine is shared. Nothing here changes what the job computes.
 SUBMIT_OPTIONS = [
     "--driver-memory", "512m", "--executor-memory", "512m",
     "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
     "--conf", "spark.log.level=WARN",
+    "--conf", "spark.sql.adaptive.enabled=false",
     "--conf", "spark.sql.codegen.wholeStage=false", "--conf", "spark.sql.codegen.factoryMode=NO_CODEGEN",
     "--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
@@ -86,8 +88,10 @@ def test_batch_on_the_cluster_equals_the_local_run(cluster, batch_outputs, sampl
                            capture_output=True, text=True, timeout=120)
     assert "No module named 'pipeline'" in found.stderr  # only the zip can bring it
     out = tmp_path / "cluster-out"
+    waited = time.monotonic()
     state = cluster.wait_ready()
     assert state["aliveworkers"] == 2 and state["cores"] == 2
+    submitted = time.monotonic()
 
     done = cluster.submit([
         "--py-files", str(archive), "--conf", f"spark.pyspark.python={python}", *SUBMIT_OPTIONS,
@@ -95,6 +99,7 @@ def test_batch_on_the_cluster_equals_the_local_run(cluster, batch_outputs, sampl
         "--lateness", SAMPLE_LATENESS, "--shuffle-partitions", "4",
     ])
     assert done.returncode == 0, done.stdout[-20000:]
+    print(f"workers ready after {submitted - waited:.1f}s more, spark-submit took {time.monotonic() - submitted:.1f}s")
 
     for name, count in local_counts.items():
         assert f"] {name}: {count} rows" in done.stdout
