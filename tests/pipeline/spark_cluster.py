@@ -138,7 +138,11 @@ class StandaloneCluster:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             output, _ = process.communicate()
-            raise AssertionError(f"spark-submit did not finish within {timeout}s:\n{output}") from None
+            raise AssertionError(f"spark-submit did not finish within {timeout}s:\n{output[-20000:]}") from None
+        finally:  # a timeout, or the test interrupted: the driver (JVM and Python) goes too
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
         return subprocess.CompletedProcess(command, process.returncode, output)
 
     # -- stopping --------------------------------------------------------------------------------------
