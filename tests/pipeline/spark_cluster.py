@@ -11,6 +11,7 @@ pyspark's daemon moves to a process group of its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -151,24 +152,18 @@ class StandaloneCluster:
         and is killed before returning)."""
         everything: list[psutil.Process] = []
         for process, _ in self.daemons:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 everything += [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
-            except psutil.NoSuchProcess:
-                pass
         for process, _ in self.daemons:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for process, _ in self.daemons:
             process.wait(timeout)
         _, alive = psutil.wait_procs(everything, timeout=timeout)
         left = [f"{proc.pid} {' '.join(proc.cmdline()[:3])}" for proc in alive if _is_running(proc)]
         for proc in alive:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
-            except psutil.NoSuchProcess:
-                pass
         self.daemons.clear()
         return left
 

@@ -11,7 +11,12 @@ import shutil
 import time
 from pathlib import Path
 
-from pipeline.landing import INPROGRESS_SUFFIX, LandingWriter, read_records, sealed_files
+from pipeline.landing import (
+    INPROGRESS_SUFFIX,
+    LandingWriter,
+    read_records,
+    sealed_files,
+)
 from pipeline.records import KINDS
 from tests.pipeline.pipeline_data import T0
 
