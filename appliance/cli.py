@@ -13,10 +13,11 @@ from collections.abc import Sequence
 
 from appliance import doctor
 from appliance.broker import passwd_cli
+from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.config import ConfigError
 from appliance.config.reference import reference_table
+from appliance.firmware import cli as firmware_cli
 from appliance.forwarding import cli as forwarding_cli
-from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.gateway_config import ConfigFile
 from appliance.statestore import cli as statestore_cli
 
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=cmd_check_config)
 
     doctor.register(sub)
+    firmware_cli.register(sub)
     forwarding_cli.register(sub)
     passwd_cli.register(sub)
     statestore_cli.register(sub)

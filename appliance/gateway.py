@@ -55,6 +55,11 @@ def build_services(
         from appliance.statestore.service import StateStoreService
 
         services.append(StateStoreService(config.statestore, config.data_dir))
+        from appliance.firmware.service import FirmwareService
+
+        # Over-the-air updates of the thermostats (docs/firmware.md): they watch the desired version in the
+        # state store, so the firmware service comes with it.
+        services.append(FirmwareService(config.data_dir))
     hardware = None
     bridge = config.forwarding.enabled and config.forwarding.upstream.host is not None
     if config.hardware.enabled:
