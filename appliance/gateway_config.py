@@ -18,7 +18,7 @@ from typing import Any
 
 from appliance.broker import config as broker_config
 from appliance.config.errors import ConfigError
-from appliance.config.fields import get_choice, get_str, reject_unknown, require_table
+from appliance.config.fields import get_choice, get_int, get_str, reject_unknown, require_table
 from appliance.forwarding import config as forwarding_config
 from appliance.hardware import config as hardware_config
 from appliance.statestore import config as statestore_config
@@ -32,6 +32,9 @@ class GatewayConfig:
     gateway_id: str
     data_dir: Path
     log_level: str
+    #: The Prometheus page (``/metrics``) of the whole gateway: None = off, 0 = any free port.
+    metrics_port: int | None
+    metrics_host: str
     broker: broker_config.BrokerConfig
     statestore: statestore_config.StateStoreConfig
     forwarding: forwarding_config.ForwardingConfig
@@ -62,7 +65,7 @@ def parse_text(text: str, source: str) -> dict[str, Any]:
 def build(raw: dict[str, Any], source: str, base_dir: Path) -> GatewayConfig:
     reject_unknown(raw, "", SECTIONS)
     gateway = require_table(raw.get("gateway", {}), "gateway")
-    reject_unknown(gateway, "gateway", ("id", "data_dir", "log_level"))
+    reject_unknown(gateway, "gateway", ("id", "data_dir", "log_level", "metrics_port", "metrics_host"))
     data_dir = Path(get_str(gateway, "data_dir", "gateway", "var"))
     if not data_dir.is_absolute():
         data_dir = base_dir / data_dir
@@ -70,6 +73,9 @@ def build(raw: dict[str, Any], source: str, base_dir: Path) -> GatewayConfig:
         gateway_id=get_str(gateway, "id", "gateway", socket.gethostname()),
         data_dir=data_dir,
         log_level=get_choice(gateway, "log_level", "gateway", LOG_LEVELS, "info"),
+        metrics_port=None if gateway.get("metrics_port") is None
+        else get_int(gateway, "metrics_port", "gateway", minimum=0, maximum=65535),
+        metrics_host=get_str(gateway, "metrics_host", "gateway", "127.0.0.1"),
         broker=broker_config.parse(require_table(raw.get("broker", {}), "broker"), "broker", base_dir),
         statestore=statestore_config.parse(require_table(raw.get("statestore", {}), "statestore"), "statestore"),
         forwarding=forwarding_config.parse(require_table(raw.get("forwarding", {}), "forwarding"), "forwarding", base_dir),

@@ -65,8 +65,6 @@ class ForwardingConfig:
     check_entire_queue_on_cleanup: bool = True
     cleanup_interval_s: float = 30.0
     metrics_interval_s: float = 60.0
-    metrics_port: int | None = None  # Prometheus text; 0 = any free port, absent = off
-    metrics_host: str = "127.0.0.1"
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
 
 
@@ -120,7 +118,6 @@ def parse_upstream(raw: Mapping[str, Any], path: str, base_dir: Path) -> Upstrea
 def parse(raw: Mapping[str, Any], path: str, base_dir: Path) -> ForwardingConfig:
     reject_unknown(raw, path, ForwardingConfig.__dataclass_fields__)
     max_store = raw.get("max_store_bytes")
-    metrics_port = raw.get("metrics_port")
     return ForwardingConfig(
         enabled=get_bool(raw, "enabled", path, False),
         manifest=_path(raw, "manifest", path, base_dir),
@@ -129,7 +126,5 @@ def parse(raw: Mapping[str, Any], path: str, base_dir: Path) -> ForwardingConfig
         check_entire_queue_on_cleanup=get_bool(raw, "check_entire_queue_on_cleanup", path, True),
         cleanup_interval_s=get_float(raw, "cleanup_interval_s", path, 30.0, minimum=0.05),
         metrics_interval_s=get_float(raw, "metrics_interval_s", path, 60.0, minimum=0.1),
-        metrics_port=None if metrics_port is None else get_int(raw, "metrics_port", path, minimum=0, maximum=65535),
-        metrics_host=get_str(raw, "metrics_host", path, "127.0.0.1"),
         upstream=parse_upstream(require_table(raw.get("upstream", {}), join(path, "upstream")), join(path, "upstream"), base_dir),
     )
