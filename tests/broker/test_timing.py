@@ -92,6 +92,37 @@ def test_a_session_ending_before_the_will_delay_publishes_the_will_then(pair: Br
     assert [m.payload for m in publishes(watcher.received())] == [b"gone"]
 
 
+@pytest.mark.parametrize("comes_back", [False, True], ids=["stays-away", "comes-back"])
+def test_a_delayed_will_pending_at_a_crash_keeps_its_moment_or_is_cancelled_by_a_return(
+    tmp_path: Path, comes_back: bool
+) -> None:
+    """MQTT 5 only (the Will Delay Interval). The broker is killed while a will waits out its delay and
+    restarts 10 s later: the will goes out when its delay ends counted from the disconnect (not from the
+    restart, not at once), unless the client is back first. The real kill -9 of the first case is
+    test_interop_durability.py's; this one adds the return and needs no real seconds."""
+    pair = BrokerPair(tmp_path, max_session_expiry=3600)
+    watcher = pair.client()
+    watcher.connect("watcher", **durable(pk.MQTT_5, 3600))
+    watcher.subscribe("wills/#", 1)
+    device = pair.client()
+    device.connect("a", will=pk.Will("wills/a", b"gone", properties={pr.WILL_DELAY_INTERVAL: 30}),
+                   **durable(pk.MQTT_5, 600))
+    device.drop()
+    restarted = pair.killed(down_for=10)
+    watcher = restarted.client()
+    assert watcher.connect("watcher", **durable(pk.MQTT_5, 3600)).session_present
+    if comes_back:
+        assert restarted.client().connect("a", **durable(pk.MQTT_5, 600)).session_present
+        restarted.advance(600)
+        assert publishes(watcher.received()) == []
+    else:
+        restarted.advance(19.5)
+        assert publishes(watcher.received()) == []
+        restarted.advance(1.0)
+        assert [(m.topic, m.payload) for m in publishes(watcher.received())] == [("wills/a", b"gone")]
+    restarted.stop()
+
+
 # -- session expiry ------------------------------------------------------------------------------------
 
 
