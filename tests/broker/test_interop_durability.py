@@ -23,6 +23,7 @@ from appliance.broker.codec.writer import encode
 from tests.broker.clients import PahoClient, RawClient
 from tests.broker.versions import durable
 from tests.support.processes import GatewayProcess
+from tests.support.waiting import wait_until
 
 EXPIRY = {pr.SESSION_EXPIRY_INTERVAL: 3600}
 
@@ -318,15 +319,19 @@ def leave_abruptly_with_delayed_will(gateway: GatewayProcess, client_id: str, de
     device.connect(session_expiry=expiry)
     device.stop()
     database = f"file:{gateway.data_dir / 'broker.db'}?mode=ro"
-    deadline = time.monotonic() + 10
-    while True:
+    recorded: list[float] = []
+
+    def away_with_will() -> bool:
         with closing(sqlite3.connect(database, uri=True)) as db:
             row = db.execute("SELECT disconnected_at, will_topic FROM sessions WHERE client_id = ?",
                              (client_id,)).fetchone()
-        if row is not None and None not in row:
-            return float(row[0])
-        assert time.monotonic() < deadline, f"broker.db never recorded {client_id} as away with its will"
-        time.sleep(0.02)
+        if row is None or None in row:
+            return False
+        recorded.append(float(row[0]))
+        return True
+
+    wait_until(away_with_will, timeout=10, what=f"broker.db recording {client_id} as away with its will")
+    return recorded[0]
 
 
 def durable_watcher(port: int, clean_start: bool = True) -> RawClient:

@@ -50,6 +50,7 @@ def test_paho_over_websocket_both_directions(ws_gateway, v5: bool) -> None:
 
 
 def test_plain_mqtt_on_the_websocket_port_is_refused(ws_gateway) -> None:
+    """Version-free: the HTTP upgrade is refused before any MQTT is read."""
     _gateway, ws_port = ws_gateway
     with socket.create_connection(("127.0.0.1", ws_port), timeout=5) as sock:
         sock.sendall(b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00" + b"\r\n\r\n")
