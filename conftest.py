@@ -33,6 +33,7 @@ LAYERS = ("unit", "inprocess", "process", "hil")
 
 UNIT_MODULES = frozenset(
     {
+        "tests/broker/test_certificates.py",
         "tests/broker/test_codec.py",
         "tests/broker/test_hardening.py",
         "tests/broker/test_imports.py",
@@ -41,6 +42,7 @@ UNIT_MODULES = frozenset(
         "tests/broker/test_pair_fuzz.py",
         "tests/broker/test_retain.py",
         "tests/broker/test_session.py",
+        "tests/broker/test_store_failure.py",
         "tests/broker/test_timing.py",
         "tests/broker/test_topic_tree.py",
         "tests/broker/test_websocket.py",

@@ -23,14 +23,17 @@ import subprocess
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
+from appliance.broker.certificates import NEAR_EXPIRY, CertificateFileError, date_problems
 from appliance.broker.config import ListenerConfig
 from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.gateway_config import GatewayConfig
 from appliance.hardware.config import ModemConfig
 from appliance.hardware.factory_reset import DATABASE_FILES
 from appliance.hardware.modem import ModemClosed, ModemMonitor, ModemTimeout
+from appliance.sqlite_files import DatabaseFileError, integrity_problems, refuse_emptied
 
 MIN_FREE_BYTES = 200 * 1024 * 1024
 MIN_FREE_FRACTION = 0.05
@@ -61,6 +64,25 @@ def check_ports(listeners: Iterable[ListenerConfig], timeout: float = 1.0) -> li
             findings.append(
                 Finding("ports", Verdict.PROBLEM, f"nothing accepts connections on {where} ({exc.strerror or exc}): is the gateway running?")
             )
+    return findings
+
+
+def check_certificates(listeners: Iterable[ListenerConfig], now: datetime | None = None) -> list[Finding]:
+    """Every certificate a TLS listener serves or trusts: expired, not yet valid, or expiring within
+    ``certificates.NEAR_EXPIRY`` is a problem here (the gateway only warns at start)."""
+    now = now or datetime.now(timezone.utc)
+    findings = []
+    files = {(path, role) for listener in listeners
+             for path, role in ((listener.certfile, "certfile"), (listener.cafile, "cafile")) if path is not None}
+    for path, role in sorted(files, key=lambda item: str(item[0])):
+        try:
+            problems = date_problems(path, role, now)
+        except CertificateFileError as exc:
+            findings.append(Finding("tls", Verdict.PROBLEM, str(exc)))
+            continue
+        findings += [Finding("tls", Verdict.PROBLEM, str(problem)) for problem in problems]
+        if not problems:
+            findings.append(Finding("tls", Verdict.OK, f"TLS {role} {path}: every certificate is valid for {NEAR_EXPIRY.days} days or more"))
     return findings
 
 
@@ -115,6 +137,31 @@ def check_disk(data_dir: Path, min_free_bytes: int = MIN_FREE_BYTES, min_free_fr
     return Finding("disk", Verdict.OK, f"{free_mb} MB free under {existing}")
 
 
+def check_databases(data_dir: Path) -> list[Finding]:
+    """``PRAGMA integrity_check`` on each database of the gateway that exists (read-only). The start
+    runs only ``quick_check`` (fast, but blind to an index that disagrees with its table); this is the
+    thorough one, for a person who suspects the disk."""
+    findings = []
+    for name in DATABASE_FILES:
+        path = data_dir / name
+        if not path.exists():
+            continue
+        try:
+            refuse_emptied(path, "database")
+        except DatabaseFileError as exc:
+            findings.append(Finding("databases", Verdict.PROBLEM, str(exc)))
+            continue
+        problems = integrity_problems(path)
+        if problems:
+            findings.append(Finding(
+                "databases", Verdict.PROBLEM,
+                f"{path} is damaged: {'; '.join(problems)} - stop the gateway, move the file away (or restore a backup)",
+            ))
+        else:
+            findings.append(Finding("databases", Verdict.OK, f"{path} passes SQLite's integrity check"))
+    return findings
+
+
 def check_modem(config: ModemConfig, probe: bool) -> list[Finding]:
     if not config.enabled:
         return [Finding("modem", Verdict.OK, "no modem configured")]
@@ -164,7 +211,9 @@ def run_checks(config: GatewayConfig, probe_modem: bool = False) -> list[Finding
     return [
         *check_forwarding_metrics(config.data_dir, config.forwarding.metrics_port if config.forwarding.enabled else None),
         *check_ports(config.broker.listeners),
+        *check_certificates(config.broker.listeners),
         *check_data_dir(config.data_dir),
+        *check_databases(config.data_dir),
         check_clock(),
         *check_modem(config.hardware.modem, probe_modem),
         check_disk(config.data_dir),

@@ -10,6 +10,8 @@ Two cases SQLite itself lets through:
   non-empty ``-wal`` is a database that was never checkpointed; SQLite recovers it.)
 * flipped pages: SQLite reads them until a query touches them, so a damaged store can answer for hours
   with wrong values; ``PRAGMA quick_check`` at start finds them in time proportional to the file.
+  ``appliance doctor`` runs the slower ``PRAGMA integrity_check`` (it also checks that every index
+  matches its table) through ``integrity_problems``, read-only.
 """
 
 from __future__ import annotations
@@ -45,3 +47,21 @@ def quick_check(connection: sqlite3.Connection, path: Path, what: str) -> None:
         raise DatabaseFileError(
             f"{path}: the {what} is damaged ({'; '.join(problems)}); move it away to start with an empty one"
         )
+
+
+def integrity_problems(path: Path, limit: int = 5) -> list[str]:
+    """The first ``limit`` problems SQLite's ``integrity_check`` finds in ``path`` (empty: intact).
+
+    The file is opened read-only (``mode=ro``), so a check never changes it, and may run beside the
+    gateway that has it open (WAL readers do not block the writer)."""
+    try:
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        return [f"cannot be opened ({exc})"]
+    try:
+        problems = [str(row[0]) for row in connection.execute(f"PRAGMA integrity_check({int(limit)})")]
+    except sqlite3.DatabaseError as exc:
+        return [str(exc)]
+    finally:
+        connection.close()
+    return [] if problems == ["ok"] else problems

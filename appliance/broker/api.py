@@ -10,7 +10,9 @@ Ordering and durability rules a service can rely on:
 * ``on_publish`` is awaited before the PUBACK/PUBREC for a QoS 1/2 message is sent, so a service that
   commits to disk inside it gets "acknowledged means durable" for free. Its verdict's reason code is what the
   publisher sees in the PUBACK/PUBREC (MQTT 5) - for MQTT 3.1.1 a failure reason closes nothing, the
-  broker just acknowledges (3.1.1 has no way to say no).
+  broker just acknowledges (3.1.1 has no way to say no), unless the verdict also disconnects: then the
+  3.1.1 client gets no acknowledgement at all and sends the message again after reconnecting - what a
+  service whose own commit failed answers (the message is not stored, so it must not be acknowledged).
 * Calls for one client arrive in that client's publish order.
 * ``BrokerHandle.publish`` only enqueues: it never blocks and never awaits the network, so a service can
   call it from inside ``on_publish`` and messages it publishes reach subscribers in call order.
@@ -125,6 +127,10 @@ class BrokerHandle(Protocol):
         """Whether that client may itself publish to ``topic`` under the ACL in force now. A service that
         publishes on a client's behalf (a response topic the client chose) asks first, so it is never
         a deputy that writes where the client may not."""
+
+    def prometheus(self) -> str:
+        """The broker's own metrics (whether ``broker.db`` commits) as Prometheus text, for a service
+        that serves the gateway's metrics endpoint."""
 
 
 class BrokerService(Protocol):

@@ -15,7 +15,8 @@ Why the core is built this way:
   every packet of one read, they are all handled with one reading of the clock, and each connection that
   got bytes is queued for ONE flush. The flush (``call_soon``, once per loop turn) first commits the
   store, then writes every connection's buffer: a QoS 1/2 PUBACK/PUBREC can only leave after the message
-  it acknowledges is on disk ("we commit before we ack").
+  it acknowledges is on disk ("we commit before we ack"). If the commit fails, only the acknowledgements
+  that waited on it are answered as failures; everything else is written as usual (``store_failure``).
 * Everything synchronous stays synchronous. Two steps must wait: checking a password and a service's
   ``on_publish``. A handler then returns an awaitable; the rest of that connection's batch waits in a
   backlog and its socket stops reading until the step is done, so one client's packets keep their order
@@ -46,11 +47,12 @@ from appliance.broker.dispatch import HANDLERS, ReadFailure, unexpected
 from appliance.broker.link import Link
 from appliance.broker.login_gate import LoginGate
 from appliance.broker.message import Message
-from appliance.broker.persistence import BrokerStore, PersistenceError
+from appliance.broker.persistence import BrokerStore
 from appliance.broker.retain import RetainedMessages
 from appliance.broker.router import Router
 from appliance.broker.runtime import Runtime, Timer
 from appliance.broker.session import ALLOWED_PACKETS, CLOSED, CONNECTED, Connection, Delivery, Session
+from appliance.broker.store_failure import CommitGate
 from appliance.broker.sys_topics import BrokerStats
 from appliance.broker.topic_tree import SubscriptionTree
 from appliance.broker.will import PendingWills
@@ -63,8 +65,6 @@ log = logging.getLogger("appliance.broker")
 TURN_PACKET_BUDGET = 128
 #: Deliveries buffered since the last flush after which a read writes at once instead of waiting.
 EARLY_FLUSH_DELIVERIES = 2000
-#: Seconds between retries of a commit that failed (acknowledgements wait meanwhile).
-COMMIT_RETRY = 0.5
 
 class Broker:
     """One broker instance; implements ``api.BrokerHandle``."""
@@ -104,6 +104,9 @@ class Broker:
         self._since_flush = 0
         self._backlogs: dict[Connection, deque[pk.Packet]] = {}
         self._tick_timer: Timer | None = None
+        #: Commits, their health, and the acknowledgements that wait on them (``store_failure``).
+        self.commits = CommitGate(self, log)
+        self.store_health = self.commits.health
         #: When ``$SYS`` was last published (``lifecycle.tick``).
         self.last_sys = 0.0
 
@@ -138,6 +141,7 @@ class Broker:
         self.runtime.close()
         if self.store is not None:
             self.commit()
+            self.commits.stop()
 
     def reload_security(self, authenticator: Authenticator, acl: Acl | None) -> None:
         """SIGHUP: swap in freshly loaded credentials and rules (both built before calling)."""
@@ -195,6 +199,7 @@ class Broker:
         connection = link.connection
         self.backpressure.forget(link)
         self._backlogs.pop(connection, None)
+        self.commits.forget(connection)
         timer = self.keepalive_timers.pop(connection, None)
         if timer is not None:
             timer.cancel()
@@ -296,7 +301,9 @@ class Broker:
     def route(self, message: Message, now: float, publisher: Link | None = None) -> None:
         """Deliver ``message`` to every matching session (and retain it if asked); store the deliveries
         to durable sessions; hold ``publisher`` back for congested receivers."""
-        if message.retain and self.retained.update(message):
+        if message.retain and self.store_failing and storage.stores_retained(self, message):
+            self.store_health.refused += 1  # delivered, but not kept: the change could not be stored
+        elif message.retain and self.retained.update(message):
             self.stats.retained_count = len(self.retained)
             storage.store_retained(self, message)
         durable: list[tuple[Session, Delivery]] = []
@@ -304,18 +311,34 @@ class Broker:
         count = self.router.route(message, now, self._dirty, durable, backpressure.congested_hits)
         self.stats.messages_sent += count
         self._since_flush += count
-        if durable:
+        if durable and not self.store_failing:
+            # While the store fails, a message that reaches this point needs no acknowledgement that
+            # promises it is stored (a will, a service's publish): it is delivered from memory only.
             storage.store_deliveries(self, message, durable)
         if backpressure.congested_hits:
             backpressure.after_route(publisher)
         if self._dirty and not self._flush_scheduled:
             self.schedule_flush()
 
+    # -- the store's health ---------------------------------------------------------------------------
+
+    @property
+    def store_failing(self) -> bool:
+        """The last commit failed: requests that need a write are refused (``store_failure``)."""
+        return not self.commits.health.healthy
+
+    def prometheus(self) -> str:
+        """The broker's own metrics in Prometheus text (the gateway serves them on the metrics port)."""
+        self.stats.store_health(self.store_health)
+        return self.stats.prometheus()
+
     # -- the periodic tick ----------------------------------------------------------------------------
 
     def _tick(self) -> None:
         """Once a second: due wills, expired sessions, ``$SYS``."""
         try:
+            self.store_health.tick(self.runtime.monotonic())
+            self.stats.store_health(self.store_health)
             lifecycle.tick(self, self.runtime.now())
         except Exception:
             log.exception("periodic broker tick failed")
@@ -338,12 +361,10 @@ class Broker:
             self.runtime.call_soon(self.flush)
 
     def flush(self) -> None:
-        """Commit the turn's changes, then write each connection's bytes once."""
+        """Commit the turn's changes, then write each connection's bytes once (if the commit failed, the
+        acknowledgements that depended on it are answered as failures: ``store_failure``)."""
         self._flush_scheduled = False
-        if self.store is not None and not self.commit():
-            self._flush_scheduled = True
-            self.runtime.call_later(COMMIT_RETRY, self.flush)
-            return
+        committed = self.store is None or self.commit()
         self._since_flush = 0
         dirty = self._dirty
         if not dirty:
@@ -352,35 +373,34 @@ class Broker:
         sent = 0
         for connection in dirty:
             connection.flush_pending = False
-            out = connection.out
-            if out:
-                sent += len(out)
-                connection.link.write(bytes(out))
-                out.clear()
+            if connection.out:
+                sent += self._write(connection, committed)
         self.stats.bytes_sent += sent
+
+    def _write(self, connection: Connection, committed: bool) -> int:
+        self.commits.settle(connection, committed)
+        out = connection.out
+        sent = len(out)
+        if out:
+            connection.link.write(bytes(out))
+            out.clear()
+        self.commits.close_if_refused(connection)
+        return sent
 
     def close_after_flush(self, link: Link) -> None:
         """Write what is pending for this connection and close. The bytes may hold acknowledgements, so
-        they leave only once the store committed; if it cannot, the connection closes without them (the
-        client sends its unacknowledged QoS 1/2 messages again; the store keeps them for its next commit)."""
+        they leave only once the store committed; if it cannot, those are answered as failures or cut
+        off (the client sends its unacknowledged QoS 1/2 messages again; the store keeps the changes for
+        its next commit)."""
         connection = link.connection
         if connection.out:
-            if self.store is None or self.commit():
-                link.write(bytes(connection.out))
-            connection.out.clear()
+            self._write(connection, self.store is None or self.commit())
+        self.commits.forget(connection)
         link.close()
 
     def commit(self) -> bool:
-        store = self.store
-        assert store is not None
-        if not store.has_pending:
-            return True
-        try:
-            store.commit()
-            return True
-        except PersistenceError:
-            log.exception("cannot commit the broker store; acknowledgements wait")
-            return False
+        """Commit what is buffered; False if it failed (``CommitGate.commit``)."""
+        return self.commits.commit()
 
     # -- BrokerHandle ---------------------------------------------------------------------------------
 

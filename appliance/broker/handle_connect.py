@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from appliance.broker import lifecycle, storage
+from appliance.broker import lifecycle, storage, store_failure
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
@@ -116,9 +116,9 @@ def flap_delay(broker: Broker, client_id: str, now: float) -> float:
     return 0.0 if excess <= 0 else min(FLAP_MAX_DELAY, 0.25 * 2 ** (excess - 1))
 
 
-def refuse(broker: Broker, link: Link, reason: int, why: str) -> None:
+def refuse(broker: Broker, link: Link, reason: int, why: str, level: int = logging.INFO) -> None:
     connection = link.connection
-    log.info("client %s (%s): connection refused: %s", connection.client_id or "?", connection.peer, why)
+    log.log(level, "client %s (%s): connection refused: %s", connection.client_id or "?", connection.peer, why)
     connection.out += encode(pk.Connack(False, reason, {pr.REASON_STRING: why}), connection.protocol_level)
     connection.state = CLOSED
     broker.mark(connection)
@@ -154,6 +154,12 @@ def complete_connect(broker: Broker, link: Link, connect: pk.Connect, authorized
             connack_props[pr.SESSION_EXPIRY_INTERVAL] = expiry
     else:
         expiry = 0 if connect.clean_start else min(NEVER_EXPIRES, limits.max_session_expiry)
+    if broker.store_failing and store_failure.connect_needs_write(broker, client_id, expiry):
+        # Not logged per client: the store's failure is logged once (``store_health``).
+        broker.store_health.refused += 1
+        refuse(broker, link, store_failure.connect_refusal(connection, broker), store_failure.WHY, logging.DEBUG)
+        return
+    revision = broker.commits.revision()
     connection.accept_connect(connect, client_id, keep_alive, limits.max_inflight_messages)
 
     session = broker.sessions.get(client_id)
@@ -193,7 +199,9 @@ def complete_connect(broker: Broker, link: Link, connect: pk.Connect, authorized
         connack_props[pr.MAXIMUM_PACKET_SIZE] = limits.max_packet_size
         if limits.topic_alias_maximum:
             connack_props[pr.TOPIC_ALIAS_MAXIMUM] = limits.topic_alias_maximum
+    start = len(connection.out)
     connection.out += encode(pk.Connack(session_present, 0, connack_props), connection.protocol_level)
+    broker.commits.hold(connection, revision, start, pk.CONNACK, 0)
     if keep_alive:
         lifecycle.start_keepalive(broker, link, keep_alive * 1.5)
     session.resume(connection, now)

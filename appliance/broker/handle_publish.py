@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
-from appliance.broker import lifecycle
+from appliance.broker import lifecycle, store_failure
 from appliance.broker.api import ACCEPTED, BrokerService, InboundPublish, PublishVerdict
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
@@ -73,8 +73,12 @@ def handle_publish(broker: Broker, link: Link, publish: pk.Publish, now: float) 
 def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Publish, verdict: PublishVerdict,
                    now: float) -> None:
     connection = link.connection
+    revision = broker.commits.revision()
     # A failure reason code means "not accepted": such a message is not routed either.
     if verdict.route and verdict.reason_code < 0x80:
+        if publish.qos and broker.store_failing and store_failure.publish_needs_write(broker, session, publish):
+            store_failure.refuse_publish(broker, link, publish)
+            return
         properties = publish.properties
         expires_at = None
         raw = publish.frame
@@ -90,16 +94,21 @@ def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Pub
     if not qos:
         return
     code = verdict.reason_code
+    if code >= 0x80 and verdict.disconnect is not None and not connection.v5:
+        return  # 3.1.1 cannot say no: closed by the caller without an acknowledgement, the client resends
     properties_out = {pr.REASON_STRING: verdict.reason_string} if verdict.reason_string else None
     level = connection.protocol_level
+    start = len(connection.out)
     if qos == 1:
         connection.out += encode_ack(pk.PUBACK, publish.packet_id, level, code, properties_out)
+        broker.commits.hold(connection, revision, start, pk.PUBACK, publish.packet_id)
         return
     if code < 0x80:
         session.inbound_qos2.add(publish.packet_id)
         if session.journal is not None and broker.store is not None:
             broker.store.add_inbound_qos2(session.client_id, publish.packet_id)
     connection.out += encode_ack(pk.PUBREC, publish.packet_id, level, code, properties_out)
+    broker.commits.hold(connection, revision, start, pk.PUBREC, publish.packet_id)
 
 
 def services_for(broker: Broker, topic: str) -> tuple[BrokerService, ...]:
@@ -191,9 +200,15 @@ def handle_pubrel(broker: Broker, link: Link, packet: pk.PubRel, now: float) -> 
     assert session is not None
     packet_id = packet.packet_id
     if packet_id in session.inbound_qos2:
+        if session.journal is not None and broker.store_failing:
+            store_failure.pubrel_refused(broker, link)
+            return
+        revision = broker.commits.revision()
         session.inbound_qos2.discard(packet_id)
         if session.journal is not None and broker.store is not None:
             broker.store.remove_inbound_qos2(session.client_id, packet_id)
+        start = len(connection.out)
         connection.out += encode_ack(pk.PUBCOMP, packet_id, connection.protocol_level)
+        broker.commits.hold(connection, revision, start, pk.PUBCOMP, packet_id)
     else:
         connection.out += encode_ack(pk.PUBCOMP, packet_id, connection.protocol_level, rc.PACKET_IDENTIFIER_NOT_FOUND)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from appliance.broker import storage
+from appliance.broker import storage, store_failure
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
@@ -32,6 +32,8 @@ def handle_subscribe(broker: Broker, link: Link, subscribe: pk.Subscribe, now: f
     sub_id = sub_ids[0] if sub_ids else None
     codes: list[int] = []
     retained_to_send: list[tuple[str, SubscriptionOptions]] = []
+    revision = broker.commits.revision()
+    unstorable = session.journal is not None and broker.store_failing
     for request in subscribe.subscriptions:
         topic_filter = request.topic_filter
         shared = topic_filter.startswith("$share/")
@@ -43,6 +45,10 @@ def handle_subscribe(broker: Broker, link: Link, subscribe: pk.Subscribe, now: f
         except TopicError as exc:
             log.info("client %s: bad topic filter %.200r: %s", connection.client_id, topic_filter, exc)
             codes.append(rc.TOPIC_FILTER_INVALID)
+            continue
+        if unstorable:  # a durable session's subscription would have to be stored (3.1.1: 0x80 failure)
+            broker.store_health.refused += 1
+            codes.append(store_failure.failure_code(broker))
             continue
         if broker.acl is not None and not broker.acl.can_subscribe(connection.client_id, connection.username, topic_filter):
             log.info("client %s: subscribe to %r denied", connection.client_id, topic_filter)
@@ -56,7 +62,9 @@ def handle_subscribe(broker: Broker, link: Link, subscribe: pk.Subscribe, now: f
         codes.append(request.qos)
         if not shared and (request.retain_handling == 0 or (request.retain_handling == 1 and previous is None)):
             retained_to_send.append((topic_filter, options))
+    start = len(connection.out)
     connection.out += encode(pk.Suback(subscribe.packet_id, codes), connection.protocol_level)
+    broker.commits.hold(connection, revision, start, pk.SUBACK, subscribe.packet_id)
     for topic_filter, options in retained_to_send:
         send_retained(broker, session, topic_filter, options, now)
 
@@ -78,10 +86,18 @@ def handle_unsubscribe(broker: Broker, link: Link, unsubscribe: pk.Unsubscribe, 
     connection = link.connection
     session = connection.session
     assert session is not None
-    codes = []
-    for topic_filter in unsubscribe.topic_filters:
-        removed = broker.tree.unsubscribe(connection.client_id, topic_filter)
-        if removed and session.journal is not None and broker.store is not None:
-            broker.store.delete_subscription(connection.client_id, topic_filter)
-        codes.append(rc.SUCCESS if removed else rc.NO_SUBSCRIPTION_EXISTED)
+    codes: list[int] | None = []
+    revision = broker.commits.revision()
+    if session.journal is not None and broker.store_failing:
+        codes = store_failure.unsubscribe_refused(broker, link, len(unsubscribe.topic_filters))
+        if codes is None:
+            return
+    else:
+        for topic_filter in unsubscribe.topic_filters:
+            removed = broker.tree.unsubscribe(connection.client_id, topic_filter)
+            if removed and session.journal is not None and broker.store is not None:
+                broker.store.delete_subscription(connection.client_id, topic_filter)
+            codes.append(rc.SUCCESS if removed else rc.NO_SUBSCRIPTION_EXISTED)
+    start = len(connection.out)
     connection.out += encode(pk.Unsuback(unsubscribe.packet_id, codes), connection.protocol_level)
+    broker.commits.hold(connection, revision, start, pk.UNSUBACK, unsubscribe.packet_id)

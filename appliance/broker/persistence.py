@@ -126,6 +126,7 @@ class BrokerStore:
         self._next_seq = 1 + (connection.execute("SELECT coalesce(max(seq), 0) FROM outbound").fetchone()[0])
         self._reset_buffer()
         self._failed: list[_Batch] = []
+        self._taken_operations = 0
 
     def _reset_buffer(self) -> None:
         self._new_messages: dict[int, tuple[object, ...]] = {}
@@ -325,6 +326,14 @@ class BrokerStore:
     # -- committing -----------------------------------------------------------------------------------
 
     @property
+    def revision(self) -> int:
+        """A number that grows with every buffered change that will need a write (cancelled-out work
+        such as a delivery enqueued and removed in one turn does not count): the broker compares it
+        before and after handling a packet to tell whether that packet's acknowledgement waits on the
+        commit. Derived from counters that only grow, so the mutators need no bookkeeping of their own."""
+        return self._taken_operations + len(self._operations) + self._next_seq
+
+    @property
     def has_pending(self) -> bool:
         """Whether ``commit`` has anything to write (cheap; call it every turn)."""
         return bool(self._new_deliveries or self._operations or self._failed)
@@ -344,6 +353,7 @@ class BrokerStore:
             return None
         messages = [row for message_id, row in self._new_messages.items() if self._new_message_refs[message_id] > 0]
         batch = _Batch(messages, [tuple(row) for row in self._new_deliveries.values()], self._operations)
+        self._taken_operations += len(self._operations)
         self._reset_buffer()
         if not (batch.messages or batch.deliveries or batch.operations):
             return None
@@ -373,7 +383,8 @@ class BrokerStore:
         except sqlite3.Error as exc:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
-            raise PersistenceError(f"{self.path}: commit failed: {exc}") from exc
+            full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+            raise PersistenceError(f"{self.path}: commit failed: {exc}", disk_full=full) from exc
 
     # -- loading --------------------------------------------------------------------------------------
 

@@ -21,7 +21,12 @@ SYNCHRONOUS_LEVELS = ("normal", "full")
 
 
 class PersistenceError(Exception):
-    """The broker database cannot be opened, read or written."""
+    """The broker database cannot be opened, read or written. ``disk_full``: SQLite said "database or
+    disk is full" (SQLITE_FULL), which the broker answers with Quota exceeded (docs/broker-security.md)."""
+
+    def __init__(self, message: str, disk_full: bool = False) -> None:
+        super().__init__(message)
+        self.disk_full = disk_full
 
 
 class CorruptDatabaseError(PersistenceError):

@@ -73,6 +73,20 @@ class Router:
                     count += self._hand_over(session, delivery, now, touched, durable, congested)
         return count
 
+    def reaches_durable(self, topic: str) -> bool:
+        """Whether a QoS 1/2 message on ``topic`` would be stored for a durable session: some session
+        that outlives its connection subscribes with QoS 1 or 2. An upper bound (the ACL and no-local
+        are not looked at); the broker asks only while its store fails (``store_failure``)."""
+        match = self.tree.match(topic)
+        sessions = self.sessions
+        groups = [*match.subscribers.values(), *match.shared.values()]
+        for subscriptions in groups:
+            for subscription in subscriptions:
+                session = sessions.get(subscription.client_id)
+                if session is not None and session.expiry_interval and subscription.options.qos:
+                    return True
+        return False
+
     def _hand_over(
         self,
         session: Session,

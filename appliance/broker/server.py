@@ -33,7 +33,10 @@ import asyncio
 import logging
 import socket
 import ssl
+from datetime import datetime, timezone
+
 from appliance.broker.broker import Broker
+from appliance.broker.certificates import CertificateFileError, date_problems
 from appliance.broker.config import ListenerConfig
 from appliance.broker.session import AWAITING_CONNECT, Connection
 from appliance.broker.websocket import WebSocketServer
@@ -240,7 +243,22 @@ def tls_context(listener: ListenerConfig) -> ssl.SSLContext:
         except ssl.SSLError as exc:
             raise TlsSetupError(f"TLS cafile {cafile}: cannot be loaded ({exc.reason or exc}): not PEM certificates") from None
     context.verify_mode = ssl.CERT_REQUIRED if listener.require_certificate else ssl.CERT_NONE
+    warn_about_dates(listener)
     return context
+
+
+def warn_about_dates(listener: ListenerConfig) -> None:
+    """One warning per certificate that is expired, not yet valid or near its expiry (``certificates``:
+    a warning, not a refusal to start)."""
+    now = datetime.now(timezone.utc)
+    for path, role in ((listener.certfile, "certfile"), (listener.cafile, "cafile")):
+        if path is None:
+            continue
+        try:
+            for problem in date_problems(path, role, now):
+                log.warning("%s", problem)
+        except CertificateFileError as exc:  # OpenSSL loaded it, so this is only about reading its dates
+            log.warning("%s; its validity dates are not checked", exc)
 
 
 async def start_listener(broker: Broker, listener: ListenerConfig) -> tuple[asyncio.Server, str]:

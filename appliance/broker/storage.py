@@ -69,11 +69,16 @@ def store_deliveries(broker: Broker, message: Message, durable: list[tuple[Sessi
             store.mark_publish_sent(delivery.seq, delivery.packet_id)
 
 
+def stores_retained(broker: Broker, message: Message) -> bool:
+    """Whether a change of this retained message goes to the store. ``$SYS`` values describe this run
+    only; they are republished after a restart, not stored."""
+    return broker.store is not None and not message.topic.startswith("$SYS/")
+
+
 def store_retained(broker: Broker, message: Message) -> None:
-    """A retained message changed (an empty payload deletes it). ``$SYS`` values describe this run only;
-    they are republished after a restart, not stored."""
+    """A retained message changed (an empty payload deletes it)."""
     store = broker.store
-    if store is None or message.topic.startswith("$SYS/"):
+    if store is None or not stores_retained(broker, message):
         return
     if message.payload:
         store.set_retained(RetainedMessage(message.topic, message.payload, message.qos,

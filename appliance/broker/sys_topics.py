@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from appliance.store_health import StoreHealth
+
 
 @dataclass(slots=True)
 class BrokerStats:
@@ -20,6 +22,15 @@ class BrokerStats:
     bytes_sent: int = 0
     publish_dropped: int = 0
     retained_count: int = 0
+    #: ``broker.db`` commits (``store_health``): 1 while they succeed, 0 while they fail.
+    store_healthy: int = 1
+    store_failed_commits: int = 0
+    store_refused: int = 0
+
+    def store_health(self, health: StoreHealth) -> None:
+        self.store_healthy = int(health.healthy)
+        self.store_failed_commits = health.failed_commits
+        self.store_refused = health.refused
 
     def snapshot(self, now: float) -> list[tuple[str, bytes]]:
         values = {
@@ -33,5 +44,23 @@ class BrokerStats:
             "$SYS/broker/bytes/sent": self.bytes_sent,
             "$SYS/broker/publish/messages/dropped": self.publish_dropped,
             "$SYS/broker/retained messages/count": self.retained_count,
+            "$SYS/broker/store/healthy": self.store_healthy,
+            "$SYS/broker/store/commits/failed": self.store_failed_commits,
+            "$SYS/broker/store/refused": self.store_refused,
         }
         return [(topic, str(value).encode("ascii")) for topic, value in values.items()]
+
+    def prometheus(self) -> str:
+        """The store's health as Prometheus text (the other figures are in ``$SYS``)."""
+        families = (
+            ("gateway_broker_store_healthy", "gauge", "1 while broker.db commits succeed, 0 while they fail",
+             self.store_healthy),
+            ("gateway_broker_store_failed_commits_total", "counter", "broker.db commits that failed",
+             self.store_failed_commits),
+            ("gateway_broker_store_refused_total", "counter",
+             "requests refused or answered with an error because broker.db could not commit", self.store_refused),
+        )
+        lines: list[str] = []
+        for metric, kind, help_text, value in families:
+            lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}", f"{metric} {value}"]
+        return "\n".join(lines) + "\n"

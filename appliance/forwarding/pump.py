@@ -15,12 +15,16 @@ endpoint itself refuses (MQTT 5 PUBACK reason >= 0x80: not authorized, topic inv
 would otherwise block its queue until it expires: after ``max_refusals`` refusals it is moved to the
 store's dead letters with the reason (kept for the operator, ``appliance routes dead-letters``). The
 refusals are counted in the store, next to the checkpoints, so a restart does not start them over.
+A store that cannot be written (a full disk) does not end the pump: the checkpoint is not taken, the
+batch is read and sent again after a backoff (at least once: the endpoint may see it twice), and the
+failure is logged once, its end once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 
@@ -64,6 +68,8 @@ class Pump:
         self._batch_done = asyncio.Event()
         self._checkpoints: dict[int, int] = {}
         self.task: asyncio.Task[None] | None = None
+        #: Store calls that failed in a row (0: the store works).
+        self.store_failures = 0
 
     def start(self) -> None:
         self.task = asyncio.create_task(self.run(), name=f"forwarding-pump-{self.sender.id}")
@@ -86,6 +92,17 @@ class Pump:
         return self._checkpoints[priority]
 
     async def run(self) -> None:
+        while True:
+            try:
+                await self._pump()
+            except sqlite3.Error as exc:
+                self.store_failures += 1
+                if self.store_failures == 1:
+                    log.warning("endpoint %s: the store cannot be written (%s); what was sent is sent again "
+                                "once it can", self.sender.id, exc)
+                await asyncio.sleep(self._retry.next_delay())
+
+    async def _pump(self) -> None:
         last_done: float | None = None  # when the previous batch was checkpointed, if a backlog followed
         while True:
             await self.sender.wait_ready()
@@ -136,6 +153,10 @@ class Pump:
             return False
         offset = done[-1].seq if count < len(live) else batch[-1].seq
         sent, expired = await self.thread.call(self.store.checkpoint, self.sender.id, priority, offset, [item.seq for item in done])
+        if self.store_failures:
+            log.info("endpoint %s: the store can be written again after %d failed attempts", self.sender.id,
+                     self.store_failures)
+            self.store_failures = 0
         self._checkpoints[priority] = offset  # the store forgot the refusals of what it checkpointed
         self.batches += 1
         self._batch_done.set()

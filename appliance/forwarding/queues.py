@@ -182,7 +182,8 @@ class MessageStore:
             yield
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            if self.db.in_transaction:  # SQLite already rolled back after some errors (SQLITE_FULL):
+                self.db.execute("ROLLBACK")  # a second ROLLBACK would raise and hide the real error
             raise
 
     def now_ms(self) -> int:
@@ -215,6 +216,8 @@ class MessageStore:
                 try:
                     seq, dropped, size_change = self._insert(message, results, self.stored_bytes + change)
                 except (StoreFull, sqlite3.Error) as exc:
+                    if not self.db.in_transaction:  # SQLite rolled back all of it (SQLITE_FULL): nothing is
+                        raise  # stored, and ROLLBACK TO would fail with "no such savepoint", hiding why
                     self.db.execute("ROLLBACK TO message")
                     self.db.execute("RELEASE message")
                     outcomes.append(exc)

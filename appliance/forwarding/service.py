@@ -27,6 +27,7 @@ import dataclasses
 import json
 import logging
 import os
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -34,7 +35,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from appliance import atomic_file
-from appliance.broker.api import ACCEPTED, QUOTA_EXCEEDED, BrokerHandle, InboundPublish, PublishVerdict, ServiceDefaults
+from appliance.broker.api import (
+    ACCEPTED,
+    QUOTA_EXCEEDED,
+    UNSPECIFIED_ERROR,
+    BrokerHandle,
+    InboundPublish,
+    PublishVerdict,
+    ServiceDefaults,
+)
 from appliance.forwarding.config import ForwardingConfig
 from appliance.forwarding.endpoints import BrokeredSender, EndpointSender
 from appliance.forwarding.manifest import Manifest, ManifestError, load_manifest
@@ -44,6 +53,7 @@ from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore, QueueKey, StoreFull
 from appliance.forwarding.routes import UPSTREAM, Endpoint, Evaluator, Route, RouteResult
 from appliance.forwarding.upstream import UpstreamSender
+from appliance.store_health import StoreHealth
 from appliance.store_thread import StoreThread
 
 log = logging.getLogger("appliance.forwarding")
@@ -105,6 +115,9 @@ class ForwardingService(ServiceDefaults):
         self._tasks: list[asyncio.Task[Any]] = []
         self._manifest_mtime: float | None = None
         self._http: asyncio.AbstractServer | None = None
+        #: Whether ``forwarding.db`` commits, logged once per change (a full disk is not a line per publish).
+        self.health = StoreHealth(str(self.data_dir / STORE_FILE), log,
+                                  "device messages to forward are refused until a commit succeeds")
 
     # -- lifecycle
 
@@ -180,6 +193,14 @@ class ForwardingService(ServiceDefaults):
                 self.metrics.count("dropped", result.endpoint.id, result.priority)
             log.warning("forwarding: refused a message from %s: %s", message.client_id, exc)
             return PublishVerdict(reason_code=QUOTA_EXCEEDED, reason_string="gateway store full")
+        except sqlite3.Error as exc:  # the commit failed (a full disk): nothing of the message is stored
+            disk_full = self._store_failed(exc)
+            self.health.refused += 1
+            code = QUOTA_EXCEEDED if disk_full else UNSPECIFIED_ERROR
+            # MQTT 3.1.1 has no negative PUBACK: its connection closes unacknowledged and the device resends.
+            return PublishVerdict(code, "the gateway cannot store messages now",
+                                  disconnect=None if message.protocol_level == 5 else code)
+        self.health.succeeded(time.monotonic())
         self.metrics.add("dropped", dropped)
         self._backlog_dirty.set()
         for result in results:
@@ -187,6 +208,12 @@ class ForwardingService(ServiceDefaults):
             if pump is not None:
                 pump.notify(result.priority)
         return ACCEPTED
+
+    def _store_failed(self, exc: sqlite3.Error) -> bool:
+        """Note a failed store call (logged once per change of state); returns whether the disk is full."""
+        disk_full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+        self.health.failed(str(exc), disk_full, time.monotonic())
+        return disk_full
 
     async def _store(self, message: Message, results: list[RouteResult]) -> tuple[int, Counter[QueueKey]]:
         """Queue the message for the next group commit and wait until that commit is durable."""
@@ -303,7 +330,12 @@ class ForwardingService(ServiceDefaults):
     async def _cleanup_loop(self) -> None:
         assert self.store is not None
         while True:
-            expired: Counter[tuple[str, int]] = await self.thread.call(self.store.cleanup)
+            try:
+                expired: Counter[tuple[str, int]] = await self.thread.call(self.store.cleanup)
+            except sqlite3.Error as exc:  # a full disk must not end the cleanup for good: next round
+                self._store_failed(exc)
+                expired = Counter()
+            self.health.tick(time.monotonic())
             if expired:
                 self._backlog_dirty.set()
                 self.metrics.add("expired", expired)
@@ -341,6 +373,8 @@ class ForwardingService(ServiceDefaults):
                 assert self.store is not None
                 depths = await self.thread.call(self.store.depths)
                 text = self.metrics.to_prometheus(depths, int(time.time() * 1000))
+                if self._broker is not None:
+                    text += self._broker.prometheus()  # the broker's store health next to the queues
                 if self.hardware is not None:
                     text += self.hardware.prometheus()  # the modem's signal and registration next to the link
                 body = text.encode()

@@ -36,9 +36,11 @@ DISCONNECT 0x87: there is nowhere to send a response); a KEYNOTIFY whose notific
 write is answered ``-ERR not authorized`` and registers nothing; a registration whose topic became
 unwritable is dropped at its next notification, which is not sent.
 
-A store failure (SQLite error: disk full, read-only or corrupt file) is logged with the client id and key,
-the transaction is rolled back, and the client gets a response with status 500 and ``__stMsg`` instead of a
-RESP3 payload - the SDK invokers turn that into a remote error at once, where no reply would be a timeout.
+A store failure (SQLite error: disk full, read-only or corrupt file) rolls the transaction back, and the
+client gets a response with status 500 and ``__stMsg`` instead of a RESP3 payload - the SDK invokers turn
+that into a remote error at once, where no reply would be a timeout. The log says it once per change of
+state (``store_health``: failing, then healthy again once a change commits), not once per request: a full
+disk under a busy client would otherwise write a line per request.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ from appliance.statestore.protocol import (
     SUPPORTED_MAJOR_VERSIONS,
     supported_protocol_version,
 )
-from appliance.statestore.store import EXPIRE_BATCH, Change, Quotas, StateStore
+from appliance.statestore.store import EXPIRE_BATCH, FILE_NAME, Change, Quotas, StateStore
+from appliance.store_health import StoreHealth
 from appliance.store_thread import StoreThread
 
 log = logging.getLogger(__name__)
@@ -150,6 +153,9 @@ class StateStoreService(ServiceDefaults):
         self._broker: BrokerHandle | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._wake_sweeper = asyncio.Event()
+        #: Whether ``statestore.db`` commits, logged once per change.
+        self.health = StoreHealth(str(self.data_dir / FILE_NAME), log,
+                                  "requests it cannot complete get status 500 until a change commits again")
 
     # -- BrokerService -------------------------------------------------------------------------------
 
@@ -216,11 +222,14 @@ class StateStoreService(ServiceDefaults):
         try:
             reply = await self.handle_request(message)
         except sqlite3.Error as exc:
-            key = _key_of(message.payload)
-            log.error("state store: request from client %r on key %r failed, nothing changed: %s",
-                      message.client_id, key, exc)
+            self._store_failed(exc)
+            self.health.refused += 1
+            log.debug("state store: request from client %r on key %r failed, nothing changed: %s",
+                      message.client_id, _key_of(message.payload), exc)
             self._respond(message, b"", [("__stat", STATUS_INTERNAL_ERROR), ("__stMsg", STORE_FAILURE_MESSAGE)])
             return CONSUMED
+        if reply.changes:  # a change was committed: writes work (a read proves nothing about them)
+            self.health.succeeded(time.monotonic())
         properties = [("__stat", STATUS_OK)]
         if reply.version is not None:
             properties.append(("__ts", str(reply.version)))
@@ -229,6 +238,10 @@ class StateStoreService(ServiceDefaults):
         if reply.wake_sweeper:
             self._wake_sweeper.set()
         return CONSUMED
+
+    def _store_failed(self, exc: sqlite3.Error) -> None:
+        disk_full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+        self.health.failed(str(exc), disk_full, time.monotonic())
 
     def _respond(self, message: InboundPublish, payload: bytes, properties: list[tuple[str, str]]) -> None:
         assert message.response_topic is not None and message.correlation_data is not None  # envelope checked
@@ -341,13 +354,18 @@ class StateStoreService(ServiceDefaults):
             self._wake_sweeper.clear()  # before the store trip: a SET with PX during the trip must still wake us
             try:
                 changes, due, now = await self._require_thread().call(self._expire_due)
+                if changes:
+                    self.health.succeeded(time.monotonic())
                 self._publish_changes(changes)
                 if len(changes) == EXPIRE_BATCH:
                     delay = 0
                 elif due is not None:
                     delay = min(interval, max(0, due - now) / 1000)
-            except Exception:  # a full disk must not end expiry for good; log and retry
+            except sqlite3.Error as exc:  # a full disk must not end expiry for good; retry
+                self._store_failed(exc)
+            except Exception:
                 log.exception("state store expiry sweep failed")
+            self.health.tick(time.monotonic())
             if delay == 0:
                 await asyncio.sleep(0)  # a large backlog: let requests in between batches
                 continue

@@ -23,6 +23,7 @@ CLOCK_FREE = (
     "appliance.broker.lifecycle",
     "appliance.broker.backpressure",
     "appliance.broker.storage",
+    "appliance.broker.store_failure",
     "appliance.broker.runtime",
     "appliance.broker.link",
 )

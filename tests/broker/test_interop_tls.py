@@ -6,12 +6,14 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from appliance.broker.codec import packets as pk
 from tests.broker.clients import FileConfiguredGateway, PahoClient, unique
+from tests.support.certificates import valid_for
 
 #: mosquitto_pub's ``-V`` for each protocol level.
 MOSQUITTO_VERSION = {pk.MQTT_311: "mqttv311", pk.MQTT_5: "mqttv5"}
@@ -105,3 +107,25 @@ def test_a_tls_file_that_cannot_be_used_stops_the_start_naming_the_file(tmp_path
     assert result.returncode == 1, result.stdout + result.stderr
     assert str(named) in result.stdout, result.stdout
     assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("days_left", "words"), [(-2, "expired on"), (10, "expires on")], ids=["expired", "near-expiry"])
+def test_a_certificate_past_or_near_its_expiry_is_warned_about_at_start_naming_file_and_date(
+    tmp_path: Path, days_left: int, words: str
+) -> None:
+    """Decided: a warning, not a refusal (mosquitto loads it too; a Pi booting with a wrong clock must
+    not lose its broker): the gateway starts, and its log says which file, which certificate, which date."""
+    cert, key = valid_for(tmp_path, "server", days_left)
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[broker.listeners]]\ntype = "tcp"\nhost = "127.0.0.1"\nport = 0\n\n'
+                      f'[[broker.listeners]]\ntype = "tls"\nhost = "127.0.0.1"\nport = 0\ncertfile = "{cert}"\nkeyfile = "{key}"\n')
+    with FileConfiguredGateway(tmp_path / "data", config=config) as gateway:
+        date = (datetime.now(timezone.utc) + timedelta(days=days_left)).strftime("%Y-%m-%d")
+        line = gateway.wait_for_log(rf"WARNING .*TLS certfile {re.escape(str(cert))}: certificate CN=localhost {words} {date}")
+        assert line is not None
+        assert "Traceback" not in gateway.output()
+    [fine_cert, fine_key] = valid_for(tmp_path, "fine", 300)
+    config.write_text('[[broker.listeners]]\ntype = "tcp"\nhost = "127.0.0.1"\nport = 0\n\n'
+                      f'[[broker.listeners]]\ntype = "tls"\nhost = "127.0.0.1"\nport = 0\ncertfile = "{fine_cert}"\nkeyfile = "{fine_key}"\n')
+    with FileConfiguredGateway(tmp_path / "data", config=config) as gateway:
+        assert "WARNING" not in gateway.output()

@@ -50,6 +50,8 @@ class ScriptedService:
             return PublishVerdict(route=False)
         if message.topic == "svc/kick":
             return PublishVerdict(disconnect=rc.ADMINISTRATIVE_ACTION)
+        if message.topic == "svc/unstored":  # what a service whose own commit failed answers
+            return PublishVerdict(rc.QUOTA_EXCEEDED, "cannot store", disconnect=rc.QUOTA_EXCEEDED)
         if message.topic == "svc/echo":
             await asyncio.sleep(0)
             assert self.broker is not None and message.response_topic is not None
@@ -144,6 +146,21 @@ def test_service_verdicts_reach_the_publisher(hosted: InProcessBroker) -> None:
     seen = kicked.expect_closed()
     assert isinstance(seen[-1], pk.Disconnect) and seen[-1].reason_code == rc.ADMINISTRATIVE_ACTION
     watcher.close()
+
+
+@pytest.mark.parametrize("level", [5, 4], ids=["mqtt5", "mqtt311"])
+def test_a_refusal_that_disconnects_is_never_acknowledged_to_a_311_client(hosted: InProcessBroker, level: int) -> None:
+    """3.1.1 cannot be told no: a PUBACK would say "stored" for a message the service could not store, so
+    the connection ends without one and the client resends; MQTT 5 reads the code, then the DISCONNECT."""
+    client = RawClient(hosted.port, level)
+    client.connect(f"unstored-{level}")
+    client.send(pk.Publish("svc/unstored", b"x", 1, packet_id=4))
+    seen = client.expect_closed()
+    if level == 5:
+        assert [(type(p), p.reason_code) for p in seen] == [(pk.PubAck, rc.QUOTA_EXCEEDED), (pk.Disconnect, rc.QUOTA_EXCEEDED)]
+    else:
+        assert seen == []
+    client.close()
 
 
 def test_services_hear_about_disconnects_and_can_disconnect_clients(hosted: InProcessBroker, service: ScriptedService) -> None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import sqlite3
 import time
 from pathlib import Path
+
+import pytest
 
 from appliance.forwarding.messages import Message
 from appliance.forwarding.metrics import ForwardingMetrics
@@ -149,3 +153,32 @@ def test_a_refusal_that_clears_up_is_only_retried(tmp_path: Path) -> None:
     metrics = asyncio.run(_with_pump(tmp_path, endpoint, scenario))
     assert endpoint.refused == [0, 0] and endpoint.batches == [(1, [0, 1, 2])]
     assert metrics.counters["dead_lettered"][("upstream", 1)] == 0
+
+
+def test_a_store_that_cannot_be_written_does_not_end_the_pump(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The checkpoint after a batch fails (another writer holds the lock, as a full disk fails a write):
+    the pump survives, sends the batch again (at least once), and checkpoints it once the store works."""
+    endpoint = RecordingEndpoint(batch_size=10, hold_first=True)
+
+    async def scenario(pump: Pump, add, store, thread) -> None:
+        await add(1, 0)
+        await add(2, 0)
+        await thread.call(store.db.execute, "PRAGMA busy_timeout = 0")
+        pump.start()
+        await asyncio.wait_for(endpoint.in_flight.wait(), 5)
+        blocker = sqlite3.connect(tmp_path / "forwarding.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        endpoint.release.set()
+        while pump.store_failures < 3:
+            await asyncio.sleep(0.01)
+        assert pump.task is not None and not pump.task.done()
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        await asyncio.wait_for(pump.wait_batches(1), 5)
+        assert await thread.call(store.message_count) == 0 and pump.store_failures == 0
+
+    with caplog.at_level(logging.INFO, logger="appliance.forwarding.pump"):
+        asyncio.run(_with_pump(tmp_path, endpoint, scenario))
+    assert len(endpoint.batches) >= 2 and all(ns == [1, 2] for _, ns in endpoint.batches)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "cannot be written" in lines[0] and "written again" in lines[1], lines

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from pathlib import Path
+
+import pytest
 
 from appliance.broker.api import ACCEPTED, InboundPublish
 from appliance.forwarding.config import ForwardingConfig
@@ -27,6 +30,9 @@ class SilentBroker:
 
     def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
         return True
+
+    def prometheus(self) -> str:
+        return ""
 
 
 def publish(n: int, size: int = 10) -> InboundPublish:
@@ -84,3 +90,37 @@ def test_message_expiry_interval_shortens_the_ttl_and_never_lengthens_it(tmp_pat
             await service.stop()
 
     assert asyncio.run(body()) == [600, 30, 600]
+
+
+def test_a_store_that_cannot_commit_refuses_with_quota_exceeded_logs_once_and_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLITE_FULL (SQLite's own size limit, as a full disk): MQTT 5 gets 0x97; 3.1.1, which cannot be
+    told no, is disconnected so the broker sends no PUBACK; one log line for any number of refusals."""
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(ROUTES)
+    service = ForwardingService(ForwardingConfig(enabled=True, manifest=manifest), tmp_path, "gw1")
+
+    async def body() -> None:
+        await service.start(SilentBroker())
+        store = service.store
+        assert store is not None
+        try:
+            pages = await service.thread.call(lambda: store.db.execute("PRAGMA page_count").fetchone()[0])
+            await service.thread.call(store.db.execute, f"PRAGMA max_page_count = {pages}")
+            for n in range(10):
+                v5 = await service.on_publish(publish(n, 50_000))
+                assert (v5.reason_code, v5.disconnect) == (QUOTA_EXCEEDED, None)
+                v3 = await service.on_publish(dataclasses.replace(publish(n, 50_000), protocol_level=4))
+                assert (v3.reason_code, v3.disconnect) == (QUOTA_EXCEEDED, QUOTA_EXCEEDED)
+            assert not service.health.healthy and service.health.refused == 20
+            await service.thread.call(store.db.execute, "PRAGMA max_page_count = 1073741823")
+            assert await service.on_publish(publish(99, 50_000)) is ACCEPTED
+            assert service.health.healthy
+        finally:
+            await service.stop()
+
+    with caplog.at_level(logging.WARNING, logger="appliance.forwarding"):
+        asyncio.run(body())
+    [failing] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "forwarding.db: cannot commit" in failing.getMessage() and "full" in failing.getMessage()

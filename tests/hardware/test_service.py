@@ -34,6 +34,9 @@ class RecordingBroker:
     def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
         return True
 
+    def prometheus(self) -> str:
+        return ""
+
 
 
 

@@ -61,6 +61,9 @@ class RecordingBroker:
     def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
         return self.acl is None or self.acl.can_publish(client_id, username, topic)
 
+    def prometheus(self) -> str:
+        return ""
+
 
 class Harness:
     def __init__(self, service: StateStoreService, broker: RecordingBroker, clock: list[int]) -> None:
