@@ -39,8 +39,10 @@ UNIT_MODULES = frozenset(
         "tests/broker/test_imports.py",
         "tests/broker/test_limits.py",
         "tests/broker/test_login_gate.py",
+        "tests/broker/test_offline_queue.py",
         "tests/broker/test_pair_fuzz.py",
         "tests/broker/test_retain.py",
+        "tests/broker/test_retained_feed.py",
         "tests/broker/test_session.py",
         "tests/broker/test_store_failure.py",
         "tests/broker/test_timing.py",
@@ -48,6 +50,7 @@ UNIT_MODULES = frozenset(
         "tests/broker/test_websocket.py",
         "tests/config/test_load.py",
         "tests/conformance/test_host_codecs.py",
+        "tests/firmware/test_firmware_gateway.py",
         "tests/forwarding/test_batch.py",
         "tests/forwarding/test_conditions.py",
         "tests/forwarding/test_config.py",
@@ -69,7 +72,9 @@ UNIT_MODULES = frozenset(
         "tests/hardware/test_service.py",
         "tests/pipeline/test_envelope_batches.py",
         "tests/pipeline/test_landing.py",
+        "tests/pipeline/test_package.py",
         "tests/pipeline/test_setpoints.py",
+        "tests/pipeline/test_shipping.py",
         "tests/statestore/test_commands.py",
         "tests/statestore/test_config.py",
         "tests/statestore/test_hlc.py",
@@ -83,6 +88,7 @@ UNIT_MODULES = frozenset(
 
 INPROCESS_MODULES = frozenset(
     {
+        "tests/broker/test_retained_feed_sockets.py",
         "tests/broker/test_server.py",
         "tests/broker/test_server_linger.py",
         "tests/broker/test_server_login.py",

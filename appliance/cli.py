@@ -13,9 +13,10 @@ from collections.abc import Sequence
 
 from appliance import doctor
 from appliance.broker import passwd_cli
-from appliance.config import ConfigError
-from appliance.forwarding import cli as forwarding_cli
 from appliance.cli_args import add_config_arguments, config_from_args
+from appliance.config import ConfigError
+from appliance.firmware import cli as firmware_cli
+from appliance.forwarding import cli as forwarding_cli
 from appliance.statestore import cli as statestore_cli
 
 
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=cmd_check_config)
 
     doctor.register(sub)
+    firmware_cli.register(sub)
     forwarding_cli.register(sub)
     passwd_cli.register(sub)
     statestore_cli.register(sub)

@@ -11,18 +11,22 @@ Services are listed in ONE place, ``build_services``: a subsystem adds itself th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Mapping
 
 import uvloop
 
+from appliance.broker import lifecycle
 from appliance.broker.acl import Acl, AclFileError
 from appliance.broker.api import BrokerService
 from appliance.broker.auth import Authenticator, PasswordFileError
 from appliance.broker.broker import Broker
+from appliance.broker.config import BrokerConfig, queued_bytes_default
 from appliance.broker.persistence import DB_FILENAME, BrokerStore, PersistenceError
 from appliance.broker.server import TlsSetupError, start_listener
 from appliance.gateway_config import GatewayConfig
@@ -37,11 +41,13 @@ def build_services(
     config: GatewayConfig,
     on_factory_reset: Callable[[], None] = lambda: None,
     status_report: Callable[[], Mapping[str, object]] = dict,
+    broker_metrics: Callable[[], str] = str,
 ) -> list[BrokerService]:
     """Every in-process service the broker hosts, in start order. Subsystems add themselves here.
 
     ``on_factory_reset`` is the hardware button's long press; ``serve`` stops, resets and exits for a restart.
-    ``status_report`` is what the button's short press logs about the broker.
+    ``status_report`` is what the button's short press logs about the broker; ``broker_metrics`` its
+    counters as Prometheus text, served on forwarding's metrics endpoint.
     The hardware starts before forwarding, which takes its modem link state (no upstream connection attempts
     while the modem is not registered) and drives its uplink and backlog LEDs (``docs/hardware.md``)."""
     services: list[BrokerService] = []
@@ -49,6 +55,11 @@ def build_services(
         from appliance.statestore.service import StateStoreService
 
         services.append(StateStoreService(config.statestore, config.data_dir))
+        from appliance.firmware.service import FirmwareService
+
+        # Over-the-air updates of the thermostats (docs/firmware.md): they watch the desired version in the
+        # state store, so the firmware service comes with it.
+        services.append(FirmwareService(config.data_dir))
     hardware = None
     bridge = config.forwarding.enabled and config.forwarding.upstream.host is not None
     if config.hardware.enabled:
@@ -62,7 +73,8 @@ def build_services(
     if config.forwarding.enabled:
         from appliance.forwarding.service import ForwardingService
 
-        services.append(ForwardingService(config.forwarding, config.data_dir, config.gateway_id, hardware))
+        services.append(ForwardingService(config.forwarding, config.data_dir, config.gateway_id, hardware,
+                                          broker_metrics))
     return services
 
 
@@ -72,6 +84,19 @@ def load_security(config: GatewayConfig) -> tuple[Authenticator, Acl | None]:
     authenticator = Authenticator.load(auth.password_file, auth.allow_anonymous)
     acl = Acl.load(auth.acl_file, auth.acl_client_patterns) if auth.acl_file is not None else None
     return authenticator, acl
+
+
+def resolve_queued_bytes(config: GatewayConfig) -> BrokerConfig:
+    """The broker's configuration with ``max_queued_bytes`` set: when not configured, a share of the data
+    directory's free space now (``config.queued_bytes_default``), logged so the operator sees it."""
+    limits = config.broker.limits
+    if limits.max_queued_bytes is not None:
+        return config.broker
+    free = shutil.disk_usage(config.data_dir).free
+    bound = queued_bytes_default(free)
+    log.info("max_queued_bytes not set: %d bytes per durable session (%d bytes free in %s)", bound, free,
+             config.data_dir)
+    return dataclasses.replace(config.broker, limits=dataclasses.replace(limits, max_queued_bytes=bound))
 
 
 def run_gateway(config: GatewayConfig) -> int:
@@ -104,8 +129,13 @@ async def serve(config: GatewayConfig) -> int:
     def broker_status() -> dict[str, object]:
         return {"clients": broker.stats.clients_connected}
 
+    def broker_metrics() -> str:
+        lifecycle.count_drops(broker)
+        return broker.stats.prometheus()
+
     broker = Broker(
-        config.broker, store, authenticator, acl, build_services(config, restart_after_factory_reset, broker_status)
+        resolve_queued_bytes(config), store, authenticator, acl,
+        build_services(config, restart_after_factory_reset, broker_status, broker_metrics),
     )
     notifier = Notifier()  # systemd: READY=1 and watchdog pings; a no-op outside systemd
     watchdog: asyncio.Task[None] | None = None

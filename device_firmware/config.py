@@ -18,6 +18,9 @@ DEFAULTS = {
                "backoff_max_ms": 30000, "request_timeout_ms": 5000},
     "state_file": "setpoint.json",
     "hardware": {"kind": "simulated"},
+    # Over-the-air updates: the ECDSA P-256 public key (hex of X||Y) that must have signed the
+    # manifest (null: sha256 only). Read by ota.py when it needs it.
+    "update": {"key": None},
 }
 
 

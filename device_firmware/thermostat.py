@@ -211,7 +211,8 @@ class Thermostat:
         self.led = led
         self.link = link
         self.name = config["thermostat"]
-        self.key = self.name + "\\setPoint"  # literal backslash, as in the spec's example
+        # The set point key, `<thermostat>\\setPoint` (literal backslash, as in the spec's example).
+        self.key = (self.name + "\\setPoint").encode()
         self.sensor = sensor
         self.relay = relay
         self.watchdog = watchdog
@@ -228,7 +229,11 @@ class Thermostat:
         self.store = statestore.StateStoreClient(self.mqtt, hlc.HLC(self.name),
                                                  timing["request_timeout_ms"], self._on_notify,
                                                  max_value=_MAX_SET_POINT_BYTES)
-        self.key_bytes = self.key.encode()
+        # The keys watched: the set point, and for over-the-air updates the version this thermostat
+        # should run. While that names another version than ours, self.update is the ota.Updater
+        # fetching it (ota is imported only then). The names are qstrs MicroPython already holds.
+        self.keys = (self.key, (self.name + "\\desiredFirmware").encode())
+        self.update = None
         self.data_topic = "devices/%s/messages/events/data" % self.name
         self.alerts_topic = "devices/%s/messages/events/alerts" % self.name
         self.connected = False
@@ -249,12 +254,24 @@ class Thermostat:
 
     # --- state store ----------------------------------------------------------------------------
 
-    def _on_notify(self, key, operation, value, version) -> None:
-        if key != self.key_bytes:
+    def _on_notify(self, key, operation, value, version, source="notify") -> None:
+        if key not in self.keys:
             print("notification for a key not ours:", key)
             return
-        if operation == "SET":
-            if self.set_point.offer(value, version, "notify"):
+        if operation != "SET":
+            value = None
+        if key != self.key:
+            if value == VERSION.encode():
+                value = None
+            if value or self.update:
+                if not self.update:
+                    gc.collect()  # ota and its names need a few KB, some of them in one piece
+                    import ota
+                    self.update = ota.start(self)
+                if not self.update.offer(value):
+                    self.update = None  # nothing to do: ota has unloaded itself
+        elif value is not None:
+            if self.set_point.offer(value, version, source):
                 self.control_now = True
         else:
             print("set point: key deleted, keeping", self.set_point.value)
@@ -276,12 +293,13 @@ class Thermostat:
         loses no change."""
         self.store.start()
         self._sync_clock()
-        self.store.watch(self.key)
-        value, version = self.store.get(self.key)
-        if value is not None and self.set_point.offer(value, version, "get"):
-            self.control_now = True
+        for key in self.keys:
+            self.store.watch(key)
+            value, version = self.store.get(key)
+            if value is not None or key != self.key:  # no set point stored: keep ours
+                self._on_notify(key, "SET", value, version, "get")
         self.registered = True
-        print("registered", self.key)
+        print("registered", self.key.decode())
 
     # --- connection -----------------------------------------------------------------------------
 
@@ -375,7 +393,8 @@ class Thermostat:
                 "registered": self.registered, "mem_peak": self.mem_peak,
                 "mem_free": self.heap[0], "mem_largest": self.heap[1],
                 "faults": self.faults, "last_fault": self.last_fault,
-                "wifi": self.link.status() if self.link else None}
+                "wifi": self.link.status() if self.link else None,
+                "update": self.update and self.update.status()}
 
     # --- main loop ------------------------------------------------------------------------------
 
@@ -426,6 +445,8 @@ class Thermostat:
                     self._try_register()
                 else:
                     self._connect()
+            if self.update and self.registered:
+                self.update.poll()
             now = time.ticks_ms()
             if time.ticks_diff(now, next_telemetry) >= 0:
                 next_telemetry = time.ticks_add(now, self.timing["telemetry_ms"])
@@ -436,6 +457,8 @@ class Thermostat:
                         self._publish(self.data_topic, self.telemetry(), 0)
                     except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
                         self._drop(e)
+                    if self.registered and "fwboot" in sys.modules:  # this version is on trial
+                        sys.modules["fwboot"].accept()  # and reached its first telemetry: it stays
             self.mem_peak = max(self.mem_peak, gc.mem_alloc())
             gc.collect()
             now = time.ticks_ms()

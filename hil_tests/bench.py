@@ -18,7 +18,9 @@ from typing import Any
 from appliance.forwarding.config import FORMATS as UPSTREAM_FORMATS
 
 DEFAULT_BENCH = Path(__file__).resolve().parent / "bench.toml"
-BACKENDS = ("userspace", "netns")
+BACKENDS = ("userspace", "netns", "bridge")
+# Backends the suite can spawn on a pty itself; a bridge rig shapes a rig box's ports, so it is a device.
+LOCAL_BACKENDS = ("userspace", "netns")
 
 
 class BenchConfigError(ValueError):
@@ -55,6 +57,22 @@ class GatewayConfig(Endpoint):
     forwarding scenarios run with, each once (docs/message-format.md); every other scenario uses the first."""
 
     upstream_formats: tuple[str, ...] = UPSTREAM_FORMATS[:1]
+    # The command prefix that runs the gateway where its uplink goes through the rig, e.g.
+    # ["ip", "netns", "exec", "gw"]; empty: on the machine that runs pytest (its uplink NIC cabled to the rig).
+    run_in: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CloudConfig(Endpoint):
+    """The cloud broker: ``host``/``port`` as the suite's collector reaches it (unshaped), ``uplink`` as the
+    gateway reaches it through the rig; the same address unless the bench file says otherwise."""
+
+    uplink_host: str = ""
+    uplink_port: int = 0
+
+    @property
+    def uplink(self) -> tuple[str, int]:
+        return self.uplink_host or self.host, self.uplink_port or self.port
 
 
 @dataclass(frozen=True)
@@ -72,7 +90,7 @@ class BenchConfig:
     source: Path
     rig: RigConfig
     gateway: GatewayConfig
-    cloud: Endpoint
+    cloud: CloudConfig
     devices: DevicesConfig
     artifacts_dir: Path
 
@@ -93,7 +111,7 @@ def load_bench(path: Path = DEFAULT_BENCH) -> BenchConfig:
         source=path.resolve(),
         rig=RigConfig(_get(rig, "rig", "serial", str), backend, _get(rig, "rig", "baud", int)),
         gateway=_gateway(data),
-        cloud=_endpoint(data, "cloud"),
+        cloud=_cloud(data),
         devices=DevicesConfig(
             count=_get(devices, "devices", "count", int),
             id_prefix=_get(devices, "devices", "id_prefix", str),
@@ -103,6 +121,11 @@ def load_bench(path: Path = DEFAULT_BENCH) -> BenchConfig:
         ),
         artifacts_dir=_path(base, _get(artifacts, "artifacts", "dir", str)),
     )
+    if config.rig.local and backend not in LOCAL_BACKENDS:
+        raise BenchConfigError(
+            "rig.serial", f"a {backend} rig runs on a rig box: give its serial device (the suite spawns only "
+            f"{', '.join(LOCAL_BACKENDS)} on a pty)",
+        )
     if config.devices.count < 0:
         raise BenchConfigError("devices.count", "must not be negative")
     unknown = set(data) - {"rig", "gateway", "cloud", "devices", "artifacts"}
@@ -136,14 +159,27 @@ def _get(table: dict[str, Any], section: str, key: str, kind: type) -> Any:
 def _gateway(data: dict[str, Any]) -> GatewayConfig:
     endpoint = _endpoint(data, "gateway")
     table = data["gateway"]
-    if "upstream_formats" not in table:  # optional: bench files from before the batch format
-        return GatewayConfig(endpoint.start, endpoint.host, endpoint.port)
-    formats = _get(table, "gateway", "upstream_formats", list)
-    if not formats or not all(f in UPSTREAM_FORMATS for f in formats) or len(set(formats)) != len(formats):
-        raise BenchConfigError(
-            "gateway.upstream_formats", f"expected distinct values of {', '.join(UPSTREAM_FORMATS)}, got {formats!r}"
-        )
-    return GatewayConfig(endpoint.start, endpoint.host, endpoint.port, tuple(formats))
+    formats = UPSTREAM_FORMATS[:1]  # optional: bench files from before the batch format
+    if "upstream_formats" in table:
+        formats = _get(table, "gateway", "upstream_formats", list)
+        if not formats or not all(f in UPSTREAM_FORMATS for f in formats) or len(set(formats)) != len(formats):
+            raise BenchConfigError(
+                "gateway.upstream_formats", f"expected distinct values of {', '.join(UPSTREAM_FORMATS)}, got {formats!r}"
+            )
+    run_in: list[Any] = _get(table, "gateway", "run_in", list) if "run_in" in table else []
+    if not all(isinstance(word, str) and word for word in run_in):
+        raise BenchConfigError("gateway.run_in", f"expected a list of non-empty strings, got {run_in!r}")
+    return GatewayConfig(endpoint.start, endpoint.host, endpoint.port, tuple(formats), tuple(run_in))
+
+
+def _cloud(data: dict[str, Any]) -> CloudConfig:
+    endpoint = _endpoint(data, "cloud")
+    table = data["cloud"]
+    uplink_host = _get(table, "cloud", "uplink_host", str) if "uplink_host" in table else ""
+    uplink_port = _get(table, "cloud", "uplink_port", int) if "uplink_port" in table else 0
+    if not 0 <= uplink_port <= 65535:
+        raise BenchConfigError("cloud.uplink_port", f"expected 0..65535, got {uplink_port}")
+    return CloudConfig(endpoint.start, endpoint.host, endpoint.port, uplink_host, uplink_port)
 
 
 def _endpoint(data: dict[str, Any], section: str) -> Endpoint:

@@ -17,13 +17,22 @@ import pytest
 
 from hil_tests.bench import DEFAULT_BENCH, BenchConfig, load_bench
 from hil_tests.harness import Site
-from hil_tests.netns_site import CLOUD_BROKER_PORT, HostLinks, NamespacedGateway, NamespacedMosquitto, netns_refusal
+from hil_tests.netns_site import (
+    CLOUD_BROKER_PORT,
+    HostLinks,
+    NamespacedGateway,
+    NamespacedMosquitto,
+    PrefixedGateway,
+    netns_refusal,
+)
+from hil_tests.report import write_run_report
 from hil_tests.rig.client import RigClient
 from hil_tests.rig.launcher import local_rig
 from hil_tests.timeline import Timeline, TimelineRun, format_summary, summarize
 from tests.support.processes import GatewayProcess, MosquittoProcess
 
 RUN_KEY = pytest.StashKey[TimelineRun]()
+OUTCOMES_KEY = pytest.StashKey["RunOutcomes"]()
 BENCH_KEY = pytest.StashKey[BenchConfig]()
 
 
@@ -37,6 +46,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[OUTCOMES_KEY] = RunOutcomes()
+    config.pluginmanager.register(config.stash[OUTCOMES_KEY], "hil-run-outcomes")
     config.addinivalue_line(
         "markers", "forwarding: a store-and-forward scenario; runs once per gateway.upstream_formats of the bench"
     )
@@ -104,11 +115,15 @@ def host_links(rig: RigClient) -> Iterator[HostLinks]:
 
 @pytest.fixture
 def site(request: pytest.FixtureRequest, bench: BenchConfig, rig: RigClient) -> Site:
-    """Userspace rig: a host gateway whose uplink goes to the relay's ``listen``. Local netns rig: the gateway
-    in the gateway namespace, its uplink to the rig's delay ``relay`` in the cloud namespace, across the
-    shaped veth."""
+    """Where the scenario's gateway runs and where its uplink connects.
+
+    Local userspace rig: a host gateway whose uplink goes to the relay's ``listen``. Local netns rig: the
+    gateway in the gateway namespace, its uplink to the rig's delay ``relay`` in the cloud namespace, across
+    the shaped veth. A rig on its serial device (a bridge rig box): the gateway runs behind
+    ``gateway.run_in`` on ``gateway.host:port``, its uplink to the rig's ``relay`` when the rig has one
+    (DELAY/JITTER), else to the cloud broker's uplink address; the cabling takes it through the rig."""
     status = rig.status()
-    if "listen" in status:
+    if bench.rig.local and "listen" in status:
         host, port = status["listen"].rsplit(":", 1)
         return Site((host, int(port)), lambda data_dir, config: GatewayProcess(data_dir, config=config))
     if _local_netns(bench):
@@ -116,7 +131,15 @@ def site(request: pytest.FixtureRequest, bench: BenchConfig, rig: RigClient) -> 
         host, port = status["relay"].rsplit(":", 1)
         namespace, address = links.gateway.namespace, links.gateway.address
         return Site((host, int(port)), lambda data_dir, config: NamespacedGateway(namespace, address, data_dir, config))
-    pytest.skip("a real rig's uplink is wired by hand: the scenarios start their gateway behind a local rig only")
+    upstream = bench.cloud.uplink
+    if "relay" in status:
+        relay_host, relay_port = status["relay"].rsplit(":", 1)
+        upstream = (relay_host, int(relay_port))
+    gateway = bench.gateway
+    return Site(
+        upstream,
+        lambda data_dir, config: PrefixedGateway(gateway.run_in, gateway.host, data_dir, config, gateway.port),
+    )
 
 
 @pytest.fixture
@@ -143,6 +166,19 @@ def rig(request: pytest.FixtureRequest, bench: BenchConfig, timeline: Timeline, 
             yield client
 
 
+class RunOutcomes:
+    """A plugin that keeps each test's outcome by its name (the timeline's scenario) for summary.md."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or report.failed:
+            name = report.nodeid.rsplit("::", 1)[-1]
+            if self.by_name.get(name) != "failed":
+                self.by_name[name] = report.outcome
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run is None:
@@ -151,3 +187,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     if records:
         terminalreporter.write_sep("=", f"HIL timelines: {run.folder}")
         terminalreporter.write_line(format_summary(summarize(records)))
+        try:
+            summary = write_run_report(run.folder, config.stash[OUTCOMES_KEY].by_name)
+        except Exception as error:  # a broken plot must not hide the run's own result; say what broke
+            terminalreporter.write_line(f"HIL report not written: {type(error).__name__}: {error}", red=True)
+        else:
+            terminalreporter.write_line(f"HIL report: {summary} (plots beside each timeline)")

@@ -352,7 +352,8 @@ class CloudCollector(_Subscriber):
             return []
 
     def record(self, seen: Seen) -> None:
-        self.recorder.received(seen.key, seen.priority, seen.device, gw_message_id=seen.gw_message_id)
+        self.recorder.received(seen.key, seen.priority, seen.device, gw_message_id=seen.gw_message_id,
+                               bytes=len(seen.payload))
 
     def keys(self) -> set[str]:
         with self.cond:

@@ -21,6 +21,7 @@ import secrets
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,15 +130,17 @@ class HostLinks:
         self.close()
 
 
-class NamespacedGateway(GatewayProcess):
-    """Our gateway run with ``ip netns exec`` in the gateway namespace, listening on its host link address.
+class PrefixedGateway(GatewayProcess):
+    """Our gateway run behind a command prefix (``ip netns exec <ns>``, a bench file's ``gateway.run_in``),
+    listening on ``listen_host``: where its uplink goes through the rig and the bench's clients reach it.
 
-    ``ip netns exec`` execs the command, so the process (and what ``kill9`` kills) is the gateway itself.
+    The prefix must exec the command (``ip netns exec`` does), so the process (and what ``kill9`` kills) is
+    the gateway itself.
     """
 
-    def __init__(self, namespace: str, listen_host: str, data_dir: Path, config: Path) -> None:
-        super().__init__(data_dir, config=config)
-        self.namespace = namespace
+    def __init__(self, prefix: Sequence[str], listen_host: str, data_dir: Path, config: Path, port: int = 0) -> None:
+        super().__init__(data_dir, config=config, port=port)
+        self.prefix = list(prefix)
         self.listen_host = listen_host
 
     @property
@@ -147,7 +150,14 @@ class NamespacedGateway(GatewayProcess):
     def command(self) -> list[str]:
         command = super().command()
         command[command.index("--listen") + 1] = f"{self.listen_host}:{self.port}"
-        return ["ip", "netns", "exec", self.namespace, *command]
+        return [*self.prefix, *command]
+
+
+class NamespacedGateway(PrefixedGateway):
+    """Our gateway run with ``ip netns exec`` in the gateway namespace, listening on its host link address."""
+
+    def __init__(self, namespace: str, listen_host: str, data_dir: Path, config: Path) -> None:
+        super().__init__(["ip", "netns", "exec", namespace], listen_host, data_dir, config)
 
 
 class NamespacedMosquitto:

@@ -92,6 +92,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_package(args: argparse.Namespace) -> int:
+    from pipeline.package import build_package
+
+    archive, launcher = build_package(args.out)
+    print(f"spark-submit --py-files {archive} {launcher} batch|stream ...")
+    return 0
+
+
 def _job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--landing", required=True, help="landing zone folder or URI (what ingest writes)")
     parser.add_argument("--out", required=True, help="folder or URI for the Parquet outputs")
@@ -158,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--report-dir", required=True, help="where index.html and its images go")
     report.add_argument("--max-plots", type=int, default=12, help="per kind of plot (thermostats, gateways, runs)")
     report.set_defaults(func=cmd_report)
+
+    package = sub.add_parser("package", help="write the zip and launcher that spark-submit ships to a cluster")
+    package.add_argument("--out", required=True, help="folder for pipeline.zip and run_pipeline.py")
+    package.set_defaults(func=cmd_package)
     return parser
 
 

@@ -19,7 +19,7 @@ import logging
 from appliance.broker.link import Link
 from appliance.broker.router import QUEUE_LOW_WATER
 from appliance.broker.runtime import Runtime, Timer
-from appliance.broker.session import CLOSED, Connection, Session
+from appliance.broker.session import CLOSED, MEMORY_QUEUE_BYTES, Connection, Session
 
 log = logging.getLogger("appliance.broker")
 
@@ -99,7 +99,7 @@ class Backpressure:
         """After an acknowledgement: release publishers held back for this client's queue once it drained."""
         if not (connection.overloaded or self.held_back):
             return
-        if len(session.queue) <= QUEUE_LOW_WATER and not connection.congested:
+        if len(session.queue) <= QUEUE_LOW_WATER and session.queued_bytes < MEMORY_QUEUE_BYTES // 4 and not connection.congested:
             connection.overloaded = False
             if connection in self.held_back:
                 self.release(connection)

@@ -42,13 +42,14 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import ProtocolError
-from appliance.broker.config import BrokerConfig
+from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, BrokerConfig
 from appliance.broker.dispatch import HANDLERS, ReadFailure, unexpected
 from appliance.broker.link import Link
 from appliance.broker.login_gate import LoginGate
 from appliance.broker.message import Message
 from appliance.broker.persistence import BrokerStore
 from appliance.broker.retain import RetainedMessages
+from appliance.broker.retained_feed import RetainedFeeds
 from appliance.broker.router import Router
 from appliance.broker.runtime import Runtime, Timer
 from appliance.broker.session import ALLOWED_PACKETS, CLOSED, CONNECTED, Connection, Delivery, Session
@@ -88,7 +89,12 @@ class Broker:
         self.tree = SubscriptionTree(config.limits.max_topic_levels)
         self.sessions: dict[str, Session] = {}
         self.router = Router(self.tree, self.sessions, acl)
+        #: ``max_queued_bytes`` as resolved (``config.queued_bytes_limit``): the bound of each durable
+        #: session's stored deliveries.
+        self.queue_bytes_limit = config.limits.max_queued_bytes if config.limits.max_queued_bytes is not None \
+            else DEFAULT_QUEUED_BYTES_CAP
         self.retained = RetainedMessages()
+        self.retained_feeds = RetainedFeeds(self)
         self.wills = PendingWills()
         self.stats = BrokerStats(started_at=0.0)
         self.links: set[Link] = set()
@@ -298,9 +304,10 @@ class Broker:
 
     # -- routing --------------------------------------------------------------------------------------
 
-    def route(self, message: Message, now: float, publisher: Link | None = None) -> None:
+    def route(self, message: Message, now: float, publisher: Link | None = None) -> bool:
         """Deliver ``message`` to every matching session (and retain it if asked); store the deliveries
-        to durable sessions; hold ``publisher`` back for congested receivers."""
+        to durable sessions; hold ``publisher`` back for congested receivers. False if a QoS 1/2
+        delivery was dropped because a receiver's queue is full (the publisher gets 0x97)."""
         if message.retain and self.store_failing and storage.stores_retained(self, message):
             self.store_health.refused += 1  # delivered, but not kept: the change could not be stored
         elif message.retain and self.retained.update(message):
@@ -308,17 +315,31 @@ class Broker:
             storage.store_retained(self, message)
         durable: list[tuple[Session, Delivery]] = []
         backpressure = self.backpressure
-        count = self.router.route(message, now, self._dirty, durable, backpressure.congested_hits)
+        router = self.router
+        queue_full = router.queue_full
+        count = router.route(message, now, self._dirty, durable, backpressure.congested_hits)
         self.stats.messages_sent += count
         self._since_flush += count
-        if durable and not self.store_failing:
-            # While the store fails, a message that reaches this point needs no acknowledgement that
-            # promises it is stored (a will, a service's publish): it is delivered from memory only.
+        if durable:
+            # Even while the store fails (a will, a service's publish: what reaches this point then needs
+            # no acknowledgement): an away session's deliveries live only in the store, which keeps them
+            # buffered until a commit succeeds.
             storage.store_deliveries(self, message, durable)
+            self._page_in_idle(durable, now)
         if backpressure.congested_hits:
             backpressure.after_route(publisher)
         if self._dirty and not self._flush_scheduled:
             self.schedule_flush()
+        return router.queue_full == queue_full
+
+    def _page_in_idle(self, durable: list[tuple[Session, Delivery]], now: float) -> None:
+        """A delivery went to the backlog of a connected client with nothing in flight: no acknowledgement
+        will come to read it back, so read it now (it is in the store's buffer)."""
+        for session, delivery in durable:
+            connection = session.connection
+            if delivery.spilled and connection is not None and not session.inflight:
+                session.fill_window(now)
+                self.mark(connection)
 
     # -- the store's health ---------------------------------------------------------------------------
 

@@ -42,16 +42,31 @@ class AuthConfig:
     acl_client_patterns: tuple[str, ...] = DEFAULT_ACL_CLIENT_PATTERNS
 
 
+#: ``max_queued_bytes`` when not configured: min(this, QUEUED_BYTES_SHARE of the data directory's free
+#: space when the gateway starts) per durable session (``queued_bytes_default``).
+DEFAULT_QUEUED_BYTES_CAP = 1024 * 1024 * 1024
+QUEUED_BYTES_SHARE = 0.25
+
+
+def queued_bytes_default(free_bytes: int) -> int:
+    """The default bound of one durable session's stored deliveries: large enough that an away client
+    loses nothing in any ordinary outage (1 GiB is 250,000 messages of 4 KB), small enough that one
+    session cannot fill the disk under the others (a quarter of what is free)."""
+    return max(1, min(DEFAULT_QUEUED_BYTES_CAP, int(free_bytes * QUEUED_BYTES_SHARE)))
+
+
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
     """Per-client limits (docs/broker.md).
 
     ``max_inflight_messages`` caps the unacknowledged QoS 1/2 deliveries per client (mosquitto's option of
     that name, default 20 as there; 0: no cap): 3.1.1 has no Receive Maximum, so without it a subscriber
-    that never acknowledges would get every queued message. ``max_queued_messages`` bounds the QoS 0
-    messages queued for one client, and the QoS 1/2 messages queued while it is away or a slow consumer
-    (more are dropped and counted; a client that makes progress loses none: its publishers are held back
-    instead). ``outbound_buffer_bytes`` is the write-buffer high-water mark past which the publishers
+    that never acknowledges would get every queued message. ``max_queued_messages`` bounds the messages
+    one client has queued in memory: QoS 0 ones, and QoS 1/2 ones of a non-durable session while it is a
+    slow consumer. ``max_queued_bytes`` bounds the payload bytes of a durable session's QoS 1/2 messages,
+    which wait in ``broker.db``, not in memory (None: ``queued_bytes_default`` of the free space at
+    start; 0: no bound). Past either, messages are dropped and counted; a client that makes progress
+    loses none: its publishers are held back instead. ``outbound_buffer_bytes`` is the write-buffer high-water mark past which the publishers
     feeding a client are held back (and, for a stuck client, its QoS 0 dropped); ``sys_interval`` is how
     often ``$SYS`` is republished (0: never). ``max_topic_levels`` and ``max_user_properties`` bound what one
     packet can make the broker build (docs/broker-security.md, "Resource limits")."""
@@ -60,6 +75,7 @@ class LimitsConfig:
     receive_maximum: int = 1024
     max_inflight_messages: int = 20
     max_queued_messages: int = 1000
+    max_queued_bytes: int | None = None
     max_keepalive: int = 65535
     topic_alias_maximum: int = 64
     max_session_expiry: int = 0xFFFFFFFF
@@ -163,6 +179,7 @@ def parse_limits(raw: Any, path: str) -> LimitsConfig:
         receive_maximum=get_int(table, "receive_maximum", path, defaults.receive_maximum, minimum=1, maximum=65535),
         max_inflight_messages=get_int(table, "max_inflight_messages", path, defaults.max_inflight_messages, minimum=0, maximum=65535),
         max_queued_messages=get_int(table, "max_queued_messages", path, defaults.max_queued_messages, minimum=0),
+        max_queued_bytes=get_int(table, "max_queued_bytes", path, minimum=0) if "max_queued_bytes" in table else None,
         max_keepalive=get_int(table, "max_keepalive", path, defaults.max_keepalive, minimum=1, maximum=65535),
         topic_alias_maximum=get_int(table, "topic_alias_maximum", path, defaults.topic_alias_maximum, minimum=0, maximum=65535),
         max_session_expiry=get_int(table, "max_session_expiry", path, defaults.max_session_expiry, minimum=0, maximum=0xFFFFFFFF),

@@ -173,7 +173,7 @@ def complete_connect(broker: Broker, link: Link, connect: pk.Connect, authorized
         session = None
     session_present = session is not None
     if session is None:
-        session = Session(client_id, limits.max_queued_messages)
+        session = Session(client_id, limits.max_queued_messages, broker.queue_bytes_limit)
         session.receive_check = broker.may_receive
         broker.sessions[client_id] = session
     was_durable = session.durable
@@ -185,9 +185,10 @@ def complete_connect(broker: Broker, link: Link, connect: pk.Connect, authorized
     store = broker.store
     if store is not None and (expiry or was_durable):
         if expiry:
-            session.journal = store
+            storage.make_durable(broker, session)
             store.save_session(storage.stored_session(session, connection, None, session.will))
         else:
+            session.unspill()
             store.delete_session(client_id)
             session.journal = None
             for delivery in list(session.inflight.values()) + list(session.queue):

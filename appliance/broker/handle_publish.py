@@ -74,6 +74,7 @@ def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Pub
                    now: float) -> None:
     connection = link.connection
     revision = broker.commits.revision()
+    queued = True
     # A failure reason code means "not accepted": such a message is not routed either.
     if verdict.route and verdict.reason_code < 0x80:
         if publish.qos and broker.store_failing and store_failure.publish_needs_write(broker, session, publish):
@@ -89,13 +90,16 @@ def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Pub
                 raw = None
         message = Message(publish.topic, publish.payload, publish.qos, publish.retain, properties,
                           connection.client_id, expires_at, raw, connection.v5)
-        broker.route(message, now, link)
+        queued = broker.route(message, now, link)
     qos = publish.qos
     if not qos:
         return
     code = verdict.reason_code
     if code >= 0x80 and verdict.disconnect is not None and not connection.v5:
         return  # 3.1.1 cannot say no: closed by the caller without an acknowledgement, the client resends
+    if not queued and code < 0x80:
+        # Some subscriber's queue is full (max_queued_bytes): MQTT 5 says so (3.1.1 cannot).
+        code = rc.QUOTA_EXCEEDED
     properties_out = {pr.REASON_STRING: verdict.reason_string} if verdict.reason_string else None
     level = connection.protocol_level
     start = len(connection.out)

@@ -1,5 +1,5 @@
 """SUBSCRIBE and UNSUBSCRIBE: the ACL check, the subscription tree, the store, the retained messages a
-new subscription gets. Reason codes are written as MQTT 5 knows them; the writer maps them to 3.1.1's
+new subscription gets (handed over a slice per loop turn by ``retained_feed``). Reason codes are written as MQTT 5 knows them; the writer maps them to 3.1.1's
 (0x80 for any failure in SUBACK, none at all in UNSUBACK). No asyncio, no time module.
 """
 
@@ -8,14 +8,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from appliance.broker import storage, store_failure
+from appliance.broker import store_failure
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.codec.writer import encode
 from appliance.broker.link import Link
-from appliance.broker.session import Delivery, Session
 from appliance.broker.topic_tree import SubscriptionOptions, TopicError
 
 if TYPE_CHECKING:
@@ -66,20 +65,7 @@ def handle_subscribe(broker: Broker, link: Link, subscribe: pk.Subscribe, now: f
     connection.out += encode(pk.Suback(subscribe.packet_id, codes), connection.protocol_level)
     broker.commits.hold(connection, revision, start, pk.SUBACK, subscribe.packet_id)
     for topic_filter, options in retained_to_send:
-        send_retained(broker, session, topic_filter, options, now)
-
-
-def send_retained(broker: Broker, session: Session, topic_filter: str, options: SubscriptionOptions, now: float) -> None:
-    acl = broker.acl
-    for message in broker.retained.matching(topic_filter, now):
-        if acl is not None and not acl.can_receive(session.client_id, session.username, message.topic):
-            continue
-        ids = [options.subscription_identifier] if options.subscription_identifier is not None else None
-        delivery = Delivery(message, min(message.qos, options.qos), True, ids)
-        if session.deliver(delivery, now):
-            broker.stats.messages_sent += 1
-            if delivery.qos and session.durable:
-                storage.store_deliveries(broker, message, [(session, delivery)])
+        broker.retained_feeds.start(session, topic_filter, options, now)
 
 
 def handle_unsubscribe(broker: Broker, link: Link, unsubscribe: pk.Unsubscribe, now: float) -> None:
@@ -95,6 +81,7 @@ def handle_unsubscribe(broker: Broker, link: Link, unsubscribe: pk.Unsubscribe, 
     else:
         for topic_filter in unsubscribe.topic_filters:
             removed = broker.tree.unsubscribe(connection.client_id, topic_filter)
+            broker.retained_feeds.cancel(connection.client_id, topic_filter)
             if removed and session.journal is not None and broker.store is not None:
                 broker.store.delete_subscription(connection.client_id, topic_filter)
             codes.append(rc.SUCCESS if removed else rc.NO_SUBSCRIPTION_EXISTED)

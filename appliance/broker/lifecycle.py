@@ -120,6 +120,7 @@ def end_session(broker: Broker, session: Session) -> None:
     if broker.store is not None and (session.journal is not None or session.durable):
         broker.store.delete_session(session.client_id)
     session.journal = None
+    session.pager = None
     session.clear()
 
 
@@ -173,9 +174,15 @@ def tick(broker: Broker, now: float) -> None:
     interval = broker.limits.sys_interval
     if interval and now - broker.last_sys >= interval:
         broker.last_sys = now
-        broker.stats.publish_dropped = sum(s.dropped for s in broker.sessions.values())
+        count_drops(broker)
         for topic, payload in broker.stats.snapshot(now):
             broker.route(Message(topic, payload, 0, True, {}, None), now)
+
+
+def count_drops(broker: Broker) -> None:
+    """Bring the drop counters of ``broker.stats`` up to date (``$SYS``, the metrics endpoint)."""
+    broker.stats.publish_dropped = sum(s.dropped for s in broker.sessions.values())
+    broker.stats.queue_full = broker.router.queue_full
 
 
 # -- keep-alive -------------------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 What it holds: durable sessions (with their will message), their subscriptions, the QoS 1/2 messages
 queued for or in flight to each session, the inbound QoS 2 packet ids awaiting PUBREL, retained messages,
 and a ``meta`` table with the schema version (the layout and its migrations: ``persistence_schema``; the
-records handed in and out: ``persistence_records``; how the broker's live objects map onto them:
-``storage``).
+records handed in and out: ``persistence_records``; the restart's load and the queue pages:
+``persistence_reads``; how the broker's live objects map onto them: ``storage``).
 
 Why it is built this way:
 
@@ -28,6 +28,9 @@ Why it is built this way:
   until it succeeds).
 * Ids are assigned in memory (message ids, queue sequence numbers) so callers get them at once, without
   a round trip; queue order per session is sequence order.
+* Queues are read, not loaded: ``load`` returns only the deliveries in flight and counts the queued ones;
+  ``page`` reads a session's next queued rows (the ``(client_id, seq)`` index), followed by those still
+  in the buffer, so an away session's backlog never has to fit in memory.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.broker.persistence_reads import committed_page, load_state, subscription_ids
 from appliance.broker.persistence_records import (
     BrokerState,
     LoadedSession,
@@ -294,6 +298,47 @@ class BrokerStore:
         else:
             self._operations.append((_DELETE_DELIVERY, (seq,)))
 
+    @property
+    def last_seq(self) -> int:
+        """The highest queue sequence number handed out so far."""
+        return int(self._next_seq) - 1
+
+    def page(self, client_id: str, after_seq: int, limit: int,
+             max_bytes: int = 0) -> list[tuple[StoredDelivery, StoredMessage]]:
+        """The next ``limit`` deliveries of a session's queue never sent (state QUEUED) after
+        ``after_seq``, oldest first, with their messages: committed rows first, then the ones still
+        buffered (this turn's, or a batch whose commit failed), which all have higher numbers. With
+        ``max_bytes``, no row is read once that much payload is (the rows are fetched one by one)."""
+        try:
+            page, full = committed_page(self._db, client_id, after_seq, limit, max_bytes)
+        except sqlite3.Error as exc:
+            raise PersistenceError(f"{self.path}: cannot read queued messages: {exc}") from exc
+        if not full and len(page) < limit and (self._failed or self._new_deliveries):
+            after = page[-1][0].seq if page else after_seq
+            page += self._buffered_page(client_id, after, limit - len(page))
+        return page
+
+    def _buffered_page(self, client_id: str, after_seq: int, limit: int) -> list[tuple[StoredDelivery, StoredMessage]]:
+        batches = [*self._failed, _Batch(list(self._new_messages.values()),
+                                         [tuple(row) for row in self._new_deliveries.values()], [])]
+        messages = {row[0]: row for batch in batches for row in batch.messages}
+        page: list[tuple[StoredDelivery, StoredMessage]] = []
+        for batch in batches:
+            for row in batch.deliveries:
+                seq, owner, message_id = row[0], row[1], row[2]
+                if owner != client_id or seq <= after_seq or row[7] != OutboundState.QUEUED:  # type: ignore[operator]
+                    continue
+                body = messages.get(message_id)
+                if body is None:
+                    body = (message_id, *self._db.execute(
+                        "SELECT topic, payload, properties, expires_at FROM messages WHERE id = ?", (message_id,)
+                    ).fetchone())
+                page.append((StoredDelivery(seq, client_id, message_id, row[3], bool(row[4]), subscription_ids(row[5])),  # type: ignore[arg-type]
+                             StoredMessage(body[1], body[2], decode_properties(body[3]), body[4])))  # type: ignore[arg-type]
+                if len(page) == limit:
+                    return page
+        return page
+
     def _drop_new_delivery(self, seq: int) -> None:
         row = self._new_deliveries.pop(seq)
         message_id = row[2]
@@ -391,49 +436,6 @@ class BrokerStore:
     def load(self) -> BrokerState:
         """Read everything committed. Rows of clients without a session row are left out."""
         try:
-            return self._load()
+            return load_state(self._db)
         except sqlite3.DatabaseError as exc:
             raise CorruptDatabaseError(f"{self.path}: cannot read the broker database: {exc}") from exc
-
-    def _load(self) -> BrokerState:
-        db = self._db
-        sessions: dict[str, LoadedSession] = {}
-        for row in db.execute(
-            "SELECT client_id, protocol_level, expiry_interval, username, disconnected_at, will_topic, will_payload,"
-            " will_qos, will_retain, will_properties, will_delay_interval FROM sessions"
-        ):
-            will = None
-            if row[5] is not None:
-                will = StoredWill(row[5], row[6], row[7], bool(row[8]), decode_properties(row[9]), row[10])
-            session = StoredSession(row[0], row[1], row[2], row[3], row[4], will)
-            sessions[session.client_id] = LoadedSession(session)
-        for row in db.execute(
-            "SELECT client_id, topic_filter, qos, no_local, retain_as_published, retain_handling,"
-            " subscription_identifier FROM subscriptions"
-        ):
-            loaded = sessions.get(row[0])
-            if loaded is not None:
-                loaded.subscriptions[row[1]] = SubscriptionOptions(row[2], bool(row[3]), bool(row[4]), row[5], row[6])
-        message_ids: set[int] = set()
-        for row in db.execute(
-            "SELECT seq, client_id, message_id, qos, retain, subscription_ids, packet_id, state FROM outbound ORDER BY seq"
-        ):
-            loaded = sessions.get(row[1])
-            if loaded is None:
-                continue
-            ids = tuple(int(part) for part in row[5].split(",")) if row[5] else ()
-            loaded.outbound.append(StoredDelivery(row[0], row[1], row[2], row[3], bool(row[4]), ids, row[6], OutboundState(row[7])))
-            message_ids.add(row[2])
-        messages: dict[int, StoredMessage] = {}
-        for row in db.execute("SELECT id, topic, payload, properties, expires_at FROM messages"):
-            if row[0] in message_ids:
-                messages[row[0]] = StoredMessage(row[1], row[2], decode_properties(row[3]), row[4])
-        for row in db.execute("SELECT client_id, packet_id FROM inbound_qos2"):
-            loaded = sessions.get(row[0])
-            if loaded is not None:
-                loaded.inbound_qos2.add(row[1])
-        retained = {
-            row[0]: RetainedMessage(row[0], row[1], row[2], decode_properties(row[3]), row[4])
-            for row in db.execute("SELECT topic, payload, qos, properties, expires_at FROM retained")
-        }
-        return BrokerState(sessions, messages, retained)

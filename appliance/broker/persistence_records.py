@@ -95,7 +95,9 @@ class LoadedSession:
 
     session: StoredSession
     subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)  # by topic filter as sent
-    outbound: list[StoredDelivery] = field(default_factory=list)  # in queue (sequence) order
+    outbound: list[StoredDelivery] = field(default_factory=list)  # in flight (sent), in sequence order
+    queued: int = 0  # deliveries never sent: left in the store, read back with ``BrokerStore.page``
+    stored_bytes: int = 0  # payload bytes of all its deliveries, sent or not (``max_queued_bytes``)
     inbound_qos2: set[int] = field(default_factory=set)  # packet ids awaiting PUBREL
 
 
@@ -104,7 +106,7 @@ class BrokerState:
     """Everything needed to rebuild the broker after a restart."""
 
     sessions: dict[str, LoadedSession]
-    messages: dict[int, StoredMessage]  # every message some outbound entry refers to
+    messages: dict[int, StoredMessage]  # every message some in-flight outbound entry refers to
     retained: dict[str, RetainedMessage]
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from appliance.broker.acl import Acl
 from appliance.broker.message import Message
-from appliance.broker.session import Connection, Delivery, Session
+from appliance.broker.session import MEMORY_QUEUE_BYTES, Connection, Delivery, Session
 from appliance.broker.topic_tree import Subscription, SubscriptionTree
 
 #: Deliveries queued behind a connected client's Receive Maximum window past which the publishers
@@ -34,6 +34,12 @@ class Router:
         #: None means no ACL file: everyone may read everything (no per-delivery check at all).
         self.acl = acl
         self._share_cursor: dict[tuple[str, str], int] = {}
+        #: QoS 1/2 deliveries dropped because the receiver's queue was at its bound (``Session.deliver``);
+        #: the caller compares it around ``route`` to answer the publisher 0x97 Quota exceeded.
+        self.queue_full = 0
+        #: Client id -> the topics of live deliveries to it while retained messages are still being fed to
+        #: it (``retained_feed``): their retained messages are older and are skipped.
+        self.live_topics: dict[str, set[str]] = {}
 
     def route(
         self,
@@ -97,7 +103,13 @@ class Router:
         congested: list[Connection],
     ) -> int:
         if not session.deliver(delivery, now):
+            if delivery.qos:
+                self.queue_full += 1
             return 0
+        if self.live_topics:
+            topics = self.live_topics.get(session.client_id)
+            if topics is not None:
+                topics.add(delivery.message.topic)
         if delivery.qos and session.expiry_interval:
             durable.append((session, delivery))
         connection = session.connection
@@ -105,7 +117,7 @@ class Router:
             if connection.out and not connection.flush_pending:
                 connection.flush_pending = True
                 touched.append(connection)
-            if connection.congested or len(session.queue) >= QUEUE_HIGH_WATER:
+            if connection.congested or len(session.queue) >= QUEUE_HIGH_WATER or session.queued_bytes >= MEMORY_QUEUE_BYTES:
                 congested.append(connection)
         return 1
 

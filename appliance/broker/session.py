@@ -1,211 +1,63 @@
-"""Per-client protocol state, without I/O: what a connection has agreed, and what a session still owes.
+"""Per-client protocol state, without I/O: what a session still owes (what a connection has agreed is
+``connection``; its names are re-exported here, where most modules import them from).
 
-Two objects, because MQTT separates them:
-
-* ``Connection`` lives as long as one network connection: the reader, the negotiated limits (the client's
-  Receive Maximum, Maximum Packet Size and Topic Alias Maximum), topic aliases both ways, keep-alive
-  bookkeeping, and ``out``, the bytes waiting to be written. It never touches a socket: the server feeds
-  it bytes and writes ``out`` once per loop turn.
-* ``Session`` outlives connections (clean start off, session expiry): outbound deliveries in flight
-  (keyed by packet id, in send order), the queue behind the Receive Maximum window, and the inbound QoS 2
-  packet ids already acknowledged with PUBREC. Its methods are the QoS 1/2 flows: they write PUBLISH and
-  PUBREL bytes into the attached connection and return what finished so the broker can update the store.
-
-``ALLOWED_PACKETS`` is the connection's state table: which packet types a client may send in each state.
-Anything else is a protocol error, mapped to a reason code by the caller in one place.
+Two objects, because MQTT separates them: ``Connection`` lives as long as one network connection;
+``Session`` outlives connections (clean start off, session expiry): outbound deliveries in flight (keyed
+by packet id, in send order), the queue behind the Receive Maximum window, the backlog in the store, and
+the inbound QoS 2 packet ids already acknowledged with PUBREC. Its methods are the QoS 1/2 flows: they
+write PUBLISH and PUBREL bytes into the attached connection and return what finished so the broker can
+update the store.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
 
 from appliance.broker.codec import packets as pk
-from appliance.broker.codec.properties import TOPIC_ALIAS
-from appliance.broker.codec.reader import PacketReader
-from appliance.broker.codec.reasons import (
-    PACKET_IDENTIFIER_NOT_FOUND,
-    PROTOCOL_ERROR,
-    TOPIC_ALIAS_INVALID,
-    TOPIC_NAME_INVALID,
-    ProtocolError,
-)
+from appliance.broker.codec.reasons import PACKET_IDENTIFIER_NOT_FOUND
 from appliance.broker.codec.writer import encode_ack
-from appliance.broker.message import Message
+from appliance.broker.connection import ALLOWED_PACKETS, AUTHENTICATING, AWAITING_CONNECT, CLOSED, CONNECTED, Connection
+from appliance.broker.delivery import Delivery, DeliveryJournal, Pager
 
-AWAITING_CONNECT, AUTHENTICATING, CONNECTED, CLOSED = "awaiting-connect", "authenticating", "connected", "closed"
-
-#: State table: the packet types a client may send in each connection state. AUTHENTICATING (the CONNECT
-#: is being checked in an executor) buffers packets instead of handling them, so it allows them all.
-ALLOWED_PACKETS: dict[str, frozenset[int]] = {
-    AWAITING_CONNECT: frozenset({pk.CONNECT}),
-    AUTHENTICATING: frozenset(
-        {pk.PUBLISH, pk.PUBACK, pk.PUBREC, pk.PUBREL, pk.PUBCOMP, pk.SUBSCRIBE, pk.UNSUBSCRIBE, pk.PINGREQ,
-         pk.DISCONNECT, pk.AUTH}
-    ),
-    CONNECTED: frozenset(
-        {pk.PUBLISH, pk.PUBACK, pk.PUBREC, pk.PUBREL, pk.PUBCOMP, pk.SUBSCRIBE, pk.UNSUBSCRIBE, pk.PINGREQ,
-         pk.DISCONNECT, pk.AUTH}
-    ),
-    CLOSED: frozenset(),
-}
+__all__ = [
+    "ALLOWED_PACKETS", "AUTHENTICATING", "AWAITING_CONNECT", "CLOSED", "CONNECTED", "MEMORY_QUEUE_BYTES",
+    "NEVER_EXPIRES", "Connection", "Delivery", "DeliveryJournal", "Pager", "Session",
+]
 
 NEVER_EXPIRES = 0xFFFFFFFF
-
-
-class Connection:
-    """The protocol state of one network connection (see the module docstring)."""
-
-    __slots__ = (
-        "reader", "out", "state", "protocol_level", "v5", "client_id", "username", "keep_alive", "last_received",
-        "send_quota", "max_outbound_packet", "alias_maximum_out", "aliases_out", "alias_maximum_in", "aliases_in",
-        "session", "peer", "request_problem_info", "clean_disconnect", "congested", "overloaded", "link", "flush_pending",
-    )
-
-    def __init__(self, max_packet_size: int, topic_alias_maximum: int, peer: str) -> None:
-        self.reader = PacketReader(max_packet_size)
-        self.out = bytearray()
-        self.state = AWAITING_CONNECT
-        self.protocol_level = pk.MQTT_311
-        self.v5 = False
-        self.client_id = ""
-        self.username: str | None = None
-        self.keep_alive = 0
-        self.last_received = 0.0
-        self.send_quota = 65535
-        self.max_outbound_packet = 268_435_460
-        self.alias_maximum_out = 0
-        self.aliases_out: dict[str, int] = {}
-        self.alias_maximum_in = topic_alias_maximum
-        self.aliases_in: dict[int, str] = {}
-        self.session: Session | None = None
-        self.peer = peer
-        self.request_problem_info = True
-        self.clean_disconnect = False
-        #: Set by the socket layer while the transport's write buffer is over its high-water mark: the
-        #: broker holds back the publishers feeding this connection.
-        self.congested = False
-        #: Congested for longer than the socket layer's grace period: a slow consumer, so QoS 0 messages
-        #: for it are dropped (and counted) instead of holding publishers back any longer.
-        self.overloaded = False
-        #: Whether the broker has this connection in its list of buffers to write this loop turn.
-        self.flush_pending = False
-        #: The socket layer's handle for this connection, opaque here.
-        self.link: Any = None
-
-    def receive(self, data: bytes, now: float) -> list[pk.Packet]:
-        """Parse every complete packet in ``data``; raises ``ProtocolError`` for bad input."""
-        self.last_received = now
-        return self.reader.feed(data)
-
-    def accept_connect(self, connect: pk.Connect, client_id: str, keep_alive: int, inflight_cap: int = 0) -> None:
-        """Adopt the limits a CONNECT asked for (MQTT 5 3.1.2.11). ``inflight_cap`` (0: none) bounds the
-        outbound QoS 1/2 window below the client's Receive Maximum: a 3.1.1 client has no way to announce
-        one, so without the cap a client that never acknowledges would be sent the whole queue."""
-        self.protocol_level = connect.protocol_level
-        self.v5 = connect.protocol_level == pk.MQTT_5
-        self.client_id = client_id
-        self.username = connect.username
-        self.keep_alive = keep_alive
-        properties = connect.properties
-        receive_maximum = properties.get(0x21, 65535)
-        self.send_quota = min(receive_maximum, inflight_cap) if inflight_cap else receive_maximum
-        self.max_outbound_packet = properties.get(0x27, 268_435_460)
-        self.alias_maximum_out = properties.get(0x22, 0)
-        self.request_problem_info = properties.get(0x17, 1) == 1
-
-    def resolve_topic(self, publish: pk.Publish) -> bool:
-        """Replace an inbound topic alias by its topic (MQTT 5 3.3.2.3.4); the reader has checked the
-        topic name already, all that is left is that there is one. Returns whether an alias was involved
-        (then the received frame cannot be forwarded as is)."""
-        aliased = False
-        if self.v5:
-            properties = publish.properties
-            alias = properties.pop(TOPIC_ALIAS, None) if properties else None
-            if alias is not None:
-                aliased = True
-                if alias > self.alias_maximum_in:
-                    raise ProtocolError(TOPIC_ALIAS_INVALID, f"topic alias {alias} above the maximum")
-                if publish.topic:
-                    self.aliases_in[alias] = publish.topic
-                else:
-                    topic = self.aliases_in.get(alias)
-                    if topic is None:
-                        raise ProtocolError(PROTOCOL_ERROR, f"unknown topic alias {alias}")
-                    publish.topic = topic
-        if not publish.topic:
-            raise ProtocolError(TOPIC_NAME_INVALID, "empty topic name without a topic alias")
-        return aliased
-
-    def alias_for(self, topic: str) -> tuple[int, bool]:
-        """Our outbound alias for ``topic``: (alias, whether the client already knows it).
-
-        Least recently used replacement: ``aliases_out`` is kept in order of use, and once the client's
-        Topic Alias Maximum is used up a new topic takes over the alias of the topic unused for longest.
-        Sending that alias with the new topic name remaps it on the client (MQTT 5 3.3.2.3.4), and our
-        bytes reach it in order, so later PUBLISHes that carry only the alias are read right."""
-        aliases = self.aliases_out
-        alias = aliases.pop(topic, None)
-        if alias is not None:
-            aliases[topic] = alias
-            return alias, True
-        if len(aliases) < self.alias_maximum_out:
-            alias = len(aliases) + 1
-        else:
-            alias = aliases.pop(next(iter(aliases)))
-        aliases[topic] = alias
-        return alias, False
-
-
-class Delivery:
-    """One message on its way to one session: the QoS and retain flag it is delivered with, the
-    subscription identifiers it carries, and, once sent, its packet id. ``released`` means PUBREC
-    arrived and PUBREL was sent (QoS 2, waiting for PUBCOMP)."""
-
-    __slots__ = ("message", "qos", "retain", "subscription_ids", "packet_id", "released", "sent", "seq")
-
-    def __init__(self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None) -> None:
-        self.message = message
-        self.qos = qos
-        self.retain = retain
-        self.subscription_ids = subscription_ids
-        self.packet_id = 0
-        self.released = False
-        self.sent = False
-        #: The store's sequence number for a delivery to a durable session (0: not stored).
-        self.seq = 0
-
-
-class DeliveryJournal(Protocol):
-    """Where a durable session records its outbound progress (``persistence.BrokerStore`` fits): it only
-    buffers, so calling it keeps this module free of I/O."""
-
-    def mark_publish_sent(self, seq: int, packet_id: int) -> None: ...
-
-    def mark_pubrel_sent(self, seq: int, packet_id: int) -> None: ...
-
-    def remove_delivery(self, seq: int) -> None: ...
+#: How much of a durable session's backlog is read from the store ahead of the window (``_read_ahead``).
+READ_AHEAD_ROWS = 64
+READ_AHEAD_BYTES = 1024 * 1024
+#: Payload bytes a session queues in memory: past them the messages of an away or slow client that would
+#: be queued in memory are dropped (next to ``max_queued_messages``: 1,000 queued messages of 4 MB would
+#: be 4 GB of RAM), and the publishers of a connected client are held back (``router``).
+MEMORY_QUEUE_BYTES = 8 * 1024 * 1024
 
 
 class Session:
     """What the broker owes one client id across connections (see the module docstring).
 
-    ``queue_limit`` bounds QoS 0 messages waiting while the client is away or its window is full, and
-    QoS 1/2 messages queued while the client is away or overloaded (mosquitto's ``max_queued_messages``):
-    a durable session of a client that never comes back, or a connected client that stopped
-    acknowledging, must not grow without bound in memory (nor in the store). While a connected client
-    makes progress its QoS 1/2 queue is not cut: the broker holds back the publishers feeding it instead
-    (lossless), so it is bounded by that.
+    ``queue`` is in memory: QoS 0 messages, and QoS 1/2 deliveries behind a connected client's window
+    (bounded by holding its publishers back). The *backlog* is in the store only (a session with a
+    ``pager``: durable, with a store): QoS 1/2 deliveries made while the client is away or a slow
+    consumer, and every later one until it is empty again (order); ``spilled`` counts them, ``cursor``
+    is the store sequence number up to which the session has taken everything into memory. They come
+    back a window at a time (``fill_window``), so what is queued for an away session costs no memory.
+
+    Bounds: ``queue_limit`` (``max_queued_messages``) counts what is queued in memory while the client
+    is away or overloaded; ``byte_limit`` (``max_queued_bytes``, 0: none) the payload bytes of a durable
+    session's stored deliveries (``stored_bytes``). ``deliver`` returns False for a QoS 1/2 delivery
+    past a bound (the publisher hears 0x97). A connected client that makes progress loses nothing.
     """
 
     __slots__ = (
         "client_id", "username", "expiry_interval", "inflight", "queue", "inbound_qos2", "connection", "will",
         "disconnected_at", "dropped", "queue_limit", "journal", "completed", "receive_check", "_next_packet_id",
-        "_queued_qos0",
+        "_queued_qos0", "_queued_bytes", "pager", "spilled", "cursor", "stored_bytes", "byte_limit",
     )
 
-    def __init__(self, client_id: str, queue_limit: int) -> None:
+    def __init__(self, client_id: str, queue_limit: int, byte_limit: int = 0) -> None:
         self.client_id = client_id
         #: The user name of the latest connection: ACL checks for deliveries and wills made while the
         #: client is away use it.
@@ -228,6 +80,19 @@ class Session:
         self.receive_check: Callable[[Session, str], bool] | None = None
         self._next_packet_id = 1
         self._queued_qos0 = 0
+        #: Payload bytes in ``queue`` (``queued_bytes``).
+        self._queued_bytes = 0
+        #: Reads the backlog back from the store; set while the session is durable and there is a store.
+        self.pager: Pager | None = None
+        self.spilled = 0
+        self.cursor = 0
+        self.stored_bytes = 0
+        self.byte_limit = byte_limit
+
+    @property
+    def queued_bytes(self) -> int:
+        """Payload bytes queued in memory (the router holds publishers back past MEMORY_QUEUE_BYTES)."""
+        return self._queued_bytes
 
     @property
     def durable(self) -> bool:
@@ -235,9 +100,9 @@ class Session:
         return self.expiry_interval > 0
 
     def deliver(self, delivery: Delivery, now: float) -> bool:
-        """Send now if connected and the window allows, else queue. False if dropped (and counted): QoS 0
-        over the bound or for an overloaded client, QoS 1/2 over the bound while the client is away or
-        overloaded."""
+        """Send now if connected and the window allows, else queue (in memory, or in the store's backlog:
+        then ``delivery.spilled`` is set and the caller must store it). False if dropped (and counted):
+        QoS 0 over the bound or for an overloaded client; QoS 1/2 only over a queue bound (see the class)."""
         connection = self.connection
         if delivery.qos == 0:
             if connection is not None and not self.queue:
@@ -246,21 +111,40 @@ class Session:
                     return False
                 self._write_publish(connection, delivery, now)
                 return True
-            if self._queued_qos0 >= self.queue_limit:
+            if self._queued_qos0 >= self.queue_limit or self._memory_full(delivery):
                 self.dropped += 1
                 return False
             self._queued_qos0 += 1
-            self.queue.append(delivery)
+            self._enqueue(delivery)
             return True
-        if connection is None or connection.overloaded:
-            if len(self.queue) - self._queued_qos0 >= self.queue_limit:
+        if self.pager is not None:
+            size = len(delivery.message.payload)
+            if connection is None or connection.overloaded or self.spilled:
+                if self.byte_limit and self.stored_bytes + size > self.byte_limit:
+                    self.dropped += 1
+                    return False
+                self.spilled += 1
+                self.stored_bytes += size
+                delivery.spilled = True
+                return True
+            self.stored_bytes += size
+        elif connection is None or connection.overloaded:
+            if len(self.queue) - self._queued_qos0 >= self.queue_limit or self._memory_full(delivery):
                 self.dropped += 1
                 return False
         if connection is not None and len(self.inflight) < connection.send_quota and not self.queue:
             self._send_new(connection, delivery, now)
         else:
-            self.queue.append(delivery)
+            self._enqueue(delivery)
         return True
+
+    def _memory_full(self, delivery: Delivery) -> bool:
+        """Whether queuing ``delivery`` in memory would pass MEMORY_QUEUE_BYTES (one message always fits)."""
+        return bool(self._queued_bytes) and self._queued_bytes + len(delivery.message.payload) > MEMORY_QUEUE_BYTES
+
+    def _enqueue(self, delivery: Delivery) -> None:
+        self.queue.append(delivery)
+        self._queued_bytes += len(delivery.message.payload)
 
     def on_puback(self, packet_id: int, now: float) -> Delivery | None:
         """A QoS 1 delivery is done; returns it (None for an unknown id, which is ignored)."""
@@ -322,12 +206,30 @@ class Session:
         return expired
 
     def detach(self, now: float) -> None:
+        """The client went away. A durable session's stored deliveries still waiting behind the window
+        leave memory for the backlog (in flight ones stay: at most one window, resent on resume)."""
         self.connection = None
         self.disconnected_at = now
+        if self.pager is None:
+            return
+        kept: deque[Delivery] = deque()
+        first = 0
+        for delivery in self.queue:
+            if delivery.qos and delivery.seq:
+                first = first or delivery.seq
+                self.spilled += 1
+            else:
+                kept.append(delivery)
+        if first:
+            # Sent in queue order, so everything before ``first`` is in flight or done already.
+            self.queue = kept
+            self._queued_bytes = sum(len(delivery.message.payload) for delivery in kept)
+            self.cursor = min(self.cursor, first - 1)
 
     def fill_window(self, now: float) -> list[Delivery]:
-        """Move queued deliveries into flight while the client's Receive Maximum allows; each is checked
-        against the ACL as it leaves (``receive_check``). Returns those dropped as expired or unreadable."""
+        """Move queued deliveries into flight while the client's Receive Maximum allows, reading the
+        backlog ahead from the store when the memory queue runs out; each is checked against the ACL as
+        it leaves (``receive_check``). Returns those dropped as expired or unreadable."""
         connection = self.connection
         expired: list[Delivery] = []
         if connection is None:
@@ -335,23 +237,51 @@ class Session:
         queue = self.queue
         inflight = self.inflight
         quota = connection.send_quota
-        while queue:
-            delivery = queue[0]
-            if delivery.qos and len(inflight) >= quota:
-                break
-            queue.popleft()
-            if delivery.message.expired(now) or not self._readable(delivery):
-                expired.append(delivery)
-                self._finished(delivery)
-                if not delivery.qos:
+        while True:
+            while queue:
+                delivery = queue[0]
+                if delivery.qos and len(inflight) >= quota:
+                    break
+                queue.popleft()
+                self._queued_bytes -= len(delivery.message.payload)
+                if delivery.message.expired(now) or not self._readable(delivery):
+                    expired.append(delivery)
+                    self._finished(delivery)
+                    if not delivery.qos:
+                        self._queued_qos0 -= 1
+                    continue
+                if delivery.qos:
+                    self._send_new(connection, delivery, now)
+                else:
                     self._queued_qos0 -= 1
-                continue
-            if delivery.qos:
-                self._send_new(connection, delivery, now)
-            else:
-                self._queued_qos0 -= 1
-                self._write_publish(connection, delivery, now)
-        return expired
+                    self._write_publish(connection, delivery, now)
+            if queue or not self.spilled or len(inflight) >= quota or not self._read_ahead(min(quota, READ_AHEAD_ROWS)):
+                return expired
+
+    def _read_ahead(self, rows: int) -> bool:
+        """Move the backlog's oldest deliveries to the memory queue: ``rows``, fewer past READ_AHEAD_BYTES
+        (at least one). One read per window of small messages, at most a window more in memory than in
+        flight, and each acknowledgement is answered at once by the next PUBLISH (sending per half window
+        left clients without TCP_NODELAY waiting for delayed ACKs). False if nothing was read."""
+        pager = self.pager
+        page = pager.page(self, rows, READ_AHEAD_BYTES) if pager is not None else None
+        if not page:
+            if page is not None:
+                self.spilled = 0
+            return False
+        self.spilled = max(0, self.spilled - len(page))
+        for delivery in page:
+            self.cursor = delivery.seq
+            self._enqueue(delivery)
+        return True
+
+    def unspill(self) -> None:
+        """The session stops being durable: its backlog moves into memory (the store forgets it)."""
+        while self.spilled and self._read_ahead(1000):
+            pass
+        self.spilled = 0
+        self.stored_bytes = 0
+        self.pager = None
 
     def restore(self, delivery: Delivery) -> None:
         """Put back a delivery loaded from the store: in flight if it had a packet id, else queued."""
@@ -359,7 +289,7 @@ class Session:
             self.inflight[delivery.packet_id] = delivery
             self._next_packet_id = delivery.packet_id % 65535 + 1
         else:
-            self.queue.append(delivery)
+            self._enqueue(delivery)
 
     def clear(self) -> None:
         """Clean start: forget everything owed (subscriptions live in the topic tree)."""
@@ -367,6 +297,9 @@ class Session:
         self.queue.clear()
         self.inbound_qos2.clear()
         self._queued_qos0 = 0
+        self._queued_bytes = 0
+        self.spilled = 0
+        self.stored_bytes = 0
 
     def _send_new(self, connection: Connection, delivery: Delivery, now: float) -> None:
         packet_id = self._next_packet_id
@@ -386,6 +319,8 @@ class Session:
 
     def _finished(self, delivery: Delivery) -> None:
         self.completed += 1
+        if delivery.seq and self.pager is not None:
+            self.stored_bytes -= len(delivery.message.payload)
         if delivery.seq and self.journal is not None:
             self.journal.remove_delivery(delivery.seq)
             delivery.seq = 0

@@ -4,7 +4,8 @@
 module is the one place that translates (mosquitto keeps the same seam between ``database.c`` and
 ``persist_*.c``): what a session, a will, a queued delivery and a retained message are stored as, and
 how a restart rebuilds the broker from what was stored. It only buffers changes in the store; the
-broker's flush commits them before it sends any acknowledgement.
+broker's flush commits them before it sends any acknowledgement. The one read after the start is
+``StoredBacklog``: a durable session's queue is left in the store and read back a window at a time.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from typing import TYPE_CHECKING, Any
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.message import Message
-from appliance.broker.persistence import OutboundState, RetainedMessage, StoredMessage, StoredSession, StoredWill
+from appliance.broker.persistence import (
+    BrokerStore,
+    OutboundState,
+    PersistenceError,
+    RetainedMessage,
+    StoredMessage,
+    StoredSession,
+    StoredWill,
+)
 from appliance.broker.session import Connection, Delivery, Session
 from appliance.broker.topic_tree import TopicError
 from appliance.broker.will import will_delay
@@ -55,7 +64,8 @@ def stored_session(session: Session, connection: Connection, disconnected_at: fl
 
 
 def store_deliveries(broker: Broker, message: Message, durable: list[tuple[Session, Delivery]]) -> None:
-    """Queue entries for the deliveries of ``message`` to durable sessions (the body is stored once)."""
+    """Queue entries for the deliveries of ``message`` to durable sessions (the body is stored once).
+    A delivery the session keeps in memory moves its cursor: the store's copy is not read back."""
     store = broker.store
     if store is None:
         return
@@ -65,6 +75,8 @@ def store_deliveries(broker: Broker, message: Message, durable: list[tuple[Sessi
     for session, delivery in durable:
         delivery.seq = store.enqueue(session.client_id, message_id, delivery.qos, delivery.retain,
                                      delivery.subscription_ids or ())
+        if not delivery.spilled:
+            session.cursor = delivery.seq
         if delivery.packet_id:
             store.mark_publish_sent(delivery.seq, delivery.packet_id)
 
@@ -73,6 +85,45 @@ def stores_retained(broker: Broker, message: Message) -> bool:
     """Whether a change of this retained message goes to the store. ``$SYS`` values describe this run
     only; they are republished after a restart, not stored."""
     return broker.store is not None and not message.topic.startswith("$SYS/")
+
+
+class StoredBacklog:
+    """``session.Pager`` over ``broker.db``: a durable session's backlog, read back a window at a time
+    (``BrokerStore.page``), each row a fresh ``Message`` holding the payload once (no received frame)."""
+
+    def __init__(self, store: BrokerStore) -> None:
+        self.store = store
+
+    def page(self, session: Session, limit: int, max_bytes: int = 0) -> list[Delivery] | None:
+        try:
+            rows = self.store.page(session.client_id, session.cursor, limit, max_bytes)
+        except PersistenceError as exc:
+            log.warning("client %s: cannot read its queued messages now: %s", session.client_id, exc)
+            return None
+        in_flight = {delivery.seq for delivery in session.inflight.values()}
+        deliveries: list[Delivery] = []
+        for entry, stored in rows:
+            if entry.seq in in_flight:
+                continue
+            message = Message(stored.topic, stored.payload, 1, False, properties_from(stored.properties), None,
+                              stored.expires_at)
+            delivery = Delivery(message, entry.qos, entry.retain, list(entry.subscription_ids) or None)
+            delivery.seq = entry.seq
+            deliveries.append(delivery)
+        return deliveries
+
+
+def make_durable(broker: Broker, session: Session) -> None:
+    """Give a session that outlives its connection its journal and its backlog in the store. A new
+    backlog starts after every sequence number in use: what the store still holds for this client id
+    belongs to an ended session whose deletion is not committed yet."""
+    store = broker.store
+    assert store is not None
+    session.journal = store
+    if session.pager is None:
+        session.pager = StoredBacklog(store)
+        session.cursor = store.last_seq
+        session.byte_limit = broker.queue_bytes_limit
 
 
 def store_retained(broker: Broker, message: Message) -> None:
@@ -88,7 +139,8 @@ def store_retained(broker: Broker, message: Message) -> None:
 
 
 def restore(broker: Broker, now: float) -> None:
-    """Rebuild sessions, subscriptions, queues, retained messages and pending wills from the store."""
+    """Rebuild sessions, subscriptions, deliveries in flight, retained messages and pending wills from the
+    store; queued deliveries stay there (each session's backlog, read when its client returns)."""
     store = broker.store
     assert store is not None
     state = store.load()
@@ -124,12 +176,16 @@ def restore(broker: Broker, now: float) -> None:
                                   disconnected_at + will_delay(pending_will, stored_row.expiry_interval))
         # Sessions that expired while the gateway was down are restored too: ``start`` publishes their
         # wills (the ACL needs the session's user name) and then ends them.
-        session = Session(client_id, broker.limits.max_queued_messages)
+        session = Session(client_id, broker.limits.max_queued_messages, broker.queue_bytes_limit)
         session.receive_check = broker.may_receive
         session.expiry_interval = stored_row.expiry_interval
         session.username = stored_row.username
         session.disconnected_at = disconnected_at
         session.journal = store
+        # The queued (never sent) deliveries stay in the store, read back when the client returns.
+        session.pager = StoredBacklog(store)
+        session.spilled = loaded.queued
+        session.stored_bytes = loaded.stored_bytes
         session.inbound_qos2 = set(loaded.inbound_qos2)
         for topic_filter, options in loaded.subscriptions.items():
             try:

@@ -21,6 +21,9 @@ class BrokerStats:
     bytes_received: int = 0
     bytes_sent: int = 0
     publish_dropped: int = 0
+    #: QoS 1/2 deliveries dropped at a full queue (``max_queued_bytes``, ``max_queued_messages``); also in
+    #: ``publish_dropped``. Not in mosquitto, which counts them only there.
+    queue_full: int = 0
     retained_count: int = 0
     #: ``broker.db`` commits (``store_health``): 1 while they succeed, 0 while they fail.
     store_healthy: int = 1
@@ -43,6 +46,7 @@ class BrokerStats:
             "$SYS/broker/bytes/received": self.bytes_received,
             "$SYS/broker/bytes/sent": self.bytes_sent,
             "$SYS/broker/publish/messages/dropped": self.publish_dropped,
+            "$SYS/broker/publish/messages/queue-full": self.queue_full,
             "$SYS/broker/retained messages/count": self.retained_count,
             "$SYS/broker/store/healthy": self.store_healthy,
             "$SYS/broker/store/commits/failed": self.store_failed_commits,
@@ -51,7 +55,7 @@ class BrokerStats:
         return [(topic, str(value).encode("ascii")) for topic, value in values.items()]
 
     def prometheus(self) -> str:
-        """The store's health as Prometheus text (the other figures are in ``$SYS``)."""
+        """The store's health and the drop counters as Prometheus text (the rest is in ``$SYS``)."""
         families = (
             ("gateway_broker_store_healthy", "gauge", "1 while broker.db commits succeed, 0 while they fail",
              self.store_healthy),
@@ -59,6 +63,10 @@ class BrokerStats:
              self.store_failed_commits),
             ("gateway_broker_store_refused_total", "counter",
              "requests refused or answered with an error because broker.db could not commit", self.store_refused),
+            ("gateway_broker_messages_dropped_total", "counter", "deliveries dropped (queue bounds, slow consumers)",
+             self.publish_dropped),
+            ("gateway_broker_messages_queue_full_total", "counter", "QoS 1/2 deliveries dropped at a full queue",
+             self.queue_full),
         )
         lines: list[str] = []
         for metric, kind, help_text, value in families:

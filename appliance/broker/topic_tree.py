@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from appliance.broker import edge_tree
+from appliance.broker.edge_tree import EdgeNode
+
 MAX_TOPIC_BYTES = 65535
 #: Default of the broker's ``max_topic_levels``: deeper topic names and filters are refused.
 DEFAULT_MAX_TOPIC_LEVELS = 128
@@ -154,30 +157,19 @@ def _check_common(text: str, what: str) -> None:
         raise TopicError(f"{what} is longer than {MAX_TOPIC_BYTES} bytes")
 
 
-class _Node:
-    """Where one or more filters end or branch. ``edge`` holds the levels from the parent to here, joined by
-    ``/`` (``span`` of them): a chain of levels that no other filter shares is one node, not one per level.
+class _Node(EdgeNode):
+    """Where filters end or branch (``edge_tree``): the subscriptions of the filter that ends here. The
+    full filter is kept once, in each ``Subscription``, never per node."""
 
-    A node per level with per-node dicts costs hundreds of bytes per level, so a 16,000-level filter
-    would cost megabytes even without any prefix strings; an edge costs what its text costs. The full
-    filter is kept once, in each ``Subscription``. ``children`` is keyed by the first level of each
-    child's edge; the containers are created when first needed.
-    """
+    __slots__ = ("shared", "subscribers")
 
-    __slots__ = ("children", "edge", "shared", "span", "subscribers")
-
-    def __init__(self, edge: str, span: int) -> None:
-        self.edge = edge
-        self.span = span
-        self.children: dict[str, _Node] | None = None
+    def __init__(self, edge: str, span: int, depth: int) -> None:
+        super().__init__(edge, span, depth)
         self.subscribers: dict[str, Subscription] | None = None
         self.shared: dict[str, dict[str, Subscription]] | None = None
 
-    def has_subscriptions(self) -> bool:
+    def occupied(self) -> bool:
         return bool(self.subscribers or self.shared)
-
-    def levels(self) -> list[str]:
-        return self.edge.split("/") if self.span > 1 else [self.edge]
 
 
 class SubscriptionTree:
@@ -190,7 +182,7 @@ class SubscriptionTree:
 
     def __init__(self, max_levels: int = DEFAULT_MAX_TOPIC_LEVELS) -> None:
         self.max_levels = max_levels
-        self._root = _Node("", 0)
+        self._root = _Node("", 0, 0)
         self._by_client: dict[str, dict[str, Subscription]] = {}
         self.generation = 0
         self._cache: dict[str, MatchResult] = {}
@@ -212,7 +204,7 @@ class SubscriptionTree:
         """
         group, match_filter = self.check(topic_filter)
         subscription = Subscription(client_id, topic_filter, match_filter, group, options)
-        node = self._insert(match_filter)
+        node = edge_tree.insert(self._root, match_filter.split("/"), _Node)
         previous: Subscription | None
         if group is None:
             if node.subscribers is None:
@@ -257,14 +249,7 @@ class SubscriptionTree:
 
     def node_count(self) -> int:
         """Nodes below the root (what the tree costs; the tests check that removal gives them back)."""
-        count = 0
-        stack = [self._root]
-        while stack:
-            node = stack.pop()
-            if node.children:
-                count += len(node.children)
-                stack.extend(node.children.values())
-        return count
+        return edge_tree.count_nodes(self._root)
 
     def match(self, topic: str) -> MatchResult:
         """Every subscription matching a (valid) topic name; cached until the next change."""
@@ -280,36 +265,6 @@ class SubscriptionTree:
             self._cache.clear()
         self._cache[topic] = result
         return result
-
-    def _insert(self, match_filter: str) -> _Node:
-        """The node where ``match_filter`` ends, splitting an edge or adding one as needed."""
-        levels = match_filter.split("/")
-        count = len(levels)
-        node = self._root
-        index = 0
-        while index < count:
-            if node.children is None:
-                node.children = {}
-            child = node.children.get(levels[index])
-            if child is None:
-                child = _Node("/".join(levels[index:]) if count - index > 1 else levels[index], count - index)
-                node.children[levels[index]] = child
-                return child
-            edge = child.levels()
-            common = 1
-            while common < child.span and index + common < count and edge[common] == levels[index + common]:
-                common += 1
-            if common < child.span:
-                # The filter leaves (or ends inside) this edge: split it where they part.
-                middle = _Node("/".join(edge[:common]), common)
-                child.edge = "/".join(edge[common:])
-                child.span -= common
-                middle.children = {edge[common]: child}
-                node.children[levels[index]] = middle
-                child = middle
-            node = child
-            index += common
-        return node
 
     def _walk(self, topic: str) -> MatchResult:
         levels = topic.split("/")
@@ -361,15 +316,9 @@ class SubscriptionTree:
         return MatchResult({client_id: tuple(subs) for client_id, subs in subscribers.items()}, shared)
 
     def _remove_from_tree(self, subscription: Subscription) -> None:
-        path: list[tuple[_Node, str]] = []
-        node = self._root
-        levels = subscription.match_filter.split("/")
-        index = 0
-        while index < len(levels):
-            assert node.children is not None
-            path.append((node, levels[index]))
-            node = node.children[levels[index]]
-            index += node.span
+        found = edge_tree.find(self._root, subscription.match_filter.split("/"))
+        assert found is not None
+        path, node = found
         if subscription.share_group is None:
             assert node.subscribers is not None
             del node.subscribers[subscription.client_id]
@@ -379,26 +328,7 @@ class SubscriptionTree:
             del members[subscription.client_id]
             if not members:
                 del node.shared[subscription.share_group]
-        if node.has_subscriptions():
-            return
-        parent, key = path[-1]
-        assert parent.children is not None
-        if not node.children:
-            # Give the node back, and with it a parent left as a bare link in a chain.
-            del parent.children[key]
-            if len(path) > 1 and len(parent.children) == 1 and not parent.has_subscriptions():
-                grandparent, parent_key = path[-2]
-                assert grandparent.children is not None
-                grandparent.children[parent_key] = _joined(parent, next(iter(parent.children.values())))
-        elif len(node.children) == 1:
-            parent.children[key] = _joined(node, next(iter(node.children.values())))
-
-
-def _joined(upper: _Node, lower: _Node) -> _Node:
-    """``lower`` taking the place of ``upper``, a node that no filter ends at and with one child."""
-    lower.edge = f"{upper.edge}/{lower.edge}"
-    lower.span += upper.span
-    return lower
+        edge_tree.release(path, node)
 
 
 def _follow(child: _Node, levels: list[str], index: int, pending: list[tuple[_Node, int]], found: list[_Node]) -> None:

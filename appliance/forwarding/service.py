@@ -94,9 +94,12 @@ def with_expiry(results: list[RouteResult], expiry_s: int) -> list[RouteResult]:
 class ForwardingService(ServiceDefaults):
     topic_filters = ("devices/#",)
 
-    def __init__(self, config: ForwardingConfig, data_dir: Path, gateway_id: str, hardware: LinkPanel | None = None) -> None:
+    def __init__(self, config: ForwardingConfig, data_dir: Path, gateway_id: str, hardware: LinkPanel | None = None,
+                 broker_metrics: Callable[[], str] | None = None) -> None:
         self.config = config
         self.hardware = hardware
+        #: The broker's counters as Prometheus text, served next to ours (``gateway.build_services``).
+        self.broker_metrics = broker_metrics
         self._backlog_dirty = asyncio.Event()
         self._unsubscribe_link: Callable[[], None] = lambda: None
         self._commit_queue: list[tuple[Message, list[RouteResult], asyncio.Future[tuple[int, Counter[QueueKey]]]]] = []
@@ -377,6 +380,8 @@ class ForwardingService(ServiceDefaults):
                     text += self._broker.prometheus()  # the broker's store health next to the queues
                 if self.hardware is not None:
                     text += self.hardware.prometheus()  # the modem's signal and registration next to the link
+                if self.broker_metrics is not None:
+                    text += self.broker_metrics()
                 body = text.encode()
                 head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
             else:

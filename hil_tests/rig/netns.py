@@ -20,10 +20,10 @@ names unique per run, so parallel runs and leftovers of a crashed run never coll
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import secrets
 
+from hil_tests.rig.kernel import DEFAULT_QUEUE_SECONDS, BackendError, drop_rules, run_command, tbf_arguments
 from hil_tests.rig.namespace_sockets import NamespaceSockets
 from hil_tests.rig.relay import Relay
 from hil_tests.rig.shaping import LinkSettings
@@ -31,31 +31,7 @@ from hil_tests.rig.shaping import LinkSettings
 GATEWAY_ADDRESS = "10.201.0.1"
 CLOUD_ADDRESS = "10.201.0.2"
 PREFIX_LENGTH = 30
-# tbf's queue holds a time's worth of bytes at the rate, like a modem's buffer (``--queue-s``, default 1 s).
-# It is sized by time alone, never by a byte floor: a 15 kB floor was 12.6 s of queue at 9.6 kbit/s, which
-# tail-dropped new connections' SYNs behind a bulk flow for seconds. The limit counts the burst too, and the
-# burst is never below one frame, so a frame always fits.
-DEFAULT_QUEUE_SECONDS = 1.0
-# nft's numgen draws below this modulus: LOSS has a resolution of 1e-7 percent.
-LOSS_MODULUS = 1_000_000_000
 NFT_TABLE = "hilrig"
-
-
-class BackendError(RuntimeError):
-    """A kernel command failed; the message names the command and carries its stderr."""
-
-
-async def run_command(*argv: str, stdin: bytes | None = None) -> str:
-    process = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await process.communicate(stdin)
-    if process.returncode != 0:
-        raise BackendError(f"{' '.join(argv)}: {err.decode(errors='replace').strip() or f'exit {process.returncode}'}")
-    return out.decode()
 
 
 class NetnsBackend:
@@ -130,13 +106,12 @@ class NetnsBackend:
             if (old.rate_bps, old.burst_bytes) != (new.rate_bps, new.burst_bytes):
                 if new.rate_bps:
                     await run_command(
-                        "tc", "-n", namespace, "qdisc", "replace", "dev", veth, "root", "tbf",
-                        "rate", f"{new.rate_bps}bit", "burst", str(new.burst_bytes), "limit", str(tbf_limit(new, self._queue_s)),
+                        "tc", "-n", namespace, "qdisc", "replace", "dev", veth, "root", *tbf_arguments(new, self._queue_s)
                     )  # fmt: skip
                 elif old.rate_bps:
                     await run_command("tc", "-n", namespace, "qdisc", "del", "dev", veth, "root")
             if (old.loss_pct, old.up) != (new.loss_pct, new.up):
-                rules = drop_rules(veth, new).encode()
+                rules = drop_rules(NFT_TABLE, "inet", ("input",), (veth,), new).encode()
                 await run_command("ip", "netns", "exec", namespace, "nft", "-f", "-", stdin=rules)
 
     def details(self) -> dict[str, str]:
@@ -168,32 +143,6 @@ class NetnsBackend:
                     raise
 
 
-def tbf_limit(settings: LinkSettings, queue_s: float = DEFAULT_QUEUE_SECONDS) -> int:
-    """Bytes tbf may hold: the burst plus ``queue_s`` at the rate."""
-    return settings.burst_bytes + int(settings.rate_bps / 8 * queue_s)
-
-
 async def list_namespaces() -> set[str]:
     out = await run_command("ip", "netns", "list")
     return {line.split()[0] for line in out.splitlines() if line.strip()}
-
-
-def drop_rules(veth: str, settings: LinkSettings) -> str:
-    """An nft script that replaces the rig's table in one transaction (add+delete makes it idempotent)."""
-    if not settings.up:
-        rule = f'iifname "{veth}" drop'
-    elif settings.loss_pct:
-        threshold = round(settings.loss_pct / 100 * LOSS_MODULUS)
-        rule = f'iifname "{veth}" numgen random mod {LOSS_MODULUS} < {threshold} drop'
-    else:
-        rule = ""
-    return (
-        f"add table inet {NFT_TABLE}\n"
-        f"delete table inet {NFT_TABLE}\n"
-        f"table inet {NFT_TABLE} {{\n"
-        f"  chain input {{\n"
-        f"    type filter hook input priority 0; policy accept;\n"
-        f"    {rule}\n"
-        f"  }}\n"
-        f"}}\n"
-    )

@@ -1,4 +1,4 @@
-"""The rig process: ``python -m hil_tests.rig --serial pty|DEVICE --backend userspace|netns ...``.
+"""The rig process: ``python -m hil_tests.rig --serial pty|DEVICE --backend userspace|netns|bridge ...``.
 
 A thin asyncio layer: bytes from the serial line go through `protocol.LineBuffer` and `protocol.RigState`,
 which decide every reply; this module only carries the resulting actions out on the backend and writes the
@@ -30,7 +30,9 @@ from typing import Protocol, TextIO
 import serial
 
 from hil_tests.rig.backends import Backend, UserspaceBackend
-from hil_tests.rig.netns import DEFAULT_QUEUE_SECONDS, NetnsBackend
+from hil_tests.rig.bridge import DEFAULT_BRIDGE, BridgeBackend
+from hil_tests.rig.kernel import DEFAULT_QUEUE_SECONDS
+from hil_tests.rig.netns import NetnsBackend
 from hil_tests.rig.protocol import Apply, CommandError, LineBuffer, Reply, RigState, Status
 
 BAUD = 115200
@@ -214,25 +216,35 @@ def _host_port(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def _ports(value: str) -> tuple[str, str]:
+    names = value.split(",")
+    if len(names) != 2 or not all(names) or names[0] == names[1]:
+        raise argparse.ArgumentTypeError(f"expected two different interfaces IF1,IF2, got {value!r}")
+    return names[0], names[1]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hil_tests.rig", description=__doc__.splitlines()[0])
     parser.add_argument("--serial", required=True, help="serial device, or 'pty' to create a pty pair")
     parser.add_argument("--baud", type=int, default=BAUD)
-    parser.add_argument("--backend", choices=("userspace", "netns"), required=True)
+    parser.add_argument("--backend", choices=("userspace", "netns", "bridge"), required=True)
     parser.add_argument(
         "--target",
         type=_host_port,
-        help="the cloud endpoint HOST:PORT (userspace: required; netns: as seen in the cloud namespace, "
-        "enables DELAY/JITTER through a relay there)",
+        help="the cloud endpoint HOST:PORT (userspace: required; netns: as seen in the cloud namespace; "
+        "bridge: as the rig reaches it, needs --address; netns and bridge: enables DELAY/JITTER through a relay)",
     )
     parser.add_argument(
         "--listen",
         type=_host_port,
-        help="where the relay listens (default 127.0.0.1:0; netns: only the port counts, on cloud_ip)",
+        help="where the relay listens (default 127.0.0.1:0; netns and bridge: only the port counts)",
     )
+    parser.add_argument("--ports", type=_ports, help="bridge: the two interfaces to shape, gateway side first (eth1,eth2)")
+    parser.add_argument("--bridge", default=DEFAULT_BRIDGE, help=f"bridge: the bridge to create or reuse ({DEFAULT_BRIDGE})")
+    parser.add_argument("--address", help="bridge: an address (CIDR) for the bridge, where the delay relay listens")
     parser.add_argument("--run-id", help="netns: suffix of the namespace names (default: random)")
     parser.add_argument("--queue-s", type=float, default=DEFAULT_QUEUE_SECONDS,
-                        help="netns: how many seconds of traffic at the current rate tbf queues (default 1)")
+                        help="netns, bridge: how many seconds of traffic at the current rate tbf queues (default 1)")
     return parser
 
 
@@ -241,7 +253,15 @@ def make_backend(args: argparse.Namespace) -> Backend:
         if args.target is None:
             raise SystemExit("--backend userspace needs --target HOST:PORT")
         return UserspaceBackend(*args.target, *(args.listen or ("127.0.0.1", 0)))
-    return NetnsBackend(args.run_id, args.target, args.listen[1] if args.listen else 0, args.queue_s)
+    relay_port = args.listen[1] if args.listen else 0
+    if args.backend == "bridge":
+        if args.ports is None:
+            raise SystemExit("--backend bridge needs --ports IF1,IF2 (gateway side first)")
+        try:
+            return BridgeBackend(args.ports, args.bridge, args.address, args.target, relay_port, args.queue_s)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
+    return NetnsBackend(args.run_id, args.target, relay_port, args.queue_s)
 
 
 async def _main(args: argparse.Namespace) -> None:

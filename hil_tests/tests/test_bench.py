@@ -39,13 +39,20 @@ def test_upstream_formats_is_optional_and_defaults_to_the_message_format(tmp_pat
         ("baud = 115200", 'baud = "fast"', "rig.baud"),
         ("count = 20", "count = -1", "devices.count"),
         ('serial = "pty"', "", "rig.serial"),
-        ("[cloud]\n# The cloud-side MQTT broker behind the rig. start = true: a local mosquitto on a free port.\nstart = true",
-         "[cloud]\nstart = false", "cloud.port"),
+        ("# default the same) as the gateway reaches it through the rig.\nstart = true",
+         "\nstart = false", "cloud.port"),
         ("[artifacts]", "[extra]\n[artifacts]", "extra"),
         ('upstream_formats = ["message", "batch"]', 'upstream_formats = ["message", "blob"]', "gateway.upstream_formats"),
         ('upstream_formats = ["message", "batch"]', "upstream_formats = []", "gateway.upstream_formats"),
         ('upstream_formats = ["message", "batch"]', 'upstream_formats = ["batch", "batch"]', "gateway.upstream_formats"),
         ('upstream_formats = ["message", "batch"]', 'upstream_formats = "batch"', "gateway.upstream_formats"),
+        ('backend = "userspace"', 'backend = "bridge"', "rig.serial"),  # a bridge rig is a box, not a pty
+        ("port = 0\n# The upstream", 'port = 0\nrun_in = "ip netns exec gw"\n# The upstream', "gateway.run_in"),
+        ("port = 0\n# The upstream", 'port = 0\nrun_in = ["ip", ""]\n# The upstream', "gateway.run_in"),
+        ("start = true\nhost = \"127.0.0.1\"\nport = 0\n\n[devices]",
+         "start = true\nhost = \"127.0.0.1\"\nport = 0\nuplink_port = 70000\n\n[devices]", "cloud.uplink_port"),
+        ("start = true\nhost = \"127.0.0.1\"\nport = 0\n\n[devices]",
+         "start = true\nhost = \"127.0.0.1\"\nport = 0\nuplink_host = 7\n\n[devices]", "cloud.uplink_host"),
     ],
 )  # fmt: skip
 def test_errors_name_the_field(tmp_path, old, new, field):
@@ -56,6 +63,22 @@ def test_errors_name_the_field(tmp_path, old, new, field):
     with pytest.raises(BenchConfigError) as error:
         load_bench(path)
     assert error.value.path == field
+
+
+def test_a_bench_file_describes_a_rig_box_a_gateway_command_and_the_cloud_as_the_gateway_sees_it(tmp_path):
+    """A real bench: the rig's device, how to run the gateway where its uplink crosses the rig, and the cloud
+    broker's address as the gateway reaches it (through the rig) beside the one the suite uses."""
+    text = DEFAULT_BENCH.read_text().replace('serial = "pty"', 'serial = "/dev/hil-rig"')
+    text = text.replace('backend = "userspace"', 'backend = "bridge"')
+    text = text.replace("port = 0\n# The upstream", 'port = 1883\nrun_in = ["ip", "netns", "exec", "gw"]\n# The upstream')
+    path = tmp_path / "bench.toml"
+    path.write_text(text.replace("[cloud]\n", "[cloud]\nuplink_host = \"203.0.113.5\"\nuplink_port = 8883\n"))
+    config = load_bench(path)
+    assert not config.rig.local and config.rig.serial == "/dev/hil-rig" and config.rig.backend == "bridge"
+    assert config.gateway.run_in == ("ip", "netns", "exec", "gw") and config.gateway.port == 1883
+    assert config.cloud.uplink == ("203.0.113.5", 8883)
+    assert load_bench().cloud.uplink == (load_bench().cloud.host, load_bench().cloud.port)  # by default the same
+    assert load_bench().gateway.run_in == ()
 
 
 def test_rig_fixture_gives_a_connected_client_that_logs_into_the_timeline(rig, timeline, bench):

@@ -33,6 +33,7 @@ RUN_TIMEOUT_S = 240
 # 1 s one; the userspace bench stays under 2 s). The netns rig itself is tested in the default run
 # (hil_tests/rig/tests/test_netns.py); the bound is re-measured under issue 16.
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)  # the nested run's own limit; the suite's 120 s cut it short
 def test_every_scenario_passes_on_the_netns_bench_and_leaves_nothing_behind(
     bench: BenchConfig, hil_run: TimelineRun, tmp_path: Path
 ) -> None:
@@ -46,7 +47,8 @@ def test_every_scenario_passes_on_the_netns_bench_and_leaves_nothing_behind(
     text = NETNS_BENCH.read_text().replace('dir = "../artifacts/hil"', f'dir = "{artifacts}"')
     config.write_text(text.replace('"../', f'"{REPO_ROOT}/'))
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(SCENARIOS), "--bench", str(config)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(SCENARIOS), "--bench", str(config),
+         "-k", "not satellite"],  # scenario 7's outages take minutes: run it on its own (docs/hil.md)
         cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=RUN_TIMEOUT_S,
     )  # fmt: skip
     print(result.stdout[-6000:])

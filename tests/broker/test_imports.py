@@ -20,6 +20,7 @@ CLOCK_FREE = (
     "appliance.broker.handle_connect",
     "appliance.broker.handle_publish",
     "appliance.broker.handle_subscribe",
+    "appliance.broker.retained_feed",
     "appliance.broker.lifecycle",
     "appliance.broker.backpressure",
     "appliance.broker.storage",
@@ -30,8 +31,11 @@ CLOCK_FREE = (
 #: Sans-I/O cores: no asyncio, time, sockets, TLS, threads or SQLite, directly or through our imports.
 IO_FREE = (
     "appliance.broker.session",
+    "appliance.broker.connection",
+    "appliance.broker.delivery",
     "appliance.broker.router",
     "appliance.broker.topic_tree",
+    "appliance.broker.edge_tree",
     "appliance.broker.will",
     "appliance.broker.retain",
     "appliance.broker.message",

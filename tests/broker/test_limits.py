@@ -212,6 +212,25 @@ def test_a_stored_subscription_deeper_than_the_limit_is_skipped_at_restart(
         after.stop()
 
 
+def test_a_stored_retained_message_deeper_than_the_limit_is_skipped_at_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = BrokerPair(tmp_path, max_topic_levels=DEEP)
+    publisher = before.client(pk.MQTT_5)
+    publisher.connect("pub")
+    publisher.send(pk.Publish(DEEP_FILTER, b"deep", 1, retain=True, packet_id=1),
+                   pk.Publish("shallow", b"kept", 1, retain=True, packet_id=2))
+    assert [p.reason_code for p in publisher.received()] == [rc.SUCCESS, rc.SUCCESS]
+    before.stop()
+    caplog.set_level(logging.WARNING, "appliance.broker")
+    after = BrokerPair(tmp_path)
+    try:
+        assert [m.topic for m in after.broker.retained.matching("#", after.runtime.now())] == ["shallow"]
+        assert any("skipping the stored retained message" in r.getMessage() for r in caplog.records)
+    finally:
+        after.stop()
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 12), st.sampled_from(["a", "", "+", "#", "b"])).filter(lambda s: s != (1, "")),
                 min_size=1, max_size=20),

@@ -4,6 +4,9 @@ of ``test_topic_tree``, in the order topics were first retained. Hypothesis buil
 
 from __future__ import annotations
 
+import tracemalloc
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -65,3 +68,108 @@ def test_many_retained_topics_and_pruning() -> None:
     assert not index.update(retained("site/3/dev/0", b""))
     assert "3" not in index._root.children["site"].children  # emptied branches are pruned
     assert len(index) == 1960
+
+
+DEEP_TOPICS = st.lists(NAMES, min_size=1, max_size=8).map("/".join).filter(bool)
+DEEP_FILTERS = st.tuples(st.lists(FILTER_LEVELS, min_size=1, max_size=8), st.booleans()).map(
+    lambda parts: "/".join(parts[0] + (["#"] if parts[1] else []))
+).filter(bool) | st.just("#")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(DEEP_TOPICS, max_size=30), st.lists(DEEP_FILTERS, min_size=1, max_size=6), st.randoms())
+def test_deep_topics_share_edges_and_give_every_node_back(topics: list[str], filters: list[str], rng) -> None:
+    """Topics deep enough that chains of levels are stored as one edge, split by later topics and joined
+    again by deletions: every filter still finds exactly the scan's matches, in order, and deleting every
+    topic leaves no node behind."""
+    index = RetainedMessages()
+    reference: dict[str, Message] = {}
+    for number, topic in enumerate(topics):
+        message = retained(topic, str(number).encode())
+        index.update(message)
+        reference[topic] = message
+    assert index.node_count() <= sum(t.count("/") + 1 for t in reference)
+    remaining = list(reference)
+    rng.shuffle(remaining)
+    while True:
+        for topic_filter in filters:
+            expected = [m for t, m in reference.items() if reference_matches(topic_filter, t)]
+            assert index.matching(topic_filter, NOW) == expected, topic_filter
+        if not remaining:
+            break
+        topic = remaining.pop()
+        assert index.update(retained(topic, b""))
+        del reference[topic]
+    assert index.node_count() == 0 and len(index) == 0
+
+
+def test_a_16000_level_retained_topic_costs_what_its_text_costs() -> None:
+    """With ``max_topic_levels`` raised, a retained message on a 16,000-level topic must not cost a node
+    per level (before: ~4 MB for a 32 KB topic)."""
+    deep = "a/" * 15_999 + "b"
+    index = RetainedMessages()
+    index.update(retained("a/other"))
+    tracemalloc.start()
+    try:
+        index.update(retained(deep))
+        stored = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert stored < 200_000, stored
+    assert [m.topic for m in index.matching("a/" * 15_999 + "+", NOW)] == [deep]
+    assert [m.topic for m in index.matching("a/a/#", NOW)] == [deep]
+    assert [m.topic for m in index.matching("a/+", NOW)] == ["a/other"]
+    assert index.update(retained(deep, b"")) and index.node_count() == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(DEEP_TOPICS, min_size=1, max_size=25), DEEP_FILTERS, st.integers(1, 6),
+       st.lists(st.tuples(DEEP_TOPICS, st.booleans()), max_size=12))
+def test_a_walk_paused_while_the_tree_changes_finds_no_stranger_and_loses_no_bystander(
+    topics: list[str], topic_filter: str, steps: int, changes: list[tuple[str, bool]]
+) -> None:
+    """A new subscription's walk pauses between steps while other clients retain and delete topics,
+    which splits and joins edges under it. What it finds must still match the filter, and every topic
+    that stayed retained and untouched all along must be found."""
+    index = RetainedMessages()
+    for topic in topics:
+        index.update(retained(topic))
+    walk = index.matches(topic_filter)
+    touched = set()
+    for topic, delete in changes:
+        walk.find(steps)
+        index.update(retained(topic, b"" if delete else b"new"))
+        touched.add(topic)
+    walk.find(None)
+    found = []
+    while (message := walk.next()) is not None:
+        found.append(message.topic)
+    assert all(reference_matches(topic_filter, topic) for topic in found), found
+    bystanders = {t for t in topics if t not in touched and reference_matches(topic_filter, t)}
+    assert bystanders <= set(found)
+    assert len(found) == len(set(found))
+
+
+@pytest.mark.parametrize(
+    ("topics", "change", "topic_filter"),
+    [
+        (["X/b/c", "X/z"], "X/b/d", "X/+"),  # an edge the walk is about to follow is split
+        (["X/b", "X/b/c", "X/z"], "X/b", "X/+/c/c"),  # a node the walk stands on is joined into its child
+        (["X/b", "X/b/c", "X/z"], "X/b", "X/+/c"),
+    ],
+)
+def test_edges_split_or_joined_at_any_pause_of_a_walk(topics: list[str], change: str, topic_filter: str) -> None:
+    for pause in range(12):
+        index = RetainedMessages()
+        for topic in topics:
+            index.update(retained(topic))
+        walk = index.matches(topic_filter)
+        walk.find(pause)
+        index.update(retained(change, b"" if change in topics else b"new"))
+        walk.find(None)
+        found = []
+        while (message := walk.next()) is not None:
+            found.append(message.topic)
+        assert all(reference_matches(topic_filter, topic) for topic in found), (pause, found)
+        untouched = [t for t in topics if t != change and reference_matches(topic_filter, t)]
+        assert set(untouched) <= set(found), (pause, found)

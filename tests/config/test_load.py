@@ -44,6 +44,8 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path):
         ("[[broker.listeners]]\ntype = 'tls'\n", "broker.listeners[0].certfile"),
         ("[broker.limits]\nmax_topic_levels = 0\n", "broker.limits.max_topic_levels"),
         ("[broker.limits]\nmax_user_properties = 'many'\n", "broker.limits.max_user_properties"),
+        ("[broker.limits]\nmax_queued_bytes = -1\n", "broker.limits.max_queued_bytes"),
+        ("[broker.limits]\nmax_queued_bytes = '1G'\n", "broker.limits.max_queued_bytes"),
     ],
 )
 def test_bad_field_is_reported_with_its_path(tmp_path, text, path):
@@ -84,3 +86,12 @@ def test_topic_depth_and_user_property_limits_default_and_parse(tmp_path):
     file.write_text("[broker.limits]\nmax_topic_levels = 16000\n")
     limits = load_config(file).broker.limits
     assert (limits.max_topic_levels, limits.max_user_properties) == (16000, 64)
+
+
+def test_max_queued_bytes_is_unset_by_default_and_taken_as_written(tmp_path):
+    """Unset, the gateway works it out from the free disk at start (``gateway.resolve_queued_bytes``)."""
+    file = tmp_path / "gw.toml"
+    file.write_text("[broker.limits]\nmax_queued_bytes = 0\n")
+    assert load_config(file).broker.limits.max_queued_bytes == 0
+    file.write_text("")
+    assert load_config(file).broker.limits.max_queued_bytes is None

@@ -358,3 +358,33 @@ def test_refusal_counts_survive_a_restart(make_rig, tmp_path: Path) -> None:
     rig.gateway.wait_for_log(r"1 messages of priority 2 refused 3 times", timeout=20)
     # The third refusal is the one that dead-letters (it logs that instead of a retry).
     assert len(re.findall(refused, rig.gateway.output())) == 2, rig.gateway.output()
+
+
+def test_the_metrics_endpoint_counts_the_brokers_queue_full_drops(make_rig) -> None:
+    """Issue 12 item 5: a QoS 1 message that no longer fits a durable session's ``max_queued_bytes`` is
+    counted on the gateway's Prometheus endpoint (and the MQTT 5 publisher got 0x97)."""
+    rig = make_rig({"data": {"route": "FROM /messages/* INTO $upstream", "priority": 0}},
+                   extra_upstream="[broker.limits]\nmax_queued_bytes = 100\n")
+    assert "gateway_broker_messages_queue_full_total 0\n" in rig.prometheus()
+    away = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="metrics-away", protocol=mqtt.MQTTv311,
+                       clean_session=False)
+    away.connect(rig.gateway.host, rig.gateway.port)
+    away.subscribe("plain/#", 1)
+    away.loop_start()
+    wait_until(lambda: away.is_connected())
+    away.disconnect()
+    away.loop_stop()
+    publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="metrics-publisher", protocol=mqtt.MQTTv5)
+    codes: list[int] = []
+    publisher.on_publish = lambda client, userdata, mid, reason_code, properties: codes.append(reason_code.value)
+    publisher.connect(rig.gateway.host, rig.gateway.port)
+    publisher.loop_start()
+    try:
+        for _ in range(3):
+            publisher.publish("plain/t", b"x" * 60, 1).wait_for_publish(10)
+    finally:
+        publisher.disconnect()
+        publisher.loop_stop()
+    assert codes == [0, 0x97, 0x97]
+    text = rig.prometheus()
+    assert "gateway_broker_messages_queue_full_total 2\n" in text and "# TYPE gateway_broker_messages_queue_full_total counter" in text

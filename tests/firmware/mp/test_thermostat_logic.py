@@ -106,7 +106,7 @@ def test_load_config_merges_defaults_and_requires_a_name():
 
 def test_set_point_key_has_a_literal_backslash():
     app, _ = offline_thermostat(FakeSensor(20.0))
-    eq(app.key.encode(), b"t-unit\x5csetPoint")
+    eq(app.key, b"t-unit\x5csetPoint")
 
 
 class FakeSensor:

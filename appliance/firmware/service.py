@@ -1,0 +1,126 @@
+"""The firmware service: answers thermostats' chunk requests, after everything else the gateway has to do.
+
+Low priority is built from three things. Requests are queued (``ChunkQueue``: bounded, one per client) and
+acknowledged at once, so ``on_publish`` never holds the broker. One worker task serves the queue one chunk
+at a time, yielding to the event loop before each (``asyncio.sleep(0)``: whatever the loop has ready, such
+as set point requests and their notifications, runs first). And each thermostat has at most one chunk
+outstanding: it asks for the next only after the last arrived, so a fleet update puts at most one chunk per
+thermostat in the broker's queues, ahead of a set point notification to that same thermostat. A full queue
+refuses the request with PUBACK 0x97 (quota exceeded); the thermostat tries again later.
+
+Envelope rules are the state store's: MQTT 5, QoS 1, a Response Topic that is a topic name and not the
+request topic, Correlation Data; otherwise PUBACK 0x83 (or 0x90 for a forbidden response topic) and no
+reply. Anything about the payload is answered on the response topic (``-ERR``), never by silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from appliance.broker.api import (
+    IMPLEMENTATION_SPECIFIC_ERROR,
+    QUOTA_EXCEEDED,
+    TOPIC_NAME_INVALID,
+    BrokerHandle,
+    InboundPublish,
+    PublishVerdict,
+    ServiceDefaults,
+)
+from appliance.firmware.protocol import (
+    REQUEST_TOPIC,
+    ChunkQueue,
+    PendingChunk,
+    RequestError,
+    chunk_reply,
+    error_reply,
+    parse_request,
+)
+from appliance.firmware.repository import Repository
+
+log = logging.getLogger(__name__)
+
+#: Thermostats whose chunk requests may wait at once; more are refused (0x97) and retry.
+QUEUE_LIMIT = 256
+CONSUMED = PublishVerdict(route=False)
+
+
+def refused(reason: str, code: int = IMPLEMENTATION_SPECIFIC_ERROR) -> PublishVerdict:
+    return PublishVerdict(reason_code=code, reason_string=reason, route=False)
+
+
+class FirmwareService(ServiceDefaults):
+    topic_filters = (REQUEST_TOPIC,)
+
+    def __init__(self, data_dir: Path, queue_limit: int = QUEUE_LIMIT) -> None:
+        self.repository = Repository(Path(data_dir) / "firmware")
+        self.queue = ChunkQueue(queue_limit)
+        self.served = 0  # chunks answered (a counter for tests and status)
+        self._broker: BrokerHandle | None = None
+        self._wake = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+
+    async def start(self, broker: BrokerHandle) -> None:
+        self._broker = broker
+        self._worker = asyncio.get_running_loop().create_task(self._serve_forever(), name="firmware-chunks")
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+            self._worker = None
+
+    def on_client_disconnected(self, client_id: str) -> None:
+        self.queue.discard(client_id)  # nobody to answer; the thermostat asks again after reconnecting
+
+    async def on_publish(self, message: InboundPublish) -> PublishVerdict:
+        topic = message.response_topic
+        if topic is not None and (topic == REQUEST_TOPIC or "+" in topic or "#" in topic or "\x00" in topic):
+            return PublishVerdict(reason_code=TOPIC_NAME_INVALID, reason_string="invalid response topic",
+                                  disconnect=TOPIC_NAME_INVALID, route=False)
+        if message.protocol_level != 5:
+            return refused("firmware requests need MQTT 5")
+        if message.qos != 1:
+            return refused("firmware requests must be QoS 1")
+        if not topic:
+            return refused("missing response topic")
+        if message.correlation_data is None:
+            return refused("missing correlation data")
+        if not self.queue.offer(message.client_id, PendingChunk(topic, message.correlation_data, message.payload)):
+            return refused("the firmware queue is full, try again later", QUOTA_EXCEEDED)
+        self._wake.set()
+        return CONSUMED
+
+    def answer(self, payload: bytes) -> bytes:
+        """The reply to one request payload (no I/O beyond the repository's file reads)."""
+        try:
+            request = parse_request(payload)
+        except RequestError as exc:
+            return error_reply(str(exc))
+        data = self.repository.read(request.version, request.path)
+        if data is None:
+            known = request.version in self.repository.versions()
+            return error_reply(f"no such file {request.path!r} in version {request.version}" if known
+                               else f"unknown version {request.version}")
+        return chunk_reply(data, request)
+
+    async def _serve_forever(self) -> None:
+        while True:
+            if not len(self.queue):
+                self._wake.clear()
+                await self._wake.wait()
+            await asyncio.sleep(0)  # after whatever else the loop has ready
+            item = self.queue.pop()
+            if item is None or self._broker is None:
+                continue
+            client_id, pending = item
+            try:
+                reply = self.answer(pending.payload)
+            except Exception:
+                log.exception("firmware: failed to answer %s", client_id)
+                reply = error_reply("internal error, see the gateway log")
+            self._broker.publish(pending.response_topic, reply, qos=1, correlation_data=pending.correlation_data)
+            self.served += 1

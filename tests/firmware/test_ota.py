@@ -1,0 +1,289 @@
+"""Over-the-air updates end to end: thermostats booted from their .mpy bundle under a 64 KB heap, our
+gateway (`python -m appliance run`) serving bundles published with `appliance firmware publish`.
+
+The board resets for real (tests/firmware/ota_rig.py: exit status 3 starts micropython again in the same
+flash directory), so the switch, the trial boot and the rollback run the code a board runs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from appliance.statestore.client import StateStoreClient
+from tests.firmware.conftest import FIRMWARE, ROOT
+from tests.firmware.ota_rig import ResettingBoard, build_variant, publish
+from tests.support.processes import GatewayProcess
+
+OLD = "0.1.0"  # device_firmware's VERSION: what the boards are deployed with
+# The heap the updates run in. NOT the 64 KB of the rest of the firmware tests: the updater (ota_fetch.py)
+# and the fifth qstr pool its names bring do not fit the ~16.8 KB a running thermostat has left, fragmented,
+# so ota.py refuses to import it there (tested below); 96 KB is measured to work (docs/firmware.md, OTA,
+# "Heap"). The update at 64 KB is kept as a strict xfail, so fixing it is noticed.
+OTA_HEAP = "96K"
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bundles")
+    return {
+        OLD: build_variant(FIRMWARE, out, OLD),
+        "0.2.0": build_variant(FIRMWARE, out, "0.2.0"),
+        "0.3.0-crash": build_variant(FIRMWARE, out, "0.3.0-crash", 'raise RuntimeError("broken at boot")\n'),
+    }
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    gw = GatewayProcess(tmp_path / "gateway").start()
+    yield gw
+    gw.kill9()
+
+
+@pytest.fixture
+def boards(tmp_path, gateway, bundles):
+    started: list[ResettingBoard] = []
+
+    def start(name: str, heap: str = OTA_HEAP, **config) -> ResettingBoard:
+        board = ResettingBoard(tmp_path / name, bundles[OLD], name, gateway.host, gateway.port, heap, **config)
+        started.append(board)
+        board.expect(rf"^registered {name}\\setPoint$", timeout=30)
+        return board
+
+    yield start
+    for board in started:
+        board.stop()
+
+
+def telemetry_while(peer, name: str, until, timeout: float = 60.0) -> list[dict]:
+    """Telemetry of one thermostat until `until(data)` is true."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while True:
+        data = peer.next_json(f"devices/{name}/messages/events/data", timeout=max(0.1, deadline - time.monotonic()))
+        seen.append(data)
+        if until(data):
+            return seen
+
+
+def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards, bundles, paho_peer):
+    board = boards("t-ota")
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-ota/messages/events/data", 0)
+    started = time.monotonic()
+    out = publish(gateway, str(bundles["0.2.0"]), "--target", "t-ota")
+    assert out[0]["stored"] == "0.2.0" and out[1] == {"key": "t-ota\\desiredFirmware", "version": "0.2.0", "applied": True}
+    seen = telemetry_while(peer, "t-ota", lambda d: d["fw"] == "0.2.0" and d["registered"])
+    took = time.monotonic() - started
+    board.expect(r"^update: 0\.2\.0 verified \(\d+ files\), restarting$")
+    board.expect(r"^firmware 0\.2\.0 accepted$")
+    assert board.pointer() == "0.2.0 - - -"  # on 0.2.0, accepted; the deployed version is the way back
+    during = [d for d in seen if (d.get("update") or {}).get("state") == "downloading"]
+    assert during, seen
+    free, largest = min(d["mem_free"] for d in during), min(d["mem_largest"] for d in during)
+    print(f"update of one thermostat: {took:.1f} s; heap during it: free >= {free} B, largest block >= {largest} B")
+    assert free >= 4096 and largest >= 1024, during
+    assert seen[-1]["update"] is None and "MemoryError" not in board.output() and "fault" not in board.output()
+
+
+def key_file(path: Path) -> Path:
+    key = ec.generate_private_key(ec.SECP256R1())
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    return path
+
+
+def public_key(gateway, key: Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "appliance", "firmware", "public-key", str(key)],
+                          capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(proc.stdout)["key"]
+
+
+def test_a_signed_manifest_is_verified_on_the_device_and_one_signed_by_another_key_is_refused(
+        tmp_path, gateway, boards, bundles, paho_peer):
+    ours, theirs = key_file(tmp_path / "ours.pem"), key_file(tmp_path / "theirs.pem")
+    update = {"key": public_key(gateway, ours)}
+    forged = boards("t-forged", update=update)
+    signed = boards("t-signed", update=update)
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/+/messages/events/data", 0)
+    out = publish(gateway, str(bundles["0.2.0"]), "--key", str(theirs), "--target", "t-forged")
+    assert out[0]["signed"] is True
+    forged.expect(r"^update: refused 0\.2\.0: manifest signature does not verify$", timeout=30)
+    assert forged.pointer() is None
+    # The same version signed with our key (a stored version may be signed again), for the other one.
+    publish(gateway, str(bundles["0.2.0"]), "--key", str(ours), "--target", "t-signed")
+    signed.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
+    status = subprocess.run([sys.executable, "-m", "appliance", "firmware", "status", "--wait", "1.5",
+                             "--data-dir", str(gateway.data_dir), "--host", gateway.host, "--port", str(gateway.port)],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    lines = [json.loads(line) for line in status.stdout.splitlines()]
+    assert lines[0] == {"stored": ["0.2.0"]}
+    by_device = {line["device"]: line for line in lines[1:]}
+    assert (by_device["t-signed"]["running"], by_device["t-signed"]["desired"]) == ("0.2.0", "0.2.0"), lines
+    assert by_device["t-forged"]["running"] == OLD and by_device["t-forged"]["update"]["state"] == "refused", lines
+
+
+def test_a_file_that_does_not_match_its_sha256_is_refused_and_the_old_version_keeps_running(
+        gateway, boards, bundles, paho_peer):
+    board = boards("t-bad-sha")
+    publish(gateway, str(bundles["0.2.0"]))
+    damaged = gateway.data_dir / "firmware" / "0.2.0" / "thermostat.mpy"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-bad-sha/messages/events/data", 0)
+    publish(gateway, "--version", "0.2.0", "--target", "t-bad-sha")
+    board.expect(r"^update: refused 0\.2\.0: thermostat\.mpy: sha256 does not match the manifest$", timeout=30)
+    data = telemetry_while(peer, "t-bad-sha", lambda d: (d.get("update") or {}).get("state") == "refused")[-1]
+    assert data["fw"] == OLD and data["registered"]
+    assert data["update"]["reason"] == "thermostat.mpy: sha256 does not match the manifest"
+    assert board.pointer() is None and board.boots == 1
+    assert not (board.flash / "firmware" / "0.2.0").exists()  # bad data is not kept
+
+
+def test_an_update_whose_app_crashes_at_boot_is_rolled_back(gateway, boards, bundles, paho_peer):
+    board = boards("t-crash")
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-crash/messages/events/data", 0)
+    publish(gateway, str(bundles["0.3.0-crash"]), "--target", "t-crash")
+    board.expect(r"^update: 0\.3\.0-crash verified")
+    board.expect(r"^firmware 0\.3\.0-crash rolled back: RuntimeError: broken at boot$", timeout=30)
+    third, _ = board.expect(r"^<boot 3>$", timeout=30)
+    back, _ = board.expect(r"^registered t-crash\\setPoint$", after=third, timeout=30)
+    data = telemetry_while(peer, "t-crash", lambda d: d["fw"] == OLD and (d.get("update") or {}).get("state") == "rolled_back")[-1]
+    assert data["update"]["version"] == "0.3.0-crash"
+    assert board.pointer() == "- - - 0.3.0-crash"  # the deployed version, and it will not fetch 0.3.0-crash again
+    assert board.boots == 3  # the switch, the crash's reset, nothing more: no boot loop
+    assert "update: fetching 0.3.0-crash" not in "\n".join(board.lines[back:])
+
+
+def test_a_transfer_cut_by_a_gateway_restart_resumes_where_it_stopped(gateway, boards, bundles, paho_peer):
+    board = boards("t-resume")
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-resume/messages/events/data", 0)
+    publish(gateway, str(bundles["0.2.0"]), "--target", "t-resume")
+    seen = telemetry_while(peer, "t-resume", lambda d: ((d.get("update") or {}).get("file") or "").endswith(".mpy")
+                           and d["update"]["offset"] > 0)
+    before = seen[-1]["update"]
+    mark = len(board.lines)
+    gateway.kill9()
+    board.expect(r"^connection lost:", after=mark)
+    gateway.start()
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-resume/messages/events/data", 0)
+    after = telemetry_while(peer, "t-resume", lambda d: d["registered"] and d.get("update"))[-1]["update"]
+    # It goes on from the file and offset it had, not from the start.
+    assert after["version"] == "0.2.0" and after["state"] in ("downloading", "rebooting"), after
+    assert (after["file"], after["offset"]) >= (before["file"], before["offset"]) or after["file"] != "manifest.txt", (before, after)
+    board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
+    assert board.output().count("update: fetching 0.2.0") == 1
+
+
+def test_a_transfer_cut_by_a_power_cut_resumes_from_what_is_on_flash(gateway, boards, bundles, paho_peer):
+    board = boards("t-power")
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-power/messages/events/data", 0)
+    publish(gateway, str(bundles["0.2.0"]), "--target", "t-power")
+    files = lambda d: (d.get("update") or {}).get("file") or ""  # noqa: E731
+    before = telemetry_while(peer, "t-power", lambda d: files(d) >= "mqtt5" and files(d).endswith(".mpy"))[-1]["update"]
+    board.power_cycle()
+    board.expect(r"^<boot 2>$")
+    # After the reboot the manifest is fetched again, and the files already on flash are checked, not fetched.
+    after = telemetry_while(peer, "t-power", lambda d: files(d).endswith(".mpy"))[-1]["update"]
+    assert after["file"] >= before["file"], (before, after)
+    board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
+    assert board.output().count("update: fetching 0.2.0") == 2
+
+
+def fleet_update(gateway, boards, bundles, paho_peer, count: int) -> dict:
+    names = [f"t-fl{i:02d}" for i in range(count)]
+    fleet = {name: boards(name) for name in names}
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/+/messages/events/data", 0)
+    heap = []
+    latencies: list[float] = []
+    across_restart: list[float] = []
+    started = time.monotonic()
+    publish(gateway, str(bundles["0.2.0"]), *[arg for name in names for arg in ("--target", name)])
+    value = 20.0
+    with StateStoreClient(gateway.host, gateway.port, client_id="fleet-operator", timeout=10) as store:
+        pending = set(names)
+        while pending:
+            assert time.monotonic() - started < 60 * count, f"not updated: {pending}"
+            # Set points keep coming during the update: each must be applied within its bound.
+            value = 21.0 if value == 20.0 else 20.0
+            for name in names:
+                board = fleet[name]
+                mark = len(board.lines)
+                sent = time.monotonic()
+                assert store.set(name + "\\setPoint", str(value)).applied
+                index, how = board.expect(rf"^set point {value} from (notify|get)$", after=mark, timeout=10)
+                # "get": written while the thermostat restarted into the new version, read at its boot.
+                (latencies if how.group(1) == "notify" else across_restart).append(board.times[index] - sent)
+            while True:
+                try:
+                    msg = peer.next_message(timeout=0.05)
+                except Exception:
+                    break
+                data = json.loads(msg.payload)
+                if (data.get("update") or {}).get("state") == "downloading":
+                    heap.append((data["mem_free"], data["mem_largest"]))
+                if data["fw"] == "0.2.0" and data["registered"]:
+                    pending.discard(data["device"])
+    took = time.monotonic() - started
+    for board in fleet.values():
+        assert "MemoryError" not in board.output() and "fault" not in board.output()
+    latencies.sort()
+    return {"took_s": took, "p50_ms": 1000 * statistics.median(latencies), "max_ms": 1000 * latencies[-1],
+            "samples": len(latencies), "across_restart_max_ms": 1000 * max(across_restart, default=0),
+            "across_restart": len(across_restart), "heap_min": (min(h[0] for h in heap), min(h[1] for h in heap))}
+
+
+def test_a_fleet_of_5_updates_while_set_points_keep_being_applied(gateway, boards, bundles, paho_peer):
+    figures = fleet_update(gateway, boards, bundles, paho_peer, 5)
+    print("fleet of 5:", figures)
+    assert figures["max_ms"] < 1000, figures
+
+
+@pytest.mark.slow
+def test_a_fleet_of_20_updates_while_set_points_keep_being_applied(gateway, boards, bundles, paho_peer):
+    figures = fleet_update(gateway, boards, bundles, paho_peer, 20)
+    print("fleet of 20:", figures)
+    assert figures["max_ms"] < 1000, figures
+
+
+def test_an_update_that_does_not_fit_64k_is_reported_and_the_thermostat_keeps_working(gateway, boards, bundles, paho_peer):
+    board = boards("t-64k-now", heap="64K")
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-64k-now/messages/events/data", 0)
+    publish(gateway, str(bundles["0.2.0"]), "--target", "t-64k-now")
+    board.expect(r"^update: needs 24576 B of free heap, has \d+$")
+    data = telemetry_while(peer, "t-64k-now", lambda d: (d.get("update") or {}).get("state") == "no_memory")[-1]
+    assert (data["fw"], data["registered"], data["faults"], data["update"]["version"]) == (OLD, True, 0, "0.2.0"), data
+    with StateStoreClient(gateway.host, gateway.port, client_id="op-64k", timeout=10) as store:
+        mark = len(board.lines)
+        assert store.set("t-64k-now\\setPoint", b"23").applied
+        board.expect(r"^set point 23.0 from notify$", after=mark)
+        assert store.set("t-64k-now\\desiredFirmware", OLD).applied  # nothing wanted any more: the door unloads
+        board.expect(r"^update: none wanted now$|^registered", after=mark)
+    data = telemetry_while(peer, "t-64k-now", lambda d: d["update"] is None)[-1]
+    assert data["mem_free"] >= 16 * 1024 - 512, data  # the door's few names stay; nothing else does
+    assert board.boots == 1 and "Traceback" not in board.output(), board.output()
+
+
+@pytest.mark.xfail(strict=True, reason="the updater does not fit a running thermostat's 64 KB heap yet (ota.py says no_memory)")
+def test_an_update_within_the_64k_heap(gateway, boards, bundles):
+    board = boards("t-64k", heap="64K")
+    publish(gateway, str(bundles["0.2.0"]), "--target", "t-64k")
+    _, outcome = board.expect(r"^(firmware 0\.2\.0 accepted|update: needs .*)$", timeout=60)
+    assert outcome.group(1) == "firmware 0.2.0 accepted", outcome.group(1)
