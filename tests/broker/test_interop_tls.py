@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -120,7 +120,7 @@ def test_a_certificate_past_or_near_its_expiry_is_warned_about_at_start_naming_f
     config.write_text('[[broker.listeners]]\ntype = "tcp"\nhost = "127.0.0.1"\nport = 0\n\n'
                       f'[[broker.listeners]]\ntype = "tls"\nhost = "127.0.0.1"\nport = 0\ncertfile = "{cert}"\nkeyfile = "{key}"\n')
     with FileConfiguredGateway(tmp_path / "data", config=config) as gateway:
-        date = (datetime.now(timezone.utc) + timedelta(days=days_left)).strftime("%Y-%m-%d")
+        date = (datetime.now(UTC) + timedelta(days=days_left)).strftime("%Y-%m-%d")
         line = gateway.wait_for_log(rf"WARNING .*TLS certfile {re.escape(str(cert))}: certificate CN=localhost {words} {date}")
         assert line is not None
         assert "Traceback" not in gateway.output()
