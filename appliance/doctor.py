@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import enum
-import json
 import os
 import shutil
 import socket
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from appliance.broker.certificates import NEAR_EXPIRY, CertificateFileError, date_problems
 from appliance.broker.config import ListenerConfig
+from appliance import run_state
 from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.gateway_config import GatewayConfig
 from appliance.hardware.config import ModemConfig
@@ -188,28 +188,26 @@ async def _probe_modem(config: ModemConfig) -> Finding:
     return Finding("modem", Verdict.OK, f"registered ({metrics['registration']}); {summary}")
 
 
-def check_forwarding_metrics(data_dir: Path, metrics_port: int | None, timeout: float = 2.0) -> list[Finding]:
-    """Where the running gateway serves its forwarding metrics (a port of 0 is chosen at start: the
-    gateway writes the real one to forwarding-routes.json), and whether it answers there."""
+def check_metrics(data_dir: Path, metrics_port: int | None, timeout: float = 2.0) -> list[Finding]:
+    """Whether the running gateway's Prometheus page answers, where it says it serves it (``gateway.json``:
+    a ``metrics_port`` of 0 is chosen at start)."""
     if metrics_port is None:
         return []
-    try:
-        status = json.loads((data_dir / "forwarding-routes.json").read_text())
-        port = int(status["metrics_port"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return [Finding("metrics", Verdict.PROBLEM, f"no metrics port in {data_dir / 'forwarding-routes.json'}: is the gateway running?")]
-    url = f"http://127.0.0.1:{port}/metrics"
+    running = run_state.running(data_dir)
+    if running is None or running.metrics_url is None:
+        return [Finding("metrics", Verdict.PROBLEM, f"no running gateway serves metrics for {data_dir} (no live {run_state.FILE_NAME})")]
+    url = running.metrics_url
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             response.read()
     except OSError as exc:
-        return [Finding("metrics", Verdict.PROBLEM, f"forwarding metrics on {url} do not answer ({exc})")]
-    return [Finding("metrics", Verdict.OK, f"forwarding metrics on {url}")]
+        return [Finding("metrics", Verdict.PROBLEM, f"metrics on {url} do not answer ({exc})")]
+    return [Finding("metrics", Verdict.OK, f"metrics on {url}")]
 
 
 def run_checks(config: GatewayConfig, probe_modem: bool = False) -> list[Finding]:
     return [
-        *check_forwarding_metrics(config.data_dir, config.forwarding.metrics_port if config.forwarding.enabled else None),
+        *check_metrics(config.data_dir, config.metrics_port),
         *check_ports(config.broker.listeners),
         *check_certificates(config.broker.listeners),
         *check_data_dir(config.data_dir),

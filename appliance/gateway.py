@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 
 import uvloop
 
-from appliance.broker import lifecycle
+from appliance import run_state
 from appliance.broker.acl import Acl, AclFileError
 from appliance.broker.api import BrokerService
 from appliance.broker.auth import Authenticator, PasswordFileError
@@ -30,7 +30,12 @@ from appliance.broker.config import BrokerConfig, queued_bytes_default
 from appliance.broker.persistence import DB_FILENAME, BrokerStore, PersistenceError
 from appliance.broker.server import TlsSetupError, start_listener
 from appliance.gateway_config import GatewayConfig
-from appliance.hardware.factory_reset import FACTORY_RESET_EXIT_STATUS, reset_after_shutdown
+from appliance.hardware.factory_reset import (
+    FACTORY_RESET_EXIT_STATUS,
+    reset_after_shutdown,
+)
+from appliance.metrics_server import MetricsServer
+from appliance.prometheus import Family
 from appliance.sdnotify import Notifier
 from appliance.sqlite_files import DatabaseFileError
 
@@ -41,13 +46,11 @@ def build_services(
     config: GatewayConfig,
     on_factory_reset: Callable[[], None] = lambda: None,
     status_report: Callable[[], Mapping[str, object]] = dict,
-    broker_metrics: Callable[[], str] = str,
 ) -> list[BrokerService]:
     """Every in-process service the broker hosts, in start order. Subsystems add themselves here.
 
     ``on_factory_reset`` is the hardware button's long press; ``serve`` stops, resets and exits for a restart.
-    ``status_report`` is what the button's short press logs about the broker; ``broker_metrics`` its
-    counters as Prometheus text, served on forwarding's metrics endpoint.
+    ``status_report`` is what the button's short press logs about the broker.
     The hardware starts before forwarding, which takes its modem link state (no upstream connection attempts
     while the modem is not registered) and drives its uplink and backlog LEDs (``docs/hardware.md``)."""
     services: list[BrokerService] = []
@@ -73,8 +76,7 @@ def build_services(
     if config.forwarding.enabled:
         from appliance.forwarding.service import ForwardingService
 
-        services.append(ForwardingService(config.forwarding, config.data_dir, config.gateway_id, hardware,
-                                          broker_metrics))
+        services.append(ForwardingService(config.forwarding, config.data_dir, config.gateway_id, hardware))
     return services
 
 
@@ -129,14 +131,15 @@ async def serve(config: GatewayConfig) -> int:
     def broker_status() -> dict[str, object]:
         return {"clients": broker.stats.clients_connected}
 
-    def broker_metrics() -> str:
-        lifecycle.count_drops(broker)
-        return broker.stats.prometheus()
+    async def broker_metrics() -> list[Family]:
+        return broker.metrics()
 
     broker = Broker(
         resolve_queued_bytes(config), store, authenticator, acl,
-        build_services(config, restart_after_factory_reset, broker_status, broker_metrics),
+        build_services(config, restart_after_factory_reset, broker_status),
     )
+    # One Prometheus page for the whole gateway: the broker's figures and every service's.
+    metrics = MetricsServer([broker_metrics, *(service.metrics for service in broker.services)])
     notifier = Notifier()  # systemd: READY=1 and watchdog pings; a no-op outside systemd
     watchdog: asyncio.Task[None] | None = None
     servers: list[asyncio.Server] = []
@@ -165,9 +168,13 @@ async def serve(config: GatewayConfig) -> int:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGHUP, reload_security)
-        notes = [note for service in broker.services if callable(getattr(service, "ready_note", None)) and (note := service.ready_note())]
+        metrics_url = None
+        if config.metrics_port is not None:
+            await metrics.start(config.metrics_host, config.metrics_port)
+            metrics_url = f"http://{config.metrics_host}:{metrics.port}/metrics"
+        run_state.write(config.data_dir, metrics_url)
         log.info("appliance ready: gateway %s listening on %s, data in %s%s", config.gateway_id, " ".join(urls),
-                 config.data_dir, "".join(f"; {note}" for note in notes))
+                 config.data_dir, f"; metrics on {metrics_url}" if metrics_url else "")
         notifier.ready(f"listening on {' '.join(urls)}")
         # Pings come from this loop, so a stuck loop stops them and systemd restarts the gateway.
         watchdog = asyncio.create_task(notifier.ping_watchdog_forever(), name="systemd-watchdog")
@@ -179,6 +186,8 @@ async def serve(config: GatewayConfig) -> int:
         notifier.stopping()
         if watchdog is not None:
             watchdog.cancel()
+        run_state.remove(config.data_dir)
+        await metrics.stop()
         for server in servers:
             server.close()
         await broker.stop()

@@ -30,6 +30,10 @@ class GatewaySection:
     id: str = setting(factory=socket.gethostname, shown_default="the host name", doc="names this gateway upstream and in $SYS")
     data_dir: Path = setting(Path("var"), doc="where the databases live; --data-dir overrides it")
     log_level: Literal["debug", "info", "warning", "error"] = setting("info", doc="the lowest level the gateway logs (stdout)")
+    metrics_port: int | None = setting(
+        None, minimum=0, maximum=65535, doc="the gateway's Prometheus page (/metrics); 0: any free port, absent: off"
+    )
+    metrics_host: str = setting("127.0.0.1", doc="address of the Prometheus page")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,8 @@ class GatewayConfig:
     gateway_id: str
     data_dir: Path
     log_level: str
+    metrics_port: int | None
+    metrics_host: str
     broker: broker_config.BrokerConfig
     statestore: statestore_config.StateStoreConfig
     forwarding: forwarding_config.ForwardingConfig
@@ -81,6 +87,8 @@ def build(raw: dict[str, Any], source: str, base_dir: Path) -> GatewayConfig:
         gateway_id=file.gateway.id,
         data_dir=file.gateway.data_dir,
         log_level=file.gateway.log_level,
+        metrics_port=file.gateway.metrics_port,
+        metrics_host=file.gateway.metrics_host,
         broker=file.broker,
         statestore=file.statestore,
         forwarding=file.forwarding,

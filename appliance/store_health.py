@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from appliance.prometheus import Family, counter, gauge
+
 #: Seconds between two log lines about one store's state.
 LOG_INTERVAL = 10.0
 
@@ -37,6 +39,17 @@ class StoreHealth:
     _failed_in_spell: int = 0
     _last_logged: float = field(default=float("-inf"))
     _unlogged_changes: int = 0
+
+    def families(self, component: str) -> list[Family]:
+        """``gateway_<component>_store_*`` for the gateway's Prometheus page."""
+        return [
+            gauge(f"gateway_{component}_store_healthy", f"1 while {self.what} commits, 0 while its commits fail",
+                  int(self.healthy)),
+            counter(f"gateway_{component}_store_failed_commits_total", f"commits of {self.what} that failed",
+                    self.failed_commits),
+            counter(f"gateway_{component}_store_refused_total",
+                    f"requests refused or answered with an error because {self.what} could not commit", self.refused),
+        ]
 
     def failed(self, error: str, disk_full: bool, now: float) -> bool:
         """A commit failed (nothing was written); returns whether the state changed."""

@@ -32,7 +32,7 @@ _MESSAGE_EXPIRY = const(0x02)
 CONTENT_TYPE = const(0x03)
 RESPONSE_TOPIC = const(0x08)
 CORRELATION_DATA = const(0x09)
-SUBSCRIPTION_ID = const(0x0B)
+_SUBSCRIPTION_ID = const(0x0B)
 SESSION_EXPIRY = const(0x11)
 ASSIGNED_CLIENT_ID = const(0x12)
 SERVER_KEEP_ALIVE = const(0x13)
@@ -224,7 +224,7 @@ def get_props(mv, pos: int, end: int):
             value, pos = get_binary(mv, pos, stop)
             if kind == _S:
                 value = _utf8(value)
-        repeats = kind == _P or pid == SUBSCRIPTION_ID
+        repeats = kind == _P or pid == _SUBSCRIPTION_ID
         if value is None:  # a varint cut off by the block's end
             raise MQTTProtocolError(_MALFORMED)
         if pid in props and not repeats:

@@ -24,8 +24,9 @@ drops or maps them for MQTT 3.1.1 clients.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from appliance.broker.codec.reasons import (
     ADMINISTRATIVE_ACTION,
@@ -38,6 +39,9 @@ from appliance.broker.codec.reasons import (
     TOPIC_NAME_INVALID,
     UNSPECIFIED_ERROR,
 )
+
+if TYPE_CHECKING:
+    from appliance.prometheus import Family
 
 __all__ = [
     "ACCEPTED", "ADMINISTRATIVE_ACTION", "DISCONNECT_REASON_CODES", "IMPLEMENTATION_SPECIFIC_ERROR",
@@ -128,9 +132,6 @@ class BrokerHandle(Protocol):
         publishes on a client's behalf (a response topic the client chose) asks first, so it is never
         a deputy that writes where the client may not."""
 
-    def prometheus(self) -> str:
-        """The broker's own metrics (whether ``broker.db`` commits) as Prometheus text, for a service
-        that serves the gateway's metrics endpoint."""
 
 
 class BrokerService(Protocol):
@@ -158,6 +159,9 @@ class BrokerService(Protocol):
     def show_ready(self) -> None:
         """The gateway is up: listeners accept, systemd was told READY (the hardware lights its LED)."""
 
+    async def metrics(self) -> Sequence[Family]:
+        """The service's figures for the gateway's Prometheus page, read at each scrape."""
+
 
 class ServiceDefaults:
     """Base for services that have nothing to do on some of the contract's calls."""
@@ -170,3 +174,6 @@ class ServiceDefaults:
 
     def show_ready(self) -> None:
         return None
+
+    async def metrics(self) -> Sequence[Family]:
+        return ()

@@ -57,6 +57,7 @@ from appliance.broker.store_failure import CommitGate
 from appliance.broker.sys_topics import BrokerStats
 from appliance.broker.topic_tree import SubscriptionTree
 from appliance.broker.will import PendingWills
+from appliance.prometheus import Family
 
 __all__ = ["SLOW_CONSUMER_GRACE", "Broker", "Link"]
 
@@ -348,10 +349,10 @@ class Broker:
         """The last commit failed: requests that need a write are refused (``store_failure``)."""
         return not self.commits.health.healthy
 
-    def prometheus(self) -> str:
-        """The broker's own metrics in Prometheus text (the gateway serves them on the metrics port)."""
-        self.stats.store_health(self.store_health)
-        return self.stats.prometheus()
+    def metrics(self) -> list[Family]:
+        """The broker's figures for the gateway's Prometheus page: drops and the store's health."""
+        lifecycle.count_drops(self)
+        return [*self.stats.families(), *self.store_health.families("broker")]
 
     # -- the periodic tick ----------------------------------------------------------------------------
 

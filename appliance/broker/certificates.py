@@ -53,14 +53,16 @@ def date_problems(path: Path, role: str, now: datetime, near: timedelta = NEAR_E
     readable certificate."""
     try:
         certificates = x509.load_pem_x509_certificates(Path(path).read_bytes())
+        # cryptography parses a certificate's fields when they are read: a damaged subject or date raises
+        # here, not at the load, so they are read inside the try.
+        fields = [(certificate.subject.rfc4514_string() or "(no subject)", certificate.not_valid_before_utc,
+                   certificate.not_valid_after_utc) for certificate in certificates]
     except OSError as exc:
         raise CertificateFileError(f"TLS {role} {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
+    except (ValueError, x509.InvalidVersion) as exc:  # a damaged version field raises InvalidVersion, no ValueError
         raise CertificateFileError(f"TLS {role} {path}: no PEM certificate can be read ({exc})") from None
     problems = []
-    for certificate in certificates:
-        subject = certificate.subject.rfc4514_string() or "(no subject)"
-        not_before, not_after = certificate.not_valid_before_utc, certificate.not_valid_after_utc
+    for subject, not_before, not_after in fields:
         if now >= not_after:
             days = (now - not_after).days
             message = f"expired on {_day(not_after)} ({days} days ago); clients that check dates refuse it"

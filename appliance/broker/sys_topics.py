@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from appliance.prometheus import Family, counter
 from appliance.store_health import StoreHealth
 
 
@@ -54,21 +55,12 @@ class BrokerStats:
         }
         return [(topic, str(value).encode("ascii")) for topic, value in values.items()]
 
-    def prometheus(self) -> str:
-        """The store's health and the drop counters as Prometheus text (the rest is in ``$SYS``)."""
-        families = (
-            ("gateway_broker_store_healthy", "gauge", "1 while broker.db commits succeed, 0 while they fail",
-             self.store_healthy),
-            ("gateway_broker_store_failed_commits_total", "counter", "broker.db commits that failed",
-             self.store_failed_commits),
-            ("gateway_broker_store_refused_total", "counter",
-             "requests refused or answered with an error because broker.db could not commit", self.store_refused),
-            ("gateway_broker_messages_dropped_total", "counter", "deliveries dropped (queue bounds, slow consumers)",
-             self.publish_dropped),
-            ("gateway_broker_messages_queue_full_total", "counter", "QoS 1/2 deliveries dropped at a full queue",
-             self.queue_full),
-        )
-        lines: list[str] = []
-        for metric, kind, help_text, value in families:
-            lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}", f"{metric} {value}"]
-        return "\n".join(lines) + "\n"
+    def families(self) -> list[Family]:
+        """The drop counters for the gateway's Prometheus page (the store's health comes from
+        ``StoreHealth.families``; the rest is in ``$SYS``)."""
+        return [
+            counter("gateway_broker_messages_dropped_total", "deliveries dropped (queue bounds, slow consumers)",
+                    self.publish_dropped),
+            counter("gateway_broker_messages_queue_full_total", "QoS 1/2 deliveries dropped at a full queue",
+                    self.queue_full),
+        ]

@@ -1,7 +1,7 @@
 """``appliance routes check | reload | show | dead-letters``.
 
 ``check`` validates a manifest offline (and, with ``--message``, shows which routes a sample message
-takes). ``reload`` asks the running gateway - found through ``forwarding.pid`` in its data dir - to reload
+takes). ``reload`` asks the running gateway - found through ``gateway.json`` in its data dir - to reload
 its manifest (SIGHUP) and reports the outcome the gateway writes to ``forwarding-routes.json``; ``show``
 prints that file: the routes actually running. ``dead-letters`` lists, one JSON object a line, the messages
 an endpoint kept refusing (docs/forwarding.md), newest last.
@@ -18,13 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from appliance import run_state
 from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.forwarding.conditions import DictMessage
 from appliance.forwarding.manifest import ManifestError, load_manifest
 from appliance.forwarding.messages import message_from_publish
 from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.routes import RoutedMessage, explain
-from appliance.forwarding.service import PID_FILE, STATUS_FILE, STORE_FILE
+from appliance.forwarding.service import STATUS_FILE, STORE_FILE
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
@@ -112,8 +113,11 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 def cmd_reload(args: argparse.Namespace) -> int:
     data_dir = _data_dir(args)
     status_file = data_dir / STATUS_FILE
+    running = run_state.running(data_dir)
     try:
-        pid = int((data_dir / PID_FILE).read_text().strip())
+        if running is None:
+            raise OSError(f"no live process in {run_state.FILE_NAME}")
+        pid = running.pid
         before = json.loads(status_file.read_text())["updated_ms"]
         os.kill(pid, signal.SIGHUP)
     except (OSError, ValueError, KeyError) as exc:

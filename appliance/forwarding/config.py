@@ -78,6 +78,4 @@ class ForwardingConfig:
     metrics_interval_s: float = setting(
         60.0, minimum=0.1, doc="$SYS/gateway/forwarding/metrics and gateways/{id}/metrics upstream"
     )
-    metrics_port: int | None = setting(None, minimum=0, maximum=65535, doc="Prometheus text; 0: any free port, absent: off")
-    metrics_host: str = setting("127.0.0.1", doc="address of the Prometheus endpoint")
     upstream: UpstreamConfig = setting(factory=UpstreamConfig)

@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from appliance.forwarding.queues import QueueDepth, QueueKey
+from appliance.prometheus import Family
 
 COUNTERS = ("sent", "expired", "dropped", "retries", "dead_lettered")
 
@@ -61,10 +62,10 @@ class ForwardingMetrics:
         document = {"gateway_id": gateway_id, "ts_ms": now_ms, "endpoints": self.snapshot(depths, now_ms), "links": links}
         return json.dumps(document, separators=(",", ":")).encode()
 
-    def to_prometheus(self, depths: list[QueueDepth], now_ms: int) -> str:
-        lines: list[str] = []
+    def families(self, depths: list[QueueDepth], now_ms: int) -> list[Family]:
+        """The queues per endpoint and priority, and the links, for the gateway's Prometheus page."""
         snapshot = self.snapshot(depths, now_ms)
-        families = (
+        kinds = (
             ("depth", "gauge", "messages waiting in the queue"),
             ("oldest_age_s", "gauge", "age of the oldest waiting message in seconds"),
             ("sent", "counter", "messages acknowledged by the endpoint"),
@@ -73,16 +74,19 @@ class ForwardingMetrics:
             ("retries", "counter", "messages sent again after a failed batch"),
             ("dead_lettered", "counter", "messages the endpoint kept refusing, moved to the dead letters"),
         )
-        for name, kind, help_text in families:
-            metric = f"gateway_forwarding_{name}" + ("_total" if kind == "counter" else "")
-            lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}"]
-            for endpoint, priorities in snapshot.items():
-                for priority, row in priorities.items():
-                    lines.append(f'{metric}{{endpoint="{endpoint}",priority="{priority}"}} {row[name]}')
-        lines += ["# HELP gateway_link_bytes_sent_total payload bytes acknowledged upstream", "# TYPE gateway_link_bytes_sent_total counter"]
-        lines += [f'gateway_link_bytes_sent_total{{endpoint="{n}"}} {s.bytes_sent}' for n, s in self.links.items()]
-        lines += ["# HELP gateway_link_rate_bytes measured bottleneck rate in bytes per second", "# TYPE gateway_link_rate_bytes gauge"]
-        lines += [f'gateway_link_rate_bytes{{endpoint="{n}"}} {s.rate_bps or 0}' for n, s in self.links.items()]
-        lines += ["# HELP gateway_link_connected 1 when the endpoint is connected", "# TYPE gateway_link_connected gauge"]
-        lines += [f'gateway_link_connected{{endpoint="{n}"}} {int(s.connected)}' for n, s in self.links.items()]
-        return "\n".join(lines) + "\n"
+        families = [
+            Family(f"gateway_forwarding_{name}" + ("_total" if kind == "counter" else ""), kind, help_text,
+                   [({"endpoint": endpoint, "priority": priority}, row[name])
+                    for endpoint, priorities in snapshot.items() for priority, row in priorities.items()])
+            for name, kind, help_text in kinds
+        ]
+        links = self.links.items()
+        return [
+            *families,
+            Family("gateway_link_bytes_sent_total", "counter", "payload bytes acknowledged upstream",
+                   [({"endpoint": n}, s.bytes_sent) for n, s in links]),
+            Family("gateway_link_rate_bytes", "gauge", "measured bottleneck rate in bytes per second",
+                   [({"endpoint": n}, s.rate_bps or 0) for n, s in links]),
+            Family("gateway_link_connected", "gauge", "1 when the endpoint is connected",
+                   [({"endpoint": n}, int(s.connected)) for n, s in links]),
+        ]

@@ -51,8 +51,15 @@ from appliance.forwarding.messages import Message, message_from_publish
 from appliance.forwarding.metrics import ForwardingMetrics, LinkStats
 from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore, QueueKey, StoreFull
-from appliance.forwarding.routes import UPSTREAM, Endpoint, Evaluator, Route, RouteResult
+from appliance.forwarding.routes import (
+    UPSTREAM,
+    Endpoint,
+    Evaluator,
+    Route,
+    RouteResult,
+)
 from appliance.forwarding.upstream import UpstreamSender
+from appliance.prometheus import Family
 from appliance.store_health import StoreHealth
 from appliance.store_thread import StoreThread
 
@@ -60,7 +67,6 @@ log = logging.getLogger("appliance.forwarding")
 
 STORE_FILE = "forwarding.db"
 STATUS_FILE = "forwarding-routes.json"
-PID_FILE = "forwarding.pid"
 #: The backlog LED is a glance indicator: a quarter second behind the queue is soon enough.
 BACKLOG_REFRESH_S = 0.25
 
@@ -77,8 +83,6 @@ class LinkPanel(Protocol):
 
     def show_backlog(self, queued: int) -> None: ...
 
-    def prometheus(self) -> str: ...
-
 
 def _brokered_endpoint(endpoint_id: str) -> Endpoint:
     _, module, _, input_name = endpoint_id.split("/", 3)
@@ -94,30 +98,25 @@ def with_expiry(results: list[RouteResult], expiry_s: int) -> list[RouteResult]:
 class ForwardingService(ServiceDefaults):
     topic_filters = ("devices/#",)
 
-    def __init__(self, config: ForwardingConfig, data_dir: Path, gateway_id: str, hardware: LinkPanel | None = None,
-                 broker_metrics: Callable[[], str] | None = None) -> None:
+    def __init__(self, config: ForwardingConfig, data_dir: Path, gateway_id: str, hardware: LinkPanel | None = None) -> None:
         self.config = config
         self.hardware = hardware
-        #: The broker's counters as Prometheus text, served next to ours (``gateway.build_services``).
-        self.broker_metrics = broker_metrics
         self._backlog_dirty = asyncio.Event()
         self._unsubscribe_link: Callable[[], None] = lambda: None
         self._commit_queue: list[tuple[Message, list[RouteResult], asyncio.Future[tuple[int, Counter[QueueKey]]]]] = []
         self._committer: asyncio.Task[None] | None = None
         self.data_dir = Path(data_dir)
         self.gateway_id = gateway_id
-        self.metrics = ForwardingMetrics()
+        self.figures = ForwardingMetrics()
         self.evaluator = Evaluator(())
         self.manifest: Manifest | None = None
         self.store: MessageStore | None = None
         self.thread = StoreThread("forwarding-store")
         self.pumps: dict[str, Pump] = {}
         self.upstream: UpstreamSender | None = None
-        self.metrics_port: int | None = None
         self._broker: BrokerHandle | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._manifest_mtime: float | None = None
-        self._http: asyncio.AbstractServer | None = None
         #: Whether ``forwarding.db`` commits, logged once per change (a full disk is not a line per publish).
         self.health = StoreHealth(str(self.data_dir / STORE_FILE), log,
                                   "device messages to forward are refused until a commit succeeds")
@@ -133,9 +132,8 @@ class ForwardingService(ServiceDefaults):
             self.config.max_store_bytes,
             self.config.check_entire_queue_on_cleanup,
         )
-        (self.data_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         if self.config.upstream.host is not None:
-            stats = self.metrics.links.setdefault(UPSTREAM, LinkStats())
+            stats = self.figures.links.setdefault(UPSTREAM, LinkStats())
             self.upstream = UpstreamSender(self.config.upstream, self.gateway_id, stats)
             if self.hardware is not None:
                 self.upstream.on_connection_change = self.hardware.show_uplink
@@ -154,16 +152,9 @@ class ForwardingService(ServiceDefaults):
         if self.hardware is not None:
             self._backlog_dirty.set()  # show what a restart found queued
             self._tasks.append(asyncio.create_task(self._backlog_loop(self.hardware), name="forwarding-backlog-led"))
-        if self.config.metrics_port is not None:
-            self._http = await asyncio.start_server(self._serve_metrics, self.config.metrics_host, self.config.metrics_port)
-            self.metrics_port = self._http.sockets[0].getsockname()[1]
-            log.info("forwarding: metrics on http://%s:%d/metrics", self.config.metrics_host, self.metrics_port)
-            self._write_status()
 
     async def stop(self) -> None:
         self._unsubscribe_link()
-        if self._http is not None:
-            self._http.close()
         for task in self._tasks + [p.task for p in self.pumps.values() if p.task is not None]:
             task.cancel()
         for task in self._tasks + [p.task for p in self.pumps.values() if p.task is not None]:
@@ -193,7 +184,7 @@ class ForwardingService(ServiceDefaults):
             _, dropped = await self._store(parsed, results)
         except StoreFull as exc:
             for result in results:
-                self.metrics.count("dropped", result.endpoint.id, result.priority)
+                self.figures.count("dropped", result.endpoint.id, result.priority)
             log.warning("forwarding: refused a message from %s: %s", message.client_id, exc)
             return PublishVerdict(reason_code=QUOTA_EXCEEDED, reason_string="gateway store full")
         except sqlite3.Error as exc:  # the commit failed (a full disk): nothing of the message is stored
@@ -204,7 +195,7 @@ class ForwardingService(ServiceDefaults):
             return PublishVerdict(code, "the gateway cannot store messages now",
                                   disconnect=None if message.protocol_level == 5 else code)
         self.health.succeeded(time.monotonic())
-        self.metrics.add("dropped", dropped)
+        self.figures.add("dropped", dropped)
         self._backlog_dirty.set()
         for result in results:
             pump = self._pump_for(result.endpoint)
@@ -263,7 +254,7 @@ class ForwardingService(ServiceDefaults):
                 sender = BrokeredSender(endpoint, self._broker, self.gateway_id)
             if sender is None:
                 return None
-            pump = Pump(sender, self.store, self.thread, self.metrics, on_checkpoint=self._backlog_dirty.set)
+            pump = Pump(sender, self.store, self.thread, self.figures, on_checkpoint=self._backlog_dirty.set)
             self.pumps[endpoint.id] = pump
             pump.start()
         return pump
@@ -296,7 +287,6 @@ class ForwardingService(ServiceDefaults):
             "updated_ms": int(time.time() * 1000),
             "manifest": str(self.config.manifest) if self.config.manifest else None,
             "error": error,
-            "metrics_port": self.metrics_port,
             "global_ttl_s": self.evaluator.global_ttl_s,
             "routes": [self._route_status(r) for r in self.evaluator.routes],
         }
@@ -309,12 +299,6 @@ class ForwardingService(ServiceDefaults):
         ttl, origin = self.manifest.ttl_origin(route)
         return {"name": route.name, "route": route.text, "priority": route.priority, "timeToLiveSecs": route.ttl_s,
                 "effectiveTimeToLiveSecs": ttl, "timeToLiveFrom": origin, "endpoint": route.endpoint.id}
-
-    def ready_note(self) -> str | None:
-        """For the gateway's ``appliance ready`` line: where the Prometheus metrics are."""
-        if self.metrics_port is None:
-            return None
-        return f"forwarding metrics on http://{self.config.metrics_host}:{self.metrics_port}/metrics"
 
     async def _watch_manifest(self) -> None:
         """Reload when the manifest's modification time changes (checked every ``watch_interval_s``)."""
@@ -341,7 +325,7 @@ class ForwardingService(ServiceDefaults):
             self.health.tick(time.monotonic())
             if expired:
                 self._backlog_dirty.set()
-                self.metrics.add("expired", expired)
+                self.figures.add("expired", expired)
                 log.info("forwarding: cleanup removed %d expired messages: %s", sum(expired.values()),
                          ", ".join(f"{e}_Pri{p}={n}" for (e, p), n in sorted(expired.items())))
             await asyncio.sleep(self.config.cleanup_interval_s)
@@ -357,7 +341,7 @@ class ForwardingService(ServiceDefaults):
     async def metrics_document(self) -> bytes:
         assert self.store is not None
         depths = await self.thread.call(self.store.depths)
-        return self.metrics.to_json(self.gateway_id, depths, int(time.time() * 1000))
+        return self.figures.to_json(self.gateway_id, depths, int(time.time() * 1000))
 
     async def _metrics_loop(self) -> None:
         while True:
@@ -368,27 +352,8 @@ class ForwardingService(ServiceDefaults):
             if self.upstream is not None:
                 self.upstream.publish_direct(f"gateways/{self.gateway_id}/metrics", document)
 
-    async def _serve_metrics(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
-            if path == b"/metrics":
-                assert self.store is not None
-                depths = await self.thread.call(self.store.depths)
-                text = self.metrics.to_prometheus(depths, int(time.time() * 1000))
-                if self._broker is not None:
-                    text += self._broker.prometheus()  # the broker's store health next to the queues
-                if self.hardware is not None:
-                    text += self.hardware.prometheus()  # the modem's signal and registration next to the link
-                if self.broker_metrics is not None:
-                    text += self.broker_metrics()
-                body = text.encode()
-                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-            else:
-                body, head = b"not found\n", b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
-            writer.write(head + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-            await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def metrics(self) -> list[Family]:
+        """The queues and links, and whether ``forwarding.db`` commits, for the gateway's Prometheus page."""
+        assert self.store is not None
+        depths = await self.thread.call(self.store.depths)
+        return [*self.figures.families(depths, int(time.time() * 1000)), *self.health.families("forwarding")]

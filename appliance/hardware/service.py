@@ -31,6 +31,7 @@ from appliance.hardware.config import HardwareConfig
 from appliance.hardware.gpio import StatusPanel
 from appliance.hardware.modem import LinkListener, ModemMonitor
 from appliance.hardware.modem_status import ModemStatus
+from appliance.prometheus import Family, gauge
 
 log = logging.getLogger(__name__)
 
@@ -108,21 +109,20 @@ class HardwareService(ServiceDefaults):
         if self.panel is not None:
             self.panel.show_backlog(queued)
 
-    def prometheus(self) -> str:
-        """The modem's readings as Prometheus text (``gateway_modem_*``), for the gateway's metrics endpoint;
-        numbers and flags as gauges, the text readings as labels of ``gateway_modem_info``. No modem: ""."""
+    async def metrics(self) -> list[Family]:
+        """The modem's readings (``gateway_modem_*``): numbers and flags as gauges, the text readings as
+        labels of ``gateway_modem_info``. No modem: none."""
         if self.modem is None:
-            return ""
-        lines: list[str] = []
-        labels: list[str] = []
+            return []
+        families: list[Family] = []
+        labels: dict[str, str] = {}
         for name, value in self.modem.status.as_metrics().items():
             if isinstance(value, str):
-                escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-                labels.append(f'{name}="{escaped}"')
+                labels[name] = value
             elif value is not None:  # unknown: no sample rather than a made-up number
-                lines += [f"# TYPE gateway_modem_{name} gauge", f"gateway_modem_{name} {int(value)}"]
-        lines += ["# TYPE gateway_modem_info gauge", f"gateway_modem_info{{{','.join(labels)}}} 1"]
-        return "\n".join(lines) + "\n"
+                families.append(gauge(f"gateway_modem_{name}", f"the modem's {name.replace('_', ' ')}", int(value)))
+        families.append(Family("gateway_modem_info", "gauge", "the modem's text readings, as labels", [(labels, 1)]))
+        return families
 
     def log_status(self) -> None:
         report: dict[str, object] = dict(self._status_report())

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from appliance.broker.api import BrokerHandle, InboundPublish, PublishVerdict, ServiceDefaults
+from appliance.prometheus import Family
 from appliance.statestore import errors, resp3
 from appliance.statestore.acl import KeyAuthorizer
 from appliance.statestore.commands import (
@@ -179,6 +180,10 @@ class StateStoreService(ServiceDefaults):
             self.thread.shutdown()
             self.thread = None
         self.store = None
+
+    async def metrics(self) -> list[Family]:
+        """Whether ``statestore.db`` commits (``gateway_statestore_store_*``)."""
+        return self.health.families("statestore")
 
     def on_client_disconnected(self, client_id: str) -> None:
         self.registry.drop_client(client_id)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.broker.versions import LEVELS
 from tests.support.processes import GatewayProcess
 
 FAST_CONFIG = """
@@ -27,3 +28,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     with process:
         yield process
     assert "Traceback" not in process.output(), process.output()
+
+
+@pytest.fixture(params=LEVELS)
+def level(request: pytest.FixtureRequest) -> int:
+    """The protocol level a test runs under: each test asking for it runs once per version."""
+    return request.param  # type: ignore[no-any-return]

@@ -66,8 +66,8 @@ class FakeTimer:
 class FakeRuntime:
     """``appliance.broker.runtime.Runtime`` on a clock that moves only when told to."""
 
-    def __init__(self) -> None:
-        self.time = 0.0
+    def __init__(self, start: float = 0.0) -> None:
+        self.time = start
         self._ready: deque[tuple[Callable[..., object], tuple[Any, ...]]] = deque()
         self._timers: list[tuple[float, int, FakeTimer]] = []
         self._order = itertools.count()
@@ -261,8 +261,10 @@ class BrokerPair:
     """``Broker`` + ``FakeRuntime`` + as many ``FakeClient``s as a test opens."""
 
     def __init__(self, data_dir: Path | None = None, acl: Acl | None = None,
-                 authenticator: Authenticator | None = None, **limits: Any) -> None:
-        self.runtime = FakeRuntime()
+                 authenticator: Authenticator | None = None, clock_start: float = 0.0, **limits: Any) -> None:
+        """``clock_start``: seconds after ``WALL_CLOCK_START`` at which this broker's clock starts."""
+        self._rebuild = (data_dir, acl, authenticator, limits)
+        self.runtime = FakeRuntime(clock_start)
         self.store = BrokerStore.open(data_dir / "broker.db") if data_dir is not None else None
         config = BrokerConfig((ListenerConfig("tcp", "fake", 0),), limits=LimitsConfig(**{"sys_interval": 0, **limits}))
         self.broker = Broker(config, self.store, authenticator or Authenticator(None, True), acl, runtime=self.runtime)
@@ -274,6 +276,16 @@ class BrokerPair:
 
     def advance(self, seconds: float) -> None:
         self.runtime.advance(seconds)
+
+    def killed(self, down_for: float) -> BrokerPair:
+        """kill -9 and a restart ``down_for`` seconds later: this broker stops running where it is (no
+        shutdown, no wills, its timers never fire, what it did not commit is lost with its database
+        connection) and a new one starts on the same data dir, its clock that much later."""
+        data_dir, acl, authenticator, limits = self._rebuild
+        assert data_dir is not None, "a broker without a data dir has nothing to restart from"
+        if self.store is not None:
+            self.store.close()
+        return BrokerPair(data_dir, acl, authenticator, clock_start=self.runtime.time + down_for, **limits)
 
     def stop(self) -> None:
         self.runtime.complete(self.broker.stop())

@@ -13,7 +13,6 @@ within a second, and after kill -9 every message that was ever acknowledged is s
 from __future__ import annotations
 
 import errno
-import json
 import os
 import subprocess
 import threading
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from appliance import run_state
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
@@ -72,8 +72,9 @@ def code_of(reason: object) -> int:
 
 
 def metrics(data_dir: Path) -> str:
-    port = json.loads((data_dir / "forwarding-routes.json").read_text())["metrics_port"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    running = run_state.running(data_dir)
+    assert running is not None and running.metrics_url is not None
+    with urllib.request.urlopen(running.metrics_url, timeout=5) as response:
         return response.read().decode()
 
 
@@ -87,7 +88,7 @@ def away_subscriber(port: int, client_id: str, v5: bool) -> PahoClient:
 def test_a_full_disk_is_answered_served_logged_once_and_recovered_from(small_disk: Path) -> None:
     data_dir = small_disk / "data"
     config = small_disk.parent / "gateway.toml"
-    config.write_text("[forwarding]\nenabled = true\nmetrics_port = 0\n")
+    config.write_text("[gateway]\nmetrics_port = 0\n[forwarding]\nenabled = true\n")
     gateway = GatewayProcess(data_dir, config=config).start()
     acknowledged: set[bytes] = set()
     try:

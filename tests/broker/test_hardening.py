@@ -14,7 +14,8 @@ from appliance.broker.auth import Authenticator, hash_password
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
 from tests.broker.pair import BrokerPair
-from tests.broker.test_timing import LEVELS, durable, publishes
+from tests.broker.test_timing import publishes
+from tests.broker.versions import LEVELS, durable
 
 
 @pytest.fixture

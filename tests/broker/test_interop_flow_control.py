@@ -1,6 +1,10 @@
 """Slow and stuck consumers: publishers are held back while a subscriber catches up (nothing lost),
 and a subscriber that stops reading altogether costs only its own QoS 0 messages (dropped and counted),
-never the publishers' progress or the broker's memory."""
+never the publishers' progress or the broker's memory.
+
+Each test here costs seconds of real traffic, so rather than run each twice the protocol versions take
+turns (a 3.1.1 subscriber under an MQTT 5 flood, and the other way round); the slow-consumer rules
+themselves run under both versions on the fake clock (test_timing.py)."""
 
 from __future__ import annotations
 
@@ -29,10 +33,10 @@ def small_buffers(tmp_path: Path) -> Iterator[GatewayProcess]:
         yield gateway
 
 
-def flood(port: int, topic: str, count: int, size: int, done: threading.Event) -> None:
-    client = RawClient(port)
+def flood(port: int, topic: str, count: int, size: int, done: threading.Event, level: int = pk.MQTT_5) -> None:
+    client = RawClient(port, level)
     client.connect(f"flooder-{topic}")
-    frame = encode(pk.Publish(topic, b"x" * size), 5)
+    frame = encode(pk.Publish(topic, b"x" * size), level)
     batch = frame * 100
     for _ in range(count // 100):
         client.sock.sendall(batch)
@@ -43,7 +47,8 @@ def flood(port: int, topic: str, count: int, size: int, done: threading.Event) -
 
 
 def test_slow_subscriber_gets_every_qos0_message(small_buffers: GatewayProcess) -> None:
-    slow = RawClient(small_buffers.port)
+    """A 3.1.1 subscriber, an MQTT 5 flood."""
+    slow = RawClient(small_buffers.port, pk.MQTT_311)
     slow.connect("slow")
     slow.subscribe("steady/#", 0)
     done = threading.Event()
@@ -60,6 +65,7 @@ def test_slow_subscriber_gets_every_qos0_message(small_buffers: GatewayProcess) 
 
 
 def test_stuck_subscriber_costs_only_its_own_qos0_messages(small_buffers: GatewayProcess) -> None:
+    """An MQTT 5 subscriber, a 3.1.1 flood."""
     stuck = RawClient(small_buffers.port)
     stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stuck.connect("stuck")
@@ -68,7 +74,8 @@ def test_stuck_subscriber_costs_only_its_own_qos0_messages(small_buffers: Gatewa
     watcher.connect("watcher")
     watcher.subscribe("$SYS/broker/publish/messages/dropped", 0)
     done = threading.Event()
-    threading.Thread(target=flood, args=(small_buffers.port, "flood/a", 30000, 1000, done), daemon=True).start()
+    threading.Thread(target=flood, args=(small_buffers.port, "flood/a", 30000, 1000, done, pk.MQTT_311),
+                     daemon=True).start()
     assert done.wait(30), "the publisher was held back for good by a client that does not read"
     dropped = 0
     deadline = time.monotonic() + 10
@@ -86,11 +93,13 @@ def test_stuck_subscriber_costs_only_its_own_qos0_messages(small_buffers: Gatewa
 def test_a_subscriber_that_stops_acknowledging_costs_at_most_its_queue_bound(tmp_path: Path) -> None:
     """QoS 1 to a client that never acknowledges: publishers are held back for the grace period, then
     run free, and what the stuck client would have queued past ``max_queued_messages`` is dropped and
-    counted instead of kept in memory. Everything not dropped still arrives once it acknowledges."""
+    counted instead of kept in memory. Everything not dropped still arrives once it acknowledges. The
+    stuck subscriber is 3.1.1 (no Receive Maximum: the in-flight cap alone bounds its window), the
+    publisher MQTT 5."""
     config = tmp_path / "gateway.toml"
     config.write_text("[broker.limits]\nsys_interval = 1\nmax_queued_messages = 100\n")
     with GatewayProcess(tmp_path / "data", config=config) as gateway:
-        stuck = RawClient(gateway.port)
+        stuck = RawClient(gateway.port, pk.MQTT_311)
         stuck.connect("stuck-qos1")
         stuck.subscribe("work/#", 1)
         publisher = RawClient(gateway.port)

@@ -43,7 +43,8 @@ def publish_qos1(port: int, topic: str, count: int) -> None:
     publisher.close()
 
 
-@pytest.mark.parametrize("level, receive_maximum", [(4, None), (5, None), (5, 64), (5, 5)])
+@pytest.mark.parametrize(("level", "receive_maximum"), [(4, None), (5, None), (5, 64), (5, 5)],
+                         ids=["mqtt311", "mqtt5", "mqtt5-receive-maximum-64", "mqtt5-receive-maximum-5"])
 def test_a_subscriber_that_never_acks_gets_at_most_the_cap(
     gateway: GatewayProcess, level: int, receive_maximum: int | None
 ) -> None:
@@ -67,6 +68,7 @@ def test_a_subscriber_that_never_acks_gets_at_most_the_cap(
 
 
 def test_max_inflight_messages_is_validated_with_its_field_path() -> None:
+    """Version-free: configuration parsing."""
     assert parse_section(LimitsConfig, {}, "broker.limits", Path()).max_inflight_messages == 20
     assert parse_section(LimitsConfig, {"max_inflight_messages": 0}, "broker.limits", Path()).max_inflight_messages == 0
     with pytest.raises(ConfigError) as error:

@@ -1,4 +1,5 @@
-"""``mosquitto_pub`` and ``mosquitto_sub`` (Debian's mosquitto-clients) against our gateway."""
+"""``mosquitto_pub`` and ``mosquitto_sub`` (Debian's mosquitto-clients) against our gateway, with ``-V``
+mqttv311 and mqttv5 where the behaviour exists in both."""
 
 from __future__ import annotations
 
@@ -57,14 +58,14 @@ def test_retained_set_and_cleared(gateway: GatewayProcess, version: str) -> None
     )
     assert out.stdout.strip() == "1 kept"
     pub(gateway, "-V", version, "-t", topic, "-r", "-n")
-    cleared = subprocess.run(
-        ["mosquitto_sub", "-p", str(gateway.port), "-V", version, "-t", topic, "--retained-only", "-W", "1"],
-        capture_output=True, text=True, timeout=10,
-    )
-    assert cleared.stdout.strip() == ""
+    # --retained-only prints retained messages and ends at the first live one: the sentinel.
+    cleared = start_sub(gateway, ["-V", version, "-t", topic, "--retained-only"])
+    pub(gateway, "-V", version, "-t", topic, "-m", "sentinel")
+    assert finish(cleared) == []
 
 
 def test_v5_user_properties_and_content_type_reach_mosquitto_sub(gateway: GatewayProcess) -> None:
+    """MQTT 5 only: user properties and content type are PUBLISH properties."""
     topic = unique("cli-props")
     sub = start_sub(gateway, ["-V", "mqttv5", "-t", topic, "-C", "1", "-F", "%P|%C|%p"])
     pub(gateway, "-V", "mqttv5", "-t", topic, "-m", "body", "-D", "publish", "user-property", "room", "kitchen",
@@ -72,14 +73,15 @@ def test_v5_user_properties_and_content_type_reach_mosquitto_sub(gateway: Gatewa
     assert finish(sub) == ["room:kitchen|text/plain|body"]
 
 
-def test_will_of_a_killed_mosquitto_sub(gateway: GatewayProcess) -> None:
+@pytest.mark.parametrize("version", VERSIONS)
+def test_will_of_a_killed_mosquitto_sub(gateway: GatewayProcess, version: str) -> None:
     topic = unique("cli-will")
-    watcher = PahoClient(gateway.port)
+    watcher = PahoClient(gateway.port, v5=version == "mqttv5")
     watcher.connect()
     watcher.subscribe(topic, 1)
     try:
-        dying = start_sub(gateway, ["-t", unique("anything"), "--will-topic", topic, "--will-payload", "lost",
-                                    "--will-qos", "1"])
+        dying = start_sub(gateway, ["-V", version, "-t", unique("anything"), "--will-topic", topic,
+                                    "--will-payload", "lost", "--will-qos", "1"])
         dying.send_signal(signal.SIGKILL)
         dying.wait(5)
         assert watcher.get().payload == b"lost"
@@ -106,13 +108,11 @@ def test_persistent_session_of_mosquitto_sub(gateway: GatewayProcess, version: s
 
 
 def test_mosquitto_sub_v5_subscription_options(gateway: GatewayProcess) -> None:
+    """MQTT 5 only: retain as published is a subscription option. (mosquitto_sub 2.0.11 has no option for
+    Retain Handling, which test_interop_paho.py covers; a ``--retain-handling`` run here only ever got
+    mosquitto_sub's "Unknown option" and an empty output.)"""
     topic = unique("cli-options")
     pub(gateway, "-V", "mqttv5", "-t", topic, "-r", "-m", "retained")
-    never = subprocess.run(
-        ["mosquitto_sub", "-p", str(gateway.port), "-V", "mqttv5", "-t", topic, "--retain-handling", "2", "-W", "1"],
-        capture_output=True, text=True, timeout=10,
-    )
-    assert never.stdout.strip() == ""  # retain handling 2: no retained message at subscribe
     kept = subprocess.run(
         ["mosquitto_sub", "-p", str(gateway.port), "-V", "mqttv5", "-t", topic, "--retain-as-published", "-C", "1",
          "-W", "5", "-F", "%r %p"],

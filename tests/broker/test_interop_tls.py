@@ -1,18 +1,22 @@
 """A TLS listener next to a TCP one, configured in the file, with a self-signed certificate made by the
-openssl command line; paho (v5) and mosquitto_pub connect over TLS and verify the certificate."""
+openssl command line; paho and mosquitto_pub (MQTT 3.1.1 and 5) connect over TLS and verify the certificate."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from appliance.broker.codec import packets as pk
 from tests.broker.clients import FileConfiguredGateway, PahoClient, unique
 from tests.support.certificates import valid_for
+
+#: mosquitto_pub's ``-V`` for each protocol level.
+MOSQUITTO_VERSION = {pk.MQTT_311: "mqttv311", pk.MQTT_5: "mqttv5"}
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +39,11 @@ def tls_gateway(tmp_path_factory: pytest.TempPathFactory):
         yield gateway, int(match.group(1)), cert
 
 
-def test_paho_over_tls_reaches_a_tcp_subscriber(tls_gateway) -> None:
+def test_paho_over_tls_reaches_a_tcp_subscriber(tls_gateway, level: int) -> None:
     gateway, tls_port, cert = tls_gateway
     topic = unique("tls")
-    plain = PahoClient(gateway.port)
-    secure = PahoClient(tls_port)
+    plain = PahoClient(gateway.port, v5=level == pk.MQTT_5)
+    secure = PahoClient(tls_port, v5=level == pk.MQTT_5)
     secure.client.tls_set(ca_certs=str(cert))
     try:
         plain.connect()
@@ -52,21 +56,22 @@ def test_paho_over_tls_reaches_a_tcp_subscriber(tls_gateway) -> None:
         secure.disconnect()
 
 
-def test_mosquitto_pub_over_tls(tls_gateway) -> None:
+def test_mosquitto_pub_over_tls(tls_gateway, level: int) -> None:
     gateway, tls_port, cert = tls_gateway
     topic = unique("tls-cli")
-    watcher = PahoClient(gateway.port)
+    watcher = PahoClient(gateway.port, v5=level == pk.MQTT_5)
     try:
         watcher.connect()
         watcher.subscribe(topic, 0)
         subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(tls_port), "--cafile", str(cert), "-t", topic,
-                        "-m", "cli over tls"], check=True, timeout=10)
+                        "-V", MOSQUITTO_VERSION[level], "-m", "cli over tls"], check=True, timeout=10)
         assert watcher.get().payload == b"cli over tls"
     finally:
         watcher.disconnect()
 
 
 def test_plain_mqtt_on_the_tls_port_is_refused(tls_gateway) -> None:
+    """Version-free: the TLS handshake fails before any MQTT is read."""
     _gateway, tls_port, _cert = tls_gateway
     result = subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(tls_port), "-t", "x", "-m", "y"],
                             capture_output=True, timeout=10)
@@ -82,7 +87,8 @@ def _start_with_tls_files(work: Path, cert: Path, key: Path) -> subprocess.Compl
 
 @pytest.mark.parametrize("damage", ["missing certfile", "missing keyfile", "certfile not PEM", "key of another certificate"])
 def test_a_tls_file_that_cannot_be_used_stops_the_start_naming_the_file(tmp_path: Path, damage: str) -> None:
-    """OpenSSL says "[SSL] PEM lib" or "[Errno 2]" and no file; the gateway names the file and the problem."""
+    """OpenSSL says "[SSL] PEM lib" or "[Errno 2]" and no file; the gateway names the file and the problem.
+    Version-free: the gateway stops before any client connects."""
     def pair(stem: str) -> tuple[Path, Path]:
         cert, key = tmp_path / f"{stem}.pem", tmp_path / f"{stem}.key"
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
@@ -114,7 +120,7 @@ def test_a_certificate_past_or_near_its_expiry_is_warned_about_at_start_naming_f
     config.write_text('[[broker.listeners]]\ntype = "tcp"\nhost = "127.0.0.1"\nport = 0\n\n'
                       f'[[broker.listeners]]\ntype = "tls"\nhost = "127.0.0.1"\nport = 0\ncertfile = "{cert}"\nkeyfile = "{key}"\n')
     with FileConfiguredGateway(tmp_path / "data", config=config) as gateway:
-        date = (datetime.now(timezone.utc) + timedelta(days=days_left)).strftime("%Y-%m-%d")
+        date = (datetime.now(UTC) + timedelta(days=days_left)).strftime("%Y-%m-%d")
         line = gateway.wait_for_log(rf"WARNING .*TLS certfile {re.escape(str(cert))}: certificate CN=localhost {words} {date}")
         assert line is not None
         assert "Traceback" not in gateway.output()

@@ -8,9 +8,8 @@ import socket
 
 import pytest
 
+from appliance.broker.codec import packets as pk
 from tests.broker.clients import FileConfiguredGateway, PahoClient, unique
-
-VERSIONS = [pytest.param(True, id="v5"), pytest.param(False, id="v311")]
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +26,9 @@ def ws_gateway(tmp_path_factory: pytest.TempPathFactory):
         yield gateway, int(match.group(1))
 
 
-@pytest.mark.parametrize("v5", VERSIONS)
-def test_paho_over_websocket_both_directions(ws_gateway, v5: bool) -> None:
+def test_paho_over_websocket_both_directions(ws_gateway, level: int) -> None:
     gateway, ws_port = ws_gateway
+    v5 = level == pk.MQTT_5
     topic = unique("ws")
     plain = PahoClient(gateway.port, v5=v5)
     browser = PahoClient(ws_port, v5=v5, transport="websockets")
@@ -50,6 +49,7 @@ def test_paho_over_websocket_both_directions(ws_gateway, v5: bool) -> None:
 
 
 def test_plain_mqtt_on_the_websocket_port_is_refused(ws_gateway) -> None:
+    """Version-free: the HTTP upgrade is refused before any MQTT is read."""
     _gateway, ws_port = ws_gateway
     with socket.create_connection(("127.0.0.1", ws_port), timeout=5) as sock:
         sock.sendall(b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00" + b"\r\n\r\n")

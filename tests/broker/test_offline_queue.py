@@ -9,8 +9,8 @@ from __future__ import annotations
 import gc
 import sqlite3
 import tempfile
-from contextlib import closing
 import tracemalloc
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -24,14 +24,15 @@ from appliance.broker.codec.writer import encode
 from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, queued_bytes_default
 from appliance.broker.persistence import BrokerStore, StoredMessage
 from tests.broker.pair import BrokerPair, FakeClient
+from tests.broker.versions import LEVELS, durable
 
 EXPIRY = {pr.SESSION_EXPIRY_INTERVAL: 3600}
 
 
-def away_subscriber(pair: BrokerPair, client_id: str = "away", qos: int = 1) -> None:
+def away_subscriber(pair: BrokerPair, client_id: str = "away", qos: int = 1, level: int = pk.MQTT_5) -> None:
     """A durable session subscribed to ``q/#`` whose client has disconnected."""
-    client = pair.client()
-    client.connect(client_id, properties=EXPIRY)
+    client = pair.client(level)
+    client.connect(client_id, **durable(level, 3600))
     client.subscribe("q/#", qos)
     client.send(pk.Disconnect())
     client.received()
@@ -56,10 +57,13 @@ def drain(client: FakeClient) -> list[pk.Publish]:
         client.send(*(pk.PubAck(p.packet_id or 0) for p in publishes if p.qos == 1))
 
 
-def come_back(pair: BrokerPair, client_id: str = "away", properties: dict[int, int] | None = None) -> FakeClient:
+def come_back(pair: BrokerPair, client_id: str = "away", properties: dict[int, int] | None = None,
+              level: int = pk.MQTT_5) -> FakeClient:
     """The client reconnects to its session; what followed the CONNACK stays in its inbox."""
-    client = pair.client()
-    client.send(pk.Connect(pk.MQTT_5, client_id, False, 0, properties=EXPIRY if properties is None else properties))
+    client = pair.client(level)
+    if level != pk.MQTT_5:
+        properties = {}
+    client.send(pk.Connect(level, client_id, False, 0, properties=EXPIRY if properties is None else properties))
     connack, *rest = client.received()
     assert isinstance(connack, pk.Connack) and connack.session_present
     client.inbox = rest
@@ -71,6 +75,7 @@ def indexes(publishes: list[pk.Publish]) -> list[int]:
 
 
 def test_an_away_sessions_queue_is_in_the_store_and_comes_back_a_window_at_a_time(tmp_path: Path) -> None:
+    """MQTT 5 here: its Receive Maximum sets the window the backlog comes back in."""
     pair = BrokerPair(tmp_path, max_inflight_messages=0)
     away_subscriber(pair)
     publisher = pair.client()
@@ -92,27 +97,30 @@ def test_an_away_sessions_queue_is_in_the_store_and_comes_back_a_window_at_a_tim
     assert pair.store is not None and pair.store.page("away", 0, 10) == []
 
 
-def test_the_backlog_is_read_back_before_its_commit_in_the_same_turn(tmp_path: Path) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_backlog_is_read_back_before_its_commit_in_the_same_turn(tmp_path: Path, level: int) -> None:
     """Messages queued for an away client and its return in one read: the rows are still buffered (not
     committed) when the window is filled, and come from the buffer, once each, in order."""
     pair = BrokerPair(tmp_path)
-    away_subscriber(pair)
+    away_subscriber(pair, level=level)
     publisher = pair.client()
     publisher.connect("publisher")
-    back = pair.client()
+    back = pair.client(level)
     session = pair.broker.sessions["away"]
     # One publisher read, then the reconnect before any flush: data_received without running the loop.
     frames = b"".join(encode(pk.Publish("q/t", f"{index:08d}".encode(), 1, packet_id=index + 1), pk.MQTT_5)
                       for index in range(30))
     pair.broker.data_received(publisher, frames)
     assert session.spilled == 30 and pair.store is not None and pair.store.has_pending
-    pair.broker.data_received(back, encode(pk.Connect(pk.MQTT_5, "away", False, 0, properties=dict(EXPIRY)), pk.MQTT_5))
+    reconnect = pk.Connect(level, "away", False, 0, properties=dict(EXPIRY) if level == pk.MQTT_5 else {})
+    pair.broker.data_received(back, encode(reconnect, level))
     pair.runtime.run()
     got = drain(back)
     assert indexes(got) == list(range(30))
 
 
 def test_a_client_that_leaves_with_a_queue_behind_its_window_frees_that_memory(tmp_path: Path) -> None:
+    """MQTT 5 here: its Receive Maximum of 2 puts a queue behind the window."""
     pair = BrokerPair(tmp_path)
     subscriber = pair.client()
     subscriber.connect("slow", properties={**EXPIRY, pr.RECEIVE_MAXIMUM: 2})
@@ -131,9 +139,10 @@ def test_a_client_that_leaves_with_a_queue_behind_its_window_frees_that_memory(t
     assert indexes(got) == list(range(15)) and [p.dup for p in got[:2]] == [True, True]
 
 
-def test_a_restart_reads_the_backlog_from_the_store_and_loads_none_of_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_restart_reads_the_backlog_from_the_store_and_loads_none_of_it(tmp_path: Path, level: int) -> None:
     pair = BrokerPair(tmp_path)
-    away_subscriber(pair)
+    away_subscriber(pair, level=level)
     publisher = pair.client()
     publisher.connect("publisher")
     publish(publisher, 300, size=1000)
@@ -142,7 +151,7 @@ def test_a_restart_reads_the_backlog_from_the_store_and_loads_none_of_it(tmp_pat
     restarted = BrokerPair(tmp_path)
     session = restarted.broker.sessions["away"]
     assert (len(session.queue), session.spilled, session.stored_bytes) == (0, 300, 300_000)
-    back = come_back(restarted, "away")
+    back = come_back(restarted, "away", level=level)
     assert indexes(drain(back)) == list(range(300))
     assert session.stored_bytes == 0
 
@@ -180,6 +189,7 @@ def test_past_max_queued_bytes_mqtt5_publishers_get_quota_exceeded_and_the_drop_
 
 
 def test_the_byte_bound_counts_across_a_restart(tmp_path: Path) -> None:
+    """MQTT 5 publishers: they are the ones told (0x97); a 3.1.1 one is acknowledged (above)."""
     pair = BrokerPair(tmp_path, max_queued_bytes=1000)
     away_subscriber(pair)
     publisher = pair.client()
@@ -195,7 +205,8 @@ def test_the_byte_bound_counts_across_a_restart(tmp_path: Path) -> None:
 
 def test_queued_messages_of_an_away_session_are_not_held_in_memory(tmp_path: Path) -> None:
     """100 x 1 MB queued for an away client: Python's allocations grow by a small fraction of that
-    (the store's page cache and the turn's buffer, not the payloads)."""
+    (the store's page cache and the turn's buffer, not the payloads). Version-free and seconds long:
+    run once, with MQTT 5."""
     pair = BrokerPair(tmp_path, max_packet_size=2 * 1024 * 1024)
     away_subscriber(pair)
     publisher = pair.client()
@@ -220,6 +231,7 @@ def test_queued_messages_of_an_away_session_are_not_held_in_memory(tmp_path: Pat
 
 
 def test_a_session_that_stops_being_durable_takes_its_backlog_into_memory(tmp_path: Path) -> None:
+    """MQTT 5 only: a session expiry of 0 on the return (3.1.1's clean session is the next test)."""
     pair = BrokerPair(tmp_path)
     away_subscriber(pair)
     publisher = pair.client()
@@ -231,14 +243,15 @@ def test_a_session_that_stops_being_durable_takes_its_backlog_into_memory(tmp_pa
     assert pair.store is not None and pair.store.page("away", 0, 10) == []
 
 
-def test_clean_start_forgets_the_backlog(tmp_path: Path) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_clean_start_forgets_the_backlog(tmp_path: Path, level: int) -> None:
     pair = BrokerPair(tmp_path)
-    away_subscriber(pair)
+    away_subscriber(pair, level=level)
     publisher = pair.client()
     publisher.connect("publisher")
     publish(publisher, 5)
-    fresh = pair.client()
-    fresh.connect("away", clean_start=True, properties=EXPIRY)
+    fresh = pair.client(level)
+    fresh.connect("away", clean_start=True, properties=EXPIRY if level == pk.MQTT_5 else {})
     fresh.subscribe("q/#", 1)
     publish(publisher, 2, first=5)
     assert indexes(drain(fresh)) == [5, 6]

@@ -65,6 +65,7 @@ def recording() -> Iterator[RecordingBroker]:
 
 
 def test_a_flooding_client_gets_one_small_read_per_loop_iteration(recording: RecordingBroker) -> None:
+    """Version-free: the socket layer reads bytes before any packet is parsed (3.1.1 and 5 alike)."""
     subscriber = RawClient(recording.port)
     subscriber.connect("subscriber")
     subscriber.subscribe("flood", 0)
@@ -89,11 +90,11 @@ def test_a_flooding_client_gets_one_small_read_per_loop_iteration(recording: Rec
     flooder.close()
 
 
-def test_a_large_publish_spanning_many_reads_arrives_whole(recording: RecordingBroker) -> None:
-    subscriber = RawClient(recording.port)
+def test_a_large_publish_spanning_many_reads_arrives_whole(recording: RecordingBroker, level: int) -> None:
+    subscriber = RawClient(recording.port, level)
     subscriber.connect("big-subscriber")
     subscriber.subscribe("big", 1)
-    publisher = RawClient(recording.port)
+    publisher = RawClient(recording.port, level)
     publisher.connect("big-publisher")
     payload = bytes(range(256)) * 2000  # 512,000 bytes: 125 reads
     publisher.send(pk.Publish("big", payload, qos=1, packet_id=7))

@@ -51,6 +51,7 @@ def delivery(payload: bytes = b"x", qos: int = 1, expires_at: float | None = Non
 
 
 def test_qos1_window_follows_receive_maximum_and_refills_on_puback() -> None:
+    """MQTT 5 only: Receive Maximum is a CONNECT property."""
     session, connection = connected(receive_maximum=2)
     for index in range(4):
         session.deliver(delivery(str(index).encode()), NOW)
@@ -63,8 +64,8 @@ def test_qos1_window_follows_receive_maximum_and_refills_on_puback() -> None:
     assert session.on_puback(first.packet_id, NOW) is None  # already done: ignored
 
 
-def test_packet_ids_skip_ids_still_in_flight() -> None:
-    session, connection = connected()
+def test_packet_ids_skip_ids_still_in_flight(level: int) -> None:
+    session, connection = connected(v5=level == pk.MQTT_5)
     session.deliver(delivery(), NOW)
     (first,) = sent(connection)
     for _ in range(65534):
@@ -76,8 +77,8 @@ def test_packet_ids_skip_ids_still_in_flight() -> None:
     assert wrapped.packet_id != first.packet_id
 
 
-def test_reconnect_resends_publish_with_dup_and_pubrel_for_released_qos2() -> None:
-    session, connection = connected()
+def test_reconnect_resends_publish_with_dup_and_pubrel_for_released_qos2(level: int) -> None:
+    session, connection = connected(v5=level == pk.MQTT_5)
     session.deliver(delivery(b"one", qos=1), NOW)
     session.deliver(delivery(b"two", qos=2), NOW)
     one, two = sent(connection)
@@ -86,7 +87,7 @@ def test_reconnect_resends_publish_with_dup_and_pubrel_for_released_qos2() -> No
     session.detach(NOW)
     session.deliver(delivery(b"three", qos=1), NOW)  # queued while away
     fresh = Connection(1 << 20, 10, "again")
-    fresh.accept_connect(pk.Connect(5, "c"), "c", 60)
+    fresh.accept_connect(pk.Connect(level, "c"), "c", 60)
     session.resume(fresh, NOW)
     again_one, pubrel, three = sent(fresh)
     assert (again_one.dup, again_one.packet_id, again_one.payload) == (True, one.packet_id, b"one")
@@ -95,8 +96,8 @@ def test_reconnect_resends_publish_with_dup_and_pubrel_for_released_qos2() -> No
     assert session.on_pubcomp(two.packet_id, NOW) is not None
 
 
-def test_qos0_is_dropped_and_counted_past_the_queue_bound_or_when_overloaded() -> None:
-    session, connection = connected()
+def test_qos0_is_dropped_and_counted_past_the_queue_bound_or_when_overloaded(level: int) -> None:
+    session, connection = connected(v5=level == pk.MQTT_5)
     session.detach(NOW)
     results = [session.deliver(delivery(qos=0), NOW) for _ in range(5)]
     assert results == [True, True, True, False, False]
@@ -113,6 +114,7 @@ def test_qos0_is_dropped_and_counted_past_the_queue_bound_or_when_overloaded() -
 
 
 def test_qos1_for_an_away_client_is_bounded_while_a_connected_one_is_never_cut() -> None:
+    """MQTT 5 here for its Receive Maximum of 1 (a window of one); the bound itself knows no version."""
     session, connection = connected(receive_maximum=1)
     for index in range(6):  # connected: one in flight, five queued past the bound of 3, none dropped
         assert session.deliver(delivery(str(index).encode()), NOW)
@@ -130,6 +132,7 @@ def test_qos1_for_an_away_client_is_bounded_while_a_connected_one_is_never_cut()
 
 
 def test_qos1_for_an_overloaded_client_is_bounded_like_for_an_away_one() -> None:
+    """MQTT 5 here for its Receive Maximum of 1 (a window of one); the bound itself knows no version."""
     session, connection = connected(receive_maximum=1)
     for index in range(4):  # one in flight, three queued: at the bound
         assert session.deliver(delivery(str(index).encode()), NOW)
@@ -141,6 +144,7 @@ def test_qos1_for_an_overloaded_client_is_bounded_like_for_an_away_one() -> None
 
 
 def test_expired_messages_are_not_sent_and_expiry_counts_down() -> None:
+    """MQTT 5 only: the Message Expiry Interval is a PUBLISH property."""
     session, connection = connected()
     session.detach(NOW)
     session.deliver(delivery(b"old", expires_at=NOW + 5), NOW)
@@ -152,8 +156,8 @@ def test_expired_messages_are_not_sent_and_expiry_counts_down() -> None:
     assert packet.properties[pr.MESSAGE_EXPIRY_INTERVAL] == 90
 
 
-def test_journal_records_progress_of_stored_deliveries() -> None:
-    session, connection = connected()
+def test_journal_records_progress_of_stored_deliveries(level: int) -> None:
+    session, connection = connected(v5=level == pk.MQTT_5)
     journal = Journal()
     session.journal = journal
     stored = delivery(qos=2)
@@ -169,6 +173,7 @@ def test_journal_records_progress_of_stored_deliveries() -> None:
 
 
 def test_pubrec_with_failure_ends_the_qos2_exchange() -> None:
+    """MQTT 5 only: 3.1.1's PUBREC has no reason code."""
     session, connection = connected()
     session.deliver(delivery(qos=2), NOW)
     (publish,) = sent(connection)
@@ -177,13 +182,16 @@ def test_pubrec_with_failure_ends_the_qos2_exchange() -> None:
     assert not session.inflight
 
 
-def test_pubrec_for_unknown_id_answers_pubrel_not_found() -> None:
-    session, connection = connected()
+def test_pubrec_for_unknown_id_answers_pubrel_not_found(level: int) -> None:
+    """MQTT 5 says 0x92; 3.1.1, without reason codes, gets a plain PUBREL."""
+    session, connection = connected(v5=level == pk.MQTT_5)
     session.on_pubrec(77, 0, NOW)
-    assert sent(connection) == [pk.PubRel(77, rc.PACKET_IDENTIFIER_NOT_FOUND)]
+    reason = rc.PACKET_IDENTIFIER_NOT_FOUND if level == pk.MQTT_5 else 0
+    assert sent(connection) == [pk.PubRel(77, reason)]
 
 
 def test_outbound_topic_alias_is_set_once_then_used() -> None:
+    """MQTT 5 only: topic aliases are a PUBLISH property."""
     session, connection = connected(alias_maximum=1)
     session.deliver(delivery(qos=0, topic="long/topic"), NOW)
     session.deliver(delivery(qos=0, topic="long/topic"), NOW)
@@ -193,6 +201,7 @@ def test_outbound_topic_alias_is_set_once_then_used() -> None:
 
 
 def test_outbound_topic_aliases_are_replaced_least_recently_used_first() -> None:
+    """MQTT 5 only: topic aliases are a PUBLISH property."""
     session, connection = connected(alias_maximum=2)
     for topic in ("a", "b", "a", "c", "b", "a", "c"):
         session.deliver(delivery(qos=0, topic=topic), NOW)
@@ -202,6 +211,7 @@ def test_outbound_topic_aliases_are_replaced_least_recently_used_first() -> None
 
 
 def test_inbound_topic_alias_resolution_and_errors() -> None:
+    """MQTT 5 only: topic aliases are a PUBLISH property."""
     _, connection = connected()
     publish = pk.Publish("a/b", b"", properties={pr.TOPIC_ALIAS: 2})
     connection.resolve_topic(publish)
@@ -221,6 +231,7 @@ def test_inbound_topic_alias_resolution_and_errors() -> None:
 
 
 def test_packets_larger_than_the_clients_maximum_are_not_sent() -> None:
+    """MQTT 5 only: the client's Maximum Packet Size is a CONNECT property."""
     connection = Connection(1 << 20, 10, "small")
     connection.accept_connect(pk.Connect(5, "c", properties={pr.MAXIMUM_PACKET_SIZE: 100}), "c", 60)
     session = Session("c", queue_limit=10)

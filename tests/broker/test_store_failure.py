@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
+from appliance.prometheus import render
 from appliance.store_health import LOG_INTERVAL
 from tests.broker.pair import BrokerPair, FakeClient
 from tests.broker.test_hardening import LockedStore
@@ -186,7 +187,7 @@ def test_sys_topics_and_prometheus_show_the_store_state(tmp_path: Path) -> None:
         watcher = pair.client()
         watcher.connect("watcher")
         watcher.subscribe("$SYS/broker/store/#")
-        assert "gateway_broker_store_healthy 1" in pair.broker.prometheus()
+        assert "gateway_broker_store_healthy 1" in render(pair.broker.metrics())
 
         def state() -> dict[str, bytes]:
             return {m.topic.removeprefix("$SYS/broker/store/"): m.payload for m in publishes(watcher.received())}
@@ -201,12 +202,12 @@ def test_sys_topics_and_prometheus_show_the_store_state(tmp_path: Path) -> None:
         pair.advance(1.0)  # the change is published at the next tick, not at the next interval
         seen = state()
         assert seen["healthy"] == b"0" and int(seen["commits/failed"]) >= 1 and int(seen["refused"]) >= 1
-        text = pair.broker.prometheus()
+        text = render(pair.broker.metrics())
         assert "gateway_broker_store_healthy 0" in text and "# TYPE gateway_broker_store_failed_commits_total counter" in text
         locked.release()
         pair.advance(1.0)
         assert state()["healthy"] == b"1"
-        assert "gateway_broker_store_healthy 1" in pair.broker.prometheus()
+        assert "gateway_broker_store_healthy 1" in render(pair.broker.metrics())
     finally:
         pair.stop()
 

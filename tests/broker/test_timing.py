@@ -1,5 +1,5 @@
 """Time-based broker behaviour on the fake clock (``tests/broker/pair.py``): will delay, session expiry,
-keep-alive, flapping and slow consumers, each under MQTT 3.1.1 and 5 where both have it. No sockets,
+message expiry, keep-alive, flapping and slow consumers, each under MQTT 3.1.1 and 5 where both have it. No sockets,
 no waiting: the clock moves when the test says so."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from appliance.broker.codec import reasons as rc
 from appliance.broker.handle_connect import FLAP_FREE_TAKEOVERS
 from appliance.broker.router import QUEUE_HIGH_WATER
 from tests.broker.pair import BrokerPair
-
-LEVELS = [pytest.param(pk.MQTT_311, id="mqtt311"), pytest.param(pk.MQTT_5, id="mqtt5")]
+from tests.broker.versions import LEVELS, durable
 
 
 @pytest.fixture
@@ -25,14 +24,6 @@ def pair(tmp_path: Path) -> Iterator[BrokerPair]:
     pair = BrokerPair(tmp_path, max_session_expiry=60)
     yield pair
     pair.stop()
-
-
-def durable(level: int, expiry: int = 60) -> dict[str, object]:
-    """CONNECT arguments for a session that outlives its connection by ``expiry`` seconds (3.1.1: clean
-    session off; its expiry is the broker's ``max_session_expiry``)."""
-    if level == pk.MQTT_5:
-        return {"clean_start": False, "properties": {pr.SESSION_EXPIRY_INTERVAL: expiry}}
-    return {"clean_start": False}
 
 
 def publishes(packets: list[pk.Packet]) -> list[pk.Publish]:
@@ -43,6 +34,7 @@ def publishes(packets: list[pk.Packet]) -> list[pk.Publish]:
 
 
 def test_a_delayed_will_goes_out_when_its_delay_is_over_not_before(pair: BrokerPair) -> None:
+    """MQTT 5 only: the Will Delay Interval is a will property (3.1.1's will goes out at once)."""
     watcher = pair.client()
     watcher.connect("watcher")
     watcher.subscribe("wills/#")
@@ -58,6 +50,7 @@ def test_a_delayed_will_goes_out_when_its_delay_is_over_not_before(pair: BrokerP
 
 
 def test_reconnecting_within_the_will_delay_cancels_the_will(pair: BrokerPair) -> None:
+    """MQTT 5 only: the Will Delay Interval is a will property (3.1.1's will goes out at once)."""
     watcher = pair.client()
     watcher.connect("watcher")
     watcher.subscribe("wills/#")
@@ -84,7 +77,8 @@ def test_a_will_without_delay_goes_out_at_once_when_the_connection_breaks(pair: 
 
 
 def test_a_session_ending_before_the_will_delay_publishes_the_will_then(pair: BrokerPair) -> None:
-    """MQTT 5 3.1.3.2.2: the will goes out at the earlier of its delay and the session's end."""
+    """MQTT 5 3.1.3.2.2: the will goes out at the earlier of its delay and the session's end. MQTT 5 only:
+    3.1.1 has neither a will delay nor a session expiry of its own."""
     watcher = pair.client()
     watcher.connect("watcher")
     watcher.subscribe("wills/#")
@@ -96,6 +90,37 @@ def test_a_session_ending_before_the_will_delay_publishes_the_will_then(pair: Br
     assert publishes(watcher.received()) == []
     pair.advance(2)
     assert [m.payload for m in publishes(watcher.received())] == [b"gone"]
+
+
+@pytest.mark.parametrize("comes_back", [False, True], ids=["stays-away", "comes-back"])
+def test_a_delayed_will_pending_at_a_crash_keeps_its_moment_or_is_cancelled_by_a_return(
+    tmp_path: Path, comes_back: bool
+) -> None:
+    """MQTT 5 only (the Will Delay Interval). The broker is killed while a will waits out its delay and
+    restarts 10 s later: the will goes out when its delay ends counted from the disconnect (not from the
+    restart, not at once), unless the client is back first. The real kill -9 of the first case is
+    test_interop_durability.py's; this one adds the return and needs no real seconds."""
+    pair = BrokerPair(tmp_path, max_session_expiry=3600)
+    watcher = pair.client()
+    watcher.connect("watcher", **durable(pk.MQTT_5, 3600))
+    watcher.subscribe("wills/#", 1)
+    device = pair.client()
+    device.connect("a", will=pk.Will("wills/a", b"gone", properties={pr.WILL_DELAY_INTERVAL: 30}),
+                   **durable(pk.MQTT_5, 600))
+    device.drop()
+    restarted = pair.killed(down_for=10)
+    watcher = restarted.client()
+    assert watcher.connect("watcher", **durable(pk.MQTT_5, 3600)).session_present
+    if comes_back:
+        assert restarted.client().connect("a", **durable(pk.MQTT_5, 600)).session_present
+        restarted.advance(600)
+        assert publishes(watcher.received()) == []
+    else:
+        restarted.advance(19.5)
+        assert publishes(watcher.received()) == []
+        restarted.advance(1.0)
+        assert [(m.topic, m.payload) for m in publishes(watcher.received())] == [("wills/a", b"gone")]
+    restarted.stop()
 
 
 # -- session expiry ------------------------------------------------------------------------------------
@@ -132,6 +157,30 @@ def test_an_expired_session_is_gone(pair: BrokerPair, level: int) -> None:
     back = pair.client(level)
     assert not back.connect("sub", **durable(level, 60)).session_present  # type: ignore[arg-type]
     assert back.received() == []
+
+
+# -- message expiry ------------------------------------------------------------------------------------
+
+
+def test_a_queued_message_expires_and_the_rest_count_down(pair: BrokerPair) -> None:
+    """MQTT 5 only: the Message Expiry Interval is a PUBLISH property (3.1.1 messages never expire). A
+    message queued for an away session is dropped once its lifetime has passed; one still alive goes
+    out with its interval lowered by the time it waited (3.3.2.3.3)."""
+    subscriber = pair.client()
+    subscriber.connect("sub", **durable(pk.MQTT_5, 60))
+    subscriber.subscribe("t", 1)
+    subscriber.drop()
+    publisher = pair.client()
+    publisher.connect("pub")
+    publisher.send(pk.Publish("t", b"short", qos=1, packet_id=1, properties={pr.MESSAGE_EXPIRY_INTERVAL: 1}),
+                   pk.Publish("t", b"long", qos=1, packet_id=2, properties={pr.MESSAGE_EXPIRY_INTERVAL: 100}))
+    pair.advance(2)
+    back = pair.client()
+    back.send(pk.Connect(pk.MQTT_5, "sub", **durable(pk.MQTT_5, 60)))
+    connack, message = back.received()
+    assert isinstance(connack, pk.Connack) and connack.session_present
+    assert isinstance(message, pk.Publish) and message.payload == b"long"
+    assert message.properties[pr.MESSAGE_EXPIRY_INTERVAL] == 98
 
 
 # -- keep-alive ----------------------------------------------------------------------------------------

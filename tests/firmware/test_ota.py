@@ -277,7 +277,10 @@ def test_an_update_that_does_not_fit_64k_is_reported_and_the_thermostat_keeps_wo
         assert store.set("t-64k-now\\desiredFirmware", OLD).applied  # nothing wanted any more: the door unloads
         board.expect(r"^update: none wanted now$|^registered", after=mark)
     data = telemetry_while(peer, "t-64k-now", lambda d: d["update"] is None)[-1]
-    assert data["mem_free"] >= 16 * 1024 - 512, data  # the door's few names stay; nothing else does
+    # The door's few names stay, within the qstr pools the thermostat already has; nothing else does.
+    # One name too many allocates a fifth pool (3.6 KB) in the middle of the heap: the largest block
+    # fell to 0.9 KB (ota.py's docstring).
+    assert data["mem_free"] >= 16 * 1024 - 512 and data["mem_largest"] >= 4 * 1024, data
     assert board.boots == 1 and "Traceback" not in board.output(), board.output()
 
 

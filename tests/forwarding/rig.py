@@ -12,6 +12,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from appliance import run_state
+
 from hil_tests.rig.relay import RelayThread
 from tests.forwarding.peers import Collector, Device
 from tests.support.processes import ROOT, GatewayProcess, MosquittoProcess
@@ -39,12 +41,12 @@ class ForwardingRig:
         self.config.write_text(
             f"""[gateway]
 id = "gw1"
+metrics_port = 0
 [forwarding]
 enabled = true
 manifest = "manifest.json"
 watch_interval_s = 0.2
 cleanup_interval_s = 0.5
-metrics_port = 0
 {extra_forwarding}
 [forwarding.upstream]
 host = "127.0.0.1"
@@ -87,9 +89,13 @@ backoff_max_s = 0.3
     def status(self) -> dict[str, Any]:
         return json.loads((self.gateway.data_dir / "forwarding-routes.json").read_text())
 
+    def metrics_url(self) -> str:
+        running = run_state.running(self.gateway.data_dir)
+        assert running is not None and running.metrics_url is not None
+        return running.metrics_url
+
     def prometheus(self) -> str:
-        port = self.status()["metrics_port"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(self.metrics_url(), timeout=5) as response:
             return response.read().decode()
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ def test_defaults_and_relative_paths(tmp_path: Path) -> None:
     assert config.manifest == tmp_path / "m.json"
     assert config.upstream.host == "cloud" and config.upstream.port == 1883 and config.upstream.protocol == "5"
     assert config.upstream.ca_file == Path("/etc/ca.pem")
-    assert config.max_store_bytes is None and config.metrics_port is None
+    assert config.max_store_bytes is None
     assert (config.upstream.format, config.upstream.batch_topic) == ("message", "gateways/{gateway_id}/batches")
 
 
@@ -34,7 +34,7 @@ def test_defaults_and_relative_paths(tmp_path: Path) -> None:
         ({"upstream": {"backoff_min_s": 5, "backoff_max_s": 1}}, "forwarding.upstream.backoff_max_s"),
         ({"upstream": {"hots": "x"}}, "forwarding.upstream.hots"),
         ({"max_store_bytes": 10}, "forwarding.max_store_bytes"),
-        ({"metrics_port": "9100"}, "forwarding.metrics_port"),
+        ({"metrics_port": 9100}, "forwarding.metrics_port"),  # the gateway's now: [gateway] metrics_port
         ({"manifest": 3}, "forwarding.manifest"),
     ],
 )

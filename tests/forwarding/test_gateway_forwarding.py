@@ -316,12 +316,12 @@ def test_the_tooling_says_what_it_does(make_rig) -> None:
         "alerts": {"route": "FROM /messages/* WHERE alert = 'true' INTO $upstream", "priority": 0, "timeToLiveSecs": 600},
         "data": {"route": "FROM /messages/modules/m1/* WHERE as_number(level) > 3 INTO $upstream", "priority": 5},
     })
-    port = rig.status()["metrics_port"]
-    rig.gateway.wait_for_log(rf"appliance ready: .*; forwarding metrics on http://127\.0\.0\.1:{port}/metrics")
+    url = rig.metrics_url()
+    rig.gateway.wait_for_log(rf"appliance ready: .*; metrics on {re.escape(url)}")
 
     doctor = rig.cli("doctor", "-c", str(rig.config), "--listen", f"127.0.0.1:{rig.gateway.port}",
                      "--data-dir", str(rig.gateway.data_dir))
-    assert f"ok       metrics   forwarding metrics on http://127.0.0.1:{port}/metrics" in doctor.stdout, doctor.stdout
+    assert f"ok       metrics   metrics on {url}" in doctor.stdout, doctor.stdout
 
     shown = {r["name"]: r for r in json.loads(rig.cli("routes", "show", "--data-dir", str(rig.gateway.data_dir)).stdout)["routes"]}
     assert (shown["alerts"]["effectiveTimeToLiveSecs"], shown["alerts"]["timeToLiveFrom"]) == (600, "route timeToLiveSecs")

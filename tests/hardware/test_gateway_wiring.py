@@ -130,12 +130,12 @@ def test_modem_link_gates_the_bridge_and_the_leds_follow_bridge_and_backlog(
     (tmp_path / "manifest.json").write_text(manifest({"all": "FROM /messages/* INTO $upstream"}))
     config_file = tmp_path / "gateway.toml"
     config_file.write_text(
-        f'[gateway]\nid = "gw1"\ndata_dir = "{tmp_path / "data"}"\n'
+        f'[gateway]\nid = "gw1"\ndata_dir = "{tmp_path / "data"}"\nmetrics_port = 0\n'
         '[[broker.listeners]]\nhost = "127.0.0.1"\nport = 0\n'
         f"[hardware.gpio]\nenabled = true\nuplink_led = {UPLINK}\nbacklog_led = {BACKLOG}\n"
         "backlog_slow_from = 1\nbacklog_fast_from = 5\n"
         f'[hardware.modem]\nenabled = true\nport = "{emulator.port}"\ncommand_timeout = 0.5\npoll_interval = 0.2\n'
-        '[forwarding]\nenabled = true\nmanifest = "manifest.json"\nmetrics_port = 0\n'
+        '[forwarding]\nenabled = true\nmanifest = "manifest.json"\n'
         f'[forwarding.upstream]\nhost = "127.0.0.1"\nport = {relay.port}\nkeepalive_s = 5\n'
         "backoff_min_s = 5\nbackoff_max_s = 10\n"
     )

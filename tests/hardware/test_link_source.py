@@ -11,6 +11,7 @@ from gpiozero.pins.mock import MockFactory
 
 from appliance.hardware.config import GpioConfig, HardwareConfig, ModemConfig
 from appliance.hardware.service import HardwareService
+from appliance.prometheus import render
 from tests.hardware.modem_emulator import ModemEmulator
 from tests.hardware.test_service import RecordingBroker, until
 
@@ -34,7 +35,7 @@ def test_listeners_from_before_start_hear_the_modem_and_the_bridge_owns_the_upli
         try:
             await until(lambda: changes == [True])
             await until(lambda: service.modem is not None and service.modem.status.operator is not None)
-            text = service.prometheus()
+            text = render(await service.metrics())
             assert "gateway_modem_registered 1\n" in text and "gateway_modem_rssi_dbm -71\n" in text
             assert 'gateway_modem_info{registration="CEREG=home,CREG=home",operator="Emu Mobile",technology="LTE"} 1' in text
             assert factory.pin(UPLINK).state is False  # registered, but the bridge has not connected
