@@ -22,12 +22,16 @@ import subprocess
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from pathlib import Path
 
-from appliance.broker.certificates import NEAR_EXPIRY, CertificateFileError, date_problems
-from appliance.broker.config import ListenerConfig
 from appliance import run_state
+from appliance.broker.certificates import (
+    NEAR_EXPIRY,
+    CertificateFileError,
+    date_problems,
+)
+from appliance.broker.config import ListenerConfig
 from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.gateway_config import GatewayConfig
 from appliance.hardware.config import ModemConfig
@@ -70,7 +74,7 @@ def check_ports(listeners: Iterable[ListenerConfig], timeout: float = 1.0) -> li
 def check_certificates(listeners: Iterable[ListenerConfig], now: datetime | None = None) -> list[Finding]:
     """Every certificate a TLS listener serves or trusts: expired, not yet valid, or expiring within
     ``certificates.NEAR_EXPIRY`` is a problem here (the gateway only warns at start)."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     findings = []
     files = {(path, role) for listener in listeners
              for path, role in ((listener.certfile, "certfile"), (listener.cafile, "cafile")) if path is not None}

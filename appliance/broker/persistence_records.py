@@ -20,7 +20,7 @@ from typing import Union
 
 from appliance.broker.topic_tree import SubscriptionOptions
 
-PropertyValue = Union[int, str, bytes, Sequence[tuple[str, str]], Sequence[int]]
+PropertyValue = int | str | bytes | Sequence[tuple[str, str]] | Sequence[int]
 
 
 class OutboundState(IntEnum):

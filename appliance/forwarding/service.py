@@ -230,7 +230,7 @@ class ForwardingService(ServiceDefaults):
                         if not future.done():
                             future.set_exception(exc)
                     continue
-                for (_, _, future), outcome in zip(batch, outcomes):
+                for (_, _, future), outcome in zip(batch, outcomes, strict=True):
                     if future.done():  # its publisher's task was cancelled meanwhile
                         continue
                     if isinstance(outcome, Exception):

@@ -24,7 +24,11 @@ from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reader import PacketReader
 from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.codec.writer import encode
-from appliance.broker.topic_tree import SubscriptionOptions, SubscriptionTree, TopicError
+from appliance.broker.topic_tree import (
+    SubscriptionOptions,
+    SubscriptionTree,
+    TopicError,
+)
 from tests.broker.pair import BrokerPair
 from tests.broker.test_timing import LEVELS, durable, publishes
 from tests.broker.test_topic_tree import reference_matches

@@ -16,16 +16,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance.broker.acl import Acl, AclFileError
-from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
 from appliance.broker.api import InboundPublish
+from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
 from appliance.statestore import errors
 from appliance.statestore.acl import AclRule
-from appliance.statestore.commands import Condition, DelCommand, GetCommand, KeyNotifyCommand, SetCommand, VDelCommand
+from appliance.statestore.commands import (
+    Condition,
+    DelCommand,
+    GetCommand,
+    KeyNotifyCommand,
+    SetCommand,
+    VDelCommand,
+)
 from appliance.statestore.config import StateStoreConfig
 from appliance.statestore.hlc import Hlc
 from appliance.statestore.notify import notification_topic
-from appliance.statestore.resp3 import encode_array
 from appliance.statestore.protocol import REQUEST_TOPIC
+from appliance.statestore.resp3 import encode_array
 from appliance.statestore.service import StateStoreService
 
 T0 = 1_700_000_000_000
