@@ -16,7 +16,6 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Union
 
 from appliance.broker.topic_tree import SubscriptionOptions
 

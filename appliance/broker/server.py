@@ -33,7 +33,7 @@ import asyncio
 import logging
 import socket
 import ssl
-from datetime import UTC, datetime, timezone
+from datetime import UTC, datetime
 
 from appliance.broker.broker import Broker
 from appliance.broker.certificates import CertificateFileError, date_problems

@@ -4,7 +4,7 @@ expired one, one near its expiry, one not valid yet, each with its key, written 
 from __future__ import annotations
 
 import ipaddress
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from cryptography import x509
