@@ -45,33 +45,30 @@ def read_landing(spark: SparkSession, landing: str, kind: str, stream: StreamOpt
                  dates: list[str] | None = None) -> DataFrame:
     """Every line of one kind, good or bad (``landing_error``); see ``records`` and ``bad_lines``.
 
-    ``dates``: only these receive-date partitions (a batch over a date range lists nothing else).
-    Lines are read as text and parsed with ``from_json``, so each line is one row whatever it holds (the
-    JSON source would read ``[]`` as no row and an array of objects as several); blank lines are skipped."""
+    ``dates``: only these receive-date partitions (a batch over a date range lists nothing else)."""
     if stream is None:
         paths = [landing_glob(landing, kind)] if dates is None else _existing_dates(spark, landing, kind, dates)
-        text = _read_text(spark, paths) if paths else None
-        if text is None:  # nothing landed yet: an empty input, not an error
-            text = spark.createDataFrame([], "value string").withColumn(
+        frame = _read_json(spark, paths, LANDING_READ, columnNameOfCorruptRecord=CORRUPT_LINE) if paths else None
+        if frame is None:  # nothing landed yet: an empty input, not an error
+            frame = spark.createDataFrame([], LANDING_READ).withColumn(
                 "_metadata", F.struct(F.lit(None).cast("string").alias("file_path"))
             )
     else:
         if "://" not in str(landing):
             Path(landing, kind).mkdir(parents=True, exist_ok=True)
-        reader = spark.readStream
+        reader = spark.readStream.schema(LANDING_READ).option("columnNameOfCorruptRecord", CORRUPT_LINE)
         if stream.max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", stream.max_files_per_trigger)
-        text = reader.text(landing_glob(landing, kind))
-    lines = text.where(F.trim("value") != "").select("value", F.col("_metadata.file_path").alias("landing_file"))
-    parsed = lines.withColumn("_r", F.from_json("value", LANDING_READ, {"columnNameOfCorruptRecord": CORRUPT_LINE}))
-    whole = F.col("_r").isNotNull() & F.col(f"_r.{CORRUPT_LINE}").isNull()
-    return with_provenance(parsed.select("value", "landing_file", whole.alias("_whole"), "_r.*"))
+        frame = reader.json(landing_glob(landing, kind))
+    return with_provenance(frame)
 
 
 def with_provenance(frame: DataFrame) -> DataFrame:
-    """``landing_error`` and a stand-in ``received_ms`` for bad lines (their raw text as ``payload``)."""
-    path = F.col("landing_file")
-    error = F.when(~F.col("_whole"), F.lit(NOT_A_RECORD)).when(F.col("received_ms").isNull(), F.lit(NO_RECEIVE_TIME))
+    """``landing_error``, ``landing_file`` and a stand-in ``received_ms`` for bad lines; the time columns."""
+    path = F.col("_metadata.file_path")
+    error = F.when(F.col(CORRUPT_LINE).isNotNull(), F.lit(NOT_A_RECORD)).when(
+        F.col("received_ms").isNull(), F.lit(NO_RECEIVE_TIME)
+    )
     hour_start = F.unix_millis(F.to_timestamp(F.concat(
         F.regexp_extract(path, r"date=(\d{4}-\d{2}-\d{2})", 1), F.lit(" "), F.regexp_extract(path, r"hour=(\d{2})", 1)
     ), "yyyy-MM-dd HH"))
@@ -79,10 +76,11 @@ def with_provenance(frame: DataFrame) -> DataFrame:
         frame.withColumns(
             {
                 "landing_error": error,
+                "landing_file": path,
                 "received_ms": F.coalesce(F.col("received_ms"), hour_start),
-                "payload": F.when(~F.col("_whole"), F.col("value")).otherwise(F.col("payload")),
+                "payload": F.when(F.col(CORRUPT_LINE).isNotNull(), F.col(CORRUPT_LINE)).otherwise(F.col("payload")),
             }
-        ).drop(CORRUPT_LINE, "_whole", "value")
+        ).drop(CORRUPT_LINE)
     )
 
 
@@ -127,16 +125,7 @@ def _existing_dates(spark: SparkSession, landing: str, kind: str, dates: list[st
     return [f"{root.toString()}/date={day}/{pattern}" for day in dates if day in present]
 
 
-def _read_text(spark: SparkSession, paths: list[str]) -> DataFrame | None:
-    try:
-        return spark.read.text(paths)
-    except AnalysisException as error:
-        if "PATH_NOT_FOUND" not in str(error) and "Path does not exist" not in str(error):
-            raise
-        return None
-
-
-def _read_json(spark: SparkSession, path: str, schema, **options) -> DataFrame | None:
+def _read_json(spark: SparkSession, path: str | list[str], schema, **options) -> DataFrame | None:
     """The files at ``path`` read with ``schema``; None when there are none."""
     try:
         return spark.read.schema(schema).options(**options).json(path)
