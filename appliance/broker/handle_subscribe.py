@@ -1,6 +1,7 @@
 """SUBSCRIBE and UNSUBSCRIBE: the ACL check, the subscription tree, the store, the retained messages a
-new subscription gets (handed over a slice per loop turn by ``retained_feed``). Reason codes are written as MQTT 5 knows them; the writer maps them to 3.1.1's
-(0x80 for any failure in SUBACK, none at all in UNSUBACK). No asyncio, no time module.
+new subscription gets (handed over a slice per loop turn by ``retained_feed``). Reason codes are written as
+MQTT 5 knows them; the writer maps them to 3.1.1's (0x80 for any failure in SUBACK, none at all in UNSUBACK).
+No asyncio, no time module.
 """
 
 from __future__ import annotations
