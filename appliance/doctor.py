@@ -22,12 +22,16 @@ import subprocess
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from appliance.broker.certificates import NEAR_EXPIRY, CertificateFileError, date_problems
-from appliance.broker.config import ListenerConfig
 from appliance import run_state
+from appliance.broker.certificates import (
+    NEAR_EXPIRY,
+    CertificateFileError,
+    date_problems,
+)
+from appliance.broker.config import ListenerConfig
 from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.gateway_config import GatewayConfig
 from appliance.hardware.config import ModemConfig
@@ -62,7 +66,9 @@ def check_ports(listeners: Iterable[ListenerConfig], timeout: float = 1.0) -> li
                 findings.append(Finding("ports", Verdict.OK, f"{where} accepts connections"))
         except OSError as exc:
             findings.append(
-                Finding("ports", Verdict.PROBLEM, f"nothing accepts connections on {where} ({exc.strerror or exc}): is the gateway running?")
+                Finding(
+                    "ports", Verdict.PROBLEM, f"nothing accepts connections on {where} ({exc.strerror or exc}): is the gateway running?"
+                )
             )
     return findings
 
@@ -70,7 +76,7 @@ def check_ports(listeners: Iterable[ListenerConfig], timeout: float = 1.0) -> li
 def check_certificates(listeners: Iterable[ListenerConfig], now: datetime | None = None) -> list[Finding]:
     """Every certificate a TLS listener serves or trusts: expired, not yet valid, or expiring within
     ``certificates.NEAR_EXPIRY`` is a problem here (the gateway only warns at start)."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     findings = []
     files = {(path, role) for listener in listeners
              for path, role in ((listener.certfile, "certfile"), (listener.cafile, "cafile")) if path is not None}
@@ -82,13 +88,21 @@ def check_certificates(listeners: Iterable[ListenerConfig], now: datetime | None
             continue
         findings += [Finding("tls", Verdict.PROBLEM, str(problem)) for problem in problems]
         if not problems:
-            findings.append(Finding("tls", Verdict.OK, f"TLS {role} {path}: every certificate is valid for {NEAR_EXPIRY.days} days or more"))
+            findings.append(
+                Finding("tls", Verdict.OK, f"TLS {role} {path}: every certificate is valid for {NEAR_EXPIRY.days} days or more")
+            )
     return findings
 
 
 def check_data_dir(data_dir: Path) -> list[Finding]:
     if not data_dir.exists():
-        return [Finding("data dir", Verdict.PROBLEM, f"{data_dir} does not exist: the gateway creates it on first start, or check gateway.data_dir")]
+        return [
+            Finding(
+                "data dir",
+                Verdict.PROBLEM,
+                f"{data_dir} does not exist: the gateway creates it on first start, or check gateway.data_dir",
+            )
+        ]
     if not data_dir.is_dir():
         return [Finding("data dir", Verdict.PROBLEM, f"{data_dir} is not a directory")]
     findings = []
@@ -184,7 +198,9 @@ async def _probe_modem(config: ModemConfig) -> Finding:
     metrics = status.as_metrics()
     summary = f"signal {metrics['rssi_dbm']} dBm, operator {metrics['operator']}, {metrics['technology']}"
     if not status.registered:
-        return Finding("modem", Verdict.PROBLEM, f"the modem answers but is not registered on a network ({metrics['registration']}; {summary})")
+        return Finding(
+            "modem", Verdict.PROBLEM, f"the modem answers but is not registered on a network ({metrics['registration']}; {summary})"
+        )
     return Finding("modem", Verdict.OK, f"registered ({metrics['registration']}); {summary}")
 
 

@@ -397,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     collected: dict[str, dict[str, list[float]]] = {"ours": {}, "mosquitto": {}}
     failed = False
     print(f"bench: {', '.join(args.only)}; MQTT {args.mqtt}; {duration:g} s windows after {schedule.warmup:g} s warm-up, "
-          f"{rounds} round(s); broker.db synchronous {args.synchronous}; {psutil.cpu_count()} cores, load average {psutil.getloadavg()[0]:.1f}", flush=True)
+          f"{rounds} round(s); broker.db synchronous {args.synchronous}; "
+          f"{psutil.cpu_count()} cores, load average {psutil.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp, brokers(Path(tmp), args.synchronous) as targets:
         for name in [scenario for scenario in SCENARIOS if scenario in args.only]:
             for round_number in range(rounds):

@@ -267,8 +267,8 @@ def main() -> int:
         print(kind, rows[kind], flush=True)
     print(f"backlog {args.backlog} x {PAYLOAD} B, link {LINK_BPS // 1000} kbit/s for the priority run\n")
     print("| figure | " + " | ".join(kinds) + " |\n|---|" + "---|" * len(kinds))
-    for key, unit in (("ingest", "msg/s"), ("ingest_devices", "msg/s"), ("drain", "msg/s"), ("drain_note", ""), ("alerts_arrived", ""), ("p0_p50_ms", "ms"),
-                      ("p0_p99_ms", "ms"), ("link_busy", ""), ("goodput", "")):
+    for key, unit in (("ingest", "msg/s"), ("ingest_devices", "msg/s"), ("drain", "msg/s"), ("drain_note", ""), ("alerts_arrived", ""),
+                      ("p0_p50_ms", "ms"), ("p0_p99_ms", "ms"), ("link_busy", ""), ("goodput", "")):
         cells = []
         for kind in kinds:
             value = rows[kind].get(key, "-")

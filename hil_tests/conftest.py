@@ -161,9 +161,11 @@ def rig(request: pytest.FixtureRequest, bench: BenchConfig, timeline: Timeline, 
             pytest.skip(refusal)
         # The cloud broker starts in the cloud namespace after the rig has made it; its port is fixed there.
         args += ["--target", f"127.0.0.1:{CLOUD_BROKER_PORT}"]
-    with local_rig(args, tmp_path / "rig.log") as ready:
-        with RigClient(ready["serial"], baudrate=bench.rig.baud, on_command=timeline.rig) as client:
-            yield client
+    with (
+        local_rig(args, tmp_path / "rig.log") as ready,
+        RigClient(ready["serial"], baudrate=bench.rig.baud, on_command=timeline.rig) as client,
+    ):
+        yield client
 
 
 class RunOutcomes:

@@ -101,7 +101,7 @@ class HostLinks:
         """Create both links; on any failure remove what was created and raise."""
         try:
             links = []
-            for (namespace, device), network in zip(self._plan, _free_link_networks(len(self._plan))):
+            for (namespace, device), network in zip(self._plan, _free_link_networks(len(self._plan)), strict=True):
                 host_ip, namespace_ip = list(network.hosts())
                 _run("ip", "link", "add", device, "type", "veth", "peer", "name", "lan0", "netns", namespace)
                 self._created.append(device)

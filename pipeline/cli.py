@@ -48,7 +48,7 @@ def _settings(args: argparse.Namespace):
     return JobSettings(
         landing=args.landing, out=args.out, window=args.window, lateness=args.lateness,
         upstream_endpoint=args.upstream_endpoint, hil=getattr(args, "hil", None),
-        received_from=received_from, received_to=received_to, late_days=getattr(args, "late_days", 1),
+        received_from=received_from, received_to=received_to, late_days=args.late_days,
     )
 
 
@@ -106,7 +106,11 @@ def _job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", help="Spark master (default local[*]; under spark-submit, its --master)")
     parser.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions (default 8 on local)")
     parser.add_argument("--window", default="5 minutes", help="window of rollups and SLA tables")
-    parser.add_argument("--lateness", default="10 minutes", help="streaming watermark delay")
+    parser.add_argument("--lateness", default="10 minutes",
+                        help="streaming: how far behind its own key's latest event time a row may arrive")
+    parser.add_argument("--late-days", type=int, default=1,
+                        help="days after its event a message may still arrive (batch --from: rewrites that many "
+                             "days before --from too; stream: how long counted ids are remembered)")
     parser.add_argument("--upstream-endpoint", default="upstream", help="metrics endpoint that feeds the cloud")
 
 
@@ -148,9 +152,6 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--from", dest="received_from", type=_date,
                        help="first receive date (YYYY-MM-DD) to process; default: the whole landing zone")
     batch.add_argument("--to", dest="received_to", type=_date, help="last receive date (default: --from)")
-    batch.add_argument("--late-days", type=int, default=1,
-                       help="days after its event a message may still arrive (with --from: rewrites that many "
-                            "days before --from too)")
     batch.set_defaults(func=cmd_batch)
 
     stream = sub.add_parser("stream", help="update the outputs incrementally (Structured Streaming)")

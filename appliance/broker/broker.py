@@ -52,7 +52,14 @@ from appliance.broker.retain import RetainedMessages
 from appliance.broker.retained_feed import RetainedFeeds
 from appliance.broker.router import Router
 from appliance.broker.runtime import Runtime, Timer
-from appliance.broker.session import ALLOWED_PACKETS, CLOSED, CONNECTED, Connection, Delivery, Session
+from appliance.broker.session import (
+    ALLOWED_PACKETS,
+    CLOSED,
+    CONNECTED,
+    Connection,
+    Delivery,
+    Session,
+)
 from appliance.broker.store_failure import CommitGate
 from appliance.broker.sys_topics import BrokerStats
 from appliance.broker.topic_tree import SubscriptionTree

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.properties import TOPIC_ALIAS
 from appliance.broker.codec.reader import PacketReader
-from appliance.broker.codec.reasons import PROTOCOL_ERROR, TOPIC_ALIAS_INVALID, TOPIC_NAME_INVALID, ProtocolError
+from appliance.broker.codec.reasons import (
+    PROTOCOL_ERROR,
+    TOPIC_ALIAS_INVALID,
+    TOPIC_NAME_INVALID,
+    ProtocolError,
+)
 
 if TYPE_CHECKING:
     from appliance.broker.session import Session

@@ -25,7 +25,13 @@ from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.codec.writer import encode
 from appliance.broker.link import Link
-from appliance.broker.session import AUTHENTICATING, CLOSED, CONNECTED, NEVER_EXPIRES, Session
+from appliance.broker.session import (
+    AUTHENTICATING,
+    CLOSED,
+    CONNECTED,
+    NEVER_EXPIRES,
+    Session,
+)
 
 if TYPE_CHECKING:
     from appliance.broker.broker import Broker

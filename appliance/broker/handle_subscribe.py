@@ -1,6 +1,7 @@
 """SUBSCRIBE and UNSUBSCRIBE: the ACL check, the subscription tree, the store, the retained messages a
-new subscription gets (handed over a slice per loop turn by ``retained_feed``). Reason codes are written as MQTT 5 knows them; the writer maps them to 3.1.1's
-(0x80 for any failure in SUBACK, none at all in UNSUBACK). No asyncio, no time module.
+new subscription gets (handed over a slice per loop turn by ``retained_feed``). Reason codes are written as
+MQTT 5 knows them; the writer maps them to 3.1.1's (0x80 for any failure in SUBACK, none at all in UNSUBACK).
+No asyncio, no time module.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ if TYPE_CHECKING:
     from appliance.broker.broker import Broker
 
 log = logging.getLogger("appliance.broker")
+
+#: Subscriptions one client may hold. A subscription costs its filter's text in the tree plus a stored
+#: row for a durable session; without a bound, SUBSCRIBE after SUBSCRIBE grows the gateway's memory and
+#: ``broker.db`` (and every restart's load) without end. Past it a new filter gets SUBACK 0x97 Quota
+#: exceeded (MQTT 3.1.1: 0x80); replacing one the client holds is always allowed.
+MAX_SUBSCRIPTIONS_PER_CLIENT = 10_000
 
 
 def handle_subscribe(broker: Broker, link: Link, subscribe: pk.Subscribe, now: float) -> None:
@@ -44,6 +51,13 @@ def handle_subscribe(broker: Broker, link: Link, subscribe: pk.Subscribe, now: f
         except TopicError as exc:
             log.info("client %s: bad topic filter %.200r: %s", connection.client_id, topic_filter, exc)
             codes.append(rc.TOPIC_FILTER_INVALID)
+            continue
+        if broker.tree.count_of(connection.client_id) >= MAX_SUBSCRIPTIONS_PER_CLIENT and not broker.tree.holds(
+            connection.client_id, topic_filter
+        ):
+            log.info("client %s: subscription to %.200r refused: %d subscriptions already", connection.client_id,
+                     topic_filter, MAX_SUBSCRIPTIONS_PER_CLIENT)
+            codes.append(rc.QUOTA_EXCEEDED)
             continue
         if unstorable:  # a durable session's subscription would have to be stored (3.1.1: 0x80 failure)
             broker.store_health.refused += 1

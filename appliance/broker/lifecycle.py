@@ -24,7 +24,14 @@ from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.codec.writer import PINGRESP_BYTES, encode
 from appliance.broker.link import Link
 from appliance.broker.message import Message
-from appliance.broker.session import AWAITING_CONNECT, CLOSED, CONNECTED, NEVER_EXPIRES, Connection, Session
+from appliance.broker.session import (
+    AWAITING_CONNECT,
+    CLOSED,
+    CONNECTED,
+    NEVER_EXPIRES,
+    Connection,
+    Session,
+)
 from appliance.broker.will import will_delay
 
 if TYPE_CHECKING:

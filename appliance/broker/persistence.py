@@ -40,7 +40,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.broker.persistence_reads import committed_page, load_state, subscription_ids
+from appliance.broker.persistence_reads import (
+    committed_page,
+    load_state,
+    subscription_ids,
+)
 from appliance.broker.persistence_records import (
     BrokerState,
     LoadedSession,

@@ -16,11 +16,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Union
 
 from appliance.broker.topic_tree import SubscriptionOptions
 
-PropertyValue = Union[int, str, bytes, Sequence[tuple[str, str]], Sequence[int]]
+PropertyValue = int | str | bytes | Sequence[tuple[str, str]] | Sequence[int]
 
 
 class OutboundState(IntEnum):

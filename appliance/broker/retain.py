@@ -176,7 +176,7 @@ class RetainedMatches:
         """Walk on for at most ``steps`` levels (None: to the end); returns how many were visited."""
         visited = 0
         found = self._found
-        for visited, node in enumerate(itertools.islice(self._walk, steps), start=1):
+        for visited, node in enumerate(itertools.islice(self._walk, steps), start=1):  # noqa: B007  # read after
             if node is not None:
                 found.append(node)
         if steps is None or visited < steps:

@@ -125,9 +125,8 @@ class Router:
         self, message: Message, client_id: str, session: Session, subscriptions: tuple[Subscription, ...]
     ) -> Delivery | None:
         acl = self.acl
-        if acl is not None:
-            if not acl.can_receive(client_id, session.username, message.topic):
-                return None
+        if acl is not None and not acl.can_receive(client_id, session.username, message.topic):
+            return None
         if len(subscriptions) == 1:
             options = subscriptions[0].options
             if options.no_local and client_id == message.origin:

@@ -33,7 +33,7 @@ import asyncio
 import logging
 import socket
 import ssl
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from appliance.broker.broker import Broker
 from appliance.broker.certificates import CertificateFileError, date_problems
@@ -250,7 +250,7 @@ def tls_context(listener: ListenerConfig) -> ssl.SSLContext:
 def warn_about_dates(listener: ListenerConfig) -> None:
     """One warning per certificate that is expired, not yet valid or near its expiry (``certificates``:
     a warning, not a refusal to start)."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for path, role in ((listener.certfile, "certfile"), (listener.cafile, "cafile")):
         if path is None:
             continue

@@ -17,7 +17,14 @@ from collections.abc import Callable
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.reasons import PACKET_IDENTIFIER_NOT_FOUND
 from appliance.broker.codec.writer import encode_ack
-from appliance.broker.connection import ALLOWED_PACKETS, AUTHENTICATING, AWAITING_CONNECT, CLOSED, CONNECTED, Connection
+from appliance.broker.connection import (
+    ALLOWED_PACKETS,
+    AUTHENTICATING,
+    AWAITING_CONNECT,
+    CLOSED,
+    CONNECTED,
+    Connection,
+)
 from appliance.broker.delivery import Delivery, DeliveryJournal, Pager
 
 __all__ = [
@@ -128,10 +135,11 @@ class Session:
                 delivery.spilled = True
                 return True
             self.stored_bytes += size
-        elif connection is None or connection.overloaded:
-            if len(self.queue) - self._queued_qos0 >= self.queue_limit or self._memory_full(delivery):
-                self.dropped += 1
-                return False
+        elif (connection is None or connection.overloaded) and (
+            len(self.queue) - self._queued_qos0 >= self.queue_limit or self._memory_full(delivery)
+        ):
+            self.dropped += 1
+            return False
         if connection is not None and len(self.inflight) < connection.send_quota and not self.queue:
             self._send_new(connection, delivery, now)
         else:

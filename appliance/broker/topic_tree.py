@@ -243,6 +243,12 @@ class SubscriptionTree:
         self.generation += 1
         return len(client_subs)
 
+    def count_of(self, client_id: str) -> int:
+        return len(self._by_client.get(client_id, ()))
+
+    def holds(self, client_id: str, topic_filter: str) -> bool:
+        return topic_filter in self._by_client.get(client_id, ())
+
     def subscriptions_of(self, client_id: str) -> dict[str, Subscription]:
         """A copy of the client's subscriptions keyed by ``topic_filter``."""
         return dict(self._by_client.get(client_id, {}))

@@ -2,10 +2,11 @@
 
 A manifest is a whole IoT Edge deployment file (``{"modulesContent": {"$edgeHub": {"properties.desired":
 {...}}, ...}}``, as ``iotedge``'s deployment.json has it; only the ``$edgeHub`` section is read), the
-``{"$edgeHub": {"properties.desired": {...}}}`` document, or just the desired-properties object. Loading is all-or-nothing: the first bad field raises ``ManifestError`` naming
-its JSON path (``$.routes.alerts.priority``) - and for a route, the column in the route string - so the
-caller keeps the routes it is running. The schema is the spec's ``routes`` schema plus the fields of
-schemaVersion 1.1.0 that this gateway reads.
+``{"$edgeHub": {"properties.desired": {...}}}`` document, or just the desired-properties object. Loading is
+all-or-nothing: the first bad field raises ``ManifestError`` naming its JSON path
+(``$.routes.alerts.priority``) - and for a route, the column in the route string - so the caller keeps the
+routes it is running. The schema is the spec's ``routes`` schema plus the fields of schemaVersion 1.1.0 that
+this gateway reads.
 """
 
 from __future__ import annotations

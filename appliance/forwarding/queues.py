@@ -308,7 +308,8 @@ class MessageStore:
             self.db.execute("DELETE FROM entries WHERE queue = ? AND seq <= ?", (queue, offset))
             self.db.execute("DELETE FROM refusals WHERE queue = ? AND seq <= ?", (queue, offset))
             self.db.execute(
-                "INSERT INTO checkpoints (queue, offset) VALUES (?, ?) ON CONFLICT(queue) DO UPDATE SET offset = MAX(offset, excluded.offset)",
+                "INSERT INTO checkpoints (queue, offset) VALUES (?, ?)"
+                " ON CONFLICT(queue) DO UPDATE SET offset = MAX(offset, excluded.offset)",
                 (queue, offset),
             )
             freed = self._free_orphans(seqs)

@@ -4,8 +4,9 @@
 the device's PUBACK means "stored". Commits are grouped: publishes that arrive while a commit is running
 (from other clients - the broker awaits one client's publishes in order) queue up and go to the store
 thread together as the next transaction, each caller resuming when that one commit is durable. Under load
-one fsync then covers a whole batch of devices; alone, a publish waits for no timer. Everything after that - pumps, the upstream bridge, cleanup, metrics,
-manifest reloads - runs as tasks next to the broker and never blocks a publisher.
+one fsync then covers a whole batch of devices; alone, a publish waits for no timer. Everything after that -
+pumps, the upstream bridge, cleanup, metrics, manifest reloads - runs as tasks next to the broker and never
+blocks a publisher.
 
 A reload (file change; SIGHUP, which the gateway's handler forwards to ``reload``; ``appliance routes
 reload``) swaps the evaluator only if the new manifest
@@ -230,7 +231,7 @@ class ForwardingService(ServiceDefaults):
                         if not future.done():
                             future.set_exception(exc)
                     continue
-                for (_, _, future), outcome in zip(batch, outcomes):
+                for (_, _, future), outcome in zip(batch, outcomes, strict=True):
                     if future.done():  # its publisher's task was cancelled meanwhile
                         continue
                     if isinstance(outcome, Exception):

@@ -54,7 +54,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from appliance.broker.api import BrokerHandle, InboundPublish, PublishVerdict, ServiceDefaults
+from appliance.broker.api import (
+    BrokerHandle,
+    InboundPublish,
+    PublishVerdict,
+    ServiceDefaults,
+)
 from appliance.prometheus import Family
 from appliance.statestore import errors, resp3
 from appliance.statestore.acl import KeyAuthorizer
@@ -70,14 +75,24 @@ from appliance.statestore.commands import (
 from appliance.statestore.config import StateStoreConfig
 from appliance.statestore.errors import StateStoreError
 from appliance.statestore.hlc import Hlc, HlcFormatError
-from appliance.statestore.notify import NOTIFY_TOPIC_PREFIX, NotificationRegistry, notification_topic
+from appliance.statestore.notify import (
+    NOTIFY_TOPIC_PREFIX,
+    NotificationRegistry,
+    notification_topic,
+)
 from appliance.statestore.protocol import (
     PROTOCOL_VERSION,
     REQUEST_TOPIC,
     SUPPORTED_MAJOR_VERSIONS,
     supported_protocol_version,
 )
-from appliance.statestore.store import EXPIRE_BATCH, FILE_NAME, Change, Quotas, StateStore
+from appliance.statestore.store import (
+    EXPIRE_BATCH,
+    FILE_NAME,
+    Change,
+    Quotas,
+    StateStore,
+)
 from appliance.store_health import StoreHealth
 from appliance.store_thread import StoreThread
 

@@ -33,7 +33,14 @@ import re
 from collections.abc import Coroutine
 from typing import Any
 
-from hil_tests.rig.kernel import DEFAULT_QUEUE_SECONDS, BackendError, delete_table, drop_rules, run_command, tbf_arguments
+from hil_tests.rig.kernel import (
+    DEFAULT_QUEUE_SECONDS,
+    BackendError,
+    delete_table,
+    drop_rules,
+    run_command,
+    tbf_arguments,
+)
 from hil_tests.rig.relay import Relay
 from hil_tests.rig.shaping import LinkSettings
 

@@ -23,7 +23,13 @@ from __future__ import annotations
 import contextlib
 import secrets
 
-from hil_tests.rig.kernel import DEFAULT_QUEUE_SECONDS, BackendError, drop_rules, run_command, tbf_arguments
+from hil_tests.rig.kernel import (
+    DEFAULT_QUEUE_SECONDS,
+    BackendError,
+    drop_rules,
+    run_command,
+    tbf_arguments,
+)
 from hil_tests.rig.namespace_sockets import NamespaceSockets
 from hil_tests.rig.relay import Relay
 from hil_tests.rig.shaping import LinkSettings

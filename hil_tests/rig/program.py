@@ -33,7 +33,14 @@ from hil_tests.rig.backends import Backend, UserspaceBackend
 from hil_tests.rig.bridge import DEFAULT_BRIDGE, BridgeBackend
 from hil_tests.rig.kernel import DEFAULT_QUEUE_SECONDS
 from hil_tests.rig.netns import NetnsBackend
-from hil_tests.rig.protocol import Apply, CommandError, LineBuffer, Reply, RigState, Status
+from hil_tests.rig.protocol import (
+    Apply,
+    CommandError,
+    LineBuffer,
+    Reply,
+    RigState,
+    Status,
+)
 
 BAUD = 115200
 

@@ -278,7 +278,7 @@ def install(board: Board, manifest: dict, staged: Path, config_path: Path,
     (staged / "main.py").write_text(MAIN_PY)
     board.put(staged / "boot.py", "boot.py")
     board.put(staged / "main.py", "main.py")
-    board.set_clock_utc(now or datetime.datetime.now(datetime.timezone.utc))
+    board.set_clock_utc(now or datetime.datetime.now(datetime.UTC))
     board.remove(SAFE_BOOT)  # last: until here, a reset (or a power cut) comes back in safe mode
     board.reset()
 

@@ -36,18 +36,18 @@ def build(spark: SparkSession, settings: JobSettings) -> dict[str, DataFrame]:
     lines = {kind: read_landing(spark, settings.landing, kind, dates=dates) for kind in (EVENTS, METRICS, QUARANTINE)}
     events = records(lines[EVENTS])
     parsed = telemetry.parse(events)
-    readings = first_copies(telemetry.readings(parsed), "reading_at", settings.lateness, streaming=False)
+    readings = first_copies(telemetry.readings(parsed))
     readings = readings.persist(StorageLevel.MEMORY_AND_DISK)
-    rejects = first_copies(parsed.where("reason is not null"), "received_at", settings.lateness, streaming=False)
-    ingest_rejects = first_rejects(records(lines[QUARANTINE]), settings.lateness, streaming=False)
-    latency = delivery.latency(first_copies(events, "received_at", settings.lateness, streaming=False), settings.window)
+    rejects = first_copies(parsed.where("reason is not null"))
+    ingest_rejects = first_rejects(records(lines[QUARANTINE]))
+    latency = delivery.latency(first_copies(events), settings.window)
     counters = delivery.queue_counters(
-        delivery.queue_samples(records(lines[METRICS])), settings.window, streaming=False
+        delivery.queue_samples(records(lines[METRICS])), settings.window
     )
     unreadable = [telemetry.as_quarantine(bad_lines(frame), "landing") for frame in lines.values()]
     outputs = {
         "rollups": rollups.rollups(readings, settings.window),
-        "setpoint_changes": setpoints.changes(readings, streaming=False),
+        "setpoint_changes": setpoints.changes(readings),
         "delivery_latency": latency,
         "queue_counters": counters,
         "sla": delivery.sla(latency, counters, settings.upstream_endpoint),

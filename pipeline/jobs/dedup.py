@@ -1,9 +1,9 @@
 """At-least-once delivery upstream means duplicates: keep one copy of each message id.
 
-Batch keeps the earliest received copy; copies received in the same millisecond are ordered by the
+Both jobs keep the earliest received copy; copies received in the same millisecond are ordered by the
 landing file they are in, then by send time, so the copy kept never depends on the order Spark reads
-files in. Streaming keeps the first copy it sees and remembers the id until the watermark passes the
-copy's event time plus the lateness (``dropDuplicatesWithinWatermark``), so state stays bounded.
+files in. Batch does it here with a window function; streaming inside each ``OrderedFold``
+(``ordered.py``), which holds a key's rows until its windows close, so it sees every copy a window can.
 
 Ingest rejects are deduplicated too: a malformed message that was redelivered is one problem, not two.
 Their key is the message id when the ingest could read one, else the content (topic, payload, user
@@ -20,10 +20,8 @@ COPY_ORDER = ("received_ms", "landing_file", "sent_ms")
 REJECT_KEY = "_reject_key"
 
 
-def first_copies(frame: DataFrame, time_column: str, lateness: str, streaming: bool, key: str = KEY) -> DataFrame:
-    """One row per ``key``. ``time_column`` is the event-time column the caller's windows use."""
-    if streaming:
-        return frame.withWatermark(time_column, lateness).dropDuplicatesWithinWatermark([key])
+def first_copies(frame: DataFrame, key: str = KEY) -> DataFrame:
+    """One row per ``key``: the earliest received copy (batch; streaming: ``ordered.OrderedFold``)."""
     order = Window.partitionBy(key).orderBy(*[F.col(name).asc_nulls_last() for name in COPY_ORDER])
     return frame.withColumn("_copy", F.row_number().over(order)).where(F.col("_copy") == 1).drop("_copy")
 
@@ -37,7 +35,53 @@ def reject_key() -> Column:
     return F.coalesce(F.col(KEY), F.concat(F.lit("sha256:"), F.sha2(content, 256)))
 
 
-def first_rejects(frame: DataFrame, lateness: str, streaming: bool) -> DataFrame:
+def first_rejects(frame: DataFrame) -> DataFrame:
     """Ingest rejects, one per rejected message (see the module's docstring)."""
-    keyed = frame.withColumn(REJECT_KEY, reject_key())
-    return first_copies(keyed, "received_at", lateness, streaming, key=REJECT_KEY).drop(REJECT_KEY)
+    return first_copies(frame.withColumn(REJECT_KEY, reject_key()), key=REJECT_KEY).drop(REJECT_KEY)
+
+
+
+QUARANTINE_COLUMNS = ("received_ms", "stage", "reason", "message_id", "gateway_id", "device_id", "topic", "payload",
+                      "payload_base64")
+QUARANTINE_OUTPUT = (
+    "gateway_id string, received_ms long, stage string, reason string, message_id string, device_id string, "
+    "topic string, payload string, payload_base64 string"
+)
+
+
+def first_rejects_stream(rejects: DataFrame, remember_ms: int) -> DataFrame:
+    """Rejects (``QUARANTINE_COLUMNS``, ``REJECT_KEY``, ``landing_file``, ``sent_ms``) in streaming, one per
+    key. A reject is no window: it is written in the micro-batch that brings it (the earliest received of
+    the copies that micro-batch has), and its key is remembered per gateway for ``remember_ms`` of that
+    gateway's receive time, so a later copy is dropped and the state stays bounded."""
+    import json
+
+    import pandas as pd
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from pipeline.jobs.ordered import first_copies as first_copies_pandas
+
+    names = [name.split()[0] for name in QUARANTINE_OUTPUT.split(", ")]
+
+    def run(key, chunks, state):
+        seen, progress = ({}, None) if not state.exists else (json.loads(state.get[0]), state.get[1])
+        rows = first_copies_pandas(pd.concat(list(chunks), ignore_index=True), REJECT_KEY)
+        rows = rows[~rows[REJECT_KEY].isin(seen.keys())]
+        if len(rows):
+            progress = max(progress or 0, int(rows["received_ms"].max()))
+            seen.update(zip(rows[REJECT_KEY], (int(t) for t in rows["received_ms"])))
+        seen = {k: t for k, t in seen.items() if t > (progress or 0) - remember_ms}
+        state.update((json.dumps(seen), progress))
+        if len(rows):
+            yield rows.assign(gateway_id=key[0])[names]
+
+    keyed = rejects.withColumn("gateway_id", F.coalesce("gateway_id", F.lit("")))
+    folded = keyed.groupBy("gateway_id").applyInPandasWithState(
+        run, QUARANTINE_OUTPUT, "seen string, progress long", "append", GroupStateTimeout.NoTimeout
+    )
+    at = F.timestamp_millis("received_ms")
+    return folded.select(
+        "stage", "reason", "message_id", F.when(F.col("gateway_id") != "", F.col("gateway_id")).alias("gateway_id"),
+        "device_id", "topic", "received_ms", at.alias("received_at"), "payload", "payload_base64",
+        F.date_format(at, "yyyy-MM-dd").alias("date"),
+    )

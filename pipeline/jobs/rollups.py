@@ -4,16 +4,22 @@ Windows are ``[start, end)`` on the reading time ``ts_ms`` and aligned to the Un
 12:04:59.999 is in 12:00-12:05 and one at 12:05:00.000 in 12:05-12:10. ``heater_duty_cycle`` is the share
 of readings with the heater on: thermostats report at a fixed period, so that is the share of time.
 ``set_point_last`` is the set point of the latest reading in the window.
+
+Batch aggregates in Spark SQL; streaming runs ``rollup_step`` as an ``OrderedFold`` keyed by thermostat,
+so each thermostat's windows close on its own reading times (``ordered.py``).
 """
 
 from __future__ import annotations
 
+import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from pipeline.jobs.ordered import OrderedFold
+
 
 def rollups(readings: DataFrame, window: str) -> DataFrame:
-    """``readings`` as from ``telemetry.readings`` (deduplicated); streaming needs a watermark on ``reading_at``."""
+    """``readings`` as from ``telemetry.readings``, deduplicated (batch; streaming: ``rollups_stream``)."""
     return (
         readings.groupBy(F.window("reading_at", window).alias("window"), "gateway_id", "device_id")
         .agg(
@@ -32,4 +38,53 @@ def rollups(readings: DataFrame, window: str) -> DataFrame:
             "set_point_last", "heater_duty_cycle",
             F.date_format("window.start", "yyyy-MM-dd").alias("date"),
         )
+    )
+
+
+OUTPUT = (
+    "gateway_id string, device_id string, window_start_ms long, readings long, temperature_min double, "
+    "temperature_avg double, temperature_max double, set_point_avg double, set_point_last double, "
+    "heater_duty_cycle double"
+)
+
+
+def rollup_step(window_ms: int):
+    """``rollups``' aggregates over one thermostat's readings, window by window (streaming)."""
+
+    def step(key: tuple, last: dict | None, rows: pd.DataFrame) -> tuple[pd.DataFrame, dict | None]:
+        rows = rows.assign(window_start_ms=rows["reading_ms"] - rows["reading_ms"] % window_ms,
+                           heater=rows["heater"].astype("float64"))
+        grouped = rows.groupby("window_start_ms", sort=True)
+        out = pd.DataFrame({
+            "readings": grouped.size(),
+            "temperature_min": grouped["temperature"].min(),
+            "temperature_avg": grouped["temperature"].mean(),
+            "temperature_max": grouped["temperature"].max(),
+            "set_point_avg": grouped["set_point"].mean(),
+            "set_point_last": grouped["set_point"].last(),  # rows are in reading time order
+            "heater_duty_cycle": grouped["heater"].mean(),
+        }).reset_index()
+        out.insert(0, "device_id", key[1])
+        out.insert(0, "gateway_id", key[0])
+        return out, None
+
+    return step
+
+
+def rollups_stream(readings: DataFrame, window: str, lateness_ms: int) -> DataFrame:
+    """``rollups`` in streaming: each thermostat's windows closed by its own reading times."""
+    from pipeline.jobs.delivery import parse_duration_ms
+
+    window_ms = parse_duration_ms(window)
+    fold = OrderedFold(
+        keys=("gateway_id", "device_id"), time_ms="reading_ms",
+        columns=("reading_ms", "message_id", "temperature", "set_point", "heater"), output=OUTPUT,
+        step=rollup_step(window_ms), ready_at=lambda times: times - times % window_ms + window_ms, dedup=True,
+    )
+    start = F.timestamp_millis("window_start_ms")
+    return fold.stream(readings, lateness_ms).select(
+        "gateway_id", "device_id", start.alias("window_start"),
+        F.timestamp_millis(F.col("window_start_ms") + window_ms).alias("window_end"),
+        "readings", "temperature_min", "temperature_avg", "temperature_max", "set_point_avg", "set_point_last",
+        "heater_duty_cycle", F.date_format(start, "yyyy-MM-dd").alias("date"),
     )

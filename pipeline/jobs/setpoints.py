@@ -44,15 +44,16 @@ def step(key: tuple, last: dict | None, rows: pd.DataFrame) -> tuple[pd.DataFram
 FOLD = OrderedFold(
     keys=("gateway_id", "device_id"),
     time_ms="reading_ms",
-    event_time="reading_at",
     columns=("reading_ms", "message_id", "set_point", "temperature"),
     output=OUTPUT,
     step=step,
+    dedup=True,
 )
 
 
-def changes(readings: DataFrame, streaming: bool) -> DataFrame:
-    logged = FOLD.stream(readings) if streaming else _changes_batch(readings)
+def changes(readings: DataFrame, lateness_ms: int | None = None) -> DataFrame:
+    """``lateness_ms``: streaming (each thermostat's readings closed by its own progress); None: batch."""
+    logged = FOLD.stream(readings, lateness_ms) if lateness_ms is not None else _changes_batch(readings)
     return logged.withColumns(
         {
             "changed_at": F.timestamp_millis("changed_ms"),

@@ -11,7 +11,7 @@ class JobSettings:
     landing: str
     out: str
     window: str = "5 minutes"  # rollups, delivery latency and queue counters
-    lateness: str = "10 minutes"  # streaming watermark delay: how late a row may arrive and still count
+    lateness: str = "10 minutes"  # streaming: how far behind its key's own progress a row may arrive
     upstream_endpoint: str = "upstream"  # the metrics endpoint whose queues feed the cloud
     hil: str | None = None  # folder of HIL timelines (batch only)
     # batch over receive dates (inclusive, YYYY-MM-DD); None: the whole landing zone

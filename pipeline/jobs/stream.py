@@ -1,48 +1,63 @@
 """The incremental job: the same outputs as batch (HIL and the joined ``sla`` aside), with Structured
 Streaming over the landing zone.
 
-One streaming query per output, each with its own checkpoint (``CHECKPOINT/<output>``) and its own
-event-time watermark: reading time for rollups and set points, receive time for delivery latency and the
-quarantine, the gateway's sample time for queue counters. A window is written once the watermark has
-passed its end (append mode), so results trail the data by the window plus the lateness; rows later than
-that are dropped here and counted by the next batch run. ``sla`` is a join of two outputs
-(``delivery.sla``): join them when reading.
+One streaming query per output, each with its own checkpoint (``CHECKPOINT/<output>``). There is no
+Spark watermark: every windowed or ordered output is an ``OrderedFold`` (``ordered.py``) whose key
+carries its own event-time progress - a thermostat for rollups and the set-point log (its reading time),
+a gateway for delivery latency (its messages' receive time), a gateway queue for queue counters (its
+metrics' time). A key's window is written once that key's own latest time is ``--lateness`` past the
+window's end; its rows that come later than that are dropped here and counted by the next batch run.
+Copies of a message are reduced to the earliest received one before any window sees them. ``sla`` is a
+join of two outputs (``delivery.sla``): join them when reading.
 """
 
 from __future__ import annotations
 
+import functools
+
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from pipeline.records import EVENTS, METRICS, QUARANTINE
 from pipeline.jobs import delivery, rollups, setpoints, telemetry
-from pipeline.jobs.dedup import first_copies, first_rejects
+from pipeline.jobs.dedup import QUARANTINE_COLUMNS, REJECT_KEY, first_rejects_stream, reject_key
 from pipeline.jobs.settings import JobSettings
-from pipeline.jobs.source import StreamOptions, read_landing, records
+from pipeline.jobs.source import StreamOptions, bad_lines, read_landing, records
+from pipeline.records import EVENTS, KINDS, METRICS, QUARANTINE
+
+DAY_MS = 86_400_000
+
 
 def build(spark: SparkSession, settings: JobSettings, options: StreamOptions) -> dict[str, DataFrame]:
-    def events() -> DataFrame:
-        return records(read_landing(spark, settings.landing, EVENTS, options))
+    lateness_ms = delivery.parse_duration_ms(settings.lateness)
+    remember_ms = max(settings.late_days * DAY_MS, lateness_ms)
+
+    def lines(kind: str) -> DataFrame:
+        return read_landing(spark, settings.landing, kind, options)
 
     def readings() -> DataFrame:
-        parsed = telemetry.parse(events())
-        return first_copies(telemetry.readings(parsed), "reading_at", settings.lateness, streaming=True)
+        return telemetry.readings(telemetry.parse(records(lines(EVENTS))))
 
-    parsed = telemetry.parse(events())
-    rejects = first_copies(parsed.where("reason is not null"), "received_at", settings.lateness, streaming=True)
-    samples = delivery.queue_samples(records(read_landing(spark, settings.landing, METRICS, options)))
-    ingest_rejects = read_landing(spark, settings.landing, QUARANTINE, options)
+    every = {kind: lines(kind) for kind in KINDS}  # the quarantine query's sources, each read once
+    rejected = [  # one row per rejected message, whichever micro-batch brings its copies
+        telemetry.parse(records(every[EVENTS])).where("reason is not null").withColumns(
+            {"stage": F.lit("telemetry"), REJECT_KEY: F.concat(F.lit("telemetry:"), F.col("message_id"))}),
+        records(every[QUARANTINE]).withColumns(
+            {"stage": F.lit("ingest"), REJECT_KEY: F.concat(F.lit("ingest:"), reject_key())}),
+    ]
+    columns = [*QUARANTINE_COLUMNS, REJECT_KEY, "landing_file", "sent_ms"]
+    rejects = rejected[0].select(*columns).unionByName(rejected[1].select(*columns))
+    unreadable = [telemetry.as_quarantine(bad_lines(frame), "landing") for frame in every.values()]
     return {
-        "rollups": rollups.rollups(readings(), settings.window),
-        "setpoint_changes": setpoints.changes(readings(), streaming=True),
-        "delivery_latency": delivery.latency(
-            first_copies(events(), "received_at", settings.lateness, streaming=True), settings.window
-        ),
+        "rollups": rollups.rollups_stream(readings(), settings.window, lateness_ms),
+        "setpoint_changes": setpoints.changes(readings(), lateness_ms),
+        "delivery_latency": delivery.latency_stream(records(lines(EVENTS)), settings.window, lateness_ms, remember_ms),
         "queue_counters": delivery.queue_counters(
-            samples.withWatermark("sample_at", settings.lateness), settings.window, streaming=True
+            delivery.queue_samples(records(lines(METRICS))), settings.window, lateness_ms
         ),
-        "quarantine": telemetry.as_quarantine(rejects, "telemetry").unionByName(
-            telemetry.as_quarantine(first_rejects(records(ingest_rejects), settings.lateness, streaming=True), "ingest")
+        "quarantine": functools.reduce(
+            DataFrame.unionByName,
+            [first_rejects_stream(rejects, remember_ms), *unreadable],
         ),
     }
 

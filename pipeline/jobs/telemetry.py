@@ -67,10 +67,10 @@ def rejects(parsed: DataFrame) -> DataFrame:
     return as_quarantine(parsed.where(F.col("reason").isNotNull()), "telemetry")
 
 
-def as_quarantine(frame: DataFrame, stage: str) -> DataFrame:
+def as_quarantine(frame: DataFrame, stage: str, *keep: str) -> DataFrame:
     """Landing-zone quarantine rows (``stage="ingest"``), lines that are not landing records
-    (``"landing"``) or telemetry rejects, in one layout."""
-    return frame.select(
+    (``"landing"``) or telemetry rejects, in one layout (plus the columns ``keep``)."""
+    return frame.select(*keep,
         F.lit(stage).alias("stage"), "reason", "message_id", "gateway_id", "device_id", "topic", "received_ms",
         F.timestamp_millis("received_ms").alias("received_at"), "payload", "payload_base64",
         F.date_format(F.timestamp_millis("received_ms"), "yyyy-MM-dd").alias("date"),

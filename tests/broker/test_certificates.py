@@ -3,17 +3,21 @@ test with chosen dates."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.broker.certificates import NEAR_EXPIRY, CertificateFileError, date_problems
+from appliance.broker.certificates import (
+    NEAR_EXPIRY,
+    CertificateFileError,
+    date_problems,
+)
 from tests.support.certificates import valid_for, write_certificate
 
-NOW = datetime.now(timezone.utc)
+NOW = datetime.now(UTC)
 REAL_PEM: list[bytes] = []
 
 
@@ -24,7 +28,7 @@ def test_a_certificate_with_months_left_is_fine(tmp_path: Path) -> None:
 
 def test_an_expired_certificate_is_named_with_its_file_and_date(tmp_path: Path) -> None:
     cert, _ = valid_for(tmp_path, "old", -3, common_name="gateway.example")
-    now = datetime.now(timezone.utc)  # after the certificate was made: exactly 3 days and a little
+    now = datetime.now(UTC)  # after the certificate was made: exactly 3 days and a little
     [problem] = date_problems(cert, "certfile", now)
     expiry = (now - timedelta(days=3)).strftime("%Y-%m-%d")
     assert problem.invalid_now and str(cert) in str(problem) and "CN=gateway.example" in str(problem)
@@ -36,7 +40,7 @@ def test_a_certificate_near_its_expiry_is_a_warning_with_the_days_left(tmp_path:
     [problem] = date_problems(cert, "certfile", NOW)
     assert not problem.invalid_now and "(in 12 days); renew it" in str(problem) and str(cert) in str(problem)
     assert date_problems(cert, "certfile", NOW, near=timedelta(days=10)) == []
-    assert NEAR_EXPIRY == timedelta(days=30)
+    assert timedelta(days=30) == NEAR_EXPIRY
 
 
 def test_a_certificate_not_valid_yet_points_at_the_clock(tmp_path: Path) -> None:

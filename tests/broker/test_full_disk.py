@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from appliance import run_state
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
@@ -195,8 +196,8 @@ def test_a_full_disk_is_answered_served_logged_once_and_recovered_from(small_dis
         for client_id, v5 in (("away5", True), ("away3", False)):
             client = away_subscriber(restarted.port, client_id, v5)
             received: set[bytes] = set()
-            wait_until(lambda: acknowledged <= arrived(client, received), timeout=15,
-                       what=lambda: f"{client_id}: missing {sorted(acknowledged - received)}")
+            wait_until(lambda client=client, received=received: acknowledged <= arrived(client, received), timeout=15,
+                       what=lambda client_id=client_id, received=received: f"{client_id}: missing {sorted(acknowledged - received)}")
             client.disconnect()
         check = StateStoreClient("127.0.0.1", restarted.port, "check", timeout=5).connect()
         assert check.get(b"kept").value == b"after"

@@ -407,9 +407,10 @@ def test_paho_keepalive_pings_keep_the_connection(gateway: GatewayProcess, level
 
 
 def test_outbound_topic_aliases_are_reused_for_more_topics_than_aliases(gateway: GatewayProcess) -> None:
-    """MQTT 5 only: topic aliases are a PUBLISH property. A paho v5 subscriber allowing 3 aliases receives 10 distinct topics in a mixed order. paho reports
-    an aliased PUBLISH as it came (topic "" plus the alias), so the test maps aliases as the MQTT 5
-    receiver rules say (3.3.2.3.4): a topic with an alias sets or replaces the mapping."""
+    """MQTT 5 only: topic aliases are a PUBLISH property. A paho v5 subscriber allowing 3 aliases receives 10
+    distinct topics in a mixed order. paho reports an aliased PUBLISH as it came (topic "" plus the alias), so
+    the test maps aliases as the MQTT 5 receiver rules say (3.3.2.3.4): a topic with an alias sets or replaces
+    the mapping."""
     prefix = unique("alias")
     subscriber = PahoClient(gateway.port, unique("alias-sub"))
     subscriber.connect(TopicAliasMaximum=3)

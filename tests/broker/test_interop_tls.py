@@ -126,6 +126,7 @@ def test_a_certificate_past_or_near_its_expiry_is_warned_about_at_start_naming_f
         assert "Traceback" not in gateway.output()
     [fine_cert, fine_key] = valid_for(tmp_path, "fine", 300)
     config.write_text('[[broker.listeners]]\ntype = "tcp"\nhost = "127.0.0.1"\nport = 0\n\n'
-                      f'[[broker.listeners]]\ntype = "tls"\nhost = "127.0.0.1"\nport = 0\ncertfile = "{fine_cert}"\nkeyfile = "{fine_key}"\n')
+                      f'[[broker.listeners]]\ntype = "tls"\nhost = "127.0.0.1"\nport = 0\n'
+                      f'certfile = "{fine_cert}"\nkeyfile = "{fine_key}"\n')
     with FileConfiguredGateway(tmp_path / "data", config=config) as gateway:
         assert "WARNING" not in gateway.output()

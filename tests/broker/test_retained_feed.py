@@ -62,7 +62,7 @@ def test_a_large_retained_set_leaves_in_slices_and_other_clients_are_served_mean
     assert isinstance(subscriber.inbox[0], pk.Suback)
     # Finding 20,000 matches takes a few iterations, then each hands over at most a slice.
     handed_over = 0
-    for iteration in range(1, 10):
+    for _iteration in range(1, 10):
         now_handed_over = len(session.inflight) + len(session.queue)
         assert now_handed_over - handed_over <= PER_ITERATION  # before: all 20,000 in the first
         handed_over = now_handed_over

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from appliance.broker.broker import Broker
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
-from appliance.broker.broker import Broker
 from tests.broker.clients import RawClient
 from tests.support.inprocess import InProcessBroker
 

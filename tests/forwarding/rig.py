@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from appliance import run_state
-
 from hil_tests.rig.relay import RelayThread
 from tests.forwarding.peers import Collector, Device
 from tests.support.processes import ROOT, GatewayProcess, MosquittoProcess

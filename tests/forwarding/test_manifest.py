@@ -15,9 +15,15 @@ SPEC_EXAMPLE = {
         "properties.desired": {
             "schemaVersion": "1.1.0",
             "routes": {
-                "secCamAlerts": {"route": "FROM /messages/modules/SecCamMod/outputs/P0_Alerts INTO $upstream", "priority": 0, "timeToLiveSecs": 86400},
-                "floorCamAlerts": {"route": "FROM /messages/modules/FloorCamMod/outputs/P0_Alerts INTO $upstream", "priority": 0, "timeToLiveSecs": 86400},
-                "secCamData": {"route": "FROM /messages/modules/SecCamMod/outputs/P1_Data INTO $upstream", "priority": 1, "timeToLiveSecs": 1800},
+                "secCamAlerts": {
+                    "route": "FROM /messages/modules/SecCamMod/outputs/P0_Alerts INTO $upstream", "priority": 0, "timeToLiveSecs": 86400
+                },
+                "floorCamAlerts": {
+                    "route": "FROM /messages/modules/FloorCamMod/outputs/P0_Alerts INTO $upstream", "priority": 0, "timeToLiveSecs": 86400
+                },
+                "secCamData": {
+                    "route": "FROM /messages/modules/SecCamMod/outputs/P1_Data INTO $upstream", "priority": 1, "timeToLiveSecs": 1800
+                },
                 "upstream": "FROM /messages/* INTO $upstream",
             },
             "storeAndForwardConfiguration": {"timeToLiveSecs": 7200},
@@ -47,10 +53,16 @@ def _desired(**routes: object) -> dict:
         (_desired(r1={"route": "FROM /messages/* INTO $upstream", "priorty": 1}), "$.routes.r1"),
         (_desired(**{"bad.name": "FROM /messages/* INTO $upstream"}), "$.routes"),
         ({"routes": {}}, "$"),
-        ({"schemaVersion": "1.1.0", "routes": {}, "storeAndForwardConfiguration": {"timeToLiveSecs": "1h"}}, "$.storeAndForwardConfiguration.timeToLiveSecs"),
+        (
+            {"schemaVersion": "1.1.0", "routes": {}, "storeAndForwardConfiguration": {"timeToLiveSecs": "1h"}},
+            "$.storeAndForwardConfiguration.timeToLiveSecs",
+        ),
         (_desired(r1={"route": "FROM /messages/* WHERE (a = 'b' INTO $upstream"}), "$.routes.r1.route"),
         (_desired(r1="FROM /messages/* INTO $cloud"), "$.routes.r1"),
-        ({"$edgeHub": {"properties.desired": _desired(r1={"route": "x", "priority": "high"})}}, "$.$edgeHub.properties.desired.routes.r1.priority"),
+        (
+            {"$edgeHub": {"properties.desired": _desired(r1={"route": "x", "priority": "high"})}},
+            "$.$edgeHub.properties.desired.routes.r1.priority",
+        ),
     ],
 )
 def test_bad_manifests_name_the_json_path(document: dict, path: str) -> None:

@@ -214,7 +214,10 @@ def test_dead_letters_keep_the_message_and_free_only_unreferenced_bodies(store: 
     assert [m.seq for m in store.read(MOD.id, 5, 0, 10)] == [both], "the other endpoint still has its copy"
     assert store.message_count() == 1
     letters = store.dead_letters()
-    assert [(d.seq, d.reason, d.message.app_property("n")) for d in letters] == [(both, "Not authorized (0x87)", "1"), (alone, "Not authorized (0x87)", "2")]
+    assert [(d.seq, d.reason, d.message.app_property("n")) for d in letters] == [
+        (both, "Not authorized (0x87)", "1"),
+        (alone, "Not authorized (0x87)", "2"),
+    ]
     assert letters[0].dead_ms == store.now_ms() and letters[0].priority == 2
 
 

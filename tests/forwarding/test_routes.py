@@ -19,7 +19,9 @@ MESSAGE4 = DictMessage({"key1": "value4", "key2": "value2"}, {}, source="/messag
 
 
 def test_parse_route_with_condition_and_brokered_sink() -> None:
-    route = parse_route("r", 'FROM /messages/modules/cam/outputs/* WHERE key1 = "a" INTO BrokeredEndpoint("/modules/store/inputs/in1")', 3, 60)
+    route = parse_route(
+        "r", 'FROM /messages/modules/cam/outputs/* WHERE key1 = "a" INTO BrokeredEndpoint("/modules/store/inputs/in1")', 3, 60
+    )
     assert route.source == "/messages/modules/cam/outputs/*"
     assert route.endpoint.id == "modules/store/inputs/in1"
     assert (route.endpoint.module, route.endpoint.input) == ("store", "in1")

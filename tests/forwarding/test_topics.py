@@ -54,7 +54,9 @@ def test_every_system_property_of_the_wire_map() -> None:
     ]) + "&Foo=Bar&Prop2=Value2&Prop3=Value3"
     message = message_from_publish(f"devices/Device_6/messages/events/{bag}", b"{}", [], None)
     assert message is not None
-    assert (message.output, message.content_type, message.content_encoding, message.message_id) == ("op1", "application/json", "utf-8", "mid1")
+    assert (message.output, message.content_type, message.content_encoding, message.message_id) == (
+        "op1", "application/json", "utf-8", "mid1"
+    )
     assert message.system == {"correlationId": "1234", "to": "d2", "userId": "u1", "messageSchema": "someschema",
                               "creationTime": "2018-01-31", "absolute-expiry-time": "2030-01-01T00:00:00Z"}
     assert message.properties == [("Foo", "Bar"), ("Prop2", "Value2"), ("Prop3", "Value3")]

@@ -296,7 +296,9 @@ def test_bridge_over_tls_verifies_the_cloud_and_delivers(tmp_path: Path) -> None
     shutil.rmtree(readable)
 
 
-def test_a_link_that_suddenly_gets_slow_is_not_taken_for_a_dead_one(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread) -> None:
+def test_a_link_that_suddenly_gets_slow_is_not_taken_for_a_dead_one(
+    tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread
+) -> None:
     """Keep-alive 1 s; the link drops from 2 Mbit/s to 9.6 kbit/s with a window sized for the fast link in
     flight (seconds of the slow link). PUBACKs keep coming, slowly: the bridge must keep its connection
     (paho's PINGREQ, queued behind that window, would time out and reconnect)."""

@@ -114,7 +114,14 @@ def test_an_endless_line_is_dropped_as_noise_instead_of_growing_the_buffer() -> 
 
 @pytest.mark.parametrize(
     ("command", "prefix"),
-    [("AT+CSQ", "+CSQ:"), ("AT+CREG?", "+CREG:"), ("at+cops=?", "+COPS:"), ("AT+CGDCONT=1,\"IP\"", "+CGDCONT:"), ("ATI", None), ("ATE0", None)],
+    [
+        ("AT+CSQ", "+CSQ:"),
+        ("AT+CREG?", "+CREG:"),
+        ("at+cops=?", "+COPS:"),
+        ("AT+CGDCONT=1,\"IP\"", "+CGDCONT:"),
+        ("ATI", None),
+        ("ATE0", None),
+    ],
 )
 def test_reply_prefix(command: str, prefix: str | None) -> None:
     assert reply_prefix(command) == prefix

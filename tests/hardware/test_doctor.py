@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from appliance.broker.config import ListenerConfig
-from appliance.cli import main
 from appliance.broker.persistence import BrokerStore, StoredMessage
+from appliance.cli import main
 from appliance.doctor import (
     Verdict,
     check_certificates,

@@ -158,7 +158,15 @@ def test_pins_left_out_of_the_config_are_not_driven(factory: MockFactory) -> Non
         panel.close()
 
 
-@pytest.mark.parametrize(("queued", "level"), [(0, BacklogLevel.EMPTY), (1, BacklogLevel.BACKLOG), (99, BacklogLevel.BACKLOG), (100, BacklogLevel.LARGE)])
+@pytest.mark.parametrize(
+    ("queued", "level"),
+    [
+        (0, BacklogLevel.EMPTY),
+        (1, BacklogLevel.BACKLOG),
+        (99, BacklogLevel.BACKLOG),
+        (100, BacklogLevel.LARGE),
+    ],
+)
 def test_backlog_level_thresholds(queued: int, level: BacklogLevel) -> None:
     assert backlog_level(queued, slow_from=1, fast_from=100) is level
 

@@ -111,7 +111,9 @@ def test_the_image_config_is_valid_and_everything_it_names_is_there(tree: Path) 
 
 def test_sysusers_creates_the_user_and_groups_the_unit_runs_as(tree: Path) -> None:
     [(_, _, service)] = [unit for unit in units(tree) if unit[0] == "appliance.service"]
-    entries = [line.split() for line in (tree / "usr/lib/sysusers.d/appliance.conf").read_text().splitlines() if line and not line.startswith("#")]
+    entries = [
+        line.split() for line in (tree / "usr/lib/sysusers.d/appliance.conf").read_text().splitlines() if line and not line.startswith("#")
+    ]
     users = {fields[1] for fields in entries if fields[0] == "u"}
     groups = {fields[1] for fields in entries if fields[0] == "g"} | users
     assert service["User"] in users

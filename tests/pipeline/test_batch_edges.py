@@ -3,6 +3,8 @@ rejects redelivered. Every case is held to the independent DuckDB computation (d
 
 import json
 import math
+import random
+import string
 
 import duckdb
 import pandas as pd
@@ -151,3 +153,24 @@ def test_a_redelivered_reject_is_quarantined_once(spark, tmp_path):
     assert sorted(rejects["received_ms"]) == [at(0) + 1_000, at(1), at(1)]  # the first copies
     assert_matches_duckdb(spark, settings)
     assert len(read_output(settings.out, "quarantine")) == 3  # what the report counts
+
+
+def test_any_cut_of_a_line_and_any_garbage_line_is_quarantined_never_lost_never_fatal(spark, tmp_path):
+    """Hostile landing files: every cut of a real record line and random printable junk, one run."""
+    landing = tmp_path / "landing"
+    write_batch(landing, minutes("gw1", "t1", 10), 0)
+    (events_file,) = landing.glob("events/*/*/*.jsonl")
+    line = events_file.read_text().splitlines()[4]
+    rng = random.Random(17)
+    alphabet = string.printable.replace("\n", "").replace("\r", "").replace("\x0b", "").replace("\x0c", "")
+    junk = ["x" + "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80))) for _ in range(25)]
+    junk += ["{}", "42", '"text"', "null"]  # not "[]": Spark's JSON source reads an array as its elements
+    cuts = [line[:k] for k in range(1, len(line), 9)]
+    with events_file.open("a") as handle:
+        handle.write("".join(text + "\n" for text in cuts + junk))
+    settings, counts = run(spark, landing, tmp_path / "out")
+
+    landing_rejects = spark_quarantine(spark, settings).query("stage == 'landing'")
+    assert len(landing_rejects) == len(cuts) + len(junk)
+    assert spark_rollups(spark, settings)["readings"].sum() == 10
+    assert_matches_duckdb(spark, settings)

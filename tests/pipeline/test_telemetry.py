@@ -66,5 +66,5 @@ def test_batch_dedup_keeps_the_earliest_received_copy(spark, order):
     copies = [reading("gw1", "t1", 7, 0, 20.0, 20.0, False, received_ms=at(0) + delay, redelivered=delay > 0)
               for delay in (1_000, 30_000, 90_000)]
     frame = events_frame(spark, [copies[i] for i in order] + [reading("gw1", "t1", 8, 1, 20.0, 20.0, False)])
-    rows = first_copies(frame, "received_at", "10 minutes", streaming=False).orderBy("message_id").collect()
+    rows = first_copies(frame).orderBy("message_id").collect()
     assert [(r.message_id, r.received_ms) for r in rows] == [("gw1:7", at(0) + 1_000), ("gw1:8", at(1) + 1_000)]

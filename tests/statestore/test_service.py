@@ -16,16 +16,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance.broker.acl import Acl, AclFileError
-from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
 from appliance.broker.api import InboundPublish
+from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
 from appliance.statestore import errors
 from appliance.statestore.acl import AclRule
-from appliance.statestore.commands import Condition, DelCommand, GetCommand, KeyNotifyCommand, SetCommand, VDelCommand
+from appliance.statestore.commands import (
+    Condition,
+    DelCommand,
+    GetCommand,
+    KeyNotifyCommand,
+    SetCommand,
+    VDelCommand,
+)
 from appliance.statestore.config import StateStoreConfig
 from appliance.statestore.hlc import Hlc
 from appliance.statestore.notify import notification_topic
-from appliance.statestore.resp3 import encode_array
 from appliance.statestore.protocol import REQUEST_TOPIC
+from appliance.statestore.resp3 import encode_array
 from appliance.statestore.service import StateStoreService
 
 T0 = 1_700_000_000_000
@@ -193,7 +200,15 @@ def test_bad_envelopes_fail_in_the_puback_and_get_no_response(harness: Harness, 
 
 
 @pytest.mark.parametrize(
-    "topic", [REQUEST_TOPIC, "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8", "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x/command/notify/y", "clients/c1/+", "clients/#", "#"]
+    "topic",
+    [
+        REQUEST_TOPIC,
+        "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8",
+        "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x/command/notify/y",
+        "clients/c1/+",
+        "clients/#",
+        "#",
+    ],
 )
 def test_a_forbidden_response_topic_disconnects(harness: Harness, topic: str) -> None:
     verdict = run(harness, harness.service.on_publish(envelope(response_topic=topic)))
@@ -341,7 +356,9 @@ def test_no_acl_and_response_topic_gets_a_write_the_acl_denies(
 ) -> None:
     """Whatever the ACL and the response topic, every message the service publishes for a request goes to a
     topic the requester may publish to; and a request whose topic it may publish to is answered."""
-    text = "user writer\ntopic readwrite #\nuser mallory\n" + "".join(f"{kind} {access} {topic_filter}\n" for kind, access, topic_filter in rules)
+    text = "user writer\ntopic readwrite #\nuser mallory\n" + "".join(
+        f"{kind} {access} {topic_filter}\n" for kind, access, topic_filter in rules
+    )
     try:
         acl = Acl.parse(text, "acl", DEFAULT_ACL_CLIENT_PATTERNS)
     except AclFileError:

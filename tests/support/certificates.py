@@ -4,7 +4,7 @@ expired one, one near its expiry, one not valid yet, each with its key, written 
 from __future__ import annotations
 
 import ipaddress
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from cryptography import x509
@@ -41,5 +41,5 @@ def write_certificate(directory: Path, name: str, not_before: datetime, not_afte
 
 def valid_for(directory: Path, name: str, days_left: float, common_name: str = "localhost") -> tuple[Path, Path]:
     """A certificate that started a year ago and ends ``days_left`` days from now (negative: expired)."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return write_certificate(directory, name, now - timedelta(days=365), now + timedelta(days=days_left), common_name)

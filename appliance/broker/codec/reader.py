@@ -59,6 +59,7 @@ from appliance.broker.codec.reasons import (
     MALFORMED_PACKET,
     PACKET_TOO_LARGE,
     PROTOCOL_ERROR,
+    QUOTA_EXCEEDED,
     TOPIC_NAME_INVALID,
     UNSUPPORTED_PROTOCOL_VERSION,
     V311_CONNACK_REASONS,
@@ -73,6 +74,11 @@ _REQUIRED_FLAGS = {PUBREL: 2, SUBSCRIBE: 2, UNSUBSCRIBE: 2}
 #: Validated PUBLISH topic names remembered per reader: a device publishes to a handful of topics over
 #: and over, so decoding and checking the same bytes for every message is wasted work. Cleared when full.
 TOPIC_CACHE_SIZE = 256
+#: Topic filters one SUBSCRIBE or UNSUBSCRIBE may carry. Each costs an ACL check, a tree walk and (durable)
+#: a stored row, all in one loop turn: 100,000 one-character filters (a 0.7 MB packet, well within the
+#: Maximum Packet Size) held the loop for 4 s. Real clients send a handful; more is refused like the
+#: other per-packet caps (DISCONNECT 0x97 Quota exceeded; docs/broker-security.md).
+MAX_FILTERS_PER_PACKET = 256
 
 
 class PacketReader:
@@ -255,6 +261,7 @@ class PacketReader:
             while pos < end:
                 topic_filter, pos = decode_utf8(buf, pos, end)
                 filters.append(topic_filter)
+                _check_filter_count(len(filters))
             if not filters:
                 raise ProtocolError(PROTOCOL_ERROR, "UNSUBSCRIBE without topic filters")
             return Unsubscribe(packet_id, filters, properties)
@@ -382,12 +389,18 @@ class PacketReader:
                 if options & 0xFC:
                     raise ProtocolError(MALFORMED_PACKET, "reserved subscription option bits")
                 requests.append(SubscribeRequest(topic_filter, qos))
+            _check_filter_count(len(requests))
         if not requests:
             raise ProtocolError(PROTOCOL_ERROR, "SUBSCRIBE without topic filters")
         return Subscribe(packet_id, requests, properties)
 
 
 _ACKS: dict[int, type[PubAck | PubRec | PubRel | PubComp]] = {PUBACK: PubAck, PUBREC: PubRec, PUBREL: PubRel, PUBCOMP: PubComp}
+
+
+def _check_filter_count(count: int) -> None:
+    if count > MAX_FILTERS_PER_PACKET:
+        raise ProtocolError(QUOTA_EXCEEDED, f"more than {MAX_FILTERS_PER_PACKET} topic filters in one packet")
 
 
 def _packet_id(buf: bytes | bytearray, pos: int, end: int) -> tuple[int, int]:

@@ -37,7 +37,9 @@ class AsyncStateStoreClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await asyncio.to_thread(self.sync.close)
 
-    async def request(self, payload: bytes, user_properties: Sequence[tuple[str, str]] = (), *, stamp: bool = True, timeout: float | None = None) -> Response:
+    async def request(
+        self, payload: bytes, user_properties: Sequence[tuple[str, str]] = (), *, stamp: bool = True, timeout: float | None = None
+    ) -> Response:
         future = self.sync.submit(payload, user_properties, stamp=stamp)
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for can drop a cancellation of the caller.

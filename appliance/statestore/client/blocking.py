@@ -169,7 +169,9 @@ class StateStoreClient:
             self._reject(correlation, early)
         return future
 
-    def request(self, payload: bytes, user_properties: Sequence[tuple[str, str]] = (), *, stamp: bool = True, timeout: float | None = None) -> Response:
+    def request(
+        self, payload: bytes, user_properties: Sequence[tuple[str, str]] = (), *, stamp: bool = True, timeout: float | None = None
+    ) -> Response:
         return self.wait(self.submit(payload, user_properties, stamp=stamp), timeout)
 
     def wait(self, future: concurrent.futures.Future[Response], timeout: float | None = None) -> Response:

@@ -29,7 +29,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hil_tests.bridge_site import GATEWAY_ADDRESS, RIG_ADDRESS, UPLINK_ADDRESS, BridgeSite, leftovers
+from hil_tests.bridge_site import (
+    GATEWAY_ADDRESS,
+    RIG_ADDRESS,
+    UPLINK_ADDRESS,
+    BridgeSite,
+    leftovers,
+)
 from hil_tests.harness import Route, write_gateway_config
 from hil_tests.netns_site import NamespacedGateway, NamespacedMosquitto, netns_refusal
 from hil_tests.rig.bridge import INTERFACE_NAME, BridgeBackend
@@ -187,19 +193,18 @@ def _read_until_closed(connection: socket.socket) -> None:
 
 def test_down_stops_bytes_and_up_resumes_the_same_connection(site, start_rig):
     _, rig = start_rig()
-    with in_namespace(site.uplink_ns, lambda: socket.create_server(("0.0.0.0", SINK_PORT))) as sink:
-        with flooding(_sender(site)):
-            sink.settimeout(10)
-            connection, _ = sink.accept()
-            with connection:
-                connection.settimeout(10)
-                assert connection.recv(65536)
-                rig.down()
-                drain(connection)
-                assert quiet_for(connection, 1.0), "bytes crossed a link that is DOWN"
-                rig.up()
-                connection.settimeout(15)  # TCP resumes at its next retransmission
-                assert connection.recv(65536), "the same connection did not resume after UP"
+    with in_namespace(site.uplink_ns, lambda: socket.create_server(("0.0.0.0", SINK_PORT))) as sink, flooding(_sender(site)):
+        sink.settimeout(10)
+        connection, _ = sink.accept()
+        with connection:
+            connection.settimeout(10)
+            assert connection.recv(65536)
+            rig.down()
+            drain(connection)
+            assert quiet_for(connection, 1.0), "bytes crossed a link that is DOWN"
+            rig.up()
+            connection.settimeout(15)  # TCP resumes at its next retransmission
+            assert connection.recv(65536), "the same connection did not resume after UP"
 
 
 def test_a_real_gateway_forwards_through_the_bridge_and_resumes_its_uplink_after_down(site, start_rig, tmp_path):
@@ -381,19 +386,19 @@ def test_a_bridge_that_exists_is_reused_and_left_in_place(site, start_rig):
 
 def test_a_missing_port_stops_the_start_naming_it(site, tmp_path):
     args = ["--backend", "bridge", "--ports", "eth1,eth9"]
-    with pytest.raises(RigStartError, match="eth9"):
-        with local_rig(args, tmp_path / "rig.log", prefix=site.exec_in(site.rig_ns)):
-            pass
+    with pytest.raises(RigStartError, match="eth9"), local_rig(args, tmp_path / "rig.log", prefix=site.exec_in(site.rig_ns)):
+        pass
     links, _, _ = _kernel_state(site)
     assert "hilbr0" not in links and not _masters(site)
 
 
 def test_bad_port_lists_are_refused_before_anything_is_touched(site, tmp_path):
     for ports in ("eth1", "eth1,eth1", "eth1,", "eth1,eth2,eth3"):
-        with pytest.raises(RigStartError, match="IF1,IF2|two different"):
-            with local_rig(["--backend", "bridge", "--ports", ports], tmp_path / "rig.log",
-                           prefix=site.exec_in(site.rig_ns)):
-                pass
+        with (
+            pytest.raises(RigStartError, match="IF1,IF2|two different"),
+            local_rig(["--backend", "bridge", "--ports", ports], tmp_path / "rig.log", prefix=site.exec_in(site.rig_ns)),
+        ):
+            pass
 
 
 @settings(max_examples=300, deadline=None)

@@ -17,11 +17,11 @@ import psutil
 import pytest
 
 from hil_tests.rig.client import RigClient, RigError
-from hil_tests.rig.launcher import local_rig
 from hil_tests.rig.kernel import BackendError
+from hil_tests.rig.launcher import local_rig
+from hil_tests.rig.namespace_sockets import in_namespace
 from hil_tests.rig.netns import NetnsBackend
 from hil_tests.rig.shaping import LinkSettings
-from hil_tests.rig.namespace_sockets import in_namespace
 from hil_tests.rig.tests.flow import drain, flooding, measure_connection, quiet_for
 
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
