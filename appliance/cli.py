@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a configuration file and print the result")
     add_config_arguments(check)
-    check.add_argument("--schema", action="store_true", help="print every setting (type, default, bounds) as docs/configuration.md lists them")
+    check.add_argument(
+        "--schema", action="store_true", help="print every setting (type, default, bounds) as docs/configuration.md lists them"
+    )
     check.set_defaults(handler=cmd_check_config)
 
     doctor.register(sub)

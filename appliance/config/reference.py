@@ -11,7 +11,14 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
-from appliance.config.schema import SETTING, Setting, describe_type, field_types, join, section_type
+from appliance.config.schema import (
+    SETTING,
+    Setting,
+    describe_type,
+    field_types,
+    join,
+    section_type,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,8 @@ from appliance.forwarding.config import ForwardingConfig
 
 
 def test_defaults_and_relative_paths(tmp_path: Path) -> None:
-    config = parse_section(ForwardingConfig, {"enabled": True, "manifest": "m.json", "upstream": {"host": "cloud", "ca_file": "/etc/ca.pem"}}, "forwarding", tmp_path)
+    raw = {"enabled": True, "manifest": "m.json", "upstream": {"host": "cloud", "ca_file": "/etc/ca.pem"}}
+    config = parse_section(ForwardingConfig, raw, "forwarding", tmp_path)
     assert config.manifest == tmp_path / "m.json"
     assert config.upstream.host == "cloud" and config.upstream.port == 1883 and config.upstream.protocol == "5"
     assert config.upstream.ca_file == Path("/etc/ca.pem")

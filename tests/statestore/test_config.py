@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from appliance.config import ConfigError
-from appliance.statestore.acl import AclRule
 from appliance.config.schema import parse_section
+from appliance.statestore.acl import AclRule
 from appliance.statestore.config import StateStoreConfig
 
 
