@@ -17,12 +17,12 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.records import EVENTS, METRICS, QUARANTINE
 from pipeline.jobs import delivery, hil, rollups, setpoints, telemetry
 from pipeline.jobs.dedup import first_copies, first_rejects
 from pipeline.jobs.output import write_output
 from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import bad_lines, read_hil, read_landing, records
+from pipeline.records import EVENTS, METRICS, QUARANTINE
 
 
 def build(spark: SparkSession, settings: JobSettings) -> dict[str, DataFrame]:

@@ -69,7 +69,7 @@ def first_rejects_stream(rejects: DataFrame, remember_ms: int) -> DataFrame:
         rows = rows[~rows[REJECT_KEY].isin(seen.keys())]
         if len(rows):
             progress = max(progress or 0, int(rows["received_ms"].max()))
-            seen.update(zip(rows[REJECT_KEY], (int(t) for t in rows["received_ms"])))
+            seen.update(zip(rows[REJECT_KEY], (int(t) for t in rows["received_ms"]), strict=True))
         seen = {k: t for k, t in seen.items() if t > (progress or 0) - remember_ms}
         state.update((json.dumps(seen), progress))
         if len(rows):

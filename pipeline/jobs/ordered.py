@@ -104,7 +104,7 @@ class OrderedFold:
                     stepped = chosen[self.ready_at(chosen[self.time_ms]) <= progress - lateness_ms]
                     rows = rows[~rows[self.dedup_key].isin(stepped[self.dedup_key])]
                     if self.remember_ms:
-                        seen.update(zip(stepped[self.dedup_key], (int(t) for t in stepped[self.time_ms])))
+                        seen.update(zip(stepped[self.dedup_key], (int(t) for t in stepped[self.time_ms]), strict=True))
                         seen = {k: t for k, t in seen.items() if t > progress - lateness_ms - self.remember_ms}
                 else:
                     rows = rows[~ready]

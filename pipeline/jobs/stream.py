@@ -25,6 +25,9 @@ from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import StreamOptions, bad_lines, read_landing, records
 from pipeline.records import EVENTS, KINDS, METRICS, QUARANTINE
 
+#: The default stream options, one shared value (StreamOptions is frozen).
+DEFAULT_OPTIONS = StreamOptions()
+
 DAY_MS = 86_400_000
 
 
@@ -62,7 +65,7 @@ def build(spark: SparkSession, settings: JobSettings, options: StreamOptions) ->
     }
 
 
-def start(spark: SparkSession, settings: JobSettings, checkpoint: str, options: StreamOptions = StreamOptions(),
+def start(spark: SparkSession, settings: JobSettings, checkpoint: str, options: StreamOptions = DEFAULT_OPTIONS,
           once: bool = False, trigger_seconds: float = 60.0) -> list[StreamingQuery]:
     queries = []
     for name, frame in build(spark, settings, options).items():
@@ -78,7 +81,7 @@ def start(spark: SparkSession, settings: JobSettings, checkpoint: str, options: 
     return queries
 
 
-def run_stream(spark: SparkSession, settings: JobSettings, checkpoint: str, options: StreamOptions = StreamOptions(),
+def run_stream(spark: SparkSession, settings: JobSettings, checkpoint: str, options: StreamOptions = DEFAULT_OPTIONS,
                once: bool = False, trigger_seconds: float = 60.0, progress=print) -> None:
     """``once``: process what has landed and stop (``availableNow``); else run until a query fails."""
     queries = start(spark, settings, checkpoint, options, once, trigger_seconds)
