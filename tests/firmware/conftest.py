@@ -28,30 +28,24 @@ MICROPYTHON = ROOT / ".venv" / "bin" / "micropython"
 collect_ignore = ["mp"]
 
 
-class MicroPython:
-    """A micropython child process whose stdout lines tests wait on (the firmware's events)."""
+class LineLog:
+    """The lines a firmware process printed (its events), with when each arrived, and a wait for one:
+    shared by a single micropython run and a board that resets into new runs."""
 
-    def __init__(self, args: list[str], cwd: Path, micropypath: list[Path], heap: str | None = None):
-        env = dict(os.environ, MICROPYPATH=":".join(str(p) for p in micropypath))
-        cmd = [str(MICROPYTHON)] + (["-X", f"heapsize={heap}"] if heap else []) + args
-        self.process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
+    def __init__(self) -> None:
         self.lines: list[str] = []
         self.times: list[float] = []  # time.monotonic() when each line arrived
         self._cond = threading.Condition()
-        threading.Thread(target=self._pump, daemon=True).start()
 
-    def _pump(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            with self._cond:
-                self.lines.append(line.rstrip("\n"))
-                self.times.append(time.monotonic())
-                self._cond.notify_all()
+    def _add(self, line: str) -> None:
         with self._cond:
-            self.lines.append("<exit>")
+            self.lines.append(line)
             self.times.append(time.monotonic())
             self._cond.notify_all()
+
+    def _ended(self) -> bool:
+        """No more lines will come (checked under the lock)."""
+        raise NotImplementedError
 
     def expect(self, pattern: str, timeout: float = 10.0, after: int = 0) -> tuple[int, re.Match[str]]:
         """Wait for a line (index >= after) matching pattern; returns (index, match)."""
@@ -64,13 +58,34 @@ class MicroPython:
                     if match:
                         return i, match
                 left = deadline - time.monotonic()
-                if left <= 0 or (self.lines and self.lines[-1] == "<exit>"):
+                if left <= 0 or self._ended():
                     raise AssertionError(f"no line matching {pattern!r}; output:\n" + "\n".join(self.lines))
                 self._cond.wait(left)
 
     def output(self) -> str:
         with self._cond:
             return "\n".join(self.lines)
+
+
+class MicroPython(LineLog):
+    """A micropython child process whose stdout lines tests wait on (the firmware's events)."""
+
+    def __init__(self, args: list[str], cwd: Path, micropypath: list[Path], heap: str | None = None):
+        env = dict(os.environ, MICROPYPATH=":".join(str(p) for p in micropypath))
+        cmd = [str(MICROPYTHON)] + (["-X", f"heapsize={heap}"] if heap else []) + args
+        super().__init__()
+        self.process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._add(line.rstrip("\n"))
+        self._add("<exit>")
+
+    def _ended(self) -> bool:
+        return bool(self.lines) and self.lines[-1] == "<exit>"
 
     def wait(self, timeout: float = 30.0) -> int:
         return self.process.wait(timeout)

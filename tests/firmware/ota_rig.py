@@ -13,11 +13,10 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import zipfile
 from pathlib import Path
 
-from tests.firmware.conftest import MICROPYTHON, ROOT
+from tests.firmware.conftest import MICROPYTHON, ROOT, LineLog
 from tests.firmware.thermostat_rig import thermostat_config
 
 BUILD = ROOT / "images" / "firmware" / "build.py"
@@ -40,19 +39,17 @@ def build_variant(source: Path, out: Path, version: str, app_prefix: str = "") -
     return Path(proc.stdout.strip())
 
 
-class ResettingBoard:
+class ResettingBoard(LineLog):
     def __init__(self, flash: Path, bundle: Path, name: str, host: str, port: int, heap: str = "64K", **config):
         self.flash = flash
         flash.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(bundle) as archive:
             archive.extractall(flash)
         (flash / "config.json").write_text(json.dumps(thermostat_config(name, host, port, **config)))
+        super().__init__()
         self.heap = heap
-        self.lines: list[str] = []
-        self.times: list[float] = []
         self.boots = 0
         self.exit_status: int | None = None
-        self._cond = threading.Condition()
         self._stopped = False
         self._power_cut = False
         self.process: subprocess.Popen[str] | None = None
@@ -77,29 +74,8 @@ class ResettingBoard:
                 self._add(f"<exit {status}>")
                 return
 
-    def _add(self, line: str) -> None:
-        with self._cond:
-            self.lines.append(line)
-            self.times.append(time.monotonic())
-            self._cond.notify_all()
-
-    def expect(self, pattern: str, timeout: float = 10.0, after: int = 0) -> tuple[int, re.Match[str]]:
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for i in range(after, len(self.lines)):
-                    match = regex.search(self.lines[i])
-                    if match:
-                        return i, match
-                left = deadline - time.monotonic()
-                if left <= 0 or self.exit_status is not None:
-                    raise AssertionError(f"no line matching {pattern!r}; output:\n" + self.output())
-                self._cond.wait(left)
-
-    def output(self) -> str:
-        with self._cond:
-            return "\n".join(self.lines)
+    def _ended(self) -> bool:
+        return self.exit_status is not None
 
     def pointer(self) -> str | None:
         try:
