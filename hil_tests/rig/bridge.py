@@ -36,6 +36,7 @@ from typing import Any
 from hil_tests.rig.kernel import (
     DEFAULT_QUEUE_SECONDS,
     BackendError,
+    KernelShaping,
     delete_table,
     drop_rules,
     run_command,
@@ -52,7 +53,7 @@ NFT_FAMILY = "bridge"
 NFT_HOOKS = ("forward", "input")
 
 
-class BridgeBackend:
+class BridgeBackend(KernelShaping):
     """Bridges ``ports`` (gateway side, uplink side) and makes their egress qdiscs and drop rules match."""
 
     name = "bridge"
@@ -119,19 +120,6 @@ class BridgeBackend:
         except BaseException:
             await self.close()
             raise
-
-    async def apply(self, settings: LinkSettings) -> None:
-        """Bring qdiscs and drop rules to ``settings``; on failure restore the previous settings and raise."""
-        previous = self._applied
-        try:
-            await self._apply(previous, settings)
-        except BackendError:
-            with contextlib.suppress(BackendError):
-                await self._apply(settings, previous)
-            raise
-        self._applied = settings
-        if self._relay is not None:
-            self._relay.apply(LinkSettings(delay_ms=settings.delay_ms, jitter_ms=settings.jitter_ms))
 
     async def _apply(self, old: LinkSettings, new: LinkSettings) -> None:
         if (old.rate_bps, old.burst_bytes) != (new.rate_bps, new.burst_bytes):

@@ -10,8 +10,10 @@ family and hooks differ: a namespace end delivers locally (``inet``/``input``), 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 
+from hil_tests.rig.relay import Relay
 from hil_tests.rig.shaping import LinkSettings
 
 # tbf's queue holds a time's worth of bytes at the rate, like a modem's buffer (``--queue-s``, default 1 s).
@@ -25,6 +27,31 @@ LOSS_MODULUS = 1_000_000_000
 
 class BackendError(RuntimeError):
     """A kernel command failed; the message names the command and carries its stderr."""
+
+
+class KernelShaping:
+    """What both kernel backends do on a settings change: bring the kernel from the settings in force to the
+    new ones (``_apply``, theirs), undo a half-applied change as far as the kernel lets them, and leave to
+    the relay, when there is one, only what the kernel cannot do here (delay and jitter: no netem)."""
+
+    _applied: LinkSettings
+    _relay: Relay | None
+
+    async def _apply(self, old: LinkSettings, new: LinkSettings) -> None:
+        raise NotImplementedError
+
+    async def apply(self, settings: LinkSettings) -> None:
+        """Bring qdiscs and drop rules to ``settings``; on failure restore the previous settings and raise."""
+        previous = self._applied
+        try:
+            await self._apply(previous, settings)
+        except BackendError:
+            with contextlib.suppress(BackendError):
+                await self._apply(settings, previous)
+            raise
+        self._applied = settings
+        if self._relay is not None:
+            self._relay.apply(LinkSettings(delay_ms=settings.delay_ms, jitter_ms=settings.jitter_ms))
 
 
 async def run_command(*argv: str, stdin: bytes | None = None) -> str:

@@ -20,12 +20,12 @@ names unique per run, so parallel runs and leftovers of a crashed run never coll
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 
 from hil_tests.rig.kernel import (
     DEFAULT_QUEUE_SECONDS,
     BackendError,
+    KernelShaping,
     drop_rules,
     run_command,
     tbf_arguments,
@@ -40,7 +40,7 @@ PREFIX_LENGTH = 30
 NFT_TABLE = "hilrig"
 
 
-class NetnsBackend:
+class NetnsBackend(KernelShaping):
     """Owns the namespace pair of one run; `apply` makes the kernel match a `LinkSettings`."""
 
     name = "netns"
@@ -91,21 +91,6 @@ class NetnsBackend:
         except BaseException:
             await self.close()
             raise
-
-    async def apply(self, settings: LinkSettings) -> None:
-        """Bring qdiscs and drop rules to ``settings``; on failure restore the previous settings and raise."""
-        previous = self._applied
-        try:
-            await self._apply(previous, settings)
-        except BackendError:
-            # Best effort: a half-applied change is undone as far as the kernel lets us.
-            with contextlib.suppress(BackendError):
-                await self._apply(settings, previous)
-            raise
-        self._applied = settings
-        if self._relay is not None:
-            # The kernel shapes rate, loss and DOWN; the relay adds only what the kernel cannot.
-            self._relay.apply(LinkSettings(delay_ms=settings.delay_ms, jitter_ms=settings.jitter_ms))
 
     async def _apply(self, old: LinkSettings, new: LinkSettings) -> None:
         for namespace, veth in self._veth.items():
