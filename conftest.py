@@ -27,7 +27,10 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 
 import pytest
-from hypothesis import settings
+
+# ``make check`` is the inner loop: the same properties on fewer examples (``--hypothesis-profile=check``,
+# registered by the import); ``make test`` keeps hypothesis' default profile and every campaign's own count.
+import tests.support.campaigns  # noqa: F401
 
 LAYERS = ("unit", "inprocess", "process", "hil")
 
@@ -102,7 +105,6 @@ INPROCESS_MODULES = frozenset(
 )
 
 
-
 def layer_of(module_path: str) -> str:
     """The layer of a test module, by its path relative to the repository root."""
     if module_path.startswith("hil_tests/"):
@@ -155,6 +157,3 @@ def _unit_layer_stays_offline(request: pytest.FixtureRequest, monkeypatch: pytes
     yield
 
 
-# ``make check`` is the inner loop: the same properties on fewer examples (``--hypothesis-profile=check``).
-# ``make test`` keeps hypothesis' default profile.
-settings.register_profile("check", max_examples=20)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.broker.certificates import (
@@ -15,6 +15,7 @@ from appliance.broker.certificates import (
     CertificateFileError,
     date_problems,
 )
+from tests.support.campaigns import campaign
 from tests.support.certificates import valid_for, write_certificate
 
 NOW = datetime.now(UTC)
@@ -68,7 +69,7 @@ def test_a_file_without_a_readable_certificate_is_a_clear_error(tmp_path: Path, 
         date_problems(tmp_path / "missing.pem", "certfile", NOW)
 
 
-@settings(max_examples=200, deadline=None)
+@campaign(200, deadline=None)
 @given(st.binary(max_size=2000), st.sampled_from([b"", b"-----BEGIN CERTIFICATE-----\n", b"-----END CERTIFICATE-----\n"]))
 def test_hostile_certificate_files_give_an_error_never_a_crash(tmp_path_factory: pytest.TempPathFactory,
                                                              junk: bytes, marker: bytes) -> None:
@@ -80,7 +81,7 @@ def test_hostile_certificate_files_give_an_error_never_a_crash(tmp_path_factory:
         assert str(path) in str(exc)
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(st.data())
 def test_a_damaged_real_certificate_gives_an_error_or_its_dates_never_a_crash(
     tmp_path_factory: pytest.TempPathFactory, data: st.DataObject

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
@@ -26,8 +26,9 @@ from appliance.broker.codec.reasons import (
     ProtocolError,
 )
 from appliance.broker.codec.writer import encode
+from tests.support.campaigns import campaign
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = campaign(150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20)
 topic = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00+#"), min_size=1, max_size=30)

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
@@ -33,6 +33,7 @@ from appliance.broker.topic_tree import (
 from tests.broker.pair import BrokerPair
 from tests.broker.test_timing import LEVELS, durable, publishes
 from tests.broker.test_topic_tree import reference_matches
+from tests.support.campaigns import campaign
 
 #: The issue's probe: a SUBSCRIBE of a 16,000-level filter.
 DEEP = 16_000
@@ -236,7 +237,7 @@ def test_a_stored_retained_message_deeper_than_the_limit_is_skipped_at_restart(
         after.stop()
 
 
-@settings(max_examples=200, deadline=None)
+@campaign(200, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 12), st.sampled_from(["a", "", "+", "#", "b"])).filter(lambda s: s != (1, "")),
                 min_size=1, max_size=20),
        st.lists(st.integers(1, 12), min_size=1, max_size=5))
@@ -271,7 +272,7 @@ DEPTHS = st.integers(0, 40)
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@campaign(40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(filters=st.lists(st.tuples(DEPTHS, st.sampled_from(["x", "+", "#", ""])), min_size=1, max_size=4),
        topics=st.lists(DEPTHS, max_size=3))
 def test_hostile_depths_never_crash_and_cost_at_most_their_bytes(
@@ -367,7 +368,7 @@ PROPERTY_BLOCKS = st.lists(st.one_of(
 ), max_size=40)
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(PROPERTY_BLOCKS, st.integers(1, 16), st.sampled_from([pr.PUBLISH, pr.SUBSCRIBE, pr.CONNECT]))
 def test_any_property_block_is_decoded_or_refused_within_the_cap(
     entries: list[tuple[int, object]], cap: int, kind: int

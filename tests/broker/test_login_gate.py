@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.broker.auth import Authenticator, hash_password
@@ -14,6 +14,7 @@ from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.writer import encode
 from appliance.broker.login_gate import LoginGate, source_key
 from tests.broker.pair import BrokerPair
+from tests.support.campaigns import campaign
 
 
 def test_source_keys_are_the_ipv4_address_or_the_ipv6_slash_64() -> None:
@@ -33,7 +34,7 @@ def test_any_peer_text_gets_a_key_and_no_exception(peer: str) -> None:
     events=st.lists(st.tuples(st.integers(0, 9), st.floats(0, 5), st.booleans()), max_size=300),
     max_addresses=st.integers(1, 8),
 )
-@settings(max_examples=200, deadline=None)
+@campaign(200, deadline=None)
 def test_an_address_never_gets_more_failed_checks_than_its_budget_and_the_table_stays_bounded(
     events: list[tuple[int, float, bool]], max_addresses: int
 ) -> None:

@@ -14,7 +14,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
@@ -25,6 +25,7 @@ from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, queued_bytes_defau
 from appliance.broker.persistence import BrokerStore, StoredMessage
 from tests.broker.pair import BrokerPair, FakeClient
 from tests.broker.versions import LEVELS, durable
+from tests.support.campaigns import campaign
 
 EXPIRY = {pr.SESSION_EXPIRY_INTERVAL: 3600}
 
@@ -304,7 +305,7 @@ STEPS = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@campaign(60, deadline=None)
 @given(steps=STEPS)
 def test_every_acknowledged_message_arrives_in_order_and_only_dup_resends_repeat(steps: list[tuple[str, int]]) -> None:
     """A model check of the backlog: any interleaving of publishes, the subscriber coming and going (with
@@ -417,7 +418,7 @@ def test_a_broker_db_written_before_the_backlog_existed_is_read_back(tmp_path: P
     assert (got[0].dup, got[0].packet_id) == (True, 7) and not any(p.dup for p in got[1:])
 
 
-@settings(max_examples=40, deadline=None)
+@campaign(40, deadline=None)
 @given(limit=st.integers(1, 5000), sizes=st.lists(st.integers(8, 1500), min_size=1, max_size=25))
 def test_the_byte_bound_holds_and_exactly_the_refused_messages_get_quota_exceeded(limit: int, sizes: list[int]) -> None:
     """Whatever the sizes: the stored bytes never pass the bound, the publisher hears 0x97 for exactly the

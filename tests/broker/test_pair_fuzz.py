@@ -8,12 +8,13 @@ from __future__ import annotations
 import logging
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.writer import encode
 from tests.broker.pair import BrokerPair
+from tests.support.campaigns import campaign
 
 TOPICS = st.sampled_from(["t", "t/a", "$SYS/x", "a/+/b", "#", "", "t/\u0000"])
 REQUESTS = st.builds(lambda topic, qos, handling: pk.SubscribeRequest(topic, qos, retain_handling=handling),
@@ -33,7 +34,7 @@ PACKETS = st.one_of(
 
 
 @pytest.mark.parametrize("level", [pk.MQTT_311, pk.MQTT_5], ids=["mqtt311", "mqtt5"])
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@campaign(150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parts=st.lists(st.one_of(PACKETS, st.binary(min_size=1, max_size=24)), max_size=12),
        cuts=st.lists(st.integers(0, 400), max_size=6), advance=st.floats(0, 200))
 def test_any_input_ends_at_most_its_own_connection(

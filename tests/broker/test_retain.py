@@ -7,12 +7,13 @@ from __future__ import annotations
 import tracemalloc
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.broker.message import Message
 from appliance.broker.retain import RetainedMessages
 from tests.broker.test_topic_tree import reference_matches
+from tests.support.campaigns import campaign
 
 NOW = 1_000_000.0
 NAMES = st.sampled_from(["a", "b", "c", "", "$SYS", "$x", "sensor"])
@@ -31,7 +32,7 @@ def retained(topic: str, payload: bytes = b"v", expires_at: float | None = None)
 OPERATIONS = st.lists(st.tuples(TOPICS, st.sampled_from([0, 0, 0, 1, 2])), max_size=60)
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(OPERATIONS, st.lists(FILTERS, min_size=1, max_size=8))
 def test_matching_equals_a_scan_of_every_retained_topic(operations: list[tuple[str, int]], filters: list[str]) -> None:
     index = RetainedMessages()
@@ -76,7 +77,7 @@ DEEP_FILTERS = st.tuples(st.lists(FILTER_LEVELS, min_size=1, max_size=8), st.boo
 ).filter(bool) | st.just("#")
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(st.lists(DEEP_TOPICS, max_size=30), st.lists(DEEP_FILTERS, min_size=1, max_size=6), st.randoms())
 def test_deep_topics_share_edges_and_give_every_node_back(topics: list[str], filters: list[str], rng) -> None:
     """Topics deep enough that chains of levels are stored as one edge, split by later topics and joined
@@ -122,7 +123,7 @@ def test_a_16000_level_retained_topic_costs_what_its_text_costs() -> None:
     assert index.update(retained(deep, b"")) and index.node_count() == 1
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(st.lists(DEEP_TOPICS, min_size=1, max_size=25), DEEP_FILTERS, st.integers(1, 6),
        st.lists(st.tuples(DEEP_TOPICS, st.booleans()), max_size=12))
 def test_a_walk_paused_while_the_tree_changes_finds_no_stranger_and_loses_no_bystander(

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
@@ -16,6 +16,7 @@ from appliance.broker.retained_feed import DELIVERY_COST, TURN_BUDGET
 from appliance.broker.router import QUEUE_HIGH_WATER
 from tests.broker.pair import BrokerPair, FakeClient
 from tests.broker.test_timing import LEVELS, durable, publishes
+from tests.support.campaigns import campaign
 
 RETAINED = 20_000
 #: The most retained messages one loop iteration may hand over: a turn's budget, once from the SUBSCRIBE
@@ -138,7 +139,7 @@ def test_an_unsubscribe_or_a_new_session_ends_the_feed(pair: BrokerPair, level: 
 FILTERS = st.sampled_from(["#", "r/#", "r/+", "+/+", "r/1", "s/#", "$SYS/#", "r/+/x"])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@campaign(40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(count=st.integers(0, 1200), filters=st.lists(FILTERS, min_size=1, max_size=4),
        unsubscribe=st.lists(FILTERS, max_size=2), steps=st.integers(0, 5))
 def test_feeds_deliver_exactly_what_matching_returns(

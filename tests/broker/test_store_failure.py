@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
@@ -23,6 +23,7 @@ from appliance.store_health import LOG_INTERVAL
 from tests.broker.pair import BrokerPair, FakeClient
 from tests.broker.test_hardening import LockedStore
 from tests.broker.test_timing import LEVELS, durable, publishes
+from tests.support.campaigns import campaign
 
 
 @pytest.fixture
@@ -238,7 +239,7 @@ ACTIONS = st.one_of(
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@campaign(25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(actions=st.lists(ACTIONS, max_size=14))
 def test_whatever_fails_when_an_acknowledged_message_is_committed_and_pings_are_answered(
     tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture, level: int, actions: list[object]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.broker.topic_tree import (
@@ -19,6 +19,7 @@ from appliance.broker.topic_tree import (
     validate_topic_filter,
     validate_topic_name,
 )
+from tests.support.campaigns import campaign
 
 QOS1 = SubscriptionOptions(qos=1)
 
@@ -215,7 +216,7 @@ def tree_match(tree: SubscriptionTree, topic: str) -> tuple[dict, dict]:
     return ordinary, shared
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(SUBSCRIPTIONS, st.lists(TOPICS, min_size=1, max_size=6), st.data())
 def test_tree_agrees_with_reference_matcher(subscriptions, topics, data) -> None:
     tree = SubscriptionTree()
@@ -238,7 +239,7 @@ def test_tree_agrees_with_reference_matcher(subscriptions, topics, data) -> None
     assert len(tree) == len(live)
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(FILTERS, TOPICS)
 def test_topic_matches_agrees_with_reference(topic_filter: str, topic: str) -> None:
     assert topic_matches(topic_filter, topic) == reference_matches(topic_filter, topic)
@@ -252,7 +253,7 @@ DEEP_FILTERS = st.builds(
 DEEP_TOPICS = st.lists(LEVELS, min_size=1, max_size=8).map("/".join).filter(bool)
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["c1", "c2", "c3"]), DEEP_FILTERS, st.sampled_from([None, None, "g1"])),
                 max_size=16),
        st.lists(DEEP_TOPICS, min_size=1, max_size=6), st.data())

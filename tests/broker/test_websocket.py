@@ -7,10 +7,11 @@ import os
 import struct
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.broker.websocket import WebSocketServer
+from tests.support.campaigns import campaign
 
 OP_CONTINUATION, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 
@@ -126,7 +127,7 @@ def test_server_frames_use_the_right_length_encoding() -> None:
     assert server.send(b"x" * 70000)[:2] == b"\x82\x7f"
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(st.lists(st.binary(max_size=300), max_size=8))
 def test_hostile_bytes_after_the_handshake_never_raise(reads: list[bytes]) -> None:
     server = opened()
@@ -147,7 +148,7 @@ def test_an_opening_handshake_that_never_ends_is_refused_within_a_bound() -> Non
     assert reply.startswith(b"HTTP/1.1 400")
 
 
-@settings(max_examples=200, deadline=None)
+@campaign(200, deadline=None)
 @given(st.binary(max_size=600))
 def test_hostile_opening_handshakes_never_raise(request_bytes: bytes) -> None:
     server = WebSocketServer()

@@ -15,12 +15,13 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from hypothesis import example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from appliance.config import ConfigError
 from appliance.config.schema import SETTING, Setting
 from appliance.gateway_config import ConfigFile, build
+from tests.support.campaigns import campaign
 
 #: Bare TOML keys; an unknown one may still look like a known one.
 KEYS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_-0123456789", min_size=1, max_size=12)
@@ -93,7 +94,7 @@ def place_exists(raw: Any, path: str) -> bool:
     return isinstance(node, (dict, list))
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(tables_for(ConfigFile) | GARBAGE.filter(lambda value: isinstance(value, dict)))
 @example({"forwarding": {"upstream": {"topic_template": "{gateway_id.real}"}}})
 @example({"forwarding": {"watch_interval_s": float("nan")}})

@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.broker.api import InboundPublish, PublishVerdict
@@ -36,6 +36,7 @@ from appliance.firmware.repository import (
 )
 from appliance.firmware.service import FirmwareService
 from appliance.statestore import resp3
+from tests.support.campaigns import campaign
 
 
 def bundle_file(path, modules: dict[str, bytes], version: str = "0.2.0", lie: str | None = None):
@@ -182,7 +183,7 @@ def test_envelopes_are_checked_like_the_state_stores(tmp_path):
     assert not any(v.route for v in verdicts)
 
 
-@settings(max_examples=60, deadline=None)
+@campaign(60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["t-1", "t-2", "t-3"]),
                           st.one_of(st.binary(max_size=60),
                                     st.builds(lambda v, f, o, n: request(b"CHUNK", v, f, o, n),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.forwarding.batch import (
@@ -18,6 +18,7 @@ from appliance.forwarding.batch import (
 from appliance.forwarding.endpoints import identity_properties
 from appliance.forwarding.messages import Message
 from appliance.forwarding.queues import QueuedMessage
+from tests.support.campaigns import campaign
 
 texts = st.text(max_size=12)
 optional_texts = st.one_of(st.none(), st.text(min_size=1, max_size=12))
@@ -41,7 +42,7 @@ def queued(draw: st.DrawFn) -> list[QueuedMessage]:
     return items
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(items=queued(), sent_ms=st.integers(0, 2**43), priority=st.integers(0, 10))
 def test_every_field_survives_a_round_trip(items: list[QueuedMessage], sent_ms: int, priority: int) -> None:
     batch = decode_batch(encode_batch("gw-7", priority, sent_ms, items))
@@ -126,7 +127,7 @@ def test_a_repeated_sequence_number_is_rejected() -> None:
         decode_batch(twice)
 
 
-@settings(max_examples=500, deadline=None)
+@campaign(500, deadline=None)
 @given(st.binary(max_size=200), st.integers(0, len(VALID)))
 def test_garbage_only_ever_raises_batch_format_error(noise: bytes, cut: int) -> None:
     for data in (noise, VALID[:cut] + noise, b"GB\x01" + noise):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.broker.acl import Acl, AclFileError
@@ -34,6 +34,7 @@ from appliance.statestore.notify import notification_topic
 from appliance.statestore.protocol import REQUEST_TOPIC
 from appliance.statestore.resp3 import encode_array
 from appliance.statestore.service import StateStoreService
+from tests.support.campaigns import campaign
 
 T0 = 1_700_000_000_000
 T = TypeVar("T")
@@ -350,7 +351,7 @@ _topics = st.lists(st.sampled_from(["c", "d", "clients", "statestore", "c1", "63
 
 
 @given(rules=_rules, response_topic=_topics, username=st.sampled_from([None, "mallory", "c1"]))
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@campaign(300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_no_acl_and_response_topic_gets_a_write_the_acl_denies(
     harness: Harness, rules: list[tuple[str, str, str]], response_topic: str, username: str | None
 ) -> None:

@@ -12,7 +12,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -21,6 +20,7 @@ from appliance.statestore.commands import Condition, SetCommand
 from appliance.statestore.errors import StateStoreError
 from appliance.statestore.hlc import Hlc
 from appliance.statestore.store import Quotas, StateStore
+from tests.support.campaigns import campaign
 
 T0 = 1_700_000_000_000
 QUOTAS = Quotas(max_keys=3, max_bytes=24)
@@ -151,5 +151,5 @@ class StoreVersusModel(RuleBasedStateMachine):
         assert self.store.total_bytes == sum(len(k) + len(e.value) for k, e in self.model.items())
 
 
-StoreVersusModel.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+StoreVersusModel.TestCase.settings = campaign(60, stateful_step_count=30, deadline=None)
 TestStoreVersusModel = StoreVersusModel.TestCase
