@@ -31,14 +31,16 @@ system-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-# The whole default suite: every layer but hil in parallel (pytest-xdist), then the hil layer on its own, because its bounds are wall-clock latencies that a
-# neighbouring test's load would distort. `slow` tests (long campaigns, stress repetitions) run in
-# `make test-slow`.
+# The whole default suite in one parallel run (pytest-xdist). It is bound by waiting (shaped links,
+# processes starting, keep-alives), not by the cores, so it runs two workers per core. The hil layer runs
+# on one of them, one test at a time, beside the other layers (its bounds are latencies of one scenario at
+# a time); the Spark tests share another (one JVM): `worker_group` in conftest.py. `slow` tests (long
+# campaigns, stress repetitions) run in `make test-slow`.
+WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 test: system-deps $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n auto -m "not hil and not slow" $(PYTEST_ARGS)
-	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -m "hil and not slow" $(PYTEST_ARGS)
+	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 # The inner loop: the unit layer (no sockets, no processes), in seconds. Only the unit modules are named, so
 # the workers do not import the Spark, firmware and HIL modules just to deselect them.

@@ -7,7 +7,7 @@ Every test item gets exactly one layer marker:
 * ``inprocess``: real sockets on loopback, the broker or a service running in the test process.
 * ``process``: real child processes: ``appliance run``, mosquitto, micropython, Spark's JVM.
 * ``hil``: the hardware-in-the-loop rig and scenarios (``hil_tests/``); their bounds are wall-clock
-  latencies, so ``make test`` runs them on their own after the parallel run rather than beside it.
+  latencies, so ``make test`` runs them one at a time, on one worker of its parallel run (`worker_group`).
 
 The layer is decided by the test module's path, from the tables below; a module that is in none of them is
 taken to be ``process``, the safe side (it is never run by ``make check``). A ``unit`` module is held to
@@ -127,11 +127,38 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{layer}: {descriptions[layer]}")
 
 
+def worker_group(layer: str, fixtures: list[str]) -> str | None:
+    """The pytest-xdist worker that must run a test, if it may not go to any.
+
+    ``make test`` runs the whole suite in one parallel run (``--dist loadgroup``). The suite is bound by
+    waiting (links shaped to 9.6 kbit/s, processes starting, keep-alives), not by the two cores, so the hil
+    layer runs beside the others - but on one worker, in order, because its scenarios share benches and
+    their bounds are latencies of one scenario at a time. Every test that takes the ``spark`` fixture runs
+    on one worker too, so the suite starts one JVM for them instead of one per worker.
+    """
+    if layer == "hil":
+        return "hil"
+    if "spark" in fixtures:
+        return "spark"
+    return None
+
+
+# The longest groups go out first, so no worker starts one of them when the others are nearly done.
+GROUP_ORDER = {"hil": 0, "spark": 1, None: 2}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
+    groups: dict[str, str | None] = {}
     for item in items:
         module = PurePosixPath(item.path.relative_to(root)).as_posix()
-        item.add_marker(layer_of(module))
+        layer = layer_of(module)
+        item.add_marker(layer)
+        group = worker_group(layer, getattr(item, "fixturenames", []))
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        groups[item.nodeid] = group
+    items.sort(key=lambda item: GROUP_ORDER[groups[item.nodeid]])
 
 
 class UnitLayerViolation(AssertionError):

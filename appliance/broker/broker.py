@@ -4,7 +4,8 @@
 What each packet does lives in one module per packet family, as mosquitto's ``handle_*.c`` files:
 ``handle_connect``, ``handle_publish`` (with the PUBACK/PUBREC/PUBREL/PUBCOMP flows),
 ``handle_subscribe``; how connections and sessions end (DISCONNECT, wills, expiry, keep-alive) is
-``lifecycle``; holding publishers back for congested clients is ``backpressure``; what goes into
+``lifecycle``; holding publishers back for congested clients is ``backpressure``; packets that wait for
+an awaited step or the next loop turn are ``backlog``; what goes into
 ``broker.db`` and how a restart reads it back is ``storage``. Those modules import neither asyncio nor
 time: the clock and the scheduler come in through ``runtime.Runtime``, so tests drive them with a fake
 clock (``tests/broker/pair.py``).
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from appliance.broker import lifecycle, storage
@@ -37,6 +38,7 @@ from appliance.broker.acl import Acl
 from appliance.broker.api import BrokerService
 from appliance.broker.asyncio_runtime import AsyncioRuntime
 from appliance.broker.auth import Authenticator
+from appliance.broker.backlog import TURN_PACKET_BUDGET, Backlogs
 from appliance.broker.backpressure import SLOW_CONSUMER_GRACE, Backpressure
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
@@ -70,10 +72,9 @@ __all__ = ["SLOW_CONSUMER_GRACE", "Broker", "Link"]
 
 log = logging.getLogger("appliance.broker")
 
-#: Packets of one connection handled per loop turn; the rest of a big read waits for the next turns.
-TURN_PACKET_BUDGET = 128
 #: Deliveries buffered since the last flush after which a read writes at once instead of waiting.
 EARLY_FLUSH_DELIVERIES = 2000
+
 
 class Broker:
     """One broker instance; implements ``api.BrokerHandle``."""
@@ -116,7 +117,7 @@ class Broker:
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
         self._since_flush = 0
-        self._backlogs: dict[Connection, deque[pk.Packet]] = {}
+        self.backlogs = Backlogs(self)
         self._tick_timer: Timer | None = None
         #: Commits, their health, and the acknowledgements that wait on them (``store_failure``).
         self.commits = CommitGate(self, log)
@@ -187,7 +188,7 @@ class Broker:
             # DISCONNECT with the reason); nothing after them can be framed, so reading stops.
             link.hold_reading("input error", True)
             failure = ReadFailure(exc)
-            backlog = self._backlogs.get(connection)
+            backlog = self.backlogs.waiting.get(connection)
             if backlog is not None:
                 backlog.extend(exc.parsed)
                 backlog.append(failure)  # type: ignore[arg-type]
@@ -196,7 +197,7 @@ class Broker:
             return 0
         if not packets:
             return 0
-        backlog = self._backlogs.get(connection)
+        backlog = self.backlogs.waiting.get(connection)
         if backlog is not None:
             backlog.extend(packets)
             return len(packets)
@@ -212,7 +213,7 @@ class Broker:
         self.links.discard(link)
         connection = link.connection
         self.backpressure.forget(link)
-        self._backlogs.pop(connection, None)
+        self.backlogs.forget(connection)
         self.commits.forget(connection)
         timer = self.keepalive_timers.pop(connection, None)
         if timer is not None:
@@ -243,7 +244,7 @@ class Broker:
                 if index == budget:
                     # Fairness: one read can hold thousands of packets (a flooding publisher); the rest
                     # waits for later loop turns so every other client is served in between.
-                    self._hold_backlog(link, None, deque(packets[index:]))
+                    self.backlogs.hold(link, None, deque(packets[index:]))
                     break
                 packet = packets[index]
                 index += 1
@@ -251,7 +252,7 @@ class Broker:
                     raise unexpected(packet)
                 pending = HANDLERS[packet.type](self, link, packet, now)
                 if pending is not None:
-                    self._hold_backlog(link, pending, deque(packets[index:]))
+                    self.backlogs.hold(link, pending, deque(packets[index:]))
                     break
                 if connection.state == CLOSED:
                     break
@@ -262,47 +263,6 @@ class Broker:
             log.exception("client %s (%s): internal error; closing", connection.client_id or "?", connection.peer)
             lifecycle.close(self, link, rc.UNSPECIFIED_ERROR, "internal error")
         self.mark(connection)
-
-    def _hold_backlog(self, link: Link, pending: Awaitable[None] | None, backlog: deque[pk.Packet]) -> None:
-        self._backlogs[link.connection] = backlog
-        link.hold_reading("backlog", True)
-        self.runtime.spawn(self._resume_after(link, pending, backlog))
-
-    async def _resume_after(self, link: Link, pending: Awaitable[None] | None, backlog: deque[pk.Packet]) -> None:
-        """Handle a connection's backlog after ``pending`` (if any), TURN_PACKET_BUDGET packets per loop
-        turn, while its socket does not read; then let it read again."""
-        connection = link.connection
-        try:
-            if pending is not None:
-                await pending
-            handled = 0
-            now = self.runtime.now()
-            while backlog and connection.state != CLOSED:
-                if handled == TURN_PACKET_BUDGET:
-                    handled = 0
-                    self.mark(connection)
-                    await self.runtime.sleep(0)
-                    now = self.runtime.now()
-                    continue
-                handled += 1
-                packet = backlog.popleft()
-                if packet.type not in ALLOWED_PACKETS[connection.state]:
-                    raise unexpected(packet)
-                more = HANDLERS[packet.type](self, link, packet, now)
-                if more is not None:
-                    await more
-                    now = self.runtime.now()
-        except ProtocolError as exc:
-            lifecycle.fail(self, link, exc)
-        except Exception:
-            log.exception("client %s: internal error", connection.client_id or connection.peer)
-            lifecycle.close(self, link, rc.UNSPECIFIED_ERROR, "internal error")
-        finally:
-            if self._backlogs.get(connection) is backlog:
-                del self._backlogs[connection]
-            if connection.state != CLOSED:
-                link.hold_reading("backlog", False)
-            self.mark(connection)
 
     def may_receive(self, session: Session, topic: str) -> bool:
         """The ACL's read check for a delivery leaving now (the ACL in force at that moment: a SIGHUP may
@@ -332,22 +292,12 @@ class Broker:
             # Even while the store fails (a will, a service's publish: what reaches this point then needs
             # no acknowledgement): an away session's deliveries live only in the store, which keeps them
             # buffered until a commit succeeds.
-            storage.store_deliveries(self, message, durable)
-            self._page_in_idle(durable, now)
+            storage.store_deliveries(self, message, durable, now)
         if backpressure.congested_hits:
             backpressure.after_route(publisher)
         if self._dirty and not self._flush_scheduled:
             self.schedule_flush()
         return router.queue_full == queue_full
-
-    def _page_in_idle(self, durable: list[tuple[Session, Delivery]], now: float) -> None:
-        """A delivery went to the backlog of a connected client with nothing in flight: no acknowledgement
-        will come to read it back, so read it now (it is in the store's buffer)."""
-        for session, delivery in durable:
-            connection = session.connection
-            if delivery.spilled and connection is not None and not session.inflight:
-                session.fill_window(now)
-                self.mark(connection)
 
     # -- the store's health ---------------------------------------------------------------------------
 

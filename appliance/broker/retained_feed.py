@@ -149,7 +149,7 @@ class RetainedFeeds:
             if session.deliver(delivery, now):
                 broker.stats.messages_sent += 1
                 if delivery.qos and session.durable:
-                    storage.store_deliveries(broker, message, [(session, delivery)])
+                    storage.store_deliveries(broker, message, [(session, delivery)], now)
             broker.mark(connection)
         if not feeds:
             self._finish(client_id)

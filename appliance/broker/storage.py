@@ -63,9 +63,11 @@ def stored_session(session: Session, connection: Connection, disconnected_at: fl
                          connection.username, disconnected_at, stored_will)
 
 
-def store_deliveries(broker: Broker, message: Message, durable: list[tuple[Session, Delivery]]) -> None:
+def store_deliveries(broker: Broker, message: Message, durable: list[tuple[Session, Delivery]], now: float) -> None:
     """Queue entries for the deliveries of ``message`` to durable sessions (the body is stored once).
-    A delivery the session keeps in memory moves its cursor: the store's copy is not read back."""
+    A delivery the session keeps in memory moves its cursor: the store's copy is not read back. One that
+    went to the stored backlog of a connected client with nothing in flight is read back at once: no
+    acknowledgement will come to do it."""
     store = broker.store
     if store is None:
         return
@@ -79,6 +81,11 @@ def store_deliveries(broker: Broker, message: Message, durable: list[tuple[Sessi
             session.cursor = delivery.seq
         if delivery.packet_id:
             store.mark_publish_sent(delivery.seq, delivery.packet_id)
+    for session, delivery in durable:
+        connection = session.connection
+        if delivery.spilled and connection is not None and not session.inflight:
+            session.fill_window(now)
+            broker.mark(connection)
 
 
 def stores_retained(broker: Broker, message: Message) -> bool:

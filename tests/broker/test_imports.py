@@ -23,6 +23,7 @@ CLOCK_FREE = (
     "appliance.broker.retained_feed",
     "appliance.broker.lifecycle",
     "appliance.broker.backpressure",
+    "appliance.broker.backlog",
     "appliance.broker.storage",
     "appliance.broker.store_failure",
     "appliance.broker.runtime",
