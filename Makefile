@@ -52,7 +52,7 @@ check: $(STAMP)
 
 # What `make test` leaves out: the long property campaigns and stress repetitions.
 test-slow: system-deps $(STAMP)
-	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n auto -m slow $(PYTEST_ARGS)
+	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m slow $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/broker.py
