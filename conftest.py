@@ -147,6 +147,7 @@ def worker_group(layer: str, fixtures: list[str]) -> str | None:
 GROUP_ORDER = {"hil": 0, "spark": 1, None: 2}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
     groups: dict[str, str | None] = {}
@@ -159,6 +160,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
         groups[item.nodeid] = group
     items.sort(key=lambda item: GROUP_ORDER[groups[item.nodeid]])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On a ``--dist loadgroup`` worker, check that pytest-xdist really grouped the tests: when it cannot,
+    it distributes them as if ungrouped without a word, and the hil scenarios would run side by side."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    for item in session.items:
+        group = item.get_closest_marker("xdist_group")
+        if group is not None and not item.nodeid.endswith("@" + group.args[0]):
+            raise pytest.UsageError(f"pytest-xdist did not group {item.nodeid} (pyproject.toml: pytest-xdist#1386)")
 
 
 class UnitLayerViolation(AssertionError):
