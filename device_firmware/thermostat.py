@@ -24,6 +24,7 @@ from micropython import const
 import hlc
 import mqtt5
 import statestore
+from control import heap_headroom, heater_should_be_on
 from mqtt5_codec import CONTENT_TYPE, MQTTProtocolError
 
 VERSION = "0.1.0"  # the firmware version: bundle name, telemetry `fw`, `<thermostat>\\firmware`
@@ -101,37 +102,6 @@ def shown_value(raw):
         return raw.decode()
     except UnicodeError:
         return "hex:" + binascii.hexlify(raw).decode()
-
-
-def heap_headroom() -> tuple:
-    """(gc.mem_free(), largest free block) after a collection. The largest block is found by a
-    binary search of bytearray allocations with the collector off (so a failed try costs no
-    collection); the unix port's micropython.mem_info(1) only prints its heap map to stdout."""
-    gc.collect()
-    free = gc.mem_free()
-    gc.disable()
-    low, high = 0, free
-    try:
-        while high - low > 16:
-            mid = (low + high) // 2
-            try:
-                bytearray(mid)  # kept by nobody: the collection in `finally` frees it
-                low = mid
-            except MemoryError:
-                high = mid
-    finally:
-        gc.enable()
-        gc.collect()
-    return free, low
-
-
-def heater_should_be_on(temp: float, set_point: float, hysteresis: float, on: bool) -> bool:
-    """Switch on below set_point - hysteresis, off above set_point + hysteresis, else hold."""
-    if temp <= set_point - hysteresis:
-        return True
-    if temp >= set_point + hysteresis:
-        return False
-    return on
 
 
 def alerts_for(temp, low: float, high: float) -> tuple:
@@ -231,7 +201,8 @@ class Thermostat:
                                                  max_value=_MAX_SET_POINT_BYTES)
         # The keys watched: the set point, and for over-the-air updates the version this thermostat
         # should run. While that names another version than ours, self.update is the ota.Updater
-        # fetching it (ota is imported only then). The names are qstrs MicroPython already holds.
+        # that restarts into the updater, then reports its outcome (ota is imported only then).
+        # The names are qstrs MicroPython already holds.
         self.keys = (self.key, (self.name + "\\desiredFirmware").encode())
         self.update = None
         self.data_topic = "devices/%s/messages/events/data" % self.name
@@ -251,6 +222,10 @@ class Thermostat:
         self.faults = 0  # unexpected exceptions the main loop survived, since boot
         self.last_fault = None
         self.fault_run = (0, 0)  # (faults each within _FAULT_WINDOW_MS of the previous, ticks_ms of the last)
+        self.doc = {"device": self.name, "fw": VERSION, "ts_ms": 0, "seq": 0, "temperature": None, "set_point": None,
+                    "set_point_source": None, "set_point_rejected": None, "heater": False, "registered": False,
+                    "mem_peak": 0, "mem_free": 0, "mem_largest": 0, "faults": 0, "last_fault": None, "wifi": None,
+                    "update": None}  # telemetry's, filled in by telemetry()
 
     # --- state store ----------------------------------------------------------------------------
 
@@ -265,9 +240,8 @@ class Thermostat:
                 value = None
             if value or self.update:
                 if not self.update:
-                    gc.collect()  # ota and its names need a few KB, some of them in one piece
                     import ota
-                    self.update = ota.start(self)
+                    self.update = ota.Updater(self)
                 if not self.update.offer(value):
                     self.update = None  # nothing to do: ota has unloaded itself
         elif value is not None:
@@ -384,17 +358,28 @@ class Thermostat:
             self.pending_alerts.pop(0)
 
     def telemetry(self) -> dict:
+        """The telemetry document, updated in place: one dict for the whole run. A new one per
+        message (300 bytes) landed wherever the heap had room, and a stale reference to the last one
+        (the main loop's frame keeps the slot it was passed in) could keep it alive in the middle of
+        the largest free block: whether 4 KB stayed in one piece depended on where it fell."""
         self.seq += 1
         self.mem_peak = max(self.mem_peak, gc.mem_alloc())
-        return {"device": self.name, "fw": VERSION, "ts_ms": hlc.wall_ms(), "seq": self.seq,
-                "temperature": None if self.temperature is None else round(self.temperature, 2),
-                "set_point": self.set_point.value, "set_point_source": self.set_point.source,
-                "set_point_rejected": self.set_point.rejected, "heater": self.heater,
-                "registered": self.registered, "mem_peak": self.mem_peak,
-                "mem_free": self.heap[0], "mem_largest": self.heap[1],
-                "faults": self.faults, "last_fault": self.last_fault,
-                "wifi": self.link.status() if self.link else None,
-                "update": self.update and self.update.status()}
+        doc = self.doc
+        doc["ts_ms"] = hlc.wall_ms()
+        doc["seq"] = self.seq
+        doc["temperature"] = None if self.temperature is None else round(self.temperature, 2)
+        doc["set_point"] = self.set_point.value
+        doc["set_point_source"] = self.set_point.source
+        doc["set_point_rejected"] = self.set_point.rejected
+        doc["heater"] = self.heater
+        doc["registered"] = self.registered
+        doc["mem_peak"] = self.mem_peak
+        doc["mem_free"], doc["mem_largest"] = self.heap
+        doc["faults"] = self.faults
+        doc["last_fault"] = self.last_fault
+        doc["wifi"] = self.link.status() if self.link else None
+        doc["update"] = self.update and self.update.status()
+        return doc
 
     # --- main loop ------------------------------------------------------------------------------
 

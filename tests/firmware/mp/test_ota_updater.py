@@ -7,7 +7,7 @@ import random
 
 import board_sim
 import config
-import ota_fetch
+import ota_updater
 import thermostat
 from check import eq
 from mqtt5_codec import CORRELATION_DATA, Oversized
@@ -25,7 +25,7 @@ def updater_in(tmp):
         json.dump({"thermostat": "t-fuzz", "state_file": "sp.json"}, f)
     app = thermostat.Thermostat(config.load_config("config.json"), board_sim.SimulatedRoom(board_sim.SimulatedRelay()),
                                 board_sim.SimulatedRelay(), board_sim.NoWatchdog(), board_sim.restart)
-    updater = ota_fetch.Updater(app)
+    updater = ota_updater.Updater(app)
     updater.offer(b"0.2.0")
     return updater
 
