@@ -9,7 +9,7 @@ hole its bytecode leaves sits at the bottom of the heap, where the small objects
 fill it, not between the thermostat's code and its buffers.
 
 An over-the-air update is installed by a boot of its own: when the request `update.pending` exists
-(written by the thermostat, ota.py), the updater (`ota_updater.Updater`) runs instead of the
+(written by the thermostat, ota.py), the updater (`ota_updater.start`) runs instead of the
 thermostat, on the same config, board and Wi-Fi, with the rest of the heap to itself; it resets the
 board when it is done (docs/firmware.md, "Over-the-air updates"). It is imported by a name of over 10
 characters given as a string, which MicroPython keeps as a string, not as one more qstr for good.
@@ -38,7 +38,7 @@ def _start() -> None:
     sensor, relay, watchdog, led, restart = board.make_board(settings["hardware"])
     del sys.modules["board"], board
     if updating:  # same arguments as the thermostat; it never returns (it resets the board)
-        program = __import__("ota_updater").Updater
+        program = __import__("ota_updater").start
     else:
         import thermostat
         program = thermostat.Thermostat

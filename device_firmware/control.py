@@ -16,16 +16,6 @@ def heater_should_be_on(temp: float, set_point: float, hysteresis: float, on: bo
     return on
 
 
-def _fits(size: int) -> bool:
-    """Whether a block of `size` bytes can be allocated now. In a function of its own, so the
-    block's only reference dies with this frame, and the next collection frees it."""
-    try:
-        bytearray(size)
-        return True
-    except MemoryError:
-        return False
-
-
 def heap_headroom() -> tuple:
     """(gc.mem_free(), largest free block) after a collection. The largest block is found by a
     binary search of allocations, each freed (collected) before the next: the unix port's
@@ -37,9 +27,10 @@ def heap_headroom() -> tuple:
     low, high = 0, free
     while high - low > 16:
         mid = (low + high) // 2
-        if _fits(mid):
+        try:
+            bytearray(mid)  # kept by nobody; its slot on the stack is reused before the collection below
             low = mid
-        else:
+        except MemoryError:
             high = mid
         gc.collect()
     return free, low

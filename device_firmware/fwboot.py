@@ -56,15 +56,15 @@ def write(value) -> None:
 def back(value, reason) -> list:
     """Roll the pointer `value` back from its version on trial; the update record says why."""
     print("firmware %s rolled back: %s" % (value[0], reason))
-    with open("update.new", "w") as f:
+    with open("update.json.new", "w") as f:
         json.dump({"state": "rolled_back", "version": value[0], "reason": reason}, f)
-    os.rename("update.new", "update.json")
+    os.rename("update.json.new", "update.json")
     value = [value[1], None, None, value[0]]
     write(value)
     if value[0] is None:  # back to the deployed version: its own main.py, which never loads this module
-        with open("main.new", "w") as f:  # (heap: this module's names and main.py's would stay interned)
+        with open("main.py.new", "w") as f:  # (heap: this module's names and main.py's would stay interned)
             f.write("import app\n")
-        os.rename("main.new", "main.py")
+        os.rename("main.py.new", "main.py")
     return value
 
 

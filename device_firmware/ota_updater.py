@@ -49,13 +49,16 @@ import gc
 import sys
 import fwboot
 
-if not fwboot.start():
+if fwboot.start():  # on trial: None marks it for the app, which imports fwboot again to accept the version
+    sys.modules["fwboot"] = None
+else:
     del sys.modules["fwboot"]
 del fwboot
 gc.collect()  # before the app: what fwboot left is gone, not pinned under the app's first objects
 try:
     import app  # noqa: F401
 except Exception as e:
+    sys.modules.pop("fwboot", None)
     import fwboot
     fwboot.reset(e)
 """
@@ -88,9 +91,9 @@ def _remove_tree(path: str) -> None:
 
 def _replace(path, doc) -> None:
     """Replace a JSON file whole (a new file renamed over it: a power cut leaves one of the two)."""
-    with open("update.new", "w") as f:
+    with open(path + ".new", "w") as f:
         json.dump(doc, f)
-    os.rename("update.new", path)
+    os.rename(path + ".new", path)
 
 
 def _remove(path) -> None:
@@ -129,6 +132,11 @@ def _last_set_point(settings) -> float:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return sp["default"]
+
+
+def start(settings, sensor, relay, watchdog, restart, led=None, link=None):
+    """app.py's entry, named as a word the thermostat's modules hold (a qstr app.mpy adds for nothing)."""
+    return Updater(settings, sensor, relay, watchdog, restart, led, link)
 
 
 class Updater:
@@ -500,8 +508,8 @@ class Updater:
         _replace("update.json", {"state": "rebooting", "version": self.version})
         _remove("update.pending")
         fwboot.write([self.version, fwboot.read()[0], 0, None])
-        with open("main.new", "w") as f:  # after the pointer: until this rename the board ignores it
+        with open("main.py.new", "w") as f:  # after the pointer: until this rename the board ignores it
             f.write(MAIN_PY)
-        os.rename("main.new", "main.py")
+        os.rename("main.py.new", "main.py")
         self.state, self.file = "rebooting", None
         self.outcome = ("rebooting", None)

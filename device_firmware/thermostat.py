@@ -200,9 +200,8 @@ class Thermostat:
                                                  timing["request_timeout_ms"], self._on_notify,
                                                  max_value=_MAX_SET_POINT_BYTES)
         # The keys watched: the set point, and for over-the-air updates the version this thermostat
-        # should run. While that names another version than ours, self.update is the ota.Updater
-        # that restarts into the updater, then reports its outcome (ota is imported only then).
-        # The names are qstrs MicroPython already holds.
+        # should run. While that names another version than ours, self.update is the record of the
+        # update that ota.py could not make (it restarts into the updater otherwise).
         self.keys = (self.key, (self.name + "\\desiredFirmware").encode())
         self.update = None
         self.data_topic = "devices/%s/messages/events/data" % self.name
@@ -236,14 +235,14 @@ class Thermostat:
         if operation != "SET":
             value = None
         if key != self.key:
-            if value == VERSION.encode():
-                value = None
-            if value or self.update:
-                if not self.update:
-                    import ota
-                    self.update = ota.Updater(self)
-                if not self.update.offer(value):
-                    self.update = None  # nothing to do: ota has unloaded itself
+            if value is None or value == VERSION.encode():
+                if self.update:
+                    print("update: none wanted now")
+                self.update = None
+            else:  # ota.py restarts into the updater, or returns the record of why not: telemetry's
+                import ota
+                del sys.modules["ota"]  # imported for this call only (heap)
+                self.update = ota.offer(self, value, source)
         elif value is not None:
             if self.set_point.offer(value, version, source):
                 self.control_now = True
@@ -378,7 +377,7 @@ class Thermostat:
         doc["faults"] = self.faults
         doc["last_fault"] = self.last_fault
         doc["wifi"] = self.link.status() if self.link else None
-        doc["update"] = self.update and self.update.status()
+        doc["update"] = self.update
         return doc
 
     # --- main loop ------------------------------------------------------------------------------
@@ -430,8 +429,6 @@ class Thermostat:
                     self._try_register()
                 else:
                     self._connect()
-            if self.update and self.registered:
-                self.update.poll()
             now = time.ticks_ms()
             if time.ticks_diff(now, next_telemetry) >= 0:
                 next_telemetry = time.ticks_add(now, self.timing["telemetry_ms"])
@@ -442,8 +439,8 @@ class Thermostat:
                         self._publish(self.data_topic, self.telemetry(), 0)
                     except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
                         self._drop(e)
-                    if self.registered and "fwboot" in sys.modules:  # this version is on trial
-                        sys.modules["fwboot"].accept()  # and reached its first telemetry: it stays
+                    if self.registered and "fwboot" in sys.modules:  # this version is on trial (main.py's mark)
+                        self.accept()  # and reached its first telemetry: it stays
             self.mem_peak = max(self.mem_peak, gc.mem_alloc())
             gc.collect()
             now = time.ticks_ms()
@@ -452,6 +449,14 @@ class Thermostat:
                 wait = min(wait, time.ticks_diff(self.retry_at, now))
             self._idle(wait)
             now = time.ticks_ms()
+
+    def accept(self) -> None:
+        """Tell fwboot this version passed its trial. fwboot is not loaded during the trial (its heap is
+        the app's; main.py leaves None in its place as the mark): imported now, it unloads itself, and
+        no frame of the main loop keeps a reference to it."""
+        del sys.modules["fwboot"]
+        import fwboot
+        fwboot.accept()
 
     def _idle(self, timeout_ms: int) -> None:
         """Sleep until the next tick, but handle incoming messages (set point changes) at once."""

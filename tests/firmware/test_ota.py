@@ -93,8 +93,9 @@ def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards,
     peak = max(d["mem_peak"] for d in during)
     print(f"update of one thermostat: {took:.1f} s; heap during it (64 KB): free >= {free} B, largest block >= {largest} B,"
           f" peak in use {peak} B")
-    # The updater runs alone: the heap the thermostat held is its own (a 4 KB receive buffer included).
-    assert free >= 24 * 1024 and largest >= 8 * 1024 and peak < 60 * 1024, during
+    # The updater runs alone, its 4 KB receive buffer included, and keeps room for the signature check
+    # (p256.py: about 9 KB of big integers that come and go).
+    assert free >= 12 * 1024 and largest >= 4 * 1024 and peak < 60 * 1024, during
     assert seen[-1]["update"] is None and "MemoryError" not in board.output() and "fault" not in board.output()
 
 
@@ -278,8 +279,8 @@ def test_a_version_the_gateway_does_not_have_is_reported_and_the_thermostat_keep
         board.expect(r"^update: none wanted now$", after=mark)
     data = telemetry_while(peer, "t-unknown", lambda d: d["update"] is None)[-1]
     # What ota.py interned stays, within the qstr pools the thermostat already has; nothing else does.
-    # One name too many allocates a fifth pool (3.6 KB) in the middle of the heap.
-    assert data["mem_free"] >= 16 * 1024 and data["mem_largest"] >= 4 * 1024, data
+    # One name too many allocates a fifth pool (3.5 KB) in the middle of the heap.
+    assert data["mem_free"] >= 16 * 1024 - 512 and data["mem_largest"] >= 4 * 1024, data
     assert board.boots == 3 and "Traceback" not in board.output(), board.output()
 
 

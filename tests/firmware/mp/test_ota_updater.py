@@ -1,6 +1,7 @@
 # The updater's reply handling under MicroPython, against hostile replies: whatever arrives on its
 # response topic with its correlation data (the only replies it reads), it never raises out of the
-# MQTT callback, never writes outside firmware/<version>/, and ends in a state telemetry can report.
+# MQTT callback, never writes outside firmware/<version>/ and its request, and ends in an outcome
+# telemetry can report (or goes on downloading).
 import json
 import os
 import random
@@ -8,11 +9,10 @@ import random
 import board_sim
 import config
 import ota_updater
-import thermostat
 from check import eq
 from mqtt5_codec import CORRELATION_DATA, Oversized
 
-STATES = ("downloading", "waiting", "refused")
+OUTCOMES = ("waiting", "refused")
 
 
 def updater_in(tmp):
@@ -23,10 +23,12 @@ def updater_in(tmp):
     os.chdir(tmp)
     with open("config.json", "w") as f:
         json.dump({"thermostat": "t-fuzz", "state_file": "sp.json"}, f)
-    app = thermostat.Thermostat(config.load_config("config.json"), board_sim.SimulatedRoom(board_sim.SimulatedRelay()),
-                                board_sim.SimulatedRelay(), board_sim.NoWatchdog(), board_sim.restart)
-    updater = ota_updater.Updater(app)
-    updater.offer(b"0.2.0")
+    with open("update.pending", "w") as f:
+        json.dump({"version": "0.2.0", "fw": "0.1.0"}, f)
+    relay = board_sim.SimulatedRelay()
+    updater = ota_updater.start(config.load_config("config.json"), board_sim.SimulatedRoom(relay), relay,
+                                board_sim.NoWatchdog(), board_sim.restart)
+    updater._start()
     return updater
 
 
@@ -44,22 +46,44 @@ def test_random_replies_never_raise_and_leave_a_reportable_state():
         if random.getrandbits(2) == 0:
             payload = b"$%d\r\n%s\r\n" % (len(payload), payload)
         reply(updater, memoryview(payload))
-        if updater.state not in STATES:
-            raise AssertionError("state %r" % updater.state)
-        if updater.state != "downloading":  # start again: the fuzz goes on from a fresh manifest
-            updater.version = None
-            updater.offer(b"0.2.0")
+        if updater.outcome is not None:
+            if updater.outcome[0] not in OUTCOMES:
+                raise AssertionError("outcome %r" % (updater.outcome,))
+            updater = updater_in(".")  # start again: the fuzz goes on from a fresh manifest
     for name in os.listdir("."):
-        if name not in ("config.json", "firmware", "sp.json"):
+        if name not in ("config.json", "firmware", "update.pending"):
             raise AssertionError("wrote %r" % name)
 
 
 def test_a_reply_larger_than_asked_or_oversized_is_waited_on_not_written():
     updater = updater_in("/tmp/mp-ota-big-%d" % random.getrandbits(24))
     reply(updater, memoryview(b"$%d\r\n%s\r\n" % (updater.chunk + 1, b"x" * (updater.chunk + 1))))
-    eq(updater.state, "waiting")
-    updater.retry_at = None
-    updater.state = "downloading"
+    eq(updater.outcome[0], "waiting")
+    updater = updater_in(".")
     reply(updater, Oversized(5000, memoryview(b"$5000\r\n")))
-    eq(updater.state, "waiting")
+    eq(updater.outcome[0], "waiting")
     eq(os.stat("firmware/0.2.0/manifest.txt")[6] if "manifest.txt" in os.listdir("firmware/0.2.0") else 0, 0)
+
+
+def test_the_relay_holds_the_last_good_set_point_with_the_thermostats_hysteresis():
+    updater = updater_in("/tmp/mp-ota-hold-%d" % random.getrandbits(24))
+    eq(updater.set_point, 20.0)  # no copy in flash: the config's default, as the thermostat
+    with open("sp.json", "w") as f:
+        json.dump({"set_point": 25.5, "version": None}, f)
+    updater = updater_in(".")
+    eq(updater.set_point, 25.5)
+    updater.sensor.temp = 25.2  # within the hysteresis (0.5): holds off
+    updater._hold()
+    eq(updater.relay.value(), 0)
+    updater.sensor.temp = 24.9
+    updater._hold()
+    eq(updater.relay.value(), 1)
+    updater.sensor.temp = 25.9
+    updater._hold()
+    eq(updater.relay.value(), 1)  # hold on until set point + hysteresis
+    updater.sensor.temp = 26.1
+    updater._hold()
+    eq(updater.relay.value(), 0)
+    with open("sp.json", "w") as f:
+        json.dump({"set_point": 99, "version": None}, f)  # out of range: the default
+    eq(updater_in(".").set_point, 20.0)
