@@ -79,9 +79,19 @@ def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards,
     board = boards("t-ota")
     peer = paho_peer(gateway.host, gateway.port)
     peer.subscribe("devices/t-ota/messages/events/data", 0)
-    started = time.monotonic()
-    out = publish(gateway, str(bundles["0.2.0"]), "--target", "t-ota")
-    assert out[0]["stored"] == "0.2.0" and out[1] == {"key": "t-ota\\desiredFirmware", "version": "0.2.0", "applied": True}
+    with StateStoreClient(gateway.host, gateway.port, client_id="op-ota", timeout=10) as store:
+        assert store.set("t-ota\\setPoint", b"22.5").applied
+        board.expect(r"^set point 22.5 from notify$")
+        started = time.monotonic()
+        out = publish(gateway, str(bundles["0.2.0"]), "--target", "t-ota")
+        assert out[0]["stored"] == "0.2.0" and out[1] == {"key": "t-ota\\desiredFirmware", "version": "0.2.0", "applied": True}
+        mark, _ = board.expect(r"^update: fetching 0\.2\.0$")
+        # Written while the updater runs: the thermostat applies it right after, from its GET at boot (or from
+        # KEYNOTIFY if the update was over before the write arrived).
+        assert store.set("t-ota\\setPoint", b"24").applied
+        written = time.monotonic()
+        index, _ = board.expect(r"^set point 24.0 from (get|notify)$", after=mark, timeout=30)
+    print(f"set point written during the update applied {board.times[index] - written:.2f} s later: {board.lines[index]}")
     seen = telemetry_while(peer, "t-ota", lambda d: d["fw"] == "0.2.0" and d["registered"])
     took = time.monotonic() - started
     board.expect(r"^update: 0\.2\.0 verified \(\d+ files\), restarting$")
@@ -89,6 +99,7 @@ def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards,
     assert board.pointer() == "0.2.0 - - -"  # on 0.2.0, accepted; the deployed version is the way back
     during = [d for d in seen if (d.get("update") or {}).get("state") == "downloading"]
     assert during, seen
+    assert {d["set_point"] for d in during} == {22.5}, during  # the updater holds the last good set point
     free, largest = min(d["mem_free"] for d in during), min(d["mem_largest"] for d in during)
     peak = max(d["mem_peak"] for d in during)
     print(f"update of one thermostat: {took:.1f} s; heap during it (64 KB): free >= {free} B, largest block >= {largest} B,"
