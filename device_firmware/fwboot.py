@@ -20,8 +20,11 @@ rollback is also written to the update record `update.json` (`rolled_back`, the 
 the thermostat reports and heeds (ota.py); an accepted version removes the record: the update is over.
 
 Heap: every name here is a qstr for the whole run, so the functions are few and named with words
-MicroPython already knows (read, write, back, start, reset, accept); the module stays loaded only while
-a version is on trial.
+MicroPython already knows (read, write, start, reset, accept; `back` is the one more), and temporary
+file names are over 10 characters (strings, not qstrs). The module is not kept loaded, not even on
+trial: main.py leaves None under its name in sys.modules as the app's sign that the version is on
+trial, and the app imports it again to `accept()`. Going back to the deployed version also puts back
+its plain main.py, so that board boots as one never updated, without this module's names.
 """
 
 import json
@@ -103,8 +106,9 @@ def reset(e) -> None:
 
 
 def accept() -> None:
-    """The version on trial reached its first telemetry: it stays (the app calls this once). This
-    module is unloaded: nothing more to do until the next boot."""
+    """The version on trial reached its first telemetry: it stays (the app calls this once, after
+    importing this module again in place of main.py's mark). This module is unloaded: nothing more
+    to do until the next boot."""
     del sys.modules["fwboot"]
     value = read()
     if value[2] is not None:

@@ -38,6 +38,7 @@ def bundles(tmp_path_factory):
     return {
         OLD: build_variant(FIRMWARE, out, OLD),
         "0.2.0": build_variant(FIRMWARE, out, "0.2.0"),
+        "0.3.0": build_variant(FIRMWARE, out, "0.3.0"),
         "0.3.0-crash": build_variant(FIRMWARE, out, "0.3.0-crash", 'raise RuntimeError("broken at boot")\n'),
     }
 
@@ -108,6 +109,25 @@ def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards,
     # (p256.py: about 9 KB of big integers that come and go).
     assert free >= 12 * 1024 and largest >= 4 * 1024 and peak < 60 * 1024, during
     assert seen[-1]["update"] is None and "MemoryError" not in board.output() and "fault" not in board.output()
+
+
+def test_an_updated_board_updates_again_within_the_64k_heap(gateway, boards, bundles, paho_peer):
+    """The second update runs on an updated board: fwboot's main.py, modules from firmware/0.2.0/, and
+    their names (the qstr budget is tightest there: docs/firmware.md, OTA, Heap)."""
+    board = boards("t-twice")
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-twice/messages/events/data", 0)
+    publish(gateway, str(bundles["0.2.0"]), "--target", "t-twice")
+    board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
+    publish(gateway, str(bundles["0.3.0"]), "--target", "t-twice")
+    board.expect(r"^firmware 0\.3\.0 accepted$", timeout=60)
+    assert board.pointer() == "0.3.0 0.2.0 - -"  # 0.2.0 is the way back now
+    assert sorted(p.name for p in (board.flash / "firmware").iterdir()) == ["0.2.0", "0.3.0"]
+    data = telemetry_while(peer, "t-twice", lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
+    print("heap on an updated board after registration:", data["mem_free"], data["mem_largest"])
+    assert data["mem_free"] >= 15 * 1024 and data["mem_largest"] >= 4 * 1024, data
+    assert "MemoryError" not in board.output() and "Traceback" not in board.output(), board.output()
+    assert board.boots == 5  # updater, 0.2.0, updater, 0.3.0 after the first boot
 
 
 def key_file(path: Path) -> Path:
