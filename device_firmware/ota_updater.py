@@ -143,9 +143,14 @@ class Updater:
     """The update named by the record, for the thermostat of `settings` (app.py's arguments)."""
 
     def __init__(self, settings, sensor, relay, watchdog, restart, led=None, link=None):
-        with open("update.pending") as f:
-            self.doc = json.load(f)  # {"version", "fw", and "manifest" once verified}
-        self.version = self.doc["version"]
+        try:
+            with open("update.pending") as f:
+                self.doc = json.load(f)  # {"version", "fw", and "manifest" once verified}
+            self.version = self.doc["version"]
+        except (OSError, ValueError, KeyError, TypeError):  # a damaged request: refused below, and removed
+            self.doc, self.version = {}, None
+        if not isinstance(self.version, str):
+            self.version = "(unreadable request)"
         self.name = settings["thermostat"]
         self.timing = settings["timing"]
         self.key = settings["update"]["key"]

@@ -87,3 +87,20 @@ def test_the_relay_holds_the_last_good_set_point_with_the_thermostats_hysteresis
     with open("sp.json", "w") as f:
         json.dump({"set_point": 99, "version": None}, f)  # out of range: the default
     eq(updater_in(".").set_point, 20.0)
+
+
+def test_a_damaged_request_is_refused_and_removed_not_a_dead_board():
+    for junk in ('{"version": 7}', "[]", "{", "\x00\xff", '{"fw": "0.1.0"}'):
+        updater = updater_in("/tmp/mp-ota-junk-%d" % random.getrandbits(24))
+        with open("update.pending", "w") as f:
+            f.write(junk)
+        relay = board_sim.SimulatedRelay()
+        updater = ota_updater.start(config.load_config("config.json"), board_sim.SimulatedRoom(relay), relay,
+                                    board_sim.NoWatchdog(), board_sim.restart)
+        try:
+            updater.run()
+        except SystemExit as e:  # board_sim.restart: the reset, into the thermostat
+            eq(e.args, (3,))
+        eq("update.pending" in os.listdir("."), False)
+        with open("update.json") as f:
+            eq(json.load(f)["state"], "refused")
