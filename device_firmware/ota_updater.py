@@ -260,10 +260,13 @@ class Updater:
             print("update: %s verified (%d files), restarting" % (self.version, self.done))
         else:
             print("update: %s %s: %s" % (state, self.version, why))
-            if state == "refused":
-                _remove_tree("firmware/" + self.version)  # bad data: a retry starts from nothing
-            _replace("update.json", {"state": state, "version": self.version, "file": self.file,
-                                     "offset": self.offset if self.file else None, "reason": why})
+            try:
+                if state == "refused":
+                    _remove_tree("firmware/" + self.version)  # bad data: a retry starts from nothing
+                _replace("update.json", {"state": state, "version": self.version, "file": self.file,
+                                         "offset": self.offset if self.file else None, "reason": why})
+            except OSError as e:  # a failing flash: the thermostat must run all the same
+                print("update: cannot write the outcome:", e)
             _remove("update.pending")  # after the outcome: a reset in between runs the update again
         try:
             self.mqtt.disconnect()
