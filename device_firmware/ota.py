@@ -18,7 +18,8 @@ written again (a notification: `appliance firmware publish` once more). A versio
 reset cut short: the update is made again (every file is then found verified on flash).
 
 No restart while this version is itself on trial (main.py's mark `fwboot` in sys.modules): fwboot
-would count it as a failed boot and roll it back. The update follows the next time the key is read.
+would count it as a failed boot and roll it back. The thermostat offers the update again once it has
+accepted the version (`Thermostat.accept`).
 
 Heap: the names interned here stay after the module is gone, and the thermostat on an updated board
 (fwboot's main.py) holds 298 of the 300 qstrs four pools take; one more allocates a fifth pool, 3.5 KB

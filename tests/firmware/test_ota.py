@@ -128,6 +128,18 @@ def test_an_updated_board_updates_again_within_the_64k_heap(gateway, boards, bun
     assert board.boots == 5  # updater, 0.2.0, updater, 0.3.0 after the first boot
 
 
+def test_a_version_wanted_while_the_new_one_is_on_trial_is_installed_once_it_is_accepted(gateway, boards, bundles):
+    board = boards("t-trial")
+    publish(gateway, str(bundles["0.3.0"]))  # stored, wanted by nobody yet
+    publish(gateway, str(bundles["0.2.0"]), "--target", "t-trial")
+    mark, _ = board.expect(r"^update: 0\.2\.0 verified")
+    with StateStoreClient(gateway.host, gateway.port, client_id="op-trial", timeout=10) as store:
+        assert store.set("t-trial\\desiredFirmware", b"0.3.0").applied  # while 0.2.0 boots on trial
+    board.expect(r"^firmware 0\.2\.0 accepted$", after=mark, timeout=60)  # not rolled back by a restart on trial
+    board.expect(r"^firmware 0\.3\.0 accepted$", after=mark, timeout=60)
+    assert "rolled back" not in board.output(), board.output()
+
+
 def key_file(path: Path) -> Path:
     key = ec.generate_private_key(ec.SECP256R1())
     path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
