@@ -7,6 +7,12 @@ leisure, then removes it and resets again. Hold-off by file, not by pin, so it n
 The order is for the heap: the config is read first by a module that is unloaded at once, so the
 hole its bytecode leaves sits at the bottom of the heap, where the small objects made afterwards
 fill it, not between the thermostat's code and its buffers.
+
+An over-the-air update is installed by a boot of its own: when the request `update.pending` exists
+(written by the thermostat, ota.py), the updater (`ota_updater.start`) runs instead of the
+thermostat, on the same config, board and Wi-Fi, with the rest of the heap to itself; it resets the
+board when it is done (docs/firmware.md, "Over-the-air updates"). It is imported by a name of over 10
+characters given as a string, which MicroPython keeps as a string, not as one more qstr for good.
 """
 
 import gc
@@ -16,6 +22,11 @@ import sys
 
 def _start() -> None:
     # In a function: its names are locals, where at module level each would be a qstr for good.
+    try:
+        os.stat("update.pending")
+        updating = True
+    except OSError:
+        updating = False
     import config
 
     settings = config.load_config("config.json")
@@ -26,7 +37,11 @@ def _start() -> None:
 
     sensor, relay, watchdog, led, restart = board.make_board(settings["hardware"])
     del sys.modules["board"], board
-    import thermostat
+    if updating:  # same arguments as the thermostat; it never returns (it resets the board)
+        program = __import__("ota_updater").start
+    else:
+        import thermostat
+        program = thermostat.Thermostat
 
     link = None
     wifi_config = settings["wifi"]
@@ -36,7 +51,8 @@ def _start() -> None:
         link = wifi.Station(network, wifi_config["ssid"], wifi_config["password"],
                             wifi_config["backoff_min_ms"], wifi_config["backoff_max_ms"])
     print("thermostat", settings["thermostat"], "starting")
-    app = thermostat.Thermostat(settings, sensor, relay, watchdog, restart, led, link)
+    gc.collect()  # the imports' garbage first: the program's buffers then fill its holes, not the heap's top
+    app = program(settings, sensor, relay, watchdog, restart, led, link)
     del settings, wifi_config
     app.run()
 

@@ -1,58 +1,64 @@
-"""Over-the-air updates, the door: `start(thermostat)` is the updater if the heap has room for it.
+"""Over-the-air updates, the thermostat's side: restart into the updater, or say why not.
 
-The thermostat imports this module only when its desired version differs from its own. The updater
-(`ota_fetch.py`) needs about 7 KB for its code and, since its names take MicroPython past 300 qstrs,
-a new qstr pool of 3.5 KB in one piece. Imported where that does not fit, it would fail half way and
-leave its names behind, making the heap worse for good; so this small module looks first, and
-otherwise stands in for the updater, saying in telemetry what is missing. On the unix port's 64 KB heap
-(16.3 KB free after registration) that is what happens: see docs/firmware.md, OTA, Heap.
+The thermostat imports this module only when its desired version (`<thermostat>\\desiredFirmware`)
+differs from its own, calls `offer` once and unloads it again. Nothing is downloaded here: the updater
+(`ota_updater.py`, its MQTT client, a 4 KB receive buffer, the signature check) does not fit beside a
+running thermostat in a 64 KB heap (16 KB free, in pieces). So `offer` writes the request
+`update.pending`, `{"version": <wanted>, "fw": <ours>}` (a new file renamed into place: a power cut
+leaves it whole or absent), and resets the board. At boot app.py finds the request and runs the
+updater instead of the thermostat, with the whole heap; the updater writes its outcome into the update
+record `update.json`, removes the request and resets again: into the new version on trial (fwboot.py),
+or back into this one.
 
-The door's own names must not cross that line either: they stay interned after it unloads, and the
-running thermostat holds 292 of the 300 qstrs four pools take, so the door may add 8 at most (a ninth
-allocates the fifth pool, 3.6 KB in the middle of the heap, for good: its largest free block fell from
-4.2 KB to 0.9 KB). It adds 5: its file name, `ota_fetch`, `Updater`, `no_memory`, `offset`. Hence the
-stand-in's name (`Updater`, which the import of the real one needs anyway), no argument name of its
-own, and each line printed as one string (a literal of up to 10 characters is a qstr).
+Back here, the record for the version still wanted is what telemetry reports (`update`), and it stands
+when the thermostat registers (a GET at boot, after every reconnect), so a refused bundle or a version
+the gateway does not have (`refused`, `waiting`) is no reboot loop: it is tried again when the key is
+written again (a notification: `appliance firmware publish` once more). A version that failed its trial
+(`rolled_back`) is not tried again at all: publish another one. A record `rebooting` is a switch a
+reset cut short: the update is made again (every file is then found verified on flash).
+
+No restart while this version is itself on trial (main.py's mark `fwboot` in sys.modules): fwboot
+would count it as a failed boot and roll it back. The thermostat offers the update again once it has
+accepted the version (`Thermostat.accept`).
+
+Heap: the names interned here stay after the module is gone, and the thermostat on an updated board
+(fwboot's main.py) holds 298 of the 300 qstrs four pools take; one more allocates a fifth pool, 3.5 KB
+in the middle of the heap, for good. So: one function named as the thermostat's `offer`, arguments
+named as its own, state names compared as few times as possible, file names over 10 characters
+(literals that long are strings, not qstrs).
 """
 
-import gc
+import json
+import os
 import sys
-from micropython import const
-
-_NEEDS = const(24576)  # free heap (after a collection) an update needs to start, measured with room to spare
 
 
-class Updater:
-    """The updater's stand-in when the heap is too small: same calls, reports why nothing happens.
-    Named as the real one (`ota_fetch.Updater`) for the qstr it shares: see the module docstring."""
-
-    def __init__(self, app, reason):
-        self.app = app
-        self.version = None
-        self.reason = reason
-
-    def offer(self, raw) -> bool:
-        if raw is None:
-            print("update: none wanted now")
-            del sys.modules["ota"]
-            return False
-        self.version = raw if isinstance(raw, str) else bytes(raw).decode("utf-8", "replace")[:32]
-        return True
-
-    def poll(self) -> None:
+def offer(app, raw, source):
+    """The update of `app` (the `Thermostat`) to the desired version `raw` (a state store value: bytes
+    or resp3.TooLong) read from `source` ("get" or "notify"): the record telemetry reports, or None
+    after restarting the board into the updater (on boards machine.reset() does not return)."""
+    try:
+        version = raw.decode()  # its form is checked by the updater, which refuses what is no version
+    except (AttributeError, UnicodeError):  # resp3.TooLong, or not UTF-8: the updater refuses it
+        version = "(not UTF-8 or too long)"
+    try:
+        with open("update.json") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        record = None
+    if (isinstance(record, dict) and record.get("version") == version and record.get("state") != "rebooting"
+            and (source == "get" or record.get("state") == "rolled_back")):
+        return record
+    if "fwboot" in sys.modules:
+        return {"state": "waiting", "version": version, "reason": "this version is on trial"}
+    from thermostat import VERSION
+    with open("update.pending.new", "w") as f:
+        json.dump({"version": version, "fw": VERSION}, f)
+    os.rename("update.pending.new", "update.pending")
+    print("update: %s wanted, restarting into the updater" % version)
+    try:
+        app.mqtt.disconnect()
+    except OSError:
         pass
-
-    def status(self) -> dict:
-        return {"state": "no_memory", "version": self.version, "file": None, "offset": None, "reason": self.reason}
-
-
-def start(app):
-    """The updater of the thermostat `app`, or its stand-in (named `start`: a word MicroPython holds)."""
-    gc.collect()
-    free = gc.mem_free()
-    if free < _NEEDS:
-        line = "update: needs %d B of free heap, has %d" % (_NEEDS, free)
-        print(line)
-        return Updater(app, line[8:])  # telemetry's reason: the line without its "update: "
-    import ota_fetch
-    return ota_fetch.Updater(app)
+    app.restart()
+    return None

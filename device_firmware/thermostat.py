@@ -24,6 +24,7 @@ from micropython import const
 import hlc
 import mqtt5
 import statestore
+from control import heap_headroom, heater_should_be_on
 from mqtt5_codec import CONTENT_TYPE, MQTTProtocolError
 
 VERSION = "0.1.0"  # the firmware version: bundle name, telemetry `fw`, `<thermostat>\\firmware`
@@ -101,37 +102,6 @@ def shown_value(raw):
         return raw.decode()
     except UnicodeError:
         return "hex:" + binascii.hexlify(raw).decode()
-
-
-def heap_headroom() -> tuple:
-    """(gc.mem_free(), largest free block) after a collection. The largest block is found by a
-    binary search of bytearray allocations with the collector off (so a failed try costs no
-    collection); the unix port's micropython.mem_info(1) only prints its heap map to stdout."""
-    gc.collect()
-    free = gc.mem_free()
-    gc.disable()
-    low, high = 0, free
-    try:
-        while high - low > 16:
-            mid = (low + high) // 2
-            try:
-                bytearray(mid)  # kept by nobody: the collection in `finally` frees it
-                low = mid
-            except MemoryError:
-                high = mid
-    finally:
-        gc.enable()
-        gc.collect()
-    return free, low
-
-
-def heater_should_be_on(temp: float, set_point: float, hysteresis: float, on: bool) -> bool:
-    """Switch on below set_point - hysteresis, off above set_point + hysteresis, else hold."""
-    if temp <= set_point - hysteresis:
-        return True
-    if temp >= set_point + hysteresis:
-        return False
-    return on
 
 
 def alerts_for(temp, low: float, high: float) -> tuple:
@@ -230,8 +200,8 @@ class Thermostat:
                                                  timing["request_timeout_ms"], self._on_notify,
                                                  max_value=_MAX_SET_POINT_BYTES)
         # The keys watched: the set point, and for over-the-air updates the version this thermostat
-        # should run. While that names another version than ours, self.update is the ota.Updater
-        # fetching it (ota is imported only then). The names are qstrs MicroPython already holds.
+        # should run. While that names another version than ours, self.update is the record of the
+        # update that ota.py could not make (it restarts into the updater otherwise).
         self.keys = (self.key, (self.name + "\\desiredFirmware").encode())
         self.update = None
         self.data_topic = "devices/%s/messages/events/data" % self.name
@@ -251,6 +221,10 @@ class Thermostat:
         self.faults = 0  # unexpected exceptions the main loop survived, since boot
         self.last_fault = None
         self.fault_run = (0, 0)  # (faults each within _FAULT_WINDOW_MS of the previous, ticks_ms of the last)
+        self.doc = {"device": self.name, "fw": VERSION, "ts_ms": 0, "seq": 0, "temperature": None, "set_point": None,
+                    "set_point_source": None, "set_point_rejected": None, "heater": False, "registered": False,
+                    "mem_peak": 0, "mem_free": 0, "mem_largest": 0, "faults": 0, "last_fault": None, "wifi": None,
+                    "update": None}  # telemetry's, filled in by telemetry()
 
     # --- state store ----------------------------------------------------------------------------
 
@@ -261,15 +235,14 @@ class Thermostat:
         if operation != "SET":
             value = None
         if key != self.key:
-            if value == VERSION.encode():
-                value = None
-            if value or self.update:
-                if not self.update:
-                    gc.collect()  # ota and its names need a few KB, some of them in one piece
-                    import ota
-                    self.update = ota.start(self)
-                if not self.update.offer(value):
-                    self.update = None  # nothing to do: ota has unloaded itself
+            if value is None or value == VERSION.encode():
+                if self.update:
+                    print("update: none wanted now")
+                self.update = None
+            else:  # ota.py restarts into the updater, or returns the record of why not: telemetry's
+                import ota
+                del sys.modules["ota"]  # imported for this call only (heap)
+                self.update = ota.offer(self, value, source)
         elif value is not None:
             if self.set_point.offer(value, version, source):
                 self.control_now = True
@@ -384,17 +357,28 @@ class Thermostat:
             self.pending_alerts.pop(0)
 
     def telemetry(self) -> dict:
+        """The telemetry document, updated in place: one dict for the whole run. A new one per
+        message (300 bytes) landed wherever the heap had room, and a stale reference to the last one
+        (the main loop's frame keeps the slot it was passed in) could keep it alive in the middle of
+        the largest free block: whether 4 KB stayed in one piece depended on where it fell."""
         self.seq += 1
         self.mem_peak = max(self.mem_peak, gc.mem_alloc())
-        return {"device": self.name, "fw": VERSION, "ts_ms": hlc.wall_ms(), "seq": self.seq,
-                "temperature": None if self.temperature is None else round(self.temperature, 2),
-                "set_point": self.set_point.value, "set_point_source": self.set_point.source,
-                "set_point_rejected": self.set_point.rejected, "heater": self.heater,
-                "registered": self.registered, "mem_peak": self.mem_peak,
-                "mem_free": self.heap[0], "mem_largest": self.heap[1],
-                "faults": self.faults, "last_fault": self.last_fault,
-                "wifi": self.link.status() if self.link else None,
-                "update": self.update and self.update.status()}
+        doc = self.doc
+        doc["ts_ms"] = hlc.wall_ms()
+        doc["seq"] = self.seq
+        doc["temperature"] = None if self.temperature is None else round(self.temperature, 2)
+        doc["set_point"] = self.set_point.value
+        doc["set_point_source"] = self.set_point.source
+        doc["set_point_rejected"] = self.set_point.rejected
+        doc["heater"] = self.heater
+        doc["registered"] = self.registered
+        doc["mem_peak"] = self.mem_peak
+        doc["mem_free"], doc["mem_largest"] = self.heap
+        doc["faults"] = self.faults
+        doc["last_fault"] = self.last_fault
+        doc["wifi"] = self.link.status() if self.link else None
+        doc["update"] = self.update
+        return doc
 
     # --- main loop ------------------------------------------------------------------------------
 
@@ -445,8 +429,6 @@ class Thermostat:
                     self._try_register()
                 else:
                     self._connect()
-            if self.update and self.registered:
-                self.update.poll()
             now = time.ticks_ms()
             if time.ticks_diff(now, next_telemetry) >= 0:
                 next_telemetry = time.ticks_add(now, self.timing["telemetry_ms"])
@@ -457,8 +439,8 @@ class Thermostat:
                         self._publish(self.data_topic, self.telemetry(), 0)
                     except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
                         self._drop(e)
-                    if self.registered and "fwboot" in sys.modules:  # this version is on trial
-                        sys.modules["fwboot"].accept()  # and reached its first telemetry: it stays
+                    if self.registered and "fwboot" in sys.modules:  # this version is on trial (main.py's mark)
+                        self.accept()  # and reached its first telemetry: it stays
             self.mem_peak = max(self.mem_peak, gc.mem_alloc())
             gc.collect()
             now = time.ticks_ms()
@@ -467,6 +449,17 @@ class Thermostat:
                 wait = min(wait, time.ticks_diff(self.retry_at, now))
             self._idle(wait)
             now = time.ticks_ms()
+
+    def accept(self) -> None:
+        """Tell fwboot this version passed its trial. fwboot is not loaded during the trial (its heap is
+        the app's; main.py leaves None in its place as the mark): imported now, it unloads itself, and
+        no frame of the main loop keeps a reference to it. An update asked for during the trial
+        (ota.py waits for this) is made now."""
+        del sys.modules["fwboot"]
+        import fwboot
+        fwboot.accept()
+        if self.update:
+            self._on_notify(self.keys[1], "SET", self.update["version"].encode(), None, "get")
 
     def _idle(self, timeout_ms: int) -> None:
         """Sleep until the next tick, but handle incoming messages (set point changes) at once."""

@@ -50,6 +50,9 @@ BOOT_PY = ("# Written by deploy.py: boards run boot.py before main.py. No open a
 SAFE_BOOT = "SAFE_BOOT"
 KEPT = {"boot.py", "main.py", "config.json"}  # rewritten by deploy, never removed as stale
 POINTER = "firmware.txt"  # fwboot's: which over-the-air update boots; a deploy boots what it copied
+# An over-the-air update asked for (boots into the updater instead of the thermostat) and the record of
+# the last one: the deployed version starts with neither.
+UPDATE_FILES = ("update.pending", "update.json")
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # MQTT client id and key prefix: no topic wildcards or '/'
 
 
@@ -269,7 +272,7 @@ def install(board: Board, manifest: dict, staged: Path, config_path: Path,
     board.reset()  # comes back in safe mode: no app, no watchdog
     modules = {e["path"] for e in manifest["files"] if e["path"].endswith(".mpy") and e["path"] != "main.mpy"}
     on_board = board.files()
-    for name in stale_files(on_board, modules) + ([POINTER] if POINTER in on_board else []):
+    for name in stale_files(on_board, modules) + [n for n in (POINTER, *UPDATE_FILES) if n in on_board]:
         board.remove(name)
     for name in sorted(modules):
         board.put(staged / name, name)

@@ -126,6 +126,9 @@ def test_deploy_over_a_running_thermostat_safe_boots_cleans_copies_and_waits_for
     board.running.expect(r"^registered t-dep\\setPoint$")
     (board.flash / "thermostat.py").write_text("raise SystemExit('stale source copy')\n")
     (board.flash / "old_module.mpy").write_bytes(b"M\x06\x00\x1f")
+    # An over-the-air update asked for and not made yet: kept, the deployed version would boot the updater.
+    (board.flash / "update.pending").write_text('{"version": "0.0.9", "fw": "0.1.0"}')
+    (board.flash / "update.json").write_text('{"state": "refused", "version": "0.0.8"}')
     board.ops.clear()
 
     config = write_config(tmp_path, thermostat_config("t-dep", gateway.host, gateway.port))
@@ -141,7 +144,8 @@ def test_deploy_over_a_running_thermostat_safe_boots_cleans_copies_and_waits_for
     assert board.runs[-2].lines[:1] == ["safe boot: SAFE_BOOT present, thermostat not started"]
     assert {"remove"} == {op[0] for op in board.ops[3:] if op[1] in ("thermostat.py", "old_module.mpy")}
     files = set(board.files())
-    assert {"thermostat.py", "old_module.mpy", "SAFE_BOOT"}.isdisjoint(files)
+    assert {"thermostat.py", "old_module.mpy", "SAFE_BOOT", "update.pending", "update.json"}.isdisjoint(files)
+    assert "update: fetching" not in "\n".join(run.output() for run in board.runs)
     assert {"setpoint.json", "boot.py", "main.py", "config.json", "thermostat.mpy", "app.mpy"} <= files
     assert "stale source copy" not in board.running.output()
 

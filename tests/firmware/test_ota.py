@@ -22,13 +22,12 @@ from appliance.statestore.client import StateStoreClient
 from tests.firmware.conftest import FIRMWARE, ROOT
 from tests.firmware.ota_rig import ResettingBoard, build_variant, publish
 from tests.support.processes import GatewayProcess
+from tests.support.waiting import wait_until
 
 OLD = "0.1.0"  # device_firmware's VERSION: what the boards are deployed with
-# The heap the updates run in. NOT the 64 KB of the rest of the firmware tests: the updater (ota_fetch.py)
-# and the fifth qstr pool its names bring do not fit the ~16.8 KB a running thermostat has left, fragmented,
-# so ota.py refuses to import it there (tested below); 96 KB is measured to work (docs/firmware.md, OTA,
-# "Heap"). The update at 64 KB is kept as a strict xfail, so fixing it is noticed.
-OTA_HEAP = "96K"
+# The heap every board here runs in: the 64 KB the issue judges. The updater fits it because it runs at
+# boot instead of the thermostat, not beside it (docs/firmware.md, "Over-the-air updates").
+OTA_HEAP = "64K"
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +36,7 @@ def bundles(tmp_path_factory):
     return {
         OLD: build_variant(FIRMWARE, out, OLD),
         "0.2.0": build_variant(FIRMWARE, out, "0.2.0"),
+        "0.3.0": build_variant(FIRMWARE, out, "0.3.0"),
         "0.3.0-crash": build_variant(FIRMWARE, out, "0.3.0-crash", 'raise RuntimeError("broken at boot")\n'),
     }
 
@@ -78,9 +78,19 @@ def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards,
     board = boards("t-ota")
     peer = paho_peer(gateway.host, gateway.port)
     peer.subscribe("devices/t-ota/messages/events/data", 0)
-    started = time.monotonic()
-    out = publish(gateway, str(bundles["0.2.0"]), "--target", "t-ota")
-    assert out[0]["stored"] == "0.2.0" and out[1] == {"key": "t-ota\\desiredFirmware", "version": "0.2.0", "applied": True}
+    with StateStoreClient(gateway.host, gateway.port, client_id="op-ota", timeout=10) as store:
+        assert store.set("t-ota\\setPoint", b"22.5").applied
+        board.expect(r"^set point 22.5 from notify$")
+        started = time.monotonic()
+        out = publish(gateway, str(bundles["0.2.0"]), "--target", "t-ota")
+        assert out[0]["stored"] == "0.2.0" and out[1] == {"key": "t-ota\\desiredFirmware", "version": "0.2.0", "applied": True}
+        mark, _ = board.expect(r"^update: fetching 0\.2\.0$")
+        # Written while the updater runs: the thermostat applies it right after, from its GET at boot (or from
+        # KEYNOTIFY if the update was over before the write arrived).
+        assert store.set("t-ota\\setPoint", b"24").applied
+        written = time.monotonic()
+        index, _ = board.expect(r"^set point 24.0 from (get|notify)$", after=mark, timeout=30)
+    print(f"set point written during the update applied {board.times[index] - written:.2f} s later: {board.lines[index]}")
     seen = telemetry_while(peer, "t-ota", lambda d: d["fw"] == "0.2.0" and d["registered"])
     took = time.monotonic() - started
     board.expect(r"^update: 0\.2\.0 verified \(\d+ files\), restarting$")
@@ -88,10 +98,46 @@ def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards,
     assert board.pointer() == "0.2.0 - - -"  # on 0.2.0, accepted; the deployed version is the way back
     during = [d for d in seen if (d.get("update") or {}).get("state") == "downloading"]
     assert during, seen
+    assert {d["set_point"] for d in during} == {22.5}, during  # the updater holds the last good set point
     free, largest = min(d["mem_free"] for d in during), min(d["mem_largest"] for d in during)
-    print(f"update of one thermostat: {took:.1f} s; heap during it: free >= {free} B, largest block >= {largest} B")
-    assert free >= 4096 and largest >= 1024, during
+    peak = max(d["mem_peak"] for d in during)
+    print(f"update of one thermostat: {took:.1f} s; heap during it (64 KB): free >= {free} B, largest block >= {largest} B,"
+          f" peak in use {peak} B")
+    # The updater runs alone, its 4 KB receive buffer included, and keeps room for the signature check
+    # (p256.py: about 9 KB of big integers that come and go).
+    assert free >= 12 * 1024 and largest >= 4 * 1024 and peak < 60 * 1024, during
     assert seen[-1]["update"] is None and "MemoryError" not in board.output() and "fault" not in board.output()
+
+
+def test_an_updated_board_updates_again_within_the_64k_heap(gateway, boards, bundles, paho_peer):
+    """The second update runs on an updated board: fwboot's main.py, modules from firmware/0.2.0/, and
+    their names (the qstr budget is tightest there: docs/firmware.md, OTA, Heap)."""
+    board = boards("t-twice")
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-twice/messages/events/data", 0)
+    publish(gateway, str(bundles["0.2.0"]), "--target", "t-twice")
+    board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
+    publish(gateway, str(bundles["0.3.0"]), "--target", "t-twice")
+    board.expect(r"^firmware 0\.3\.0 accepted$", timeout=60)
+    assert board.pointer() == "0.3.0 0.2.0 - -"  # 0.2.0 is the way back now
+    assert sorted(p.name for p in (board.flash / "firmware").iterdir()) == ["0.2.0", "0.3.0"]
+    data = telemetry_while(peer, "t-twice", lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
+    print("heap on an updated board after registration:", data["mem_free"], data["mem_largest"])
+    assert data["mem_free"] >= 15 * 1024 and data["mem_largest"] >= 4 * 1024, data
+    assert "MemoryError" not in board.output() and "Traceback" not in board.output(), board.output()
+    assert board.boots == 5  # updater, 0.2.0, updater, 0.3.0 after the first boot
+
+
+def test_a_version_wanted_while_the_new_one_is_on_trial_is_installed_once_it_is_accepted(gateway, boards, bundles):
+    board = boards("t-trial")
+    publish(gateway, str(bundles["0.3.0"]))  # stored, wanted by nobody yet
+    publish(gateway, str(bundles["0.2.0"]), "--target", "t-trial")
+    mark, _ = board.expect(r"^update: 0\.2\.0 verified")
+    with StateStoreClient(gateway.host, gateway.port, client_id="op-trial", timeout=10) as store:
+        assert store.set("t-trial\\desiredFirmware", b"0.3.0").applied  # while 0.2.0 boots on trial
+    board.expect(r"^firmware 0\.2\.0 accepted$", after=mark, timeout=60)  # not rolled back by a restart on trial
+    board.expect(r"^firmware 0\.3\.0 accepted$", after=mark, timeout=60)
+    assert "rolled back" not in board.output(), board.output()
 
 
 def key_file(path: Path) -> Path:
@@ -147,7 +193,7 @@ def test_a_file_that_does_not_match_its_sha256_is_refused_and_the_old_version_ke
     data = telemetry_while(peer, "t-bad-sha", lambda d: (d.get("update") or {}).get("state") == "refused")[-1]
     assert data["fw"] == OLD and data["registered"]
     assert data["update"]["reason"] == "thermostat.mpy: sha256 does not match the manifest"
-    assert board.pointer() is None and board.boots == 1
+    assert board.pointer() is None and board.boots == 3  # the thermostat, the updater, the thermostat: no loop
     assert not (board.flash / "firmware" / "0.2.0").exists()  # bad data is not kept
 
 
@@ -158,51 +204,47 @@ def test_an_update_whose_app_crashes_at_boot_is_rolled_back(gateway, boards, bun
     publish(gateway, str(bundles["0.3.0-crash"]), "--target", "t-crash")
     board.expect(r"^update: 0\.3\.0-crash verified")
     board.expect(r"^firmware 0\.3\.0-crash rolled back: RuntimeError: broken at boot$", timeout=30)
-    third, _ = board.expect(r"^<boot 3>$", timeout=30)
-    back, _ = board.expect(r"^registered t-crash\\setPoint$", after=third, timeout=30)
+    fourth, _ = board.expect(r"^<boot 4>$", timeout=30)
+    back, _ = board.expect(r"^registered t-crash\\setPoint$", after=fourth, timeout=30)
     data = telemetry_while(peer, "t-crash", lambda d: d["fw"] == OLD and (d.get("update") or {}).get("state") == "rolled_back")[-1]
     assert data["update"]["version"] == "0.3.0-crash"
     assert board.pointer() == "- - - 0.3.0-crash"  # the deployed version, and it will not fetch 0.3.0-crash again
-    assert board.boots == 3  # the switch, the crash's reset, nothing more: no boot loop
+    assert board.boots == 4  # into the updater, the switch, the crash's reset, nothing more: no boot loop
     assert "update: fetching 0.3.0-crash" not in "\n".join(board.lines[back:])
+    assert (board.flash / "main.py").read_text() == "import app\n"  # back to the deployed boot: no fwboot
 
 
-def test_a_transfer_cut_by_a_gateway_restart_resumes_where_it_stopped(gateway, boards, bundles, paho_peer):
+def test_a_transfer_cut_by_a_gateway_restart_resumes_where_it_stopped(gateway, boards, bundles):
     board = boards("t-resume")
-    peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/t-resume/messages/events/data", 0)
     publish(gateway, str(bundles["0.2.0"]), "--target", "t-resume")
-    seen = telemetry_while(peer, "t-resume", lambda d: ((d.get("update") or {}).get("file") or "").endswith(".mpy")
-                           and d["update"]["offset"] > 0)
-    before = seen[-1]["update"]
+    staging = board.flash / "firmware" / "0.2.0"
+    first = staging / "app.mpy"  # the manifest's first file (sorted): the transfer is under way, 17 files to go
+    wait_until(lambda: first.exists(), timeout=30, what="the first file on flash")
     mark = len(board.lines)
     gateway.kill9()
-    board.expect(r"^connection lost:", after=mark)
+    board.expect(r"^update: connection lost:", after=mark)
+    before = first.stat().st_mtime_ns
     gateway.start()
-    peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/t-resume/messages/events/data", 0)
-    after = telemetry_while(peer, "t-resume", lambda d: d["registered"] and d.get("update"))[-1]["update"]
-    # It goes on from the file and offset it had, not from the start.
-    assert after["version"] == "0.2.0" and after["state"] in ("downloading", "rebooting"), after
-    assert (after["file"], after["offset"]) >= (before["file"], before["offset"]) or after["file"] != "manifest.txt", (before, after)
+    board.expect(r"^update: connected$", after=mark)  # the same updater, again: not a reboot into it
     board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
-    assert board.output().count("update: fetching 0.2.0") == 1
+    # It went on where it was: one run of the updater, files done before the cut not fetched again.
+    assert board.output().count("update: fetching 0.2.0") == 1 and board.boots == 3, board.output()
+    assert first.stat().st_mtime_ns == before
 
 
-def test_a_transfer_cut_by_a_power_cut_resumes_from_what_is_on_flash(gateway, boards, bundles, paho_peer):
+def test_a_transfer_cut_by_a_power_cut_resumes_from_what_is_on_flash(gateway, boards, bundles):
     board = boards("t-power")
-    peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/t-power/messages/events/data", 0)
     publish(gateway, str(bundles["0.2.0"]), "--target", "t-power")
-    files = lambda d: (d.get("update") or {}).get("file") or ""  # noqa: E731
-    before = telemetry_while(peer, "t-power", lambda d: files(d) >= "mqtt5" and files(d).endswith(".mpy"))[-1]["update"]
+    first = board.flash / "firmware" / "0.2.0" / "app.mpy"  # the manifest's first file
+    wait_until(lambda: first.exists(), timeout=30, what="the first file on flash")
     board.power_cycle()
-    board.expect(r"^<boot 2>$")
-    # After the reboot the manifest is fetched again, and the files already on flash are checked, not fetched.
-    after = telemetry_while(peer, "t-power", lambda d: files(d).endswith(".mpy"))[-1]["update"]
-    assert after["file"] >= before["file"], (before, after)
+    board.expect(r"^<boot 3>$")
+    # After the reboot the updater runs again: the manifest on flash is the one it verified (its sha256 is in
+    # the request), so it is not fetched again; the files already there are checked, not fetched.
+    board.expect(r"^update: resuming 0\.2\.0 with the manifest verified before$")
+    before = first.stat().st_mtime_ns
     board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
-    assert board.output().count("update: fetching 0.2.0") == 2
+    assert board.output().count("update: fetching 0.2.0") == 2 and first.stat().st_mtime_ns == before
 
 
 def fleet_update(gateway, boards, bundles, paho_peer, count: int) -> dict:
@@ -262,31 +304,30 @@ def test_a_fleet_of_20_updates_while_set_points_keep_being_applied(gateway, boar
     assert figures["max_ms"] < 1000, figures
 
 
-def test_an_update_that_does_not_fit_64k_is_reported_and_the_thermostat_keeps_working(gateway, boards, bundles, paho_peer):
-    board = boards("t-64k-now", heap="64K")
+def test_a_version_the_gateway_does_not_have_is_reported_and_the_thermostat_keeps_working(gateway, boards, paho_peer):
+    board = boards("t-unknown")
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/t-64k-now/messages/events/data", 0)
-    publish(gateway, str(bundles["0.2.0"]), "--target", "t-64k-now")
-    board.expect(r"^update: needs 24576 B of free heap, has \d+$")
-    data = telemetry_while(peer, "t-64k-now", lambda d: (d.get("update") or {}).get("state") == "no_memory")[-1]
-    assert (data["fw"], data["registered"], data["faults"], data["update"]["version"]) == (OLD, True, 0, "0.2.0"), data
-    with StateStoreClient(gateway.host, gateway.port, client_id="op-64k", timeout=10) as store:
+    peer.subscribe("devices/t-unknown/messages/events/data", 0)
+    with StateStoreClient(gateway.host, gateway.port, client_id="op-unknown", timeout=10) as store:
+        assert store.set("t-unknown\\desiredFirmware", b"9.9.9").applied
+        board.expect(r"^update: waiting 9\.9\.9: gateway: .*unknown version 9\.9\.9$", timeout=30)
+        data = telemetry_while(peer, "t-unknown", lambda d: d["registered"] and (d.get("update") or {}).get("state") == "waiting")[-1]
+        assert (data["fw"], data["faults"], data["update"]["version"]) == (OLD, 0, "9.9.9"), data
         mark = len(board.lines)
-        assert store.set("t-64k-now\\setPoint", b"23").applied
+        assert store.set("t-unknown\\setPoint", b"23").applied
         board.expect(r"^set point 23.0 from notify$", after=mark)
-        assert store.set("t-64k-now\\desiredFirmware", OLD).applied  # nothing wanted any more: the door unloads
-        board.expect(r"^update: none wanted now$|^registered", after=mark)
-    data = telemetry_while(peer, "t-64k-now", lambda d: d["update"] is None)[-1]
-    # The door's few names stay, within the qstr pools the thermostat already has; nothing else does.
-    # One name too many allocates a fifth pool (3.6 KB) in the middle of the heap: the largest block
-    # fell to 0.9 KB (ota.py's docstring).
+        assert store.set("t-unknown\\desiredFirmware", OLD).applied  # nothing wanted any more: ota.py unloads
+        board.expect(r"^update: none wanted now$", after=mark)
+    data = telemetry_while(peer, "t-unknown", lambda d: d["update"] is None)[-1]
+    # What ota.py interned stays, within the qstr pools the thermostat already has; nothing else does.
+    # One name too many allocates a fifth pool (3.5 KB) in the middle of the heap.
     assert data["mem_free"] >= 16 * 1024 - 512 and data["mem_largest"] >= 4 * 1024, data
-    assert board.boots == 1 and "Traceback" not in board.output(), board.output()
+    assert board.boots == 3 and "Traceback" not in board.output(), board.output()
 
 
-@pytest.mark.xfail(strict=True, reason="the updater does not fit a running thermostat's 64 KB heap yet (ota.py says no_memory)")
 def test_an_update_within_the_64k_heap(gateway, boards, bundles):
+    """The check the issue names (a strict xfail until the updater ran at boot on its own)."""
     board = boards("t-64k", heap="64K")
     publish(gateway, str(bundles["0.2.0"]), "--target", "t-64k")
-    _, outcome = board.expect(r"^(firmware 0\.2\.0 accepted|update: needs .*)$", timeout=60)
-    assert outcome.group(1) == "firmware 0.2.0 accepted", outcome.group(1)
+    board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
+    assert "MemoryError" not in board.output() and "Traceback" not in board.output(), board.output()
