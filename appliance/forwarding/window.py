@@ -25,6 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: An Ethernet frame of a full TCP segment: a link delivers (and acknowledges) in frames, not bytes.
+FRAME_BYTES = 1514
+
 
 @dataclass(frozen=True, slots=True)
 class Window:
@@ -113,6 +116,14 @@ class LinkEstimate:
         if target is None or self.average_size is None:
             return None
         return int(target / self.average_size)
+
+    def progress_step_s(self, frame_bytes: int = FRAME_BYTES) -> float:
+        """Seconds the link needs between two signs of progress (a PUBACK, a TCP acknowledgement): one
+        full frame and one average PUBLISH at the measured rate, plus the round trip; 0 before a
+        measurement (appliance/forwarding/liveness.py)."""
+        if self.seconds_per_byte is None:
+            return 0.0
+        return (frame_bytes + (self.average_size or 0.0)) * self.seconds_per_byte + (self.rtt_s or 0.0)
 
     def record_progress(self, sizes: list[int], ack_times: list[float], every: int = 8) -> None:
         """Mid-batch: every ``every`` acks, update the time per byte from the latest ones, so a link
