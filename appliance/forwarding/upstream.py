@@ -430,9 +430,11 @@ class UpstreamSender:
             client.disconnect()
             return
         self.connects += 1
+        assert self._loop is not None
+        self._set_ready(True)  # resets the estimate: the round trip below belongs to this connection
+        self.estimate.note_round_trip(self._loop.time() - self._connect_started)
         self._max_packet = getattr(properties, "MaximumPacketSize", None)
         log.info("upstream connected to %s:%s", self.settings.host, self.settings.port)
-        self._set_ready(True)
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         log.info("upstream disconnected: %s", reason)

@@ -23,8 +23,11 @@ Pure: no I/O, the caller passes the times.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
+#: Batches whose fixed-cost samples are kept; their least (or the CONNACK's round trip) is the fixed cost.
+FIXED_SAMPLES = 8
 #: An Ethernet frame of a full TCP segment: a link delivers (and acknowledges) in frames, not bytes.
 FRAME_BYTES = 1514
 
@@ -60,7 +63,8 @@ class LinkEstimate:
         """Forget the measurements: a new connection may run over a different link (another cell, a
         modem that fell back to 2G), and a stale fast estimate would put a long batch ahead of alerts."""
         self.seconds_per_byte: float | None = None
-        self.fixed_s: float | None = None
+        self._fixed_samples: deque[float] = deque(maxlen=FIXED_SAMPLES)
+        self._round_trip: float | None = None  # the CONNACK's
         self.gap_s = 0.0
         self.average_size: float | None = None
         self.last_batch = self.initial_messages
@@ -72,9 +76,26 @@ class LinkEstimate:
         return 1 / self.seconds_per_byte if self.seconds_per_byte else None
 
     @property
+    def fixed_s(self) -> float | None:
+        """The fixed cost of a batch (round trip and per-batch work): the least of the last
+        ``FIXED_SAMPLES`` batches' (first ack less its PUBLISH's serialization) and of the CONNACK's round
+        trip. Least, not smoothed: waiting behind other bytes (a retransmission, another connection's
+        queue, the other PUBLISHes a frame carries before its ack) only ever adds to a sample, and a fixed
+        cost that took such waits in made the window grow with the queue it had itself filled (at
+        9.6 kbit/s to 5 PUBLISHes, 2.5 s of the link, past what the HIL rig's queue holds)."""
+        samples = [*self._fixed_samples, *(() if self._round_trip is None else (self._round_trip,))]
+        return min(samples, default=None)
+
+    @property
     def rtt_s(self) -> float | None:
         """The fixed cost of a batch: round trip plus per-batch work on both ends."""
         return None if self.fixed_s is None else self.fixed_s + self.gap_s
+
+    def note_round_trip(self, seconds: float) -> None:
+        """The CONNECT's round trip to its CONNACK: the fixed cost, measured before anything of ours is
+        queued on the link. Known before the first batch, it tells a batch's serialization from its
+        round trip even when the acks say nothing (``_seconds_per_byte_sample``)."""
+        self._round_trip = seconds if self._round_trip is None else min(self._round_trip, seconds)
 
     def note_gap(self, seconds: float) -> None:
         """The pump took ``seconds`` between two batches of a backlog (its own per-batch cost).
@@ -97,18 +118,39 @@ class LinkEstimate:
             self.last_batch = len(sizes)
             self.last_batch_bytes = sum(sizes)
         self.average_size = _smooth(self.average_size, sum(sizes) / len(sizes), self.weight)
-        if len(sizes) >= 2 and acks[-1] > acks[0]:
-            sample = (acks[-1] - acks[0]) / sum(sizes[1:])
+        sample = self._seconds_per_byte_sample(sizes, acks, sent_at) if len(sizes) >= 2 else None
+        if sample is not None:
             self.seconds_per_byte = _smooth(self.seconds_per_byte, sample, self.weight)
         if self.seconds_per_byte is not None:
             fixed = max(acks[0] - sent_at - sizes[0] * self.seconds_per_byte, 1e-4)
-            self.fixed_s = _smooth(self.fixed_s, fixed, self.weight)
+            self._fixed_samples.append(fixed)
+
+    def _seconds_per_byte_sample(self, sizes: list[int], acks: list[float], sent_at: float) -> float | None:
+        """The time per byte a batch of two or more PUBLISHes shows: the spacing of its acks, but never less
+        than the whole batch's time, less the known fixed cost, per byte.
+
+        A link delivers in frames, and the PUBLISHes one frame ends are acknowledged together: at 9.6 kbit/s
+        the two PUBLISHes of a batch often came back in one burst, 1.1 s after they were sent, and their
+        spacing (none, or a few ms) measured a link hundreds of times too fast. The window then grew
+        past what the link's queue holds (the HIL rig's tbf: 1 s at the rate), the queue dropped, and the
+        TCP behind it stalled for its retransmission timeout (4.4 s, measured): an alert waited that
+        long, and the bridge took the link for a dead one. The whole batch cannot have crossed faster than
+        it did, so its time, less the fixed cost (from the CONNACK's round trip before the first batch),
+        bounds the sample from below."""
+        samples = []
+        if acks[-1] > acks[0]:
+            samples.append((acks[-1] - acks[0]) / sum(sizes[1:]))
+        fixed = self.fixed_s
+        if fixed is not None and acks[-1] - sent_at > fixed:
+            samples.append((acks[-1] - sent_at - fixed) / sum(sizes))
+        return max(samples, default=None)
 
     def target_bytes(self) -> float | None:
         """The bytes the link calls for in one batch (``factor`` bandwidth-delay products)."""
-        if self.seconds_per_byte is None or self.fixed_s is None:
+        fixed = self.fixed_s
+        if self.seconds_per_byte is None or fixed is None:
             return None
-        return self.factor * (self.fixed_s + self.gap_s) / self.seconds_per_byte
+        return self.factor * (fixed + self.gap_s) / self.seconds_per_byte
 
     def target_messages(self) -> int | None:
         """The window in messages, before the growth limit."""
