@@ -415,7 +415,7 @@ class UpstreamSender:
         if self.on_connection_change is not None:
             self.on_connection_change(ready)
         if ready:
-            self.estimate.reset()
+            self.estimate.reconnected()
             self._ready.set()
             return
         self._ready.clear()
@@ -431,7 +431,7 @@ class UpstreamSender:
             return
         self.connects += 1
         assert self._loop is not None
-        self._set_ready(True)  # resets the estimate: the round trip below belongs to this connection
+        self._set_ready(True)  # a new connection for the estimate: the round trip below belongs to it
         self.estimate.note_round_trip(self._loop.time() - self._connect_started)
         self._max_packet = getattr(properties, "MaximumPacketSize", None)
         log.info("upstream connected to %s:%s", self.settings.host, self.settings.port)
@@ -534,8 +534,10 @@ class UpstreamSender:
             except Refused as refused:
                 raise Refused(refused.reason, [item.seq for item in published[index]], sum(completes[:index])) from None
 
+        groups = self._groups(batch)
+        filled = len(groups) >= self._in_flight_limit()  # the window, not the queue, bounded this batch
         try:
-            for items in self._groups(batch):
+            for items in groups:
                 while len(futures) - len(ack_times) >= self._in_flight_limit():
                     await next_ack()
                     self.estimate.record_progress(sizes[: len(ack_times)], ack_times)
@@ -571,7 +573,7 @@ class UpstreamSender:
                 elif not f.cancelled():
                     f.exception()
             raise
-        self.estimate.record(sizes, ack_times, sent_at)
+        self.estimate.record(sizes, ack_times, sent_at, filled and finished)  # a preempted batch did not fill it
         messages = sum(completes) + (expired_run if finished else 0)
         self.stats.bytes_sent += sum(item.size for items in published for item in items)
         self.stats.rate_bps = self.estimate.rate_bps

@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+#: On a reconnect the window's growth base is divided by this (``LinkEstimate.reconnected``).
+RECONNECT_DECAY = 4
 #: Batches whose fixed-cost samples are kept; their least (or the CONNACK's round trip) is the fixed cost.
 FIXED_SAMPLES = 8
 #: An Ethernet frame of a full TCP segment: a link delivers (and acknowledges) in frames, not bytes.
@@ -69,6 +71,30 @@ class LinkEstimate:
         self.average_size: float | None = None
         self.last_batch = self.initial_messages
         self.last_batch_bytes: int | None = None
+        self._measured_on_this_connection = False
+
+    def reconnected(self) -> None:
+        """A new connection: keep the measurements, and restart the window's growth base at the measured
+        bandwidth-delay target divided by ``RECONNECT_DECAY``: the first window is half the target, the
+        next may be whole.
+
+        Forgetting everything restarted the window at two messages, and at most doubling per batch it
+        needed ~9 batches - 15 s at a satellite link's 1.2 s round trips - to fill the link again after an
+        outage, which is exactly when a backlog waits. A new connection may run over another link (a modem
+        that fell back to 2G), so the old figures are not trusted whole: the window starts smaller, the
+        acknowledgements re-measure the rate every 8 PUBLISHes and shrink it at once if the link got
+        slower, and an alert waits for at most what is in flight (preemption)."""
+        # The growth base: the measured bandwidth-delay target, decayed (the last batch was often only what
+        # the queue held then, a few messages on a fast link, and no measure of the link).
+        target_messages, target_bytes = self.target_messages(), self.target_bytes()
+        if target_messages is not None and target_bytes is not None:
+            self.last_batch = max(self.last_batch, target_messages)
+            self.last_batch_bytes = max(self.last_batch_bytes or 0, int(target_bytes))
+        self.last_batch = max(self.min_messages, self.last_batch // RECONNECT_DECAY)
+        if self.last_batch_bytes is not None:
+            self.last_batch_bytes = max(1, self.last_batch_bytes // RECONNECT_DECAY)
+        self._round_trip = None  # the new connection's CONNACK brings its own
+        self._measured_on_this_connection = False
 
     @property
     def rate_bps(self) -> float | None:
@@ -103,20 +129,25 @@ class LinkEstimate:
         Ignored until a batch of this connection has been measured: the time since the last batch of the
         previous connection is the outage in between, not the pump's cost (taken as one, a minute-long
         outage once made every batch after it a minute of link long)."""
-        if self.seconds_per_byte is None:
+        if not self._measured_on_this_connection:
             return
         self.gap_s = _smooth(self.gap_s, max(seconds, 0.0), self.weight)
 
-    def record(self, sizes: list[int], ack_times: list[float], sent_at: float) -> None:
-        """A batch of ``sizes`` bytes was written at ``sent_at``; its acks came at ``ack_times``."""
+    def record(self, sizes: list[int], ack_times: list[float], sent_at: float, filled: bool = True) -> None:
+        """A batch of ``sizes`` bytes was written at ``sent_at``; its acks came at ``ack_times``. ``filled``:
+        the batch took the whole window (False: the queue had less to send)."""
         if not sizes or len(ack_times) != len(sizes):
             return
         acks = sorted(ack_times)
         if len(sizes) >= 2:
-            # The base the window may double from. A one-PUBLISH batch - typically a lone alert that
-            # preempted a backlog - says nothing about how much the link takes, and must not shrink it.
-            self.last_batch = len(sizes)
-            self.last_batch_bytes = sum(sizes)
+            # The base the window may double from. A batch that did not fill its window - a lone alert
+            # that preempted a backlog, the few messages a fast link finds queued - says nothing about how
+            # much the link takes and must not shrink it: after an outage the backlog would otherwise wait
+            # for the window to double back from the few messages of the last batch before it (2 s per
+            # doubling on a satellite link).
+            self.last_batch = len(sizes) if filled else max(self.last_batch, len(sizes))
+            total = sum(sizes)
+            self.last_batch_bytes = total if filled or self.last_batch_bytes is None else max(self.last_batch_bytes, total)
         self.average_size = _smooth(self.average_size, sum(sizes) / len(sizes), self.weight)
         sample = self._seconds_per_byte_sample(sizes, acks, sent_at) if len(sizes) >= 2 else None
         if sample is not None:
@@ -124,6 +155,7 @@ class LinkEstimate:
         if self.seconds_per_byte is not None:
             fixed = max(acks[0] - sent_at - sizes[0] * self.seconds_per_byte, 1e-4)
             self._fixed_samples.append(fixed)
+            self._measured_on_this_connection = True
 
     def _seconds_per_byte_sample(self, sizes: list[int], acks: list[float], sent_at: float) -> float | None:
         """The time per byte a batch of two or more PUBLISHes shows: the spacing of its acks, but never less

@@ -153,3 +153,57 @@ def test_a_batch_held_up_behind_a_stall_does_not_grow_the_window() -> None:
     estimate.record([600, 600], [3.05 + 0.5, 3.05 + 1.0], 0.0)
     assert estimate.window().messages == 2
     assert estimate.rtt_s is not None and estimate.rtt_s < 0.1
+
+
+def test_a_reconnect_keeps_the_measured_link_and_restarts_the_window_at_half() -> None:
+    """A satellite link (32 kB/s, 1.2 s round trip) after an outage: the window starts at half the last
+    one instead of two messages and is whole again after one batch (before: ~9 doublings, ~15 s)."""
+    estimate = LinkEstimate()
+    feed(estimate, rate=32_000, fixed=1.2, size=600, batches=12)
+    before = estimate.window().messages
+    assert before > 100
+    estimate.reconnected()
+    estimate.note_round_trip(1.2)
+    estimate.note_gap(60.0)  # the outage is not the pump's gap between batches
+    assert before // 3 <= estimate.window().messages <= before // 2  # 2 x (last batch // RECONNECT_DECAY)
+    feed(estimate, rate=32_000, fixed=1.2, size=600, batches=1)
+    assert estimate.window().messages >= 0.99 * before  # whole again (2 x the first window)
+    assert estimate.rtt_s is not None and estimate.rtt_s < 1.3
+
+
+def test_a_reconnect_onto_a_slower_link_shrinks_the_window_with_its_first_batches() -> None:
+    estimate = LinkEstimate()
+    feed(estimate, rate=32_000, fixed=1.2, size=600, batches=12)
+    estimate.reconnected()
+    estimate.note_round_trip(1.2)
+    feed(estimate, rate=1200, fixed=1.2, size=600, batches=4)  # the modem fell back to 9.6 kbit/s
+    assert estimate.window().messages <= 9 * 1.2 * 1200 / 600 + 1  # nine bandwidth-delay products of the slow link
+
+
+def test_batches_smaller_than_the_window_do_not_shrink_its_base() -> None:
+    """A fast link that finds a few messages queued per batch, then an outage's backlog: the window may be
+    the one the link was measured for at once, not two doublings past the last few messages."""
+    estimate = LinkEstimate()
+    feed(estimate, rate=32_000, fixed=1.2, size=600, batches=12)
+    full = estimate.window().messages
+    for start in range(3):  # demand-limited batches of 4 messages
+        now = 100.0 + 10 * start
+        estimate.record([600] * 4, [now + 1.2 + (i + 1) * 600 / 32_000 for i in range(4)], now, filled=False)
+    assert estimate.window().messages >= 0.99 * full
+    estimate.record([600] * 4, [200 + 1.2 + (i + 1) * 600 / 32_000 for i in range(4)], 200.0, filled=True)
+    assert estimate.window().messages == 8, "a batch the window bounded is the new base"
+
+
+def test_after_a_reconnect_the_window_restarts_from_the_measured_target_not_the_last_small_batch() -> None:
+    """Before the outage the satellite link was fast for the load: each batch held the few messages that
+    were queued. After it the backlog must not wait for the window to double up from those few."""
+    estimate = LinkEstimate()
+    feed(estimate, rate=32_000, fixed=1.2, size=600, batches=3)  # measured
+    target = estimate.target_messages()
+    assert target is not None and target > 100
+    for start in range(10):  # 4 messages a batch, and the base follows them (filled)
+        now = 100.0 + 10 * start
+        estimate.record([600] * 4, [now + 1.2 + (i + 1) * 600 / 32_000 for i in range(4)], now, filled=True)
+    estimate.reconnected()
+    estimate.note_round_trip(1.2)
+    assert estimate.window().messages >= target // 2 - 1
