@@ -540,7 +540,7 @@ class UpstreamSender:
             for items in groups:
                 while len(futures) - len(ack_times) >= self._in_flight_limit():
                     await next_ack()
-                    self.estimate.record_progress(sizes[: len(ack_times)], ack_times)
+                    self.estimate.record_progress(sizes[: len(ack_times)], ack_times, sent_at=sent_at)
                 if preempt.is_set():
                     break
                 if client is not self._client:

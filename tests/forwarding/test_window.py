@@ -207,3 +207,16 @@ def test_after_a_reconnect_the_window_restarts_from_the_measured_target_not_the_
     estimate.reconnected()
     estimate.note_round_trip(1.2)
     assert estimate.window().messages >= target // 2 - 1
+
+
+def test_a_late_ack_shrinks_the_window_at_once_when_the_link_drops() -> None:
+    """The link falls from 1 MB/s to 9.6 kbit/s under a running batch: the first ack after the drop comes
+    a second late. Waiting for eight acks (4 s at the new rate) kept handing out a fast link's window."""
+    estimate = LinkEstimate()
+    feed(estimate, rate=1_000_000, fixed=0.01, size=600, batches=10)
+    fast = estimate.window()
+    assert fast.messages > 20
+    estimate.record_progress([600], [0.2], sent_at=0.0)  # late, but within LATE_S: loop delays, not the link
+    assert estimate.window() == fast
+    estimate.record_progress([600], [1.0], sent_at=0.0)
+    assert estimate.window().messages == 2
