@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from appliance.forwarding.liveness import DEAD_AFTER, RECENT_STEPS, Liveness
 from appliance.forwarding.window import LinkEstimate
 
@@ -89,3 +92,31 @@ def test_acknowledged_bytes_that_do_not_grow_are_not_progress() -> None:
     assert watch.alive(0.5, busy=True, acked_bytes=100)
     assert watch.alive(1.0, busy=True, acked_bytes=100)
     assert not watch.alive(1.6, busy=True, acked_bytes=100)
+
+
+# Hostile timing: any sequence of looks, PUBACKs and acknowledged-byte counts.
+_EVENTS = st.lists(
+    st.tuples(st.floats(0, 5), st.booleans(), st.one_of(st.none(), st.integers(0, 1 << 40)), st.booleans(), st.floats(0, 60)),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_EVENTS)
+def test_any_timing_keeps_the_rule_bounded_and_never_judges_a_link_that_just_made_progress(
+    events: list[tuple[float, bool, int | None, bool, float]],
+) -> None:
+    """Whatever the clock, the counters and the caller's step say: no exception, the allowance stays 1.5
+    keep-alives plus at most the time so far or the step it was given, and a link that made progress at
+    this very moment is alive."""
+    watch = Liveness(KEEPALIVE, now=0.0)
+    now, longest = 0.0, 0.0
+    for delta, busy, acked, arrived, step in events:
+        now += delta
+        longest = max(longest, now, step)  # no gap is longer than the time so far
+        if arrived:
+            watch.received(now)
+        alive = watch.alive(now, busy, acked, step)
+        assert DEAD_AFTER * KEEPALIVE <= watch.allowed_s(step) <= DEAD_AFTER * KEEPALIVE + longest + 1e-9
+        if arrived or not busy:
+            assert alive

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from appliance.forwarding.window import LinkEstimate
 
 
@@ -220,3 +223,30 @@ def test_a_late_ack_shrinks_the_window_at_once_when_the_link_drops() -> None:
     assert estimate.window() == fast
     estimate.record_progress([600], [1.0], sent_at=0.0)
     assert estimate.window().messages == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(1, 70_000), min_size=1, max_size=20), st.floats(0, 100), st.booleans(),
+                          st.sampled_from(["record", "progress", "reconnect", "round_trip"])), max_size=40))
+def test_any_acknowledgement_timing_keeps_the_window_within_its_bounds(events: list[tuple[list[int], float, bool, str]]) -> None:
+    """Hostile timing - acks before their batch, all at once, hours late, reconnects at any point: no
+    exception, and the window stays between its minimum and maximum (a packed window too)."""
+    estimate = LinkEstimate()
+    now = 0.0
+    for sizes, spread, filled, kind in events:
+        acks = [now + spread * (i + 1) / len(sizes) for i in range(len(sizes))]
+        if kind == "record":
+            estimate.record(sizes, acks, now + spread / 2, filled)
+        elif kind == "progress":
+            estimate.record_progress(sizes, acks, sent_at=now)
+        elif kind == "reconnect":
+            estimate.reconnected()
+        else:
+            estimate.note_round_trip(spread)
+        now += spread
+        window = estimate.window()
+        assert estimate.min_messages <= window.messages <= estimate.max_messages
+        packed = estimate.packed_window(2048)
+        assert packed.chunk_bytes is not None and packed.bytes is not None
+        assert 1 <= packed.chunk_bytes <= 2048 and packed.bytes >= packed.chunk_bytes
+        assert estimate.progress_step_s() >= 0
