@@ -60,6 +60,7 @@ UNIT_MODULES = frozenset(
         "tests/forwarding/test_batch.py",
         "tests/forwarding/test_conditions.py",
         "tests/forwarding/test_config.py",
+        "tests/forwarding/test_liveness.py",
         "tests/forwarding/test_manifest.py",
         "tests/forwarding/test_pump.py",
         "tests/forwarding/test_queues.py",

@@ -7,38 +7,67 @@ through (16 kB at 9.6 kbit/s: 13 s) - so a 1 s keep-alive took a slow link for a
 which only made the backlog, and the alert behind it, wait longer.
 
 So while the bridge is *busy* (PUBLISHes unacknowledged, or bytes still in the socket's send queue) the
-link is alive as long as it makes progress: a byte arrives from the upstream (a PUBACK), or the kernel's
-send queue shrinks (TCP acknowledgements: the bytes are leaving at whatever rate the link has). It is
-dead after ``DEAD_AFTER`` keep-alive periods without either - the factor the MQTT server itself allows
-the client (MQTT 5 section 3.1.2.10). While the bridge is idle the ordinary PINGREQ/PINGRESP rule
-applies (paho's, which then has nothing to wait behind).
+link is alive as long as it makes progress: a byte arrives from the upstream (a PUBACK), or TCP reports
+more of our bytes acknowledged (the kernel's ``tcpi_bytes_acked``: the bytes are leaving at whatever rate
+the link has). It is dead after ``DEAD_AFTER`` keep-alive periods - the factor the MQTT server itself
+allows the client (MQTT 5 section 3.1.2.10) - *plus one step of the link* without either.
 
-Pure: no I/O; the caller passes the clock and the send-queue size it read.
+A step is how long this link takes between two signs of progress when it works: a slow link makes
+progress in steps, not continuously. Behind a relay or a proxy (the HIL bridge rig's, a satellite
+modem's) our TCP bytes are acknowledged at once and only PUBACKs tell that the link moves; a PUBACK comes
+when the frame that ends its PUBLISH has crossed the link, and at 9.6 kbit/s a 1514-byte frame takes
+1.26 s, so PUBACKs came 1.5-1.6 s apart on a link that never stopped: with 1.5 s allowed for a 1 s
+keep-alive the bridge reconnected every few seconds. The step is the longest of the last
+``RECENT_STEPS`` gaps between progress events while busy (what the link has just shown it needs) and of
+the caller's estimate from the measured rate (a frame and a PUBLISH at that rate, plus the round trip).
+A link that keeps making progress is therefore never taken for a dead one, however it slows down; a dead
+one is known one step later than a link that never showed a step.
+
+While the bridge is idle the ordinary PINGREQ/PINGRESP rule applies (paho's, which then has nothing to
+wait behind). Pure: no I/O; the caller passes the clock and what it read from the socket.
 """
 
 from __future__ import annotations
 
-#: Keep-alive periods without progress after which a busy link is dead (the server's own tolerance).
+from collections import deque
+
+#: Keep-alive periods without progress after which a busy link is dead (the server's own tolerance)...
 DEAD_AFTER = 1.5
+#: ... plus the longest of this many recent gaps between progress events (the link's step).
+RECENT_STEPS = 8
 
 
 class Liveness:
     def __init__(self, keepalive_s: float, now: float) -> None:
         self.keepalive_s = keepalive_s
         self.progress_at = now
-        self._send_queue: int | None = None
+        self._busy = False
+        self._acked: int | None = None
+        self._steps: deque[float] = deque(maxlen=RECENT_STEPS)
 
     def received(self, now: float) -> None:
         """Bytes arrived from the upstream."""
+        self._progress(now)
+
+    def _progress(self, now: float) -> None:
+        if self._busy:
+            self._steps.append(now - self.progress_at)
         self.progress_at = now
 
-    def alive(self, now: float, busy: bool, send_queue_bytes: int | None) -> bool:
-        """Called periodically. ``busy``: PUBLISHes unacknowledged or bytes unsent; ``send_queue_bytes``:
-        the socket's send queue (sent but not acknowledged by TCP, plus unsent), None where unknown."""
-        if send_queue_bytes is not None and self._send_queue is not None and send_queue_bytes < self._send_queue:
-            self.progress_at = now
-        self._send_queue = send_queue_bytes
+    def allowed_s(self, step_s: float = 0.0) -> float:
+        """Seconds a busy link may go without progress: ``DEAD_AFTER`` keep-alives plus one step, the
+        longer of ``step_s`` (the caller's estimate) and the longest recent gap."""
+        return DEAD_AFTER * self.keepalive_s + max(step_s, max(self._steps, default=0.0))
+
+    def alive(self, now: float, busy: bool, acked_bytes: int | None, step_s: float = 0.0) -> bool:
+        """Called periodically. ``busy``: PUBLISHes unacknowledged or bytes unsent; ``acked_bytes``: the
+        socket's count of bytes TCP has acknowledged (None where unknown); ``step_s``: the time the link
+        is expected to need between two signs of progress at its measured rate (0 if unknown)."""
+        if acked_bytes is not None and self._acked is not None and acked_bytes > self._acked:
+            self._progress(now)
+        self._acked = acked_bytes
+        self._busy = busy
         if not busy:
             self.progress_at = now  # idle: the PINGREQ rule watches the link, and a busy spell starts the clock
             return True
-        return now - self.progress_at <= DEAD_AFTER * self.keepalive_s
+        return now - self.progress_at <= self.allowed_s(step_s)

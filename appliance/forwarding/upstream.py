@@ -18,9 +18,11 @@
   asyncio and hands paho the connected socket (``_ConnectedClient``, the one paho internal overridden).
 * Reconnecting is ours: exponential backoff with jitter, and a *fresh* client per connection - paho would
   otherwise replay its own in-flight copies on reconnect while the pump resends the batch too.
-* Keep-alive (``appliance/forwarding/liveness.py``): while PUBLISHes are in flight a link that still
-  makes progress (PUBACKs, or the socket's send queue draining) is alive however slow; paho's PINGREQ rule
-  runs only while nothing is in flight, so a PINGREQ stuck behind a full link is not taken for a dead one.
+* Keep-alive (``appliance/forwarding/liveness.py``): while PUBLISHes or a PINGREQ are in flight a link
+  that still makes progress (PUBACKs, TCP acknowledging our bytes) within 1.5 keep-alives plus one step
+  of the link is alive however slow; paho's PINGREQ rule runs only while nothing is in flight, so a
+  PINGREQ stuck behind a full link, or a round trip longer than the keep-alive, is not taken for a dead
+  link; the CONNACK has ``CONNECT_TIMEOUT_S``.
 * The link under the bridge (the cellular modem) may be known to be down: ``set_link(False)`` closes the
   connection and no attempt is made until ``set_link(True)``, which also skips any backoff still running -
   retrying blindly over a modem that is not registered only burns the backoff ceiling, and the link coming
@@ -103,6 +105,11 @@ class _ConnectedClient(mqtt.Client):
     def use_socket(self, sock: socket.socket) -> None:
         self._connected_socket: socket.socket | None = sock
 
+    @property
+    def awaiting_pingresp(self) -> bool:
+        """A PINGREQ is out and its PINGRESP not in (paho's own ``_ping_t``)."""
+        return self._ping_t > 0
+
     def _create_socket(self) -> Any:
         sock, self._connected_socket = self._connected_socket, None
         if sock is None:
@@ -116,6 +123,22 @@ def send_queue_bytes(sock: Any) -> int | None:
         return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
     except (OSError, ValueError):
         return None
+
+
+#: ``struct tcp_info`` up to ``tcpi_bytes_acked`` (Linux 4.1+): the 64-bit counter sits at byte 120.
+_TCP_INFO_BYTES_ACKED = struct.Struct("=120xQ")
+
+
+def acked_bytes(sock: Any) -> int | None:
+    """How many bytes of ours TCP has acknowledged so far (``tcpi_bytes_acked``); None where unknown.
+
+    A counter, not the send queue's size: the queue may stay as long, or grow, while the link carries
+    bytes, when new PUBLISHes are written between two looks at it (then "the queue shrank" saw no progress)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES_ACKED.size)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return _TCP_INFO_BYTES_ACKED.unpack(info)[0] if len(info) >= _TCP_INFO_BYTES_ACKED.size else None
 
 
 class UpstreamSender:
@@ -138,6 +161,7 @@ class UpstreamSender:
         self._socket: Any = None  # the client's socket while it is open
         self._closed = asyncio.Event()  # the current client's socket closed
         self._liveness: Liveness | None = None
+        self._connect_started = 0.0
         self._pending: dict[int, asyncio.Future[float]] = {}
         # Jittered, so a fleet that lost the same cloud at the same moment does not come back in step.
         self._backoff = Backoff(settings.backoff_min_s, settings.backoff_max_s, random.Random())
@@ -282,6 +306,7 @@ class UpstreamSender:
         self._closed.clear()
         assert self._loop is not None
         self._liveness = Liveness(self.settings.keepalive_s, self._loop.time())
+        self._connect_started = self._loop.time()
         accepted = False
         closed = asyncio.ensure_future(self._closed.wait())
         try:
@@ -301,13 +326,26 @@ class UpstreamSender:
         return accepted
 
     def _tick(self, client: _ConnectedClient) -> None:
-        """Keep-alive: busy, the link must make progress; idle, paho's PINGREQ/PINGRESP rule."""
+        """Keep-alive: busy, the link must make progress; idle, paho's PINGREQ/PINGRESP rule; before the
+        CONNACK, ``CONNECT_TIMEOUT_S``."""
         assert self._loop is not None and self._liveness is not None
-        queued = send_queue_bytes(self._socket) if self._socket is not None else None
-        busy = bool(self._pending) or client.want_write() or bool(queued)
-        if not self._liveness.alive(self._loop.time(), busy, queued):
-            self._abandon(client, f"no progress for {self._loop.time() - self._liveness.progress_at:.1f} s "
-                                  "with data in flight: the link is dead")
+        now = self._loop.time()
+        sock = self._socket
+        queued = send_queue_bytes(sock) if sock is not None else None
+        # A PINGREQ out counts as data in flight: its PINGRESP may take a round trip longer than the
+        # keep-alive (paho's rule), on a satellite link or behind a frame on a slow one.
+        busy = bool(self._pending) or client.want_write() or bool(queued) or client.awaiting_pingresp
+        acked = acked_bytes(sock) if sock is not None else None
+        if not self._liveness.alive(now, busy, acked, self.estimate.progress_step_s()):
+            self._abandon(client, f"no progress for {now - self._liveness.progress_at:.1f} s with data in flight "
+                                  f"(allowed {self._liveness.allowed_s(self.estimate.progress_step_s()):.1f} s): "
+                                  "the link is dead")
+            return
+        if not self._ready_flag:
+            # paho's keep-alive would give the CONNACK one keep-alive period, and a CONNECT queued behind the
+            # last connection's bytes on a slow link takes longer (a 1 s keep-alive at 9.6 kbit/s failed so).
+            if now - self._connect_started > CONNECT_TIMEOUT_S:
+                self._abandon(client, f"no CONNACK within {CONNECT_TIMEOUT_S:.0f} s")
             return
         if not busy and client.loop_misc() != mqtt.MQTT_ERR_SUCCESS:
             self._abandon(client, "keep-alive: no PINGRESP")
@@ -338,8 +376,9 @@ class UpstreamSender:
 
     def _on_socket_close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
         assert self._loop is not None
-        self._loop.remove_reader(sock)
-        self._loop.remove_writer(sock)
+        if sock.fileno() >= 0:  # an abandoned client's socket is closed already (its __del__ closes it again)
+            self._loop.remove_reader(sock)
+            self._loop.remove_writer(sock)
         if self._socket is sock:
             self._socket = None
         if client is self._client:
@@ -376,7 +415,7 @@ class UpstreamSender:
         if self.on_connection_change is not None:
             self.on_connection_change(ready)
         if ready:
-            self.estimate.reset()
+            self.estimate.reconnected()
             self._ready.set()
             return
         self._ready.clear()
@@ -391,9 +430,11 @@ class UpstreamSender:
             client.disconnect()
             return
         self.connects += 1
+        assert self._loop is not None
+        self._set_ready(True)  # a new connection for the estimate: the round trip below belongs to it
+        self.estimate.note_round_trip(self._loop.time() - self._connect_started)
         self._max_packet = getattr(properties, "MaximumPacketSize", None)
         log.info("upstream connected to %s:%s", self.settings.host, self.settings.port)
-        self._set_ready(True)
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         log.info("upstream disconnected: %s", reason)
@@ -493,11 +534,13 @@ class UpstreamSender:
             except Refused as refused:
                 raise Refused(refused.reason, [item.seq for item in published[index]], sum(completes[:index])) from None
 
+        groups = self._groups(batch)
+        filled = len(groups) >= self._in_flight_limit()  # the window, not the queue, bounded this batch
         try:
-            for items in self._groups(batch):
+            for items in groups:
                 while len(futures) - len(ack_times) >= self._in_flight_limit():
                     await next_ack()
-                    self.estimate.record_progress(sizes[: len(ack_times)], ack_times)
+                    self.estimate.record_progress(sizes[: len(ack_times)], ack_times, sent_at=sent_at)
                 if preempt.is_set():
                     break
                 if client is not self._client:
@@ -530,7 +573,7 @@ class UpstreamSender:
                 elif not f.cancelled():
                     f.exception()
             raise
-        self.estimate.record(sizes, ack_times, sent_at)
+        self.estimate.record(sizes, ack_times, sent_at, filled and finished)  # a preempted batch did not fill it
         messages = sum(completes) + (expired_run if finished else 0)
         self.stats.bytes_sent += sum(item.size for items in published for item in items)
         self.stats.rate_bps = self.estimate.rate_bps

@@ -23,7 +23,17 @@ Pure: no I/O, the caller passes the times.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
+
+#: How much later than the estimate an ack may come before the window shrinks at once (``record_progress``).
+LATE_S = 0.25
+#: On a reconnect the window's growth base is divided by this (``LinkEstimate.reconnected``).
+RECONNECT_DECAY = 4
+#: Batches whose fixed-cost samples are kept; their least (or the CONNACK's round trip) is the fixed cost.
+FIXED_SAMPLES = 8
+#: An Ethernet frame of a full TCP segment: a link delivers (and acknowledges) in frames, not bytes.
+FRAME_BYTES = 1514
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +67,36 @@ class LinkEstimate:
         """Forget the measurements: a new connection may run over a different link (another cell, a
         modem that fell back to 2G), and a stale fast estimate would put a long batch ahead of alerts."""
         self.seconds_per_byte: float | None = None
-        self.fixed_s: float | None = None
+        self._fixed_samples: deque[float] = deque(maxlen=FIXED_SAMPLES)
+        self._round_trip: float | None = None  # the CONNACK's
         self.gap_s = 0.0
         self.average_size: float | None = None
         self.last_batch = self.initial_messages
         self.last_batch_bytes: int | None = None
+        self._measured_on_this_connection = False
+
+    def reconnected(self) -> None:
+        """A new connection: keep the measurements, and restart the window's growth base at the measured
+        bandwidth-delay target divided by ``RECONNECT_DECAY``: the first window is half the target, the
+        next may be whole.
+
+        Forgetting everything restarted the window at two messages, and at most doubling per batch it
+        needed ~9 batches - 15 s at a satellite link's 1.2 s round trips - to fill the link again after an
+        outage, which is exactly when a backlog waits. A new connection may run over another link (a modem
+        that fell back to 2G), so the old figures are not trusted whole: the window starts smaller, the
+        acknowledgements re-measure the rate every 8 PUBLISHes and shrink it at once if the link got
+        slower, and an alert waits for at most what is in flight (preemption)."""
+        # The growth base: the measured bandwidth-delay target, decayed (the last batch was often only what
+        # the queue held then, a few messages on a fast link, and no measure of the link).
+        target_messages, target_bytes = self.target_messages(), self.target_bytes()
+        if target_messages is not None and target_bytes is not None:
+            self.last_batch = max(self.last_batch, target_messages)
+            self.last_batch_bytes = max(self.last_batch_bytes or 0, int(target_bytes))
+        self.last_batch = max(self.min_messages, self.last_batch // RECONNECT_DECAY)
+        if self.last_batch_bytes is not None:
+            self.last_batch_bytes = max(1, self.last_batch_bytes // RECONNECT_DECAY)
+        self._round_trip = None  # the new connection's CONNACK brings its own
+        self._measured_on_this_connection = False
 
     @property
     def rate_bps(self) -> float | None:
@@ -69,9 +104,26 @@ class LinkEstimate:
         return 1 / self.seconds_per_byte if self.seconds_per_byte else None
 
     @property
+    def fixed_s(self) -> float | None:
+        """The fixed cost of a batch (round trip and per-batch work): the least of the last
+        ``FIXED_SAMPLES`` batches' (first ack less its PUBLISH's serialization) and of the CONNACK's round
+        trip. Least, not smoothed: waiting behind other bytes (a retransmission, another connection's
+        queue, the other PUBLISHes a frame carries before its ack) only ever adds to a sample, and a fixed
+        cost that took such waits in made the window grow with the queue it had itself filled (at
+        9.6 kbit/s to 5 PUBLISHes, 2.5 s of the link, past what the HIL rig's queue holds)."""
+        samples = [*self._fixed_samples, *(() if self._round_trip is None else (self._round_trip,))]
+        return min(samples, default=None)
+
+    @property
     def rtt_s(self) -> float | None:
         """The fixed cost of a batch: round trip plus per-batch work on both ends."""
         return None if self.fixed_s is None else self.fixed_s + self.gap_s
+
+    def note_round_trip(self, seconds: float) -> None:
+        """The CONNECT's round trip to its CONNACK: the fixed cost, measured before anything of ours is
+        queued on the link. Known before the first batch, it tells a batch's serialization from its
+        round trip even when the acks say nothing (``_seconds_per_byte_sample``)."""
+        self._round_trip = seconds if self._round_trip is None else min(self._round_trip, seconds)
 
     def note_gap(self, seconds: float) -> None:
         """The pump took ``seconds`` between two batches of a backlog (its own per-batch cost).
@@ -79,33 +131,60 @@ class LinkEstimate:
         Ignored until a batch of this connection has been measured: the time since the last batch of the
         previous connection is the outage in between, not the pump's cost (taken as one, a minute-long
         outage once made every batch after it a minute of link long)."""
-        if self.seconds_per_byte is None:
+        if not self._measured_on_this_connection:
             return
         self.gap_s = _smooth(self.gap_s, max(seconds, 0.0), self.weight)
 
-    def record(self, sizes: list[int], ack_times: list[float], sent_at: float) -> None:
-        """A batch of ``sizes`` bytes was written at ``sent_at``; its acks came at ``ack_times``."""
+    def record(self, sizes: list[int], ack_times: list[float], sent_at: float, filled: bool = True) -> None:
+        """A batch of ``sizes`` bytes was written at ``sent_at``; its acks came at ``ack_times``. ``filled``:
+        the batch took the whole window (False: the queue had less to send)."""
         if not sizes or len(ack_times) != len(sizes):
             return
         acks = sorted(ack_times)
         if len(sizes) >= 2:
-            # The base the window may double from. A one-PUBLISH batch - typically a lone alert that
-            # preempted a backlog - says nothing about how much the link takes, and must not shrink it.
-            self.last_batch = len(sizes)
-            self.last_batch_bytes = sum(sizes)
+            # The base the window may double from. A batch that did not fill its window - a lone alert
+            # that preempted a backlog, the few messages a fast link finds queued - says nothing about how
+            # much the link takes and must not shrink it: after an outage the backlog would otherwise wait
+            # for the window to double back from the few messages of the last batch before it (2 s per
+            # doubling on a satellite link).
+            self.last_batch = len(sizes) if filled else max(self.last_batch, len(sizes))
+            total = sum(sizes)
+            self.last_batch_bytes = total if filled or self.last_batch_bytes is None else max(self.last_batch_bytes, total)
         self.average_size = _smooth(self.average_size, sum(sizes) / len(sizes), self.weight)
-        if len(sizes) >= 2 and acks[-1] > acks[0]:
-            sample = (acks[-1] - acks[0]) / sum(sizes[1:])
+        sample = self._seconds_per_byte_sample(sizes, acks, sent_at) if len(sizes) >= 2 else None
+        if sample is not None:
             self.seconds_per_byte = _smooth(self.seconds_per_byte, sample, self.weight)
         if self.seconds_per_byte is not None:
             fixed = max(acks[0] - sent_at - sizes[0] * self.seconds_per_byte, 1e-4)
-            self.fixed_s = _smooth(self.fixed_s, fixed, self.weight)
+            self._fixed_samples.append(fixed)
+            self._measured_on_this_connection = True
+
+    def _seconds_per_byte_sample(self, sizes: list[int], acks: list[float], sent_at: float) -> float | None:
+        """The time per byte a batch of two or more PUBLISHes shows: the spacing of its acks, but never less
+        than the whole batch's time, less the known fixed cost, per byte.
+
+        A link delivers in frames, and the PUBLISHes one frame ends are acknowledged together: at 9.6 kbit/s
+        the two PUBLISHes of a batch often came back in one burst, 1.1 s after they were sent, and their
+        spacing (none, or a few ms) measured a link hundreds of times too fast. The window then grew
+        past what the link's queue holds (the HIL rig's tbf: 1 s at the rate), the queue dropped, and the
+        TCP behind it stalled for its retransmission timeout (4.4 s, measured): an alert waited that
+        long, and the bridge took the link for a dead one. The whole batch cannot have crossed faster than
+        it did, so its time, less the fixed cost (from the CONNACK's round trip before the first batch),
+        bounds the sample from below."""
+        samples = []
+        if acks[-1] > acks[0]:
+            samples.append((acks[-1] - acks[0]) / sum(sizes[1:]))
+        fixed = self.fixed_s
+        if fixed is not None and acks[-1] - sent_at > fixed:
+            samples.append((acks[-1] - sent_at - fixed) / sum(sizes))
+        return max(samples, default=None)
 
     def target_bytes(self) -> float | None:
         """The bytes the link calls for in one batch (``factor`` bandwidth-delay products)."""
-        if self.seconds_per_byte is None or self.fixed_s is None:
+        fixed = self.fixed_s
+        if self.seconds_per_byte is None or fixed is None:
             return None
-        return self.factor * (self.fixed_s + self.gap_s) / self.seconds_per_byte
+        return self.factor * (fixed + self.gap_s) / self.seconds_per_byte
 
     def target_messages(self) -> int | None:
         """The window in messages, before the growth limit."""
@@ -114,10 +193,27 @@ class LinkEstimate:
             return None
         return int(target / self.average_size)
 
-    def record_progress(self, sizes: list[int], ack_times: list[float], every: int = 8) -> None:
+    def progress_step_s(self, frame_bytes: int = FRAME_BYTES) -> float:
+        """Seconds the link needs between two signs of progress (a PUBACK, a TCP acknowledgement): one
+        full frame and one average PUBLISH at the measured rate, plus the round trip; 0 before a
+        measurement (appliance/forwarding/liveness.py)."""
+        if self.seconds_per_byte is None:
+            return 0.0
+        return (frame_bytes + (self.average_size or 0.0)) * self.seconds_per_byte + (self.rtt_s or 0.0)
+
+    def record_progress(self, sizes: list[int], ack_times: list[float], every: int = 8, sent_at: float | None = None) -> None:
         """Mid-batch: every ``every`` acks, update the time per byte from the latest ones, so a link
-        that just got slower shrinks the window before the batch ends."""
+        that just got slower shrinks the window before the batch ends. And at every ack, when the batch's
+        acknowledged prefix (``sizes``, written from ``sent_at``) came more than ``LATE_S`` later than the
+        estimate allows, take its pace at once: eight acks at 9.6 kbit/s take 4 s, and meanwhile every ack
+        handed out another PUBLISH of a window sized for the fast link, ahead of any alert."""
         n = len(ack_times)
+        if sent_at is not None and n and self.seconds_per_byte is not None:
+            fixed = self.fixed_s or 0.0
+            acked = sum(sizes[:n])
+            elapsed = ack_times[-1] - sent_at
+            if elapsed - (fixed + acked * self.seconds_per_byte) > LATE_S:
+                self.seconds_per_byte = max(self.seconds_per_byte, (elapsed - fixed) / acked)
         if n < every + 1 or n % every:
             return
         span = ack_times[-1] - ack_times[-every - 1]

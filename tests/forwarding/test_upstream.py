@@ -361,3 +361,29 @@ def test_a_message_expired_by_its_turn_is_never_published_and_counts_as_done(tmp
     else:
         sent = [int(m.user_properties["gw-message-id"].split(":")[1]) for m in data]
     assert sent == [2, 5]
+
+
+
+
+def test_a_round_trip_longer_than_the_keepalive_is_a_slow_link_not_a_dead_one(
+    tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread
+) -> None:
+    """Keep-alive 2 s over a link with a 2.4 s round trip: the CONNACK and every PINGRESP come later than
+    one keep-alive period after the packet that asked for them. paho's rule (a reply within one period)
+    closed every connection before its CONNACK, so nothing was ever delivered; now the CONNACK has
+    ``CONNECT_TIMEOUT_S`` and an outstanding PINGREQ is data in flight, judged by liveness.py (1.5
+    keep-alives plus the link's step)."""
+    relay.set(delay_ms=1200)
+
+    async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+        await asyncio.wait_for(pump.sender.wait_ready(), 15)
+        for n in range(3):
+            await add(n)
+        await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 20)
+        idle_until = time.monotonic() + 5  # PINGREQ/PINGRESP exchanges while idle
+        await asyncio.wait_for(_until(lambda: time.monotonic() > idle_until, thread), 7)
+        await add(3)
+        await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 20)
+
+    sender, _ = run_bridge(tmp_path, relay.port, "5", scenario, keepalive_s=2)
+    assert sender.connects == 1, "a long round trip was taken for a dead link"
