@@ -189,6 +189,8 @@ def live_campaign(campaign, max_examples: int) -> None:
     @given(VALUES)
     # The cases, always: not UTF-8, the MemoryError sizes, over 1 KB, the special numbers.
     @example(b"\xff\xfe\xfd")
+    @example(b"\xc0\x80")  # overlong: MicroPython's own decoder takes it (as NUL)
+    @example(b"\xed\xa0\x80")  # a surrogate, which it takes too
     @example(b"7" * 300)
     @example(b"x" * 850)
     @example(b"\x80" * 1100)
