@@ -22,9 +22,10 @@ the thermostat reports and heeds (ota.py); an accepted version removes the recor
 Heap: every name here is a qstr for the whole run, so the functions are few and named with words
 MicroPython already knows (read, write, start, reset, accept; `back` is the one more), and temporary
 file names are over 10 characters (strings, not qstrs). The module is not kept loaded, not even on
-trial: main.py leaves None under its name in sys.modules as the app's sign that the version is on
-trial, and the app imports it again to `accept()`. Going back to the deployed version also puts back
-its plain main.py, so that board boots as one never updated, without this module's names.
+trial: `start()` removes it from sys.modules and, on trial, leaves None under `fwboot.trial` as the
+app's sign that the version is on trial; the app imports this module again to `accept()`. Going back
+to the deployed version also puts back its plain main.py, so that board boots as one never updated,
+without this module's names.
 """
 
 import json
@@ -71,8 +72,9 @@ def back(value, reason) -> list:
     return value
 
 
-def start() -> bool:
-    """Put the version to boot first on sys.path; True if it is on trial."""
+def start() -> None:
+    """Put the version to boot first on sys.path, unload this module and, if the version is on trial,
+    leave the mark `fwboot.trial` in sys.modules for the app."""
     value = read()
     if value[2] is not None:
         if value[2] >= _MAX_TRIAL_BOOTS:
@@ -86,7 +88,11 @@ def start() -> bool:
             sys.path.insert(0, "firmware/%s" % value[0])
         except OSError:
             print("firmware %s is missing, booting the deployed version" % value[0])
-    return value[2] is not None
+    # Unloaded before the app starts (main.py collects next). On trial the mark stays under a name of
+    # over 10 characters (a string, not a qstr), so that main.py's handler can import this module again.
+    del sys.modules["fwboot"]
+    if value[2] is not None:
+        sys.modules["fwboot.trial"] = None
 
 
 def reset(e) -> None:
@@ -107,7 +113,7 @@ def reset(e) -> None:
 
 def accept() -> None:
     """The version on trial reached its first telemetry: it stays (the app calls this once, after
-    importing this module again in place of main.py's mark). This module is unloaded: nothing more
+    removing start()'s mark and importing this module again). This module is unloaded: nothing more
     to do until the next boot."""
     del sys.modules["fwboot"]
     value = read()
@@ -118,4 +124,4 @@ def accept() -> None:
             os.remove("update.json")
         except OSError:
             pass
-        print("firmware %s accepted" % (value[0] or "(deployed)"))
+        print("firmware %s accepted" % (value[0] or "(the deployed one)"))

@@ -46,21 +46,14 @@ from mqtt5_codec import CONTENT_TYPE, CORRELATION_DATA, RESPONSE_TOPIC, MQTTProt
 # app, so a board that was never updated pays nothing for this). Written at the first switch.
 MAIN_PY = """# Written by ota_updater.py: fwboot picks the firmware version (firmware.txt) and rolls back one on trial.
 import gc
-import sys
 import fwboot
-
-if fwboot.start():  # on trial: None marks it for the app, which imports fwboot again to accept the version
-    sys.modules["fwboot"] = None
-else:
-    del sys.modules["fwboot"]
+fwboot.start()  # it unloads itself: with the name deleted nothing keeps it (not even a stale stack slot)
 del fwboot
 gc.collect()  # before the app: what fwboot left is gone, not pinned under the app's first objects
 try:
-    import app  # noqa: F401
-except Exception as e:
-    sys.modules.pop("fwboot", None)
-    import fwboot
-    fwboot.reset(e)
+    import app
+except Exception as e:  # few names, a shallow stack: a larger frame would be allocated on the heap for good
+    __import__("fwboot").reset(e)
 """
 
 REQUEST_TOPIC = "firmware/v1/command/chunk"

@@ -123,7 +123,9 @@ def test_an_updated_board_updates_again_within_the_64k_heap(gateway, boards, bun
     assert sorted(p.name for p in (board.flash / "firmware").iterdir()) == ["0.2.0", "0.3.0"]
     data = telemetry_while(peer, "t-twice", lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
     print("heap on an updated board after registration:", data["mem_free"], data["mem_largest"])
-    assert data["mem_free"] >= 15 * 1024 and data["mem_largest"] >= 4 * 1024, data
+    # 15,392 B before fwboot unloaded itself with main.py's frame kept off the heap; the 16 KB is
+    # not reached yet (docs/firmware.md, OTA, Heap).
+    assert data["mem_free"] >= 15 * 1024 + 256 and data["mem_largest"] >= 4 * 1024, data
     assert "MemoryError" not in board.output() and "Traceback" not in board.output(), board.output()
     assert board.boots == 5  # updater, 0.2.0, updater, 0.3.0 after the first boot
 
