@@ -22,8 +22,8 @@ the thermostat reports and heeds (ota.py); an accepted version removes the recor
 Heap: every name here is a qstr for the whole run, so the functions are few and named with words
 MicroPython already knows (read, write, start, reset, accept; `back` is the one more), and temporary
 file names are over 10 characters (strings, not qstrs). The module is not kept loaded, not even on
-trial: `start()` removes it from sys.modules and, on trial, leaves None under `fwboot.trial` as the
-app's sign that the version is on trial; the app imports this module again to `accept()`. Going back
+trial: `start()` removes it from sys.modules and, on trial, leaves None under its name as the app's
+sign that the version is on trial; the app imports this module again to `accept()`. Going back
 to the deployed version also puts back its plain main.py, so that board boots as one never updated,
 without this module's names.
 """
@@ -73,8 +73,8 @@ def back(value, reason) -> list:
 
 
 def start() -> None:
-    """Put the version to boot first on sys.path, unload this module and, if the version is on trial,
-    leave the mark `fwboot.trial` in sys.modules for the app."""
+    """Put the version to boot first on sys.path and unload this module, leaving None in its place
+    if the version is on trial (the app's sign)."""
     value = read()
     if value[2] is not None:
         if value[2] >= _MAX_TRIAL_BOOTS:
@@ -88,11 +88,12 @@ def start() -> None:
             sys.path.insert(0, "firmware/%s" % value[0])
         except OSError:
             print("firmware %s is missing, booting the deployed version" % value[0])
-    # Unloaded before the app starts (main.py collects next). On trial the mark stays under a name of
-    # over 10 characters (a string, not a qstr), so that main.py's handler can import this module again.
-    del sys.modules["fwboot"]
-    if value[2] is not None:
-        sys.modules["fwboot.trial"] = None
+    # Unloaded before the app starts (main.py collects next); on trial None stays under its name as
+    # the app's mark (the same mark for applications of every version: this module is never updated).
+    if value[2] is None:
+        del sys.modules["fwboot"]
+    else:
+        sys.modules["fwboot"] = None
 
 
 def reset(e) -> None:
@@ -113,7 +114,7 @@ def reset(e) -> None:
 
 def accept() -> None:
     """The version on trial reached its first telemetry: it stays (the app calls this once, after
-    removing start()'s mark and importing this module again). This module is unloaded: nothing more
+    importing this module again in place of start()'s mark). This module is unloaded: nothing more
     to do until the next boot."""
     del sys.modules["fwboot"]
     value = read()

@@ -17,7 +17,7 @@ written again (a notification: `appliance firmware publish` once more). A versio
 (`rolled_back`) is not tried again at all: publish another one. A record `rebooting` is a switch a
 reset cut short: the update is made again (every file is then found verified on flash).
 
-No restart while this version is itself on trial (fwboot's mark `fwboot.trial` in sys.modules): fwboot
+No restart while this version is itself on trial (main.py's mark `fwboot` in sys.modules): fwboot
 would count it as a failed boot and roll it back. The thermostat offers the update again once it has
 accepted the version (`Thermostat.accept`).
 
@@ -49,7 +49,7 @@ def offer(app, raw, source):
     if (isinstance(record, dict) and record.get("version") == version and record.get("state") != "rebooting"
             and (source == "get" or record.get("state") == "rolled_back")):
         return record
-    if "fwboot.trial" in sys.modules:
+    if "fwboot" in sys.modules:
         return {"state": "waiting", "version": version, "reason": "this version is on trial"}
     from thermostat import VERSION
     with open("update.pending.new", "w") as f:

@@ -439,8 +439,8 @@ class Thermostat:
                         self._publish(self.data_topic, self.telemetry(), 0)
                     except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
                         self._drop(e)
-                    if self.registered:  # its first telemetry: a version on trial stays
-                        self.accept()
+                    if self.registered and "fwboot" in sys.modules:  # this version is on trial (main.py's mark)
+                        self.accept()  # and reached its first telemetry: it stays
             self.mem_peak = max(self.mem_peak, gc.mem_alloc())
             gc.collect()
             now = time.ticks_ms()
@@ -451,13 +451,11 @@ class Thermostat:
             now = time.ticks_ms()
 
     def accept(self) -> None:
-        """If this version is on trial, tell fwboot it passed. fwboot is not loaded during the trial (its
-        heap is the app's; fwboot.start left None under `fwboot.trial` as the mark, a name of over 10
-        characters: a string, not a qstr, and written once here): imported now, it unloads itself, and
+        """Tell fwboot this version passed its trial. fwboot is not loaded during the trial (its heap is
+        the app's; main.py leaves None in its place as the mark): imported now, it unloads itself, and
         no frame of the main loop keeps a reference to it. An update asked for during the trial
         (ota.py waits for this) is made now."""
-        if sys.modules.pop("fwboot.trial", self):  # the mark is None: anything else, not on trial
-            return
+        del sys.modules["fwboot"]
         import fwboot
         fwboot.accept()
         if self.update:
