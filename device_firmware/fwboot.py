@@ -22,10 +22,9 @@ the thermostat reports and heeds (ota.py); an accepted version removes the recor
 Heap: every name here is a qstr for the whole run, so the functions are few and named with words
 MicroPython already knows (read, write, start, reset, accept; `back` is the one more), and temporary
 file names are over 10 characters (strings, not qstrs). The module is not kept loaded, not even on
-trial: `start()` removes it from sys.modules and, on trial, leaves None under its name as the app's
-sign that the version is on trial; the app imports this module again to `accept()`. Going back
-to the deployed version also puts back its plain main.py, so that board boots as one never updated,
-without this module's names.
+trial: main.py leaves None under its name in sys.modules as the app's sign that the version is on
+trial, and the app imports it again to `accept()`. Going back to the deployed version also puts back
+its plain main.py, so that board boots as one never updated, without this module's names.
 """
 
 import json
@@ -72,9 +71,8 @@ def back(value, reason) -> list:
     return value
 
 
-def start() -> None:
-    """Put the version to boot first on sys.path and unload this module, leaving None in its place
-    if the version is on trial (the app's sign)."""
+def start() -> bool:
+    """Put the version to boot first on sys.path; True if it is on trial."""
     value = read()
     if value[2] is not None:
         if value[2] >= _MAX_TRIAL_BOOTS:
@@ -88,12 +86,7 @@ def start() -> None:
             sys.path.insert(0, "firmware/%s" % value[0])
         except OSError:
             print("firmware %s is missing, booting the deployed version" % value[0])
-    # Unloaded before the app starts (main.py collects next); on trial None stays under its name as
-    # the app's mark (the same mark for applications of every version: this module is never updated).
-    if value[2] is None:
-        del sys.modules["fwboot"]
-    else:
-        sys.modules["fwboot"] = None
+    return value[2] is not None
 
 
 def reset(e) -> None:
@@ -114,7 +107,7 @@ def reset(e) -> None:
 
 def accept() -> None:
     """The version on trial reached its first telemetry: it stays (the app calls this once, after
-    importing this module again in place of start()'s mark). This module is unloaded: nothing more
+    importing this module again in place of main.py's mark). This module is unloaded: nothing more
     to do until the next boot."""
     del sys.modules["fwboot"]
     value = read()
@@ -125,4 +118,4 @@ def accept() -> None:
             os.remove("update.json")
         except OSError:
             pass
-        print("firmware %s accepted" % (value[0] or "(the deployed one)"))
+        print("firmware %s accepted" % (value[0] or "(deployed)"))

@@ -45,19 +45,22 @@ from mqtt5_codec import CONTENT_TYPE, CORRELATION_DATA, RESPONSE_TOPIC, MQTTProt
 # main.py once an update is installed: fwboot picks the version (the deployed one's main.py only imports
 # app, so a board that was never updated pays nothing for this). Written at the first switch.
 MAIN_PY = """# Written by ota_updater.py: fwboot picks the firmware version (firmware.txt) and rolls back one on trial.
-# Heap: this code lives for the whole run, its frame too. Module names are imported by __import__, not
-# bound (each global grows this module's dict), and no line needs more than 3 stack slots: a deeper
-# frame is allocated on the heap instead of the C stack (measured 224 B, for good).
+import gc
+import sys
 import fwboot
-fwboot.start()  # it unloads itself (None stays as the mark on trial); the name is deleted, so nothing keeps it
+
+if fwboot.start():  # on trial: None marks it for the app, which imports fwboot again to accept the version
+    sys.modules["fwboot"] = None
+else:
+    del sys.modules["fwboot"]
 del fwboot
-__import__("gc").collect()  # before the app: what fwboot left is gone, not pinned under the app's first objects
+gc.collect()  # before the app: what fwboot left is gone, not pinned under the app's first objects
 try:
-    import app
+    import app  # noqa: F401
 except Exception as e:
-    if "fwboot" in __import__("sys").modules:  # the mark, on trial
-        del __import__("sys").modules["fwboot"]
-    __import__("fwboot").reset(e)
+    sys.modules.pop("fwboot", None)
+    import fwboot
+    fwboot.reset(e)
 """
 
 REQUEST_TOPIC = "firmware/v1/command/chunk"
