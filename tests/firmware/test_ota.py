@@ -122,10 +122,20 @@ def test_an_updated_board_updates_again_within_the_64k_heap(gateway, boards, bun
     assert board.pointer() == "0.3.0 0.2.0 - -"  # 0.2.0 is the way back now
     assert sorted(p.name for p in (board.flash / "firmware").iterdir()) == ["0.2.0", "0.3.0"]
     data = telemetry_while(peer, "t-twice", lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
-    print("heap on an updated board after registration:", data["mem_free"], data["mem_largest"])
-    assert data["mem_free"] >= 15 * 1024 and data["mem_largest"] >= 4 * 1024, data
-    assert "MemoryError" not in board.output() and "Traceback" not in board.output(), board.output()
     assert board.boots == 5  # updater, 0.2.0, updater, 0.3.0 after the first boot
+    # And as the board boots from now on: 0.3.0 accepted, fwboot's main.py, no trial.
+    board.power_cycle()
+    mark, _ = board.expect(r"^<boot 6>$")
+    board.expect(r"^registered t-twice\\setPoint$", after=mark, timeout=30)
+    later = telemetry_while(peer, "t-twice", lambda d: d["registered"] and d["ts_ms"] > data["ts_ms"] + 2000)
+    steady = [d for d in later if d["registered"] and d["ts_ms"] > data["ts_ms"]]
+    print("heap on an updated board after registration (on trial; after a reboot):", data["mem_free"],
+          data["mem_largest"], [(d["mem_free"], d["mem_largest"]) for d in steady])
+    # Measured 15,392 B on trial, 15,744 B after the reboot: the 16 KB is not reached on an updated
+    # board (docs/firmware.md, OTA, Heap, says where the rest goes and what was tried).
+    assert data["mem_free"] >= 15 * 1024 and data["mem_largest"] >= 4 * 1024, data
+    assert min(d["mem_free"] for d in steady) >= 15 * 1024 and min(d["mem_largest"] for d in steady) >= 4 * 1024
+    assert "MemoryError" not in board.output() and "Traceback" not in board.output(), board.output()
 
 
 def test_a_version_wanted_while_the_new_one_is_on_trial_is_installed_once_it_is_accepted(gateway, boards, bundles):
