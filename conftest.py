@@ -70,6 +70,7 @@ UNIT_MODULES = frozenset(
         "tests/hardware/test_at.py",
         "tests/test_atomic_file.py",
         "tests/test_backoff.py",
+        "tests/test_campaigns.py",
         "tests/test_prometheus.py",
         "tests/hardware/test_config.py",
         "tests/hardware/test_factory_reset.py",

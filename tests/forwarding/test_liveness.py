@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.forwarding.liveness import DEAD_AFTER, RECENT_STEPS, Liveness
 from appliance.forwarding.window import LinkEstimate
+from tests.support.campaigns import campaign
 
 KEEPALIVE = 1.0
 
@@ -101,7 +102,7 @@ _EVENTS = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(_EVENTS)
 def test_any_timing_keeps_the_rule_bounded_and_never_judges_a_link_that_just_made_progress(
     events: list[tuple[float, bool, int | None, bool, float]],

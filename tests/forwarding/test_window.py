@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.forwarding.window import LinkEstimate
+from tests.support.campaigns import campaign
 
 
 def feed(estimate: LinkEstimate, rate: float, fixed: float, size: int, batches: int) -> None:
@@ -225,7 +226,7 @@ def test_a_late_ack_shrinks_the_window_at_once_when_the_link_drops() -> None:
     assert estimate.window().messages == 2
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(st.lists(st.tuples(st.lists(st.integers(1, 70_000), min_size=1, max_size=20), st.floats(0, 100), st.booleans(),
                           st.sampled_from(["record", "progress", "reconnect", "round_trip"])), max_size=40))
 def test_any_acknowledgement_timing_keeps_the_window_within_its_bounds(events: list[tuple[list[int], float, bool, str]]) -> None:

@@ -1,0 +1,26 @@
+"""Every property campaign with a count of its own takes it through `tests.support.campaigns.campaign`.
+
+A bare ``settings(max_examples=...)`` outranks the ``check`` profile, so one such campaign in the unit layer
+runs in full under ``make check`` and slows the inner loop for everyone; this keeps them out.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BARE_COUNT = re.compile(r"(^\s*@|=\s*)settings\([^)]*max_examples\s*=")
+#: The firmware's live campaigns run in the process layer and size themselves per test.
+EXEMPT = {"tests/firmware/test_hostile_values.py"}
+
+
+def test_campaign_counts_go_through_campaign() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if path.relative_to(ROOT).as_posix() not in EXEMPT
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if BARE_COUNT.search(line)
+    ]
+    assert not offenders, offenders
