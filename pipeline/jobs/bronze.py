@@ -3,12 +3,15 @@
 The JSON landing zone is what the ingest can make durable line by line (append, fsync, then PUBACK); it
 is the wrong thing to read on every run of every job, because parsing the lines - the envelope, then the
 payload inside it - was most of Spark's time. So ``compact`` moves sealed landing files into this table
-with a Structured Streaming query (``availableNow`` in ``pipeline compact`` and before ``batch``;
+with Structured Streaming queries (``availableNow`` in ``pipeline compact`` and before ``batch``;
 continuous beside ``stream``), and every job reads the table, never the JSON:
 
-    BRONZE/kind={events,metrics,quarantine}/date=YYYY-MM-DD/part-*.parquet
-    BRONZE/_spark_metadata/   the file sink's commit log: the files that are the table
-    BRONZE/_checkpoint/       the query's offsets and source log: the landing files already read
+    BRONZE/<kind>/date=YYYY-MM-DD/part-*.parquet   kind: events, metrics, quarantine
+    BRONZE/<kind>/_spark_metadata/   the file sink's commit log: the files that are the table
+    BRONZE/<kind>/_checkpoint/       the query's offsets and source log: the landing files already read
+
+A table and a query per kind, each with its own log, so a job reads only the kinds it needs and a
+streaming job's micro-batch of N bronze files is N landing files of its kind, as it was of the JSON.
 
 A row per landing line, blank lines aside. A landing record's fields as they were (``schemas.LANDING``),
 plus what the jobs would otherwise parse again on every read: the telemetry payload's fields
@@ -23,10 +26,10 @@ Lines are read as text and parsed with ``from_json``: every line is exactly one 
 line that is not a record, where Spark's JSON source would make it its elements, or nothing for ``[]``.
 Reading that way cost three times the JSON source when every run did it; here it is paid once per line.
 
-Exactly once: the query's checkpoint records which landing files each micro-batch took before it runs,
+Exactly once: each query's checkpoint records which landing files each micro-batch took before it runs,
 and the Parquet sink lists a micro-batch's files in ``_spark_metadata`` only when all are written. A
 compaction killed at any point starts again from its last committed micro-batch; files a killed attempt
-wrote are in no log, and readers that go through the log (``read``: Spark reading the table's root) never
+wrote are in no log, and readers that go through the log (``read``: Spark reading a table's root) never
 see them. The checkpoint lives inside the table: deleting the table deletes the record of what it read,
 so the next compaction reads the landing zone again from the start instead of skipping it.
 """
@@ -51,9 +54,8 @@ CORRUPT_LINE = "_corrupt_line"
 LANDING_READ = T.StructType(LANDING.fields + [T.StructField(CORRUPT_LINE, T.StringType())])
 NOT_A_RECORD = "landing line is not a JSON record (cut short?)"
 NO_RECEIVE_TIME = "landing record has no received_ms"
-PARTITIONS = ("kind", "date")
+PARTITION = "date"
 CHECKPOINT = "_checkpoint"
-QUERY_NAME = "bronze"
 
 SCHEMA = T.StructType(
     LANDING.fields
@@ -125,48 +127,66 @@ def landing_lines(text: DataFrame, kind: str) -> DataFrame:
     }).drop("line")
 
 
+def table(bronze: str, kind: str) -> str:
+    """The folder of one kind's table."""
+    return f"{str(bronze).rstrip('/')}/{kind}"
+
+
 def start_compaction(spark: SparkSession, landing: str, bronze: str, options: StreamOptions | None = None,
-                     once: bool = True, trigger_seconds: float = 60.0) -> StreamingQuery:
-    """The compaction query, started: ``once`` takes what has landed and stops, else it runs every
-    ``trigger_seconds``."""
+                     once: bool = True, trigger_seconds: float = 60.0) -> list[StreamingQuery]:
+    """The compaction queries, one per kind, started: ``once`` takes what has landed and stops, else each
+    runs every ``trigger_seconds``."""
     options = options or StreamOptions()
-    _make_dir(spark, bronze)
+    queries = []
     for kind in KINDS:
         _make_dir(spark, f"{str(landing).rstrip('/')}/{kind}")
-    lines = [parse_payloads(_landing_lines(spark, landing, kind, options)) for kind in KINDS]
-    union = lines[0].unionByName(lines[1]).unionByName(lines[2])
-    writer = (
-        union.select(*SCHEMA.fieldNames()).writeStream.queryName(QUERY_NAME).format("parquet").outputMode("append")
-        .partitionBy(*PARTITIONS).option("checkpointLocation", f"{str(bronze).rstrip('/')}/{CHECKPOINT}")
-    )
-    writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{trigger_seconds} seconds")
-    return writer.start(bronze)
+        lines = parse_payloads(_landing_lines(spark, landing, kind, options)).select(*SCHEMA.fieldNames())
+        if options.max_files_per_trigger:  # a streaming job's paced input: one ordered file per date (``read``)
+            lines = lines.coalesce(1)
+        writer = (
+            lines.writeStream.queryName(f"bronze-{kind}").format("parquet").outputMode("append")
+            .partitionBy(PARTITION).option("checkpointLocation", f"{table(bronze, kind)}/{CHECKPOINT}")
+        )
+        writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{trigger_seconds} seconds")
+        queries.append(writer.start(table(bronze, kind)))
+    return queries
 
 
 def compact(spark: SparkSession, landing: str, bronze: str, options: StreamOptions | None = None) -> Compacted:
-    """Move every sealed landing file not compacted yet into the table, then return (``availableNow``)."""
-    query = start_compaction(spark, landing, bronze, options, once=True)
-    query.awaitTermination()
-    rows = sum(progress.get("numInputRows", 0) or 0 for progress in query.recentProgress)
-    return Compacted(rows, sum(1 for progress in query.recentProgress if progress.get("numInputRows")))
+    """Move every sealed landing file not compacted yet into the tables, then return (``availableNow``)."""
+    queries = start_compaction(spark, landing, bronze, options, once=True)
+    for query in queries:
+        query.awaitTermination()
+    done = [progress for query in queries for progress in query.recentProgress]
+    return Compacted(sum(progress.get("numInputRows", 0) or 0 for progress in done),
+                     sum(1 for progress in done if progress.get("numInputRows")))
 
 
 def read(spark: SparkSession, bronze: str, kind: str | None = None, dates: list[str] | None = None,
          stream: StreamOptions | None = None) -> DataFrame:
-    """The table (one ``kind``, some receive ``dates``), as the jobs read it: from the table's root, so
-    through the sink's log. ``stream``: as a streaming source of the files compaction commits."""
-    _make_dir(spark, bronze)
+    """One ``kind``'s table (all three: None), some receive ``dates`` of it, as the jobs read it: from the
+    table's root, so through the sink's log. ``stream``: as a streaming source of the files compaction
+    commits, in commit order.
+
+    A streaming micro-batch must never take part of a compaction micro-batch and leave the rest for later:
+    the files of one are in no particular order, and a key's newer rows read before its older ones would
+    make those late. Unpaced, a micro-batch takes every committed file (whole compaction micro-batches).
+    Paced (``max_files_per_trigger``), compaction writes each micro-batch as one file per date, in date
+    order, and a micro-batch here takes one file: the same landing files, as far as they are of one date."""
+    if kind is None:
+        kinds = [read(spark, bronze, each, dates, stream) for each in KINDS]
+        return kinds[0].unionByName(kinds[1]).unionByName(kinds[2])
+    path = table(bronze, kind)
+    _make_dir(spark, path)
     if stream is None:
-        frame = spark.read.schema(SCHEMA).parquet(bronze)
+        frame = spark.read.schema(SCHEMA).parquet(path)
     else:
         reader = spark.readStream.schema(SCHEMA)
         if stream.max_files_per_trigger:
-            reader = reader.option("maxFilesPerTrigger", stream.max_files_per_trigger)
-        frame = reader.parquet(bronze)
-    if kind is not None:
-        frame = frame.where(F.col("kind") == kind)
+            reader = reader.option("maxFilesPerTrigger", 1)
+        frame = reader.parquet(path)
     if dates is not None:
-        frame = frame.where(F.col("date").isin(dates))
+        frame = frame.where(F.col(PARTITION).isin(dates))
     return with_times(frame)
 
 

@@ -39,7 +39,7 @@ def build(spark: SparkSession, settings: JobSettings, options: StreamOptions) ->
     def readings() -> DataFrame:
         return telemetry.readings(telemetry.parse(records(rows(EVENTS))))
 
-    every = bronze.read(spark, settings.bronze_path, stream=options)  # the quarantine query's one source
+    every = bronze.read(spark, settings.bronze_path, stream=options)  # the quarantine query's: every kind
     rejected = [  # one row per rejected message, whichever micro-batch brings its copies
         telemetry.parse(records(every.where(F.col("kind") == EVENTS))).where("reason is not null").withColumns(
             {"stage": F.lit("telemetry"), REJECT_KEY: F.concat(F.lit("telemetry:"), F.col("message_id"))}),
@@ -64,8 +64,8 @@ def start(spark: SparkSession, settings: JobSettings, checkpoint: str, options: 
           once: bool = False, trigger_seconds: float = 60.0) -> list[StreamingQuery]:
     """The output queries over the bronze table; unless ``once``, the compaction that feeds it runs beside
     them (``once``: ``run_stream`` compacts first)."""
-    queries = [] if once else [bronze.start_compaction(spark, settings.landing, settings.bronze_path, options,
-                                                       once=False, trigger_seconds=trigger_seconds)]
+    queries = [] if once else bronze.start_compaction(spark, settings.landing, settings.bronze_path, options,
+                                                      once=False, trigger_seconds=trigger_seconds)
     for name, frame in build(spark, settings, options).items():
         writer = (
             frame.writeStream.queryName(name)

@@ -53,7 +53,8 @@ def test_each_landing_file_is_compacted_once_with_its_payload_parsed(spark, tmp_
     rows = bronze_rows(spark, table)
     assert len(rows) == len(landing_lines(landing)) == 9
     assert rows["message_id"].is_unique
-    assert sorted(p.name for p in table.iterdir()) == ["_checkpoint", "_spark_metadata", "kind=events", "kind=metrics"]
+    assert sorted(p.name for p in table.iterdir()) == ["events", "metrics", "quarantine"]
+    assert sorted(p.name for p in (table / "events").iterdir()) == ["_checkpoint", "_spark_metadata", "date=2026-01-01"]
     typed = bronze.read(spark, str(table), EVENTS).where("message_id = 'gw1:3'").first()
     assert (typed.t_temperature, typed.t_set_point, typed.t_heater, typed.t_device, typed.reason) == (
         20.2, 21.0, True, "t1", None)
@@ -124,8 +125,8 @@ def test_a_compaction_killed_mid_run_and_restarted_compacts_each_line_exactly_on
     command = [sys.executable, "-m", "pipeline", "compact", "--landing", str(landing), "--bronze", str(table),
                "--master", "local[1]", "--max-files-per-trigger", "1"]
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    commits = table / "_checkpoint" / "commits"
-    offsets = table / "_checkpoint" / "offsets"
+    commits = table / "events" / "_checkpoint" / "commits"
+    offsets = table / "events" / "_checkpoint" / "offsets"
 
     def planned(batch: int) -> bool:
         return (offsets / str(batch)).exists()
