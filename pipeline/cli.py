@@ -116,7 +116,7 @@ def cmd_package(args: argparse.Namespace) -> int:
     from pipeline.package import build_package
 
     archive, launcher = build_package(args.out)
-    print(f"spark-submit --py-files {archive} {launcher} batch|stream ...")
+    print(f"spark-submit --py-files {archive} {launcher} compact|batch|stream ...")
     return 0
 
 
