@@ -23,7 +23,7 @@ from pathlib import Path
 PACKAGE_ROOT = Path(__file__).resolve().parent
 ZIP_NAME = "pipeline.zip"
 LAUNCHER_NAME = "run_pipeline.py"
-LAUNCHER = '''"""spark-submit [options] --py-files pipeline.zip run_pipeline.py batch|stream ... (docs/pipeline.md)."""
+LAUNCHER = '''"""spark-submit [options] --py-files pipeline.zip run_pipeline.py compact|batch|stream ... (docs/pipeline.md)."""
 
 import sys
 

@@ -1,4 +1,5 @@
-"""The batch job: every output recomputed from the landing zone (and the HIL timelines, if given).
+"""The batch job: every output recomputed from the bronze table (and the HIL timelines, if given), after
+compacting what has landed since the last run into it (``bronze.py``).
 
 Batch has no watermark: late rows count in the window they belong to, so a batch run restates what the
 streaming job dropped as too late. Outputs are partitioned by ``date``. A run over the whole zone
@@ -17,23 +18,30 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.jobs import delivery, hil, rollups, setpoints, telemetry
+from pipeline.jobs import bronze, delivery, hil, rollups, setpoints, telemetry
 from pipeline.jobs.dedup import first_copies, first_rejects
 from pipeline.jobs.output import write_output
 from pipeline.jobs.settings import JobSettings
-from pipeline.jobs.source import bad_lines, read_hil, read_landing, records
+from pipeline.jobs.source import bad_lines, read_hil, records
 from pipeline.records import EVENTS, METRICS, QUARANTINE
 
 
-def build(spark: SparkSession, settings: JobSettings) -> dict[str, DataFrame]:
-    """The output DataFrames, not yet written (the benchmark and the tests use this too).
+def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], None] = lambda _: None
+          ) -> dict[str, DataFrame]:
+    """The output DataFrames, not yet written (the benchmark and the tests use this too), after compacting
+    what has landed since the last run into the bronze table, which they read (unless
+    ``settings.compact`` is false: something else keeps the table up to date).
 
-    The deduplicated readings feed two outputs and cost a JSON parse of every payload and a shuffle to
-    get there, so they are cached (a few numeric columns; ``run_batch`` drops the cache when done).
-    Re-reading the landing files is cheaper than caching them whole, payloads and all.
+    The deduplicated readings feed two outputs and cost a shuffle to get there, so they are cached (a few
+    numeric columns; ``run_batch`` drops the cache when done).
     """
+    if settings.compact:
+        started = time.monotonic()
+        compacted = bronze.compact(spark, settings.landing, settings.bronze_path)
+        progress(f"[bronze] {compacted.input_rows} new landing lines -> {settings.bronze_path} "
+                 f"in {time.monotonic() - started:.1f}s")
     dates = settings.read_dates() if settings.ranged else None
-    lines = {kind: read_landing(spark, settings.landing, kind, dates=dates) for kind in (EVENTS, METRICS, QUARANTINE)}
+    lines = {kind: bronze.read(spark, settings.bronze_path, kind, dates=dates) for kind in (EVENTS, METRICS, QUARANTINE)}
     events = records(lines[EVENTS])
     parsed = telemetry.parse(events)
     readings = first_copies(telemetry.readings(parsed))
@@ -68,8 +76,8 @@ def build(spark: SparkSession, settings: JobSettings) -> dict[str, DataFrame]:
 
 
 def run_batch(spark: SparkSession, settings: JobSettings, progress: Callable[[str], None] = print) -> dict[str, int]:
-    """Write every output; returns the row count of each."""
-    outputs = build(spark, settings)
+    """Write every output (compaction first, see ``build``); returns the row count of each."""
+    outputs = build(spark, settings, progress)
     counts = {}
     for number, (name, frame) in enumerate(outputs.items(), start=1):
         started = time.monotonic()

@@ -27,13 +27,22 @@ _FIELD_REASONS = [
 ]
 
 
-def parse(events: DataFrame) -> DataFrame:
-    """Telemetry events with the parsed fields and ``reason`` (null for a valid reading)."""
-    data = events.where(F.col("output") == TELEMETRY_OUTPUT)
-    parsed = data.withColumn("t", F.from_json("payload", TELEMETRY_PARSE, {"columnNameOfCorruptRecord": CORRUPT}))
-    return parsed.withColumn("reason", _reason(F.col("t"))).select(
+def annotate(rows: DataFrame, is_telemetry: Column | None = None) -> DataFrame:
+    """``rows`` with the telemetry payload's fields (``t_<field>``) and ``reason`` (null for a valid
+    reading) on the telemetry events; other rows keep their ``reason`` and get null fields.
+
+    Compaction runs it once per landing line (``bronze.parse_payloads``), so no job parses a payload."""
+    is_telemetry = F.col("output") == TELEMETRY_OUTPUT if is_telemetry is None else is_telemetry
+    parsed = rows.withColumn("t", F.when(is_telemetry, F.from_json(
+        "payload", TELEMETRY_PARSE, {"columnNameOfCorruptRecord": CORRUPT})))
+    return parsed.withColumn("reason", F.when(is_telemetry, _reason(F.col("t"))).otherwise(F.col("reason"))).select(
         "*", *[F.col(f"t.{field.name}").alias(f"t_{field.name}") for field in TELEMETRY.fields]
     ).drop("t")
+
+
+def parse(events: DataFrame) -> DataFrame:
+    """The telemetry events of bronze rows (``annotate``d already), ``reason`` null for a valid reading."""
+    return events.where(F.col("output") == TELEMETRY_OUTPUT)
 
 
 def _reason(t: Column) -> Column:

@@ -106,6 +106,7 @@ def expected_closed(name: str, frame: pd.DataFrame, progress: dict) -> pd.DataFr
     return frame
 
 
+@pytest.mark.timeout(600)  # one landing file per trigger: ~100 compaction and ~50x5 output micro-batches, 2-5 min
 @pytest.mark.parametrize("files_per_trigger", [1, 5, None])
 def test_cron_style_runs_agree_with_batch_and_duckdb_on_every_closed_window(spark, tmp_path, files_per_trigger):
     messages = two_days()
