@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipeline.jobs import delivery, hil, rollups, setpoints, telemetry
-from pipeline.jobs.dedup import first_copies, first_rejects
+from pipeline.jobs.dedup import first_rejects, mark_first_copies
 from pipeline.jobs.output import write_output
 from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import bad_lines, read_hil, read_landing, records
@@ -28,23 +28,20 @@ from pipeline.records import EVENTS, METRICS, QUARANTINE
 def build(spark: SparkSession, settings: JobSettings) -> dict[str, DataFrame]:
     """The output DataFrames, not yet written (the benchmark and the tests use this too).
 
-    The deduplicated readings feed two outputs and cost a JSON parse of every payload and a shuffle to
-    get there, so they are cached (a few numeric columns; ``run_batch`` drops the cache when done).
-    Re-reading the landing files is cheaper than caching them whole, payloads and all.
+    The events are read, parsed and deduplicated once for every output (``first_events``); what more than
+    one output reads is cached: those events, and the latency and queue counters (``sla`` joins them).
     """
     dates = settings.read_dates() if settings.ranged else None
     lines = {kind: read_landing(spark, settings.landing, kind, dates=dates) for kind in (EVENTS, METRICS, QUARANTINE)}
-    events = records(lines[EVENTS])
-    parsed = telemetry.parse(events)
-    readings = first_copies(telemetry.readings(parsed))
-    readings = readings.persist(StorageLevel.MEMORY_AND_DISK)
-    rejects = first_copies(parsed.where("reason is not null"))
+    events = first_events(lines[EVENTS])
+    readings = telemetry.readings(events.where(F.col(READING)))
     ingest_rejects = first_rejects(records(lines[QUARANTINE]))
-    latency = delivery.latency(first_copies(events), settings.window)
+    latency = delivery.latency(events.where(F.col(EVENT)), settings.window).persist(StorageLevel.MEMORY_AND_DISK)
     counters = delivery.queue_counters(
         delivery.queue_samples(records(lines[METRICS])), settings.window
-    )
-    unreadable = [telemetry.as_quarantine(bad_lines(frame), "landing") for frame in lines.values()]
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    unreadable = [telemetry.as_quarantine(bad_lines(frame), "landing")
+                  for frame in (events, lines[METRICS], lines[QUARANTINE])]
     outputs = {
         "rollups": rollups.rollups(readings, settings.window),
         "setpoint_changes": setpoints.changes(readings),
@@ -53,8 +50,8 @@ def build(spark: SparkSession, settings: JobSettings) -> dict[str, DataFrame]:
         "sla": delivery.sla(latency, counters, settings.upstream_endpoint),
         "quarantine": functools.reduce(
             DataFrame.unionByName,
-            [telemetry.as_quarantine(rejects, "telemetry"), telemetry.as_quarantine(ingest_rejects, "ingest"),
-             *unreadable],
+            [telemetry.as_quarantine(events.where(F.col(REJECT)), "telemetry"),
+             telemetry.as_quarantine(ingest_rejects, "ingest"), *unreadable],
         ),
     }
     if settings.ranged:
@@ -65,6 +62,35 @@ def build(spark: SparkSession, settings: JobSettings) -> dict[str, DataFrame]:
         outputs["hil_summary"] = hil.summary(timeline)
         outputs["hil_timeline"] = hil.timeline_per_second(timeline)
     return outputs
+
+
+# Which deduplicated copy an event row is (``first_events``).
+EVENT, READING, REJECT = "_first_event", "_first_reading", "_first_reject"
+_REJECT_COLUMNS = ("topic", "payload", "payload_base64")
+
+
+def first_events(lines: DataFrame) -> DataFrame:
+    """The event lines parsed once and deduplicated in one shuffle for every output, cached.
+
+    Three outputs deduplicate the events, each among its own rows (``dedup.first_copies``): delivery
+    latency among all events, rollups and the change log among the valid readings, the quarantine among
+    the telemetry rejects. ``mark_first_copies`` answers all three from one window by message id, so the
+    events cross the shuffle once, not three times, and the cache keeps only the rows some output takes
+    (plus the lines that are not records, for the quarantine), without the raw payload of a reading.
+    """
+    parsed = telemetry.annotate(lines)
+    record = F.col("landing_error").isNull()
+    telemetry_row = record & (F.col("output") == telemetry.TELEMETRY_OUTPUT)
+    reading, reject = telemetry_row & F.col("reason").isNull(), telemetry_row & F.col("reason").isNotNull()
+    slim = parsed.select(
+        "message_id", "gateway_id", "device_id", "priority", "enqueued_ms", "received_ms", "received_at",
+        "sent_ms", "landing_file", "landing_error", "reason", *[c for c in parsed.columns if c.startswith("t_")],
+        *[F.when(reject | ~record, F.col(name)).alias(name) for name in _REJECT_COLUMNS],
+        F.coalesce(reading, F.lit(False)).alias(READING), F.coalesce(reject, F.lit(False)).alias(REJECT),
+    )
+    marked = mark_first_copies(slim, {EVENT: record, READING: F.col(READING), REJECT: F.col(REJECT)})
+    kept = marked.where(F.col(EVENT) | F.col(READING) | F.col(REJECT) | ~record)
+    return kept.persist(StorageLevel.MEMORY_AND_DISK)
 
 
 def run_batch(spark: SparkSession, settings: JobSettings, progress: Callable[[str], None] = print) -> dict[str, int]:

@@ -29,9 +29,16 @@ _FIELD_REASONS = [
 
 def parse(events: DataFrame) -> DataFrame:
     """Telemetry events with the parsed fields and ``reason`` (null for a valid reading)."""
-    data = events.where(F.col("output") == TELEMETRY_OUTPUT)
-    parsed = data.withColumn("t", F.from_json("payload", TELEMETRY_PARSE, {"columnNameOfCorruptRecord": CORRUPT}))
-    return parsed.withColumn("reason", _reason(F.col("t"))).select(
+    return annotate(events).where(F.col("output") == TELEMETRY_OUTPUT)
+
+
+def annotate(events: DataFrame) -> DataFrame:
+    """Every event, telemetry ones with the parsed fields and ``reason`` as ``parse`` gives them, the others
+    with nulls: for a job that takes readings, rejects and all events from one pass over the events."""
+    is_telemetry = F.col("output") == TELEMETRY_OUTPUT
+    parsed = events.withColumn("t", F.when(is_telemetry, F.from_json(
+        "payload", TELEMETRY_PARSE, {"columnNameOfCorruptRecord": CORRUPT})))
+    return parsed.withColumn("reason", F.when(is_telemetry, _reason(F.col("t")))).select(
         "*", *[F.col(f"t.{field.name}").alias(f"t_{field.name}") for field in TELEMETRY.fields]
     ).drop("t")
 
