@@ -10,6 +10,7 @@ random queues (resets, repeated samples, absent counters).
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import re
 
@@ -19,6 +20,7 @@ import pytest
 from pipeline.jobs import delivery
 from pipeline.jobs.batch import build
 from pipeline.jobs.settings import JobSettings
+from pipeline.spark import local_cores, local_shuffle
 from tests.pipeline.pipeline_data import SAMPLE_LATENESS, T0
 
 PYTHON_OPERATORS = ("Python", "Pandas", "ArrowEval", "BatchEval")  # FlatMapGroupsInPandas, ArrowEvalPython, ...
@@ -128,3 +130,12 @@ def test_queue_counters_in_sql_equal_the_streaming_step(spark):
     want = want[compared].sort_values(keys).reset_index(drop=True)
     assert len(got) == len(want) > 100
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
+
+
+@pytest.mark.parametrize(("master", "cores"), [("local", 1), ("local[2]", 2), ("local[3,4]", 3), ("local[16]", 16)])
+def test_a_local_master_gets_four_shuffle_partitions_per_core_and_adaptive_coalescing(master, cores):
+    settings = local_shuffle(local_cores(master))
+    assert settings["spark.sql.shuffle.partitions"] == str(4 * cores)
+    assert settings["spark.sql.adaptive.enabled"] == "true"
+    assert settings["spark.sql.adaptive.coalescePartitions.parallelismFirst"] == "false"  # merge the small ones
+    assert local_cores("local[*]") == os.cpu_count()
