@@ -72,6 +72,14 @@ class OrderedFold:
 
     def stream(self, frame: DataFrame, lateness_ms: int) -> DataFrame:
         """Each key closes its rows by its own progress; ``frame`` needs no watermark."""
+        return frame.select(*self.keys, *self._read()).groupBy(*self.keys).applyInPandasWithState(
+            self.per_key(lateness_ms), self.output, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout
+        )
+
+    def per_key(self, lateness_ms: int):
+        """What ``stream`` runs for one key and one micro-batch: ``run(key, chunks, state)`` with a
+        ``GroupState`` (``exists``, ``get``, ``update``) of ``STATE_SCHEMA``; bench/stream_state.py runs it
+        under ``transformWithStateInPandas`` too."""
         columns = self._read()
 
         def run(key, chunks, state):
@@ -106,6 +114,4 @@ class OrderedFold:
             if output is not None and len(output):
                 yield output
 
-        return frame.select(*self.keys, *columns).groupBy(*self.keys).applyInPandasWithState(
-            run, self.output, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout
-        )
+        return run
