@@ -6,14 +6,18 @@
    redelivered duplicates, from --gateways gateways and --devices thermostats reporting once a minute.
 2. Runs, each in its own process so that its memory is measured alone (peak RSS of the process tree,
    sampled every 0.1 s; for Spark that is the Python driver, the JVM and the Python workers), on fresh
-   outputs:
-   * spark: the whole ``python -m pipeline batch --master local[2]`` command, end to end (JVM start,
-     every output written and counted), with the command's own defaults (driver memory, shuffle
-     partitions); its per-output times come from its progress lines;
-   * duckdb: the same deduplication, parsing, rollups, change log and latency percentiles in SQL over the
-     same files, written as Parquet (it does not validate readings nor write a quarantine).
-3. Prints wall time, records/s, peak memory, the load average during each run (the machine is shared),
-   the Spark/DuckDB ratios, and checks the two agree on the row counts of the three outputs both write.
+   outputs, one after the other:
+   * the whole ``python -m pipeline batch --master local[2]`` command on fresh data, end to end: JVM
+     start, compaction of every landing file into the bronze table (``LANDING/_bronze``), every output
+     written and counted, with the command's own defaults (driver memory, shuffle partitions);
+   * the same command with ``--no-compact`` once the bronze table exists (what a run costs when a cron
+     ``compact`` or the streaming job keeps the table up to date);
+   * DuckDB (2 threads): the same deduplication, rollups, change log and latency percentiles in SQL,
+     written as Parquet, once from the JSON landing files (parsing the payloads itself) and once from the
+     bronze table's Parquet. It does not validate readings nor write a quarantine.
+3. Prints wall time, records/s, peak memory and the load average during each run (the machine is
+   shared), the ratios, and checks that every run gives the same row counts for the three outputs all of
+   them write.
 
 See bench/RESULTS-pipeline.md.
 """
@@ -137,7 +141,21 @@ SELECT gateway_id, device_id, message_id,
        (payload ->> '$.heater')::BOOLEAN AS heater,
        (payload ->> '$.ts_ms')::BIGINT AS reading_ms
 FROM events WHERE output = 'data';
+"""
 
+# The same rows from the bronze table (compaction parsed the payloads): what the batch job reads once it exists.
+DUCKDB_BRONZE = """
+CREATE TEMP TABLE events AS
+SELECT * FROM read_parquet('{bronze}/kind=events/*/*.parquet')
+QUALIFY row_number() OVER (PARTITION BY message_id ORDER BY received_ms) = 1;
+
+CREATE TEMP TABLE readings AS
+SELECT gateway_id, device_id, message_id, t_temperature AS temperature, t_set_point AS set_point,
+       t_heater AS heater, t_ts_ms AS reading_ms
+FROM events WHERE output = 'data' AND reason IS NULL;
+"""
+
+DUCKDB_OUTPUTS = """
 COPY (
   SELECT gateway_id, device_id, time_bucket(INTERVAL 5 MINUTE, make_timestamp(reading_ms * 1000)) AS window_start,
          count(*) AS readings, min(temperature) AS temperature_min, avg(temperature) AS temperature_avg,
@@ -167,7 +185,8 @@ COPY (
 """
 
 
-def run_duckdb(work: Path, threads: int) -> dict:
+def run_duckdb(work: Path, threads: int, source: str) -> dict:
+    """``source``: ``json`` (the landing files) or ``bronze`` (the table a Spark run compacted)."""
     started = time.monotonic()
     import duckdb
 
@@ -176,7 +195,11 @@ def run_duckdb(work: Path, threads: int) -> dict:
     out.mkdir(parents=True)
     connection = duckdb.connect(config={"threads": threads})
     ready = time.monotonic()
-    connection.execute(DUCKDB_SQL.format(events=work / "landing" / "events" / "*" / "*" / "*.jsonl", out=out))
+    if source == "json":
+        connection.execute(DUCKDB_SQL.format(events=work / "landing" / "events" / "*" / "*" / "*.jsonl"))
+    else:
+        connection.execute(DUCKDB_BRONZE.format(bronze=work / "landing" / "_bronze"))
+    connection.execute(DUCKDB_OUTPUTS.format(out=out))
     counts = {
         name: connection.execute(f"SELECT count(*) FROM read_parquet('{out / name}/*/*.parquet')").fetchone()[0]
         for name in OUTPUTS
@@ -222,14 +245,15 @@ def main(argv=None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--workdir", help="keep data and outputs here (default: a temporary folder, removed)")
     parser.add_argument("--reuse-data", action="store_true", help="keep the landing zone already in --workdir")
-    parser.add_argument("--engine", choices=["duckdb"], help=argparse.SUPPRESS)  # child mode
+    parser.add_argument("--engine", choices=["duckdb-json", "duckdb-bronze"], help=argparse.SUPPRESS)  # child mode
     args = parser.parse_args(argv)
 
     if args.engine:  # child mode: DuckDB in its own process
-        print(json.dumps(run_duckdb(Path(args.workdir), threads=2)))
+        print(json.dumps(run_duckdb(Path(args.workdir), threads=2, source=args.engine.removeprefix("duckdb-"))))
         return 0
 
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    runs = []
     try:
         if not (work / "landing").is_dir() or not args.reuse_data:
             shutil.rmtree(work / "landing", ignore_errors=True)
@@ -237,30 +261,37 @@ def main(argv=None) -> int:
             size = generate(work / "landing", args.records, args.gateways, args.devices)
             print(f"generated {args.records:,} records ({size / 1e6:,.0f} MB of JSON lines) "
                   f"in {time.monotonic() - started:.0f}s", flush=True)
-        shutil.rmtree(work / "spark", ignore_errors=True)
-        spark_output, spark_peak, spark_wall, spark_load = measured(spark_command(work, args.master))
-        spark = spark_result(spark_output)
-        duck_output, duck_peak, duck_wall, duck_load = measured(
-            [sys.executable, __file__, "--workdir", str(work), "--engine", "duckdb"])
-        duck = json.loads(duck_output.strip().splitlines()[-1])
+        shutil.rmtree(work / "landing" / "_bronze", ignore_errors=True)  # fresh: nothing compacted yet
+        for name, command in [
+            ("spark: compact + batch, fresh", spark_command(work, args.master)),
+            ("spark: batch, bronze exists", [*spark_command(work, args.master), "--no-compact"]),
+            ("duckdb: JSON landing files", [sys.executable, __file__, "--workdir", str(work), "--engine", "duckdb-json"]),
+            ("duckdb: bronze Parquet", [sys.executable, __file__, "--workdir", str(work), "--engine", "duckdb-bronze"]),
+        ]:
+            shutil.rmtree(work / "spark", ignore_errors=True)
+            output, peak, wall, load = measured(command)
+            result = spark_result(output) if name.startswith("spark") else json.loads(output.strip().splitlines()[-1])
+            runs.append((name, wall, peak, load, result))
+            print(f"{name}: {wall:.1f}s, peak {peak / 2**20:,.0f} MB, load {load[0]:.1f}-{load[1]:.1f}", flush=True)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
 
     n = args.records
-    print(f"\n{'engine':<34}{'wall s':>8}{'records/s':>12}{'peak MB':>9}{'load avg':>12}")
-    for name, wall, peak, load in [
-        (f"spark: pipeline batch {args.master}", spark_wall, spark_peak, spark_load),
-        ("duckdb (2 threads)", duck_wall, duck_peak, duck_load),
-    ]:
+    print(f"\n{'run':<34}{'wall s':>8}{'records/s':>12}{'peak MB':>9}{'load avg':>12}")
+    for name, wall, peak, load, _ in runs:
         print(f"{name:<34}{wall:>8.1f}{n / wall:>12,.0f}{peak / 2**20:>9,.0f}{load[0]:>6.1f}-{load[1]:<5.1f}")
-    print("spark seconds per output:", json.dumps(spark["seconds"]))
-    print(f"duckdb: {duck['job_s']:.1f}s of SQL, {duck['startup_s']:.1f}s to start")
-    print(f"spark/duckdb: wall time x{spark_wall / duck_wall:.1f}, peak memory x{spark_peak / duck_peak:.1f}")
-    shared = {name: spark["counts"].get(name) for name in OUTPUTS}
-    print("output rows:", json.dumps(shared), "(spark)", json.dumps(duck["counts"]), "(duckdb)")
-    if shared != duck["counts"]:
-        print("WARNING: the engines disagree on output row counts", file=sys.stderr)
+    for name, _, _, _, result in runs:
+        detail = result["seconds"] if "seconds" in result else {"sql": round(result["job_s"], 1),
+                                                                 "start": round(result["startup_s"], 1)}
+        print(f"{name} seconds:", json.dumps(detail))
+    walls = {name: wall for name, wall, *_ in runs}
+    print(f"spark batch with bronze / duckdb over bronze: x{walls['spark: batch, bronze exists'] / walls['duckdb: bronze Parquet']:.1f}; "
+          f"/ duckdb over JSON: x{walls['spark: batch, bronze exists'] / walls['duckdb: JSON landing files']:.1f}")
+    counts = [{name: result["counts"].get(name) for name in OUTPUTS} for *_, result in runs]
+    print("output rows:", json.dumps(counts[0]))
+    if any(count != counts[0] for count in counts):
+        print("WARNING: the runs disagree on output row counts:", counts, file=sys.stderr)
         return 1
     return 0
 

@@ -5,12 +5,13 @@
     .venv/bin/python bench/stream_state.py --records 200000
 
 Both run the one per-key function the job runs (``OrderedFold.per_key``: the set-point change log,
-thermostat by thermostat, with deduplication) over the same landing zone (bench/pipeline.py's generator),
-read by the same file source in ``--files-per-trigger`` micro-batches (``availableNow``), into a no-op
-sink; only the state API around the function differs. ``transformWithStateInPandas`` keeps the same state
-tuple in one ``ValueState`` (it needs the RocksDB state store, which is set for both runs so that the
-store is not the difference). Each variant runs in its own process, fresh checkpoint, ``--repeat`` times.
-Prints seconds per run and the output row counts, which must agree.
+thermostat by thermostat, with deduplication) over the same bronze table (bench/pipeline.py's generator,
+compacted once, one file per landing file), read as the streaming job reads it, in
+``--files-per-trigger`` micro-batches (``availableNow``), into a no-op sink; only the state API around
+the function differs. ``transformWithStateInPandas`` keeps the same state tuple in one ``ValueState``
+(it needs the RocksDB state store, which is set for both runs so that the store is not the difference).
+Each variant runs in its own process, fresh checkpoint, ``--repeat`` times. Prints seconds per run and
+the output row counts, which must agree.
 """
 
 from __future__ import annotations
@@ -37,17 +38,22 @@ def run_variant(work: Path, variant: str, files_per_trigger: int) -> dict:
     import pandas as pd
     from pyspark.sql.streaming import StatefulProcessor
 
-    from pipeline.jobs import setpoints, telemetry
+    from pipeline.jobs import bronze, setpoints, telemetry
     from pipeline.jobs.ordered import STATE_SCHEMA
-    from pipeline.jobs.source import StreamOptions, read_landing, records
+    from pipeline.jobs.source import StreamOptions, records
+    from pipeline.records import EVENTS
     from pipeline.spark import session
 
     spark = session("local[2]", f"bench-state-{variant}", conf={
         "spark.ui.showConsoleProgress": "false", "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
     })
     spark.sparkContext.setLogLevel("ERROR")
-    readings = telemetry.readings(telemetry.parse(records(read_landing(
-        spark, str(work / "landing"), "events", StreamOptions(files_per_trigger)))))
+    if variant == "compact":  # the bronze table both variants read, one file per landing file and kind
+        bronze.compact(spark, str(work / "landing"), str(work / "bronze"), StreamOptions(1))
+        spark.stop()
+        return {}
+    readings = telemetry.readings(telemetry.parse(records(bronze.read(
+        spark, str(work / "bronze"), EVENTS, stream=StreamOptions(files_per_trigger)))))
     fold = setpoints.FOLD
     keyed = readings.select(*fold.keys, *fold._read()).groupBy(*fold.keys)
     run = fold.per_key(LATENESS_MS)
@@ -116,6 +122,8 @@ def main(argv=None) -> int:
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-state-"))
     if not (work / "landing").is_dir():
         generator.generate(work / "landing", args.records, 10, args.devices, chunk=args.records // 20)
+    if not (work / "bronze").is_dir():
+        subprocess.run([sys.executable, __file__, "--workdir", str(work), "--variant", "compact"], check=True, cwd=ROOT)
     results: dict[str, list[dict]] = {}
     for _ in range(args.repeat):
         for variant in ("applyInPandasWithState", "transformWithStateInPandas"):

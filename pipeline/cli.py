@@ -1,4 +1,4 @@
-"""Command line: ``python -m pipeline ingest | batch | stream | report``.
+"""Command line: ``python -m pipeline ingest | compact | batch | stream | report | package``.
 
 Each subcommand is a thin wrapper: it turns arguments into the settings object of the module that does
 the work, so the same work is reachable from tests and the benchmark without going through argv.
@@ -48,7 +48,8 @@ def _settings(args: argparse.Namespace):
     return JobSettings(
         landing=args.landing, out=args.out, window=args.window, lateness=args.lateness,
         upstream_endpoint=args.upstream_endpoint, hil=getattr(args, "hil", None),
-        received_from=received_from, received_to=received_to, late_days=args.late_days,
+        received_from=received_from, received_to=received_to, late_days=args.late_days, bronze=args.bronze,
+        compact=not getattr(args, "no_compact", False),
     )
 
 
@@ -64,6 +65,25 @@ def cmd_batch(args: argparse.Namespace) -> int:
     spark = _spark(args, "pipeline-batch")
     try:
         run_batch(spark, _settings(args))
+    finally:
+        spark.stop()
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    import time
+
+    from pipeline.jobs.bronze import compact
+    from pipeline.jobs.settings import default_bronze
+    from pipeline.jobs.source import StreamOptions
+
+    spark = _spark(args, "pipeline-compact")
+    try:
+        started = time.monotonic()
+        bronze = args.bronze or default_bronze(args.landing)
+        done = compact(spark, args.landing, bronze, StreamOptions(args.max_files_per_trigger))
+        print(f"bronze: {done.input_rows} new landing lines in {done.micro_batches} micro-batches -> {bronze} "
+              f"in {time.monotonic() - started:.1f}s")
     finally:
         spark.stop()
     return 0
@@ -100,11 +120,16 @@ def cmd_package(args: argparse.Namespace) -> int:
     return 0
 
 
-def _job_arguments(parser: argparse.ArgumentParser) -> None:
+def _spark_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--landing", required=True, help="landing zone folder or URI (what ingest writes)")
-    parser.add_argument("--out", required=True, help="folder or URI for the Parquet outputs")
+    parser.add_argument("--bronze", help="the bronze table, folder or URI (default LANDING/_bronze)")
     parser.add_argument("--master", help="Spark master (default local[*]; under spark-submit, its --master)")
     parser.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions (default 8 on local)")
+
+
+def _job_arguments(parser: argparse.ArgumentParser) -> None:
+    _spark_arguments(parser)
+    parser.add_argument("--out", required=True, help="folder or URI for the Parquet outputs")
     parser.add_argument("--window", default="5 minutes", help="window of rollups and SLA tables")
     parser.add_argument("--lateness", default="10 minutes",
                         help="streaming: how far behind its own key's latest event time a row may arrive")
@@ -146,9 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--roll-seconds", type=float, default=60, help="seal landing files this old")
     ingest.set_defaults(func=cmd_ingest)
 
-    batch = sub.add_parser("batch", help="recompute the outputs from the landing zone (all of it, or some days)")
+    compact = sub.add_parser("compact", help="move newly sealed landing files into the bronze table (Parquet)")
+    _spark_arguments(compact)
+    compact.add_argument("--max-files-per-trigger", type=int, help="landing files per micro-batch at most")
+    compact.set_defaults(func=cmd_compact)
+
+    batch = sub.add_parser("batch", help="compact, then recompute the outputs from the bronze table (all, or some days)")
     _job_arguments(batch)
     batch.add_argument("--hil", help="folder of HIL timelines (*.jsonl) to analyse")
+    batch.add_argument("--no-compact", action="store_true",
+                       help="read the bronze table as it is (a running stream or a cron compact keeps it up to date)")
     batch.add_argument("--from", dest="received_from", type=_date,
                        help="first receive date (YYYY-MM-DD) to process; default: the whole landing zone")
     batch.add_argument("--to", dest="received_to", type=_date, help="last receive date (default: --from)")

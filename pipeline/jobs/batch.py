@@ -1,4 +1,5 @@
-"""The batch job: every output recomputed from the landing zone (and the HIL timelines, if given).
+"""The batch job: every output recomputed from the bronze table (and the HIL timelines, if given), after
+compacting what has landed since the last run into it (``bronze.py``).
 
 Batch has no watermark: late rows count in the window they belong to, so a batch run restates what the
 streaming job dropped as too late. Outputs are partitioned by ``date``. A run over the whole zone
@@ -17,22 +18,30 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.jobs import delivery, hil, rollups, setpoints, telemetry
+from pipeline.jobs import bronze, delivery, hil, rollups, setpoints, telemetry
 from pipeline.jobs.dedup import first_rejects, mark_first_copies
 from pipeline.jobs.output import write_output
 from pipeline.jobs.settings import JobSettings
-from pipeline.jobs.source import bad_lines, read_hil, read_landing, records
+from pipeline.jobs.source import bad_lines, read_hil, records
 from pipeline.records import EVENTS, METRICS, QUARANTINE
 
 
-def build(spark: SparkSession, settings: JobSettings) -> dict[str, DataFrame]:
-    """The output DataFrames, not yet written (the benchmark and the tests use this too).
+def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], None] = lambda _: None
+          ) -> dict[str, DataFrame]:
+    """The output DataFrames, not yet written (the benchmark and the tests use this too), after compacting
+    what has landed since the last run into the bronze table, which they read (unless
+    ``settings.compact`` is false: something else keeps the table up to date).
 
-    The events are read, parsed and deduplicated once for every output (``first_events``); what more than
+    The events are read and deduplicated once for every output (``first_events``); what more than
     one output reads is cached: those events, and the latency and queue counters (``sla`` joins them).
     """
+    if settings.compact:
+        started = time.monotonic()
+        compacted = bronze.compact(spark, settings.landing, settings.bronze_path)
+        progress(f"[bronze] {compacted.input_rows} new landing lines -> {settings.bronze_path} "
+                 f"in {time.monotonic() - started:.1f}s")
     dates = settings.read_dates() if settings.ranged else None
-    lines = {kind: read_landing(spark, settings.landing, kind, dates=dates) for kind in (EVENTS, METRICS, QUARANTINE)}
+    lines = {kind: bronze.read(spark, settings.bronze_path, kind, dates=dates) for kind in (EVENTS, METRICS, QUARANTINE)}
     events = first_events(lines[EVENTS])
     readings = telemetry.readings(events.where(F.col(READING)))
     ingest_rejects = first_rejects(records(lines[QUARANTINE]))
@@ -70,7 +79,8 @@ _REJECT_COLUMNS = ("topic", "payload", "payload_base64")
 
 
 def first_events(lines: DataFrame) -> DataFrame:
-    """The event lines parsed once and deduplicated in one shuffle for every output, cached.
+    """The event rows of the bronze table (payloads parsed by compaction, ``telemetry.annotate``),
+    deduplicated in one shuffle for every output, cached.
 
     Three outputs deduplicate the events, each among its own rows (``dedup.first_copies``): delivery
     latency among all events, rollups and the change log among the valid readings, the quarantine among
@@ -78,7 +88,7 @@ def first_events(lines: DataFrame) -> DataFrame:
     events cross the shuffle once, not three times, and the cache keeps only the rows some output takes
     (plus the lines that are not records, for the quarantine), without the raw payload of a reading.
     """
-    parsed = telemetry.annotate(lines)
+    parsed = lines
     record = F.col("landing_error").isNull()
     telemetry_row = record & (F.col("output") == telemetry.TELEMETRY_OUTPUT)
     reading, reject = telemetry_row & F.col("reason").isNull(), telemetry_row & F.col("reason").isNotNull()
@@ -94,8 +104,8 @@ def first_events(lines: DataFrame) -> DataFrame:
 
 
 def run_batch(spark: SparkSession, settings: JobSettings, progress: Callable[[str], None] = print) -> dict[str, int]:
-    """Write every output; returns the row count of each."""
-    outputs = build(spark, settings)
+    """Write every output (compaction first, see ``build``); returns the row count of each."""
+    outputs = build(spark, settings, progress)
     counts = {}
     for number, (name, frame) in enumerate(outputs.items(), start=1):
         started = time.monotonic()

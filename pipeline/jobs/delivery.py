@@ -20,8 +20,8 @@ import pandas as pd
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from pipeline.jobs.bronze import METRICS_DOC
 from pipeline.jobs.ordered import OrderedFold
-from pipeline.jobs.schemas import METRICS
 
 COUNTERS = ("sent", "expired", "dropped", "retries", "dead_lettered")
 GAUGES = ("depth", "oldest_age_s")
@@ -102,8 +102,8 @@ def latency_stream(events: DataFrame, window: str, lateness_ms: int, remember_ms
 
 
 def queue_samples(metrics: DataFrame) -> DataFrame:
-    """One row per metrics message, endpoint and priority."""
-    doc = metrics.select(F.from_json("payload", METRICS).alias("m")).where(F.col("m.ts_ms").isNotNull())
+    """One row per metrics message, endpoint and priority (bronze rows: the payload is parsed already)."""
+    doc = metrics.select(F.col(METRICS_DOC).alias("m")).where(F.col("m.ts_ms").isNotNull())
     per_endpoint = doc.select("m.gateway_id", "m.ts_ms", F.explode("m.endpoints").alias("endpoint", "queues"))
     per_queue = per_endpoint.select(
         "gateway_id", "ts_ms", "endpoint", F.explode("queues").alias("priority", "q")

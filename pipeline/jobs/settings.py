@@ -6,6 +6,12 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 
 
+def default_bronze(landing: str) -> str:
+    """Where the bronze table goes unless told (``--bronze``): in the landing folder, where no landing glob
+    matches it (``_bronze``, not a kind) and every Spark host already reads."""
+    return f"{str(landing).rstrip('/')}/_bronze"
+
+
 @dataclass(frozen=True)
 class JobSettings:
     landing: str
@@ -18,9 +24,15 @@ class JobSettings:
     received_from: str | None = None
     received_to: str | None = None
     late_days: int = 1  # how many days after its event time a message may still be received
+    bronze: str | None = None  # the bronze table (bronze.py); None: default_bronze(landing)
+    compact: bool = True  # batch: compact new landing files into the bronze table before reading it
 
     def output(self, name: str) -> str:
         return f"{self.out.rstrip('/')}/{name}"
+
+    @property
+    def bronze_path(self) -> str:
+        return self.bronze or default_bronze(self.landing)
 
     @property
     def ranged(self) -> bool:

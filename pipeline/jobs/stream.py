@@ -13,17 +13,15 @@ join of two outputs (``delivery.sla``): join them when reading.
 
 from __future__ import annotations
 
-import functools
-
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from pipeline.jobs import delivery, rollups, setpoints, telemetry
+from pipeline.jobs import bronze, delivery, rollups, setpoints, telemetry
 from pipeline.jobs.dedup import QUARANTINE_COLUMNS, REJECT_KEY, first_rejects_stream, reject_key
 from pipeline.jobs.settings import JobSettings
-from pipeline.jobs.source import StreamOptions, bad_lines, read_landing, records
-from pipeline.records import EVENTS, KINDS, METRICS, QUARANTINE
+from pipeline.jobs.source import StreamOptions, bad_lines, records
+from pipeline.records import EVENTS, METRICS, QUARANTINE
 
 #: The default stream options, one shared value (StreamOptions is frozen).
 DEFAULT_OPTIONS = StreamOptions()
@@ -35,39 +33,39 @@ def build(spark: SparkSession, settings: JobSettings, options: StreamOptions) ->
     lateness_ms = delivery.parse_duration_ms(settings.lateness)
     remember_ms = max(settings.late_days * DAY_MS, lateness_ms)
 
-    def lines(kind: str) -> DataFrame:
-        return read_landing(spark, settings.landing, kind, options)
+    def rows(kind: str) -> DataFrame:
+        return bronze.read(spark, settings.bronze_path, kind, stream=options)
 
     def readings() -> DataFrame:
-        return telemetry.readings(telemetry.parse(records(lines(EVENTS))))
+        return telemetry.readings(telemetry.parse(records(rows(EVENTS))))
 
-    every = {kind: lines(kind) for kind in KINDS}  # the quarantine query's sources, each read once
+    every = bronze.read(spark, settings.bronze_path, stream=options)  # the quarantine query's one source
     rejected = [  # one row per rejected message, whichever micro-batch brings its copies
-        telemetry.parse(records(every[EVENTS])).where("reason is not null").withColumns(
+        telemetry.parse(records(every.where(F.col("kind") == EVENTS))).where("reason is not null").withColumns(
             {"stage": F.lit("telemetry"), REJECT_KEY: F.concat(F.lit("telemetry:"), F.col("message_id"))}),
-        records(every[QUARANTINE]).withColumns(
+        records(every.where(F.col("kind") == QUARANTINE)).withColumns(
             {"stage": F.lit("ingest"), REJECT_KEY: F.concat(F.lit("ingest:"), reject_key())}),
     ]
     columns = [*QUARANTINE_COLUMNS, REJECT_KEY, "landing_file", "sent_ms"]
     rejects = rejected[0].select(*columns).unionByName(rejected[1].select(*columns))
-    unreadable = [telemetry.as_quarantine(bad_lines(frame), "landing") for frame in every.values()]
+    unreadable = telemetry.as_quarantine(bad_lines(every), "landing")
     return {
         "rollups": rollups.rollups_stream(readings(), settings.window, lateness_ms),
         "setpoint_changes": setpoints.changes(readings(), lateness_ms),
-        "delivery_latency": delivery.latency_stream(records(lines(EVENTS)), settings.window, lateness_ms, remember_ms),
+        "delivery_latency": delivery.latency_stream(records(rows(EVENTS)), settings.window, lateness_ms, remember_ms),
         "queue_counters": delivery.queue_counters(
-            delivery.queue_samples(records(lines(METRICS))), settings.window, lateness_ms
+            delivery.queue_samples(records(rows(METRICS))), settings.window, lateness_ms
         ),
-        "quarantine": functools.reduce(
-            DataFrame.unionByName,
-            [first_rejects_stream(rejects, remember_ms), *unreadable],
-        ),
+        "quarantine": first_rejects_stream(rejects, remember_ms).unionByName(unreadable),
     }
 
 
 def start(spark: SparkSession, settings: JobSettings, checkpoint: str, options: StreamOptions = DEFAULT_OPTIONS,
           once: bool = False, trigger_seconds: float = 60.0) -> list[StreamingQuery]:
-    queries = []
+    """The output queries over the bronze table; unless ``once``, the compaction that feeds it runs beside
+    them (``once``: ``run_stream`` compacts first)."""
+    queries = [] if once else [bronze.start_compaction(spark, settings.landing, settings.bronze_path, options,
+                                                       once=False, trigger_seconds=trigger_seconds)]
     for name, frame in build(spark, settings, options).items():
         writer = (
             frame.writeStream.queryName(name)
@@ -84,6 +82,9 @@ def start(spark: SparkSession, settings: JobSettings, checkpoint: str, options: 
 def run_stream(spark: SparkSession, settings: JobSettings, checkpoint: str, options: StreamOptions = DEFAULT_OPTIONS,
                once: bool = False, trigger_seconds: float = 60.0, progress=print) -> None:
     """``once``: process what has landed and stop (``availableNow``); else run until a query fails."""
+    if once:
+        compacted = bronze.compact(spark, settings.landing, settings.bronze_path, options)
+        progress(f"bronze: {compacted.input_rows} input rows in {compacted.micro_batches} micro-batches")
     queries = start(spark, settings, checkpoint, options, once, trigger_seconds)
     if once:
         for query in queries:

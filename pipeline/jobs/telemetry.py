@@ -27,20 +27,22 @@ _FIELD_REASONS = [
 ]
 
 
-def parse(events: DataFrame) -> DataFrame:
-    """Telemetry events with the parsed fields and ``reason`` (null for a valid reading)."""
-    return annotate(events).where(F.col("output") == TELEMETRY_OUTPUT)
+def annotate(rows: DataFrame, is_telemetry: Column | None = None) -> DataFrame:
+    """``rows`` with the telemetry payload's fields (``t_<field>``) and ``reason`` (null for a valid
+    reading) on the telemetry events; other rows keep their ``reason`` and get null fields.
 
-
-def annotate(events: DataFrame) -> DataFrame:
-    """Every event, telemetry ones with the parsed fields and ``reason`` as ``parse`` gives them, the others
-    with nulls: for a job that takes readings, rejects and all events from one pass over the events."""
-    is_telemetry = F.col("output") == TELEMETRY_OUTPUT
-    parsed = events.withColumn("t", F.when(is_telemetry, F.from_json(
+    Compaction runs it once per landing line (``bronze.parse_payloads``), so no job parses a payload."""
+    is_telemetry = F.col("output") == TELEMETRY_OUTPUT if is_telemetry is None else is_telemetry
+    parsed = rows.withColumn("t", F.when(is_telemetry, F.from_json(
         "payload", TELEMETRY_PARSE, {"columnNameOfCorruptRecord": CORRUPT})))
-    return parsed.withColumn("reason", F.when(is_telemetry, _reason(F.col("t")))).select(
+    return parsed.withColumn("reason", F.when(is_telemetry, _reason(F.col("t"))).otherwise(F.col("reason"))).select(
         "*", *[F.col(f"t.{field.name}").alias(f"t_{field.name}") for field in TELEMETRY.fields]
     ).drop("t")
+
+
+def parse(events: DataFrame) -> DataFrame:
+    """The telemetry events of bronze rows (``annotate``d already), ``reason`` null for a valid reading."""
+    return events.where(F.col("output") == TELEMETRY_OUTPUT)
 
 
 def _reason(t: Column) -> Column:

@@ -164,7 +164,7 @@ def test_any_cut_of_a_line_and_any_garbage_line_is_quarantined_never_lost_never_
     rng = random.Random(17)
     alphabet = string.printable.replace("\n", "").replace("\r", "").replace("\x0b", "").replace("\x0c", "")
     junk = ["x" + "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80))) for _ in range(25)]
-    junk += ["{}", "42", '"text"', "null"]  # not "[]": Spark's JSON source reads an array as its elements
+    junk += ["{}", "42", '"text"', "null", "[]", "[" + line + "," + line + "]", "\t"]  # an array is one line too
     cuts = [line[:k] for k in range(1, len(line), 9)]
     with events_file.open("a") as handle:
         handle.write("".join(text + "\n" for text in cuts + junk))

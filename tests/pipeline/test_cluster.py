@@ -3,7 +3,8 @@ pyspark as on three hosts (``spark_cluster.py``), the project shipped as ``pytho
 builds it (``--py-files pipeline.zip``), submitted with ``spark-submit --master spark://...``; every output
 equals the local run's, row for row (floating-point columns to a relative 1e-12, see ``assert_same_rows``).
 
-The landing zone and the outputs are folders of this machine, which every worker sees, as a shared
+The cluster compacts the landing zone into a bronze table of its own before the outputs. The landing
+zone, the bronze table and the outputs are folders of this machine, which every worker sees, as a shared
 filesystem would be on three hosts. The executors' Python has the ``[pipeline]`` packages and not the
 project (``dependencies_only_python``), so the job can only work with the code the zip carries.
 """
@@ -94,12 +95,15 @@ def test_batch_on_the_cluster_equals_the_local_run(cluster, batch_outputs, sampl
 
     done = cluster.submit([
         "--py-files", str(archive), "--conf", f"spark.pyspark.python={python}", *SUBMIT_OPTIONS,
-        str(launcher), "batch", "--landing", local.landing, "--out", str(out), "--hil", str(local.hil),
+        str(launcher), "batch", "--landing", local.landing, "--bronze", str(tmp_path / "cluster-bronze"),
+        "--out", str(out), "--hil", str(local.hil),
         "--lateness", SAMPLE_LATENESS, "--shuffle-partitions", "4",
     ])
     assert done.returncode == 0, done.stdout[-20000:]
     print(f"workers ready after {submitted - waited:.1f}s more, spark-submit took {time.monotonic() - submitted:.1f}s")
 
+    landed = sum(1 for path in Path(local.landing).glob("*/date=*/hour=*/*.jsonl") for _ in path.open())
+    assert f"[bronze] {landed} new landing lines" in done.stdout  # its own compaction, on the executors
     for name, count in local_counts.items():
         assert f"] {name}: {count} rows" in done.stdout
         assert_same_rows(table_rows(out / name), table_rows(Path(local.output(name))), name)

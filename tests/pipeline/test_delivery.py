@@ -4,7 +4,7 @@ import pandas as pd
 
 from pipeline.envelope import land
 from pipeline.jobs import delivery
-from pipeline.jobs.source import from_records
+from pipeline.jobs.bronze import from_records
 from tests.pipeline.pipeline_data import MINUTE, at, reading
 
 WINDOW = 5 * MINUTE

@@ -150,9 +150,9 @@ def test_a_batch_is_acknowledged_once_after_the_commit_that_holds_all_its_lines(
 def test_batches_land_every_message_and_the_jobs_drop_the_retried_copies(mosquitto, tmp_path, spark):
     from pipeline.envelope import EVENTS
     from pipeline.jobs import batch as batch_job
+    from pipeline.jobs.bronze import read
     from pipeline.jobs.dedup import first_copies
     from pipeline.jobs.settings import JobSettings
-    from pipeline.jobs.source import read_landing
 
     now = int(time.time() * 1000)
     items = [queued(f"t{n % 2 + 1}", 10 + n, n / 2) for n in range(6)]  # two thermostats, minutes 0-2.5
@@ -178,10 +178,10 @@ def test_batches_land_every_message_and_the_jobs_drop_the_retried_copies(mosquit
             item.message.device_id, item.enqueued_ms, 5)
         assert record["payload"] == item.message.payload.decode()
 
-    events = read_landing(spark, str(tmp_path), EVENTS)
-    kept = first_copies(events).select("message_id").collect()
+    settings = JobSettings(str(tmp_path), str(tmp_path / "out"))
+    outputs = batch_job.build(spark, settings)  # compacts the landing zone into the bronze table
+    kept = first_copies(read(spark, settings.bronze_path, EVENTS)).select("message_id").collect()
     assert sorted(row.message_id for row in kept) == ids
-    outputs = batch_job.build(spark, JobSettings(str(tmp_path), str(tmp_path / "out")))
     rollups = outputs["rollups"].groupBy("device_id").sum("readings").collect()
     assert {row.device_id: row["sum(readings)"] for row in rollups} == {"t1": 3, "t2": 3}
     assert sum(row.delivered for row in outputs["delivery_latency"].collect()) == 6

@@ -4,7 +4,7 @@ from datetime import UTC, datetime
 
 from pipeline.envelope import land
 from pipeline.jobs import rollups, telemetry
-from pipeline.jobs.source import from_records
+from pipeline.jobs.bronze import from_records
 from tests.pipeline.pipeline_data import at, reading
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from pipeline.envelope import land
 from pipeline.jobs import telemetry
+from pipeline.jobs.bronze import from_records
 from pipeline.jobs.dedup import first_copies
-from pipeline.jobs.source import from_records
 from tests.pipeline.pipeline_data import at, reading
 
 

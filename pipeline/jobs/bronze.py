@@ -1,0 +1,186 @@
+"""The bronze table: every landing line read once, ever, parsed and typed once, kept as partitioned Parquet.
+
+The JSON landing zone is what the ingest can make durable line by line (append, fsync, then PUBACK); it
+is the wrong thing to read on every run of every job, because parsing the lines - the envelope, then the
+payload inside it - was most of Spark's time. So ``compact`` moves sealed landing files into this table
+with a Structured Streaming query (``availableNow`` in ``pipeline compact`` and before ``batch``;
+continuous beside ``stream``), and every job reads the table, never the JSON:
+
+    BRONZE/kind={events,metrics,quarantine}/date=YYYY-MM-DD/part-*.parquet
+    BRONZE/_spark_metadata/   the file sink's commit log: the files that are the table
+    BRONZE/_checkpoint/       the query's offsets and source log: the landing files already read
+
+A row per landing line, blank lines aside. A landing record's fields as they were (``schemas.LANDING``),
+plus what the jobs would otherwise parse again on every read: the telemetry payload's fields
+(``t_temperature`` ... ``t_ts_ms``) with ``reason`` already the telemetry reject's reason (events of
+output ``data``; ``telemetry.annotate``), the metrics payload (``metrics_doc``, ``schemas.METRICS``). A
+line that is not a landing record is kept too, raw in ``payload``, with ``landing_error`` (``landing_lines``),
+so the quarantine still sees it. ``landing_file`` and ``received_ms`` / ``sent_ms`` are kept so that "the
+earliest copy wins" is decided as before, whatever order the files were compacted in. ``date`` is the
+landing partition's receive date, so a batch over dates reads only those partitions.
+
+Lines are read as text and parsed with ``from_json``: every line is exactly one row - a JSON array is one
+line that is not a record, where Spark's JSON source would make it its elements, or nothing for ``[]``.
+Reading that way cost three times the JSON source when every run did it; here it is paid once per line.
+
+Exactly once: the query's checkpoint records which landing files each micro-batch took before it runs,
+and the Parquet sink lists a micro-batch's files in ``_spark_metadata`` only when all are written. A
+compaction killed at any point starts again from its last committed micro-batch; files a killed attempt
+wrote are in no log, and readers that go through the log (``read``: Spark reading the table's root) never
+see them. The checkpoint lives inside the table: deleting the table deletes the record of what it read,
+so the next compaction reads the landing zone again from the start instead of skipping it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.streaming import StreamingQuery
+
+from pipeline.jobs import telemetry
+from pipeline.jobs.schemas import LANDING, METRICS, TELEMETRY
+from pipeline.jobs.source import StreamOptions, landing_glob, with_times
+from pipeline.records import EVENTS, KINDS
+from pipeline.records import METRICS as METRICS_KIND
+
+METRICS_DOC = "metrics_doc"
+CORRUPT_LINE = "_corrupt_line"
+LANDING_READ = T.StructType(LANDING.fields + [T.StructField(CORRUPT_LINE, T.StringType())])
+NOT_A_RECORD = "landing line is not a JSON record (cut short?)"
+NO_RECEIVE_TIME = "landing record has no received_ms"
+PARTITIONS = ("kind", "date")
+CHECKPOINT = "_checkpoint"
+QUERY_NAME = "bronze"
+
+SCHEMA = T.StructType(
+    LANDING.fields
+    + [
+        T.StructField("landing_error", T.StringType()),
+        T.StructField("landing_file", T.StringType()),
+        *[T.StructField(f"t_{field.name}", field.dataType) for field in TELEMETRY.fields],
+        T.StructField(METRICS_DOC, METRICS),
+        T.StructField("kind", T.StringType()),
+        T.StructField("date", T.StringType()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Compacted:
+    input_rows: int
+    micro_batches: int
+
+
+def parse_payloads(lines: DataFrame) -> DataFrame:
+    """Landing rows (``LANDING``, ``landing_error``, ``landing_file``, ``kind``) with their payloads parsed:
+    the bronze columns. Compaction runs it once per line, ``from_records`` on rows held in memory."""
+    record = F.col("landing_error").isNull()
+    is_telemetry = record & (F.col("kind") == EVENTS) & (F.col("output") == telemetry.TELEMETRY_OUTPUT)
+    annotated = telemetry.annotate(lines, is_telemetry)
+    is_metrics = record & (F.col("kind") == METRICS_KIND)
+    return annotated.withColumn(METRICS_DOC, F.when(is_metrics, F.from_json("payload", METRICS)))
+
+
+def _landing_lines(spark: SparkSession, landing: str, kind: str, options: StreamOptions) -> DataFrame:
+    """One kind's sealed landing files as a stream of rows, one per non-blank line (``landing_lines``)."""
+    reader = spark.readStream
+    if options.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", options.max_files_per_trigger)
+    return landing_lines(reader.text(landing_glob(landing, kind)), kind)
+
+
+def landing_lines(text: DataFrame, kind: str) -> DataFrame:
+    """Text lines (``value``, ``_metadata``) of landing files as landing rows of ``kind``.
+
+    A line that is not a landing record - cut short by a full disk or an interrupted copy, not JSON, not
+    an object, or an object without ``received_ms`` - is kept, not lost: a ``landing_error``, the raw line
+    as its ``payload`` and, since its own receive time is unreadable, the start of its file's hour
+    partition as ``received_ms``. ``landing_file`` says which file a row came from: among copies of a
+    message received in the same millisecond, the one in the first file by name is kept (``dedup.py``).
+    """
+    # Spark keeps a line's bytes as they are; invalid UTF-8 becomes U+FFFD here, so that every reader of
+    # the raw text (pyarrow, the report) can decode it
+    line = F.make_valid_utf8("value")
+    parsed = text.where(F.trim("value") != "").select(
+        F.from_json(line, LANDING_READ, {"columnNameOfCorruptRecord": CORRUPT_LINE}).alias("record"),
+        line.alias("line"), F.col("_metadata.file_path").alias("landing_file"),
+    )
+    # from_json reads a line of whitespace other than spaces as no field at all: only "{" opens a record
+    not_a_record = F.col(f"record.{CORRUPT_LINE}").isNotNull() | ~F.col("line").rlike(r"^[ \t]*\{")
+    error = F.when(not_a_record, F.lit(NOT_A_RECORD)).when(F.col("record.received_ms").isNull(), F.lit(NO_RECEIVE_TIME))
+    path = F.col("landing_file")
+    hour_start = F.unix_millis(F.to_timestamp(F.concat(
+        F.regexp_extract(path, r"date=(\d{4}-\d{2}-\d{2})", 1), F.lit(" "), F.regexp_extract(path, r"hour=(\d{2})", 1)
+    ), "yyyy-MM-dd HH"))
+    rows = parsed.select(*[F.col(f"record.{field.name}") for field in LANDING.fields], "line", "landing_file",
+                         error.alias("landing_error"))
+    return rows.withColumns({
+        "received_ms": F.coalesce(F.col("received_ms"), hour_start),
+        "payload": F.when(F.col("landing_error").isNotNull(), F.col("line")).otherwise(F.col("payload")),
+        "kind": F.lit(kind),
+        "date": F.regexp_extract(path, r"date=(\d{4}-\d{2}-\d{2})", 1),
+    }).drop("line")
+
+
+def start_compaction(spark: SparkSession, landing: str, bronze: str, options: StreamOptions | None = None,
+                     once: bool = True, trigger_seconds: float = 60.0) -> StreamingQuery:
+    """The compaction query, started: ``once`` takes what has landed and stops, else it runs every
+    ``trigger_seconds``."""
+    options = options or StreamOptions()
+    _make_dir(spark, bronze)
+    for kind in KINDS:
+        _make_dir(spark, f"{str(landing).rstrip('/')}/{kind}")
+    lines = [parse_payloads(_landing_lines(spark, landing, kind, options)) for kind in KINDS]
+    union = lines[0].unionByName(lines[1]).unionByName(lines[2])
+    writer = (
+        union.select(*SCHEMA.fieldNames()).writeStream.queryName(QUERY_NAME).format("parquet").outputMode("append")
+        .partitionBy(*PARTITIONS).option("checkpointLocation", f"{str(bronze).rstrip('/')}/{CHECKPOINT}")
+    )
+    writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{trigger_seconds} seconds")
+    return writer.start(bronze)
+
+
+def compact(spark: SparkSession, landing: str, bronze: str, options: StreamOptions | None = None) -> Compacted:
+    """Move every sealed landing file not compacted yet into the table, then return (``availableNow``)."""
+    query = start_compaction(spark, landing, bronze, options, once=True)
+    query.awaitTermination()
+    rows = sum(progress.get("numInputRows", 0) or 0 for progress in query.recentProgress)
+    return Compacted(rows, sum(1 for progress in query.recentProgress if progress.get("numInputRows")))
+
+
+def read(spark: SparkSession, bronze: str, kind: str | None = None, dates: list[str] | None = None,
+         stream: StreamOptions | None = None) -> DataFrame:
+    """The table (one ``kind``, some receive ``dates``), as the jobs read it: from the table's root, so
+    through the sink's log. ``stream``: as a streaming source of the files compaction commits."""
+    _make_dir(spark, bronze)
+    if stream is None:
+        frame = spark.read.schema(SCHEMA).parquet(bronze)
+    else:
+        reader = spark.readStream.schema(SCHEMA)
+        if stream.max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", stream.max_files_per_trigger)
+        frame = reader.parquet(bronze)
+    if kind is not None:
+        frame = frame.where(F.col("kind") == kind)
+    if dates is not None:
+        frame = frame.where(F.col("date").isin(dates))
+    return with_times(frame)
+
+
+def _make_dir(spark: SparkSession, path: str) -> None:
+    """Through Hadoop's FileSystem (any store): a folder a reader or a streaming source can start on."""
+    jvm = spark.sparkContext._jvm
+    folder = jvm.org.apache.hadoop.fs.Path(str(path))
+    folder.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).mkdirs(folder)
+
+
+def from_records(spark: SparkSession, rows: list[dict], landing_file: str = "memory", kind: str = EVENTS) -> DataFrame:
+    """Landing records held in memory as bronze rows of ``kind``, as ``records(read(...))`` gives them
+    (tests, tools)."""
+    frame = spark.createDataFrame(rows, LANDING).withColumns({
+        "landing_error": F.lit(None).cast("string"), "landing_file": F.lit(landing_file), "kind": F.lit(kind),
+    })
+    return with_times(parse_payloads(frame))
