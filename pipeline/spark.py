@@ -34,7 +34,7 @@ def session(master: str | None = None, app_name: str = "pipeline", shuffle_parti
         builder = builder.master(master)
         if master.startswith("local"):
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # what pyspark starts workers with
-            settings.update(local_shuffle(local_cores(master)))
+            settings.update(local_settings(local_cores(master)))
             os.environ.setdefault("PYTHONWARNINGS", settings["spark.executorEnv.PYTHONWARNINGS"])
     if shuffle_partitions is not None:
         settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
@@ -42,6 +42,9 @@ def session(master: str | None = None, app_name: str = "pipeline", shuffle_parti
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+LOCAL_DRIVER_MEMORY = "4g"
 
 
 def local_cores(master: str) -> int:
@@ -53,8 +56,8 @@ def local_cores(master: str) -> int:
     return (os.cpu_count() or 1) if inside == "*" else int(inside)
 
 
-def local_shuffle(cores: int) -> dict[str, str]:
-    """Shuffle settings for one machine (a cluster keeps its own, or ``--shuffle-partitions``).
+def local_settings(cores: int) -> dict[str, str]:
+    """Memory and shuffle settings for one machine (a cluster keeps its own, or ``--shuffle-partitions``).
 
     Spark's default of 200 shuffle partitions is made for clusters: on two cores it is 200 tasks of
     start-up per shuffle and up to 200 files per written partition. Four per core give each core a few
@@ -63,6 +66,9 @@ def local_shuffle(cores: int) -> dict[str, str]:
     (``parallelismFirst`` off), so the small outputs are written as one or two files, in one or two tasks.
     """
     return {
+        # The driver is the executor on a local master, and Spark's 1 GiB heap ran out of memory sorting
+        # 10 million events for deduplication (bench/RESULTS-pipeline.md); a cluster sizes its own.
+        "spark.driver.memory": LOCAL_DRIVER_MEMORY,
         "spark.sql.shuffle.partitions": str(4 * cores),
         "spark.sql.adaptive.enabled": "true",
         "spark.sql.adaptive.coalescePartitions.enabled": "true",

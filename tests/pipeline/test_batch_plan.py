@@ -20,7 +20,7 @@ import pytest
 from pipeline.jobs import delivery
 from pipeline.jobs.batch import build
 from pipeline.jobs.settings import JobSettings
-from pipeline.spark import local_cores, local_shuffle
+from pipeline.spark import local_cores, local_settings
 from tests.pipeline.pipeline_data import SAMPLE_LATENESS, T0
 
 PYTHON_OPERATORS = ("Python", "Pandas", "ArrowEval", "BatchEval")  # FlatMapGroupsInPandas, ArrowEvalPython, ...
@@ -135,8 +135,9 @@ def test_queue_counters_in_sql_equal_the_streaming_step(spark):
 
 @pytest.mark.parametrize(("master", "cores"), [("local", 1), ("local[2]", 2), ("local[3,4]", 3), ("local[16]", 16)])
 def test_a_local_master_gets_four_shuffle_partitions_per_core_and_adaptive_coalescing(master, cores):
-    settings = local_shuffle(local_cores(master))
+    settings = local_settings(local_cores(master))
     assert settings["spark.sql.shuffle.partitions"] == str(4 * cores)
     assert settings["spark.sql.adaptive.enabled"] == "true"
+    assert settings["spark.driver.memory"] == "4g"  # 1g ran out of memory deduplicating 10M events
     assert settings["spark.sql.adaptive.coalescePartitions.parallelismFirst"] == "false"  # merge the small ones
     assert local_cores("local[*]") == os.cpu_count()
