@@ -5,14 +5,21 @@
 1. Generates N synthetic telemetry records (default 10 million) as landing-zone JSON lines, 1% of them
    redelivered duplicates, from --gateways gateways and --devices thermostats reporting once a minute.
 2. Runs, each in its own process so that its memory is measured alone (peak RSS of the process tree,
-   sampled every 0.1 s; for Spark that is the Python driver, the JVM and the Python workers):
-   * spark: ``pipeline.jobs.batch.build`` on ``--master`` (default local[2]), writing the three
-     heavy outputs - rollups, set-point change log, delivery latency - as partitioned Parquet;
-   * duckdb: the same deduplication, parsing, rollups, change log and latency percentiles in SQL over the
-     same files, written as Parquet.
-3. Prints records/s, peak memory and the Spark/DuckDB ratios, and checks the two agree on row counts.
+   sampled every 0.1 s; for Spark that is the Python driver, the JVM and the Python workers), on fresh
+   outputs, one after the other:
+   * the whole ``python -m pipeline batch --master local[2]`` command on fresh data, end to end: JVM
+     start, compaction of every landing file into the bronze table (``LANDING/_bronze``), every output
+     written and counted, with the command's own defaults (driver memory, shuffle partitions);
+   * the same command with ``--no-compact`` once the bronze table exists (what a run costs when a cron
+     ``compact`` or the streaming job keeps the table up to date);
+   * DuckDB (2 threads): the same deduplication, rollups, change log and latency percentiles in SQL,
+     written as Parquet, once from the JSON landing files (parsing the payloads itself) and once from the
+     bronze table's Parquet. It does not validate readings nor write a quarantine.
+3. Prints wall time, records/s, peak memory and the load average during each run (the machine is
+   shared), the ratios, and checks that every run gives the same row counts for the three outputs all of
+   them write.
 
-Spark's time is reported with and without its start-up (JVM, session). See bench/RESULTS-pipeline.md.
+See bench/RESULTS-pipeline.md.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,27 +110,19 @@ def generate(landing: Path, records: int, gateways: int, devices: int, seed: int
 
 
 # -- engines (each run in a child process) ----------------------------------------------------------------
-def run_spark(work: Path, master: str) -> dict:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    started = time.monotonic()
-    from pipeline.jobs import batch
-    from pipeline.jobs.settings import JobSettings
-    from pipeline.spark import session
+SPARK_PROGRESS = re.compile(r"\[\d+/\d+\] (\w+): (\d+) rows in ([\d.]+)s")
 
-    spark = session(master, "bench-pipeline", conf={"spark.ui.showConsoleProgress": "false",
-                                                   "spark.driver.memory": "4g"})
-    spark.sparkContext.setLogLevel("ERROR")
-    ready = time.monotonic()
-    settings = JobSettings(str(work / "landing"), str(work / "spark"), window=WINDOW)
-    outputs = batch.build(spark, settings)
-    counts = {}
-    for name in OUTPUTS:
-        outputs[name].write.mode("overwrite").partitionBy("date").parquet(settings.output(name))
-        counts[name] = spark.read.parquet(settings.output(name)).count()
-        print(f"spark: {name} done at {time.monotonic() - ready:.1f}s", file=sys.stderr, flush=True)
-    done = time.monotonic()
-    spark.stop()
-    return {"startup_s": ready - started, "job_s": done - ready, "counts": counts}
+
+def spark_command(work: Path, master: str) -> list[str]:
+    """The batch command as an operator runs it (``SPARK_LOCAL_IP`` aside, which this machine needs)."""
+    return [sys.executable, "-m", "pipeline", "batch", "--landing", str(work / "landing"), "--out",
+            str(work / "spark"), "--master", master]
+
+
+def spark_result(output: str) -> dict:
+    """Row counts and seconds per output from the command's progress lines."""
+    found = SPARK_PROGRESS.findall(output)
+    return {"counts": {name: int(rows) for name, rows, _ in found}, "seconds": {name: float(s) for name, _, s in found}}
 
 
 DUCKDB_SQL = """
@@ -141,7 +141,21 @@ SELECT gateway_id, device_id, message_id,
        (payload ->> '$.heater')::BOOLEAN AS heater,
        (payload ->> '$.ts_ms')::BIGINT AS reading_ms
 FROM events WHERE output = 'data';
+"""
 
+# The same rows from the bronze table (compaction parsed the payloads): what the batch job reads once it exists.
+DUCKDB_BRONZE = """
+CREATE TEMP TABLE events AS
+SELECT * FROM read_parquet('{bronze}/kind=events/*/*.parquet')
+QUALIFY row_number() OVER (PARTITION BY message_id ORDER BY received_ms) = 1;
+
+CREATE TEMP TABLE readings AS
+SELECT gateway_id, device_id, message_id, t_temperature AS temperature, t_set_point AS set_point,
+       t_heater AS heater, t_ts_ms AS reading_ms
+FROM events WHERE output = 'data' AND reason IS NULL;
+"""
+
+DUCKDB_OUTPUTS = """
 COPY (
   SELECT gateway_id, device_id, time_bucket(INTERVAL 5 MINUTE, make_timestamp(reading_ms * 1000)) AS window_start,
          count(*) AS readings, min(temperature) AS temperature_min, avg(temperature) AS temperature_avg,
@@ -171,7 +185,8 @@ COPY (
 """
 
 
-def run_duckdb(work: Path, threads: int) -> dict:
+def run_duckdb(work: Path, threads: int, source: str) -> dict:
+    """``source``: ``json`` (the landing files) or ``bronze`` (the table a Spark run compacted)."""
     started = time.monotonic()
     import duckdb
 
@@ -180,7 +195,11 @@ def run_duckdb(work: Path, threads: int) -> dict:
     out.mkdir(parents=True)
     connection = duckdb.connect(config={"threads": threads})
     ready = time.monotonic()
-    connection.execute(DUCKDB_SQL.format(events=work / "landing" / "events" / "*" / "*" / "*.jsonl", out=out))
+    if source == "json":
+        connection.execute(DUCKDB_SQL.format(events=work / "landing" / "events" / "*" / "*" / "*.jsonl"))
+    else:
+        connection.execute(DUCKDB_BRONZE.format(bronze=work / "landing" / "_bronze"))
+    connection.execute(DUCKDB_OUTPUTS.format(out=out))
     counts = {
         name: connection.execute(f"SELECT count(*) FROM read_parquet('{out / name}/*/*.parquet')").fetchone()[0]
         for name in OUTPUTS
@@ -189,11 +208,13 @@ def run_duckdb(work: Path, threads: int) -> dict:
     return {"startup_s": ready - started, "job_s": done - ready, "counts": counts}
 
 
-def measured(command: list[str]) -> tuple[dict, int, float]:
-    """Run a child; returns its JSON result, the peak RSS of its process tree and the wall time."""
+def measured(command: list[str]) -> tuple[str, int, float, tuple[float, float]]:
+    """Run a child; returns its standard output, the peak RSS of its process tree, the wall time and the
+    lowest and highest 1-minute load average seen while it ran."""
     started = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    peak, stop = [0], threading.Event()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                               env=dict(os.environ, SPARK_LOCAL_IP=os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")))
+    peak, loads, stop = [0], [os.getloadavg()[0]], threading.Event()
 
     def sample():
         root = psutil.Process(process.pid)
@@ -203,6 +224,7 @@ def measured(command: list[str]) -> tuple[dict, int, float]:
                 peak[0] = max(peak[0], sum(p.memory_info().rss for p in tree if p.is_running()))
             except psutil.Error:
                 pass
+            loads.append(os.getloadavg()[0])
             stop.wait(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -211,8 +233,8 @@ def measured(command: list[str]) -> tuple[dict, int, float]:
     stop.set()
     sampler.join()
     if process.returncode:
-        raise SystemExit(f"{' '.join(command[-2:])} failed with status {process.returncode}")
-    return json.loads(output.strip().splitlines()[-1]), peak[0], time.monotonic() - started
+        raise SystemExit(f"{' '.join(command)} failed with status {process.returncode}")
+    return output, peak[0], time.monotonic() - started, (min(loads), max(loads))
 
 
 def main(argv=None) -> int:
@@ -222,43 +244,54 @@ def main(argv=None) -> int:
     parser.add_argument("--devices", type=int, default=2_000)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--workdir", help="keep data and outputs here (default: a temporary folder, removed)")
-    parser.add_argument("--engine", choices=["spark", "duckdb"], help=argparse.SUPPRESS)  # child mode
+    parser.add_argument("--reuse-data", action="store_true", help="keep the landing zone already in --workdir")
+    parser.add_argument("--engine", choices=["duckdb-json", "duckdb-bronze"], help=argparse.SUPPRESS)  # child mode
     args = parser.parse_args(argv)
 
-    if args.engine:
-        work = Path(args.workdir)
-        result = run_spark(work, args.master) if args.engine == "spark" else run_duckdb(work, threads=2)
-        print(json.dumps(result))
+    if args.engine:  # child mode: DuckDB in its own process
+        print(json.dumps(run_duckdb(Path(args.workdir), threads=2, source=args.engine.removeprefix("duckdb-"))))
         return 0
 
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    runs = []
     try:
-        shutil.rmtree(work / "landing", ignore_errors=True)
-        started = time.monotonic()
-        size = generate(work / "landing", args.records, args.gateways, args.devices)
-        print(f"generated {args.records:,} records ({size / 1e6:,.0f} MB of JSON lines) "
-              f"in {time.monotonic() - started:.0f}s", flush=True)
-        me = [sys.executable, __file__, "--workdir", str(work), "--master", args.master]
-        spark, spark_peak, spark_wall = measured(me + ["--engine", "spark"])
-        duck, duck_peak, duck_wall = measured(me + ["--engine", "duckdb"])
+        if not (work / "landing").is_dir() or not args.reuse_data:
+            shutil.rmtree(work / "landing", ignore_errors=True)
+            started = time.monotonic()
+            size = generate(work / "landing", args.records, args.gateways, args.devices)
+            print(f"generated {args.records:,} records ({size / 1e6:,.0f} MB of JSON lines) "
+                  f"in {time.monotonic() - started:.0f}s", flush=True)
+        shutil.rmtree(work / "landing" / "_bronze", ignore_errors=True)  # fresh: nothing compacted yet
+        for name, command in [
+            ("spark: compact + batch, fresh", spark_command(work, args.master)),
+            ("spark: batch, bronze exists", [*spark_command(work, args.master), "--no-compact"]),
+            ("duckdb: JSON landing files", [sys.executable, __file__, "--workdir", str(work), "--engine", "duckdb-json"]),
+            ("duckdb: bronze Parquet", [sys.executable, __file__, "--workdir", str(work), "--engine", "duckdb-bronze"]),
+        ]:
+            shutil.rmtree(work / "spark", ignore_errors=True)
+            output, peak, wall, load = measured(command)
+            result = spark_result(output) if name.startswith("spark") else json.loads(output.strip().splitlines()[-1])
+            runs.append((name, wall, peak, load, result))
+            print(f"{name}: {wall:.1f}s, peak {peak / 2**20:,.0f} MB, load {load[0]:.1f}-{load[1]:.1f}", flush=True)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
 
     n = args.records
-    rows = [
-        ("spark " + args.master, spark, spark_peak, spark_wall),
-        ("duckdb (2 threads)", duck, duck_peak, duck_wall),
-    ]
-    print(f"\n{'engine':<20}{'job s':>8}{'startup s':>11}{'records/s':>12}{'peak MB':>9}")
-    for name, result, peak, _ in rows:
-        print(f"{name:<20}{result['job_s']:>8.1f}{result['startup_s']:>11.1f}{n / result['job_s']:>12,.0f}"
-              f"{peak / 2**20:>9,.0f}")
-    print(f"\nspark/duckdb: time x{spark['job_s'] / duck['job_s']:.1f} (x{spark_wall / duck_wall:.1f} with start-up), "
-          f"peak memory x{spark_peak / duck_peak:.1f}")
-    print("output rows:", json.dumps(spark["counts"]), "(spark)", json.dumps(duck["counts"]), "(duckdb)")
-    if spark["counts"] != duck["counts"]:
-        print("WARNING: the engines disagree on output row counts", file=sys.stderr)
+    print(f"\n{'run':<34}{'wall s':>8}{'records/s':>12}{'peak MB':>9}{'load avg':>12}")
+    for name, wall, peak, load, _ in runs:
+        print(f"{name:<34}{wall:>8.1f}{n / wall:>12,.0f}{peak / 2**20:>9,.0f}{load[0]:>6.1f}-{load[1]:<5.1f}")
+    for name, _, _, _, result in runs:
+        detail = result["seconds"] if "seconds" in result else {"sql": round(result["job_s"], 1),
+                                                                 "start": round(result["startup_s"], 1)}
+        print(f"{name} seconds:", json.dumps(detail))
+    walls = {name: wall for name, wall, *_ in runs}
+    print(f"spark batch with bronze / duckdb over bronze: x{walls['spark: batch, bronze exists'] / walls['duckdb: bronze Parquet']:.1f}; "
+          f"/ duckdb over JSON: x{walls['spark: batch, bronze exists'] / walls['duckdb: JSON landing files']:.1f}")
+    counts = [{name: result["counts"].get(name) for name in OUTPUTS} for *_, result in runs]
+    print("output rows:", json.dumps(counts[0]))
+    if any(count != counts[0] for count in counts):
+        print("WARNING: the runs disagree on output row counts:", counts, file=sys.stderr)
         return 1
     return 0
 

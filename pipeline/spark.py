@@ -34,7 +34,7 @@ def session(master: str | None = None, app_name: str = "pipeline", shuffle_parti
         builder = builder.master(master)
         if master.startswith("local"):
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # what pyspark starts workers with
-            settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions or 8)
+            settings.update(local_settings(local_cores(master)))
             os.environ.setdefault("PYTHONWARNINGS", settings["spark.executorEnv.PYTHONWARNINGS"])
     if shuffle_partitions is not None:
         settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
@@ -42,3 +42,35 @@ def session(master: str | None = None, app_name: str = "pipeline", shuffle_parti
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+LOCAL_DRIVER_MEMORY = "4g"
+
+
+def local_cores(master: str) -> int:
+    """The task slots of a local master: ``local`` 1, ``local[N]`` (or ``local[N,retries]``) N, ``local[*]``
+    the machine's cores."""
+    inside = master.partition("[")[2].partition("]")[0].split(",")[0]
+    if not inside:
+        return 1
+    return (os.cpu_count() or 1) if inside == "*" else int(inside)
+
+
+def local_settings(cores: int) -> dict[str, str]:
+    """Memory and shuffle settings for one machine (a cluster keeps its own, or ``--shuffle-partitions``).
+
+    Spark's default of 200 shuffle partitions is made for clusters: on two cores it is 200 tasks of
+    start-up per shuffle and up to 200 files per written partition. Four per core give each core a few
+    tasks to balance skew with; adaptive execution then merges what is small (an aggregated output of a
+    few thousand rows) into partitions of its advisory 64 MiB instead of keeping one per core
+    (``parallelismFirst`` off), so the small outputs are written as one or two files, in one or two tasks.
+    """
+    return {
+        # The driver is the executor on a local master, and Spark's 1 GiB heap ran out of memory sorting
+        # 10 million events for deduplication (bench/RESULTS-pipeline.md); a cluster sizes its own.
+        "spark.driver.memory": LOCAL_DRIVER_MEMORY,
+        "spark.sql.shuffle.partitions": str(4 * cores),
+        "spark.sql.adaptive.enabled": "true",
+        "spark.sql.adaptive.coalescePartitions.enabled": "true",
+        "spark.sql.adaptive.coalescePartitions.parallelismFirst": "false",
+    }

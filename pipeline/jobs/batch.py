@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipeline.jobs import bronze, delivery, hil, rollups, setpoints, telemetry
-from pipeline.jobs.dedup import first_copies, first_rejects
+from pipeline.jobs.dedup import first_rejects, mark_first_copies
 from pipeline.jobs.output import write_output
 from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import bad_lines, read_hil, records
@@ -32,8 +32,8 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
     what has landed since the last run into the bronze table, which they read (unless
     ``settings.compact`` is false: something else keeps the table up to date).
 
-    The deduplicated readings feed two outputs and cost a shuffle to get there, so they are cached (a few
-    numeric columns; ``run_batch`` drops the cache when done).
+    The events are read and deduplicated once for every output (``first_events``); what more than
+    one output reads is cached: those events, and the latency and queue counters (``sla`` joins them).
     """
     if settings.compact:
         started = time.monotonic()
@@ -42,17 +42,15 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
                  f"in {time.monotonic() - started:.1f}s")
     dates = settings.read_dates() if settings.ranged else None
     lines = {kind: bronze.read(spark, settings.bronze_path, kind, dates=dates) for kind in (EVENTS, METRICS, QUARANTINE)}
-    events = records(lines[EVENTS])
-    parsed = telemetry.parse(events)
-    readings = first_copies(telemetry.readings(parsed))
-    readings = readings.persist(StorageLevel.MEMORY_AND_DISK)
-    rejects = first_copies(parsed.where("reason is not null"))
+    events = first_events(lines[EVENTS])
+    readings = telemetry.readings(events.where(F.col(READING)))
     ingest_rejects = first_rejects(records(lines[QUARANTINE]))
-    latency = delivery.latency(first_copies(events), settings.window)
+    latency = delivery.latency(events.where(F.col(EVENT)), settings.window).persist(StorageLevel.MEMORY_AND_DISK)
     counters = delivery.queue_counters(
         delivery.queue_samples(records(lines[METRICS])), settings.window
-    )
-    unreadable = [telemetry.as_quarantine(bad_lines(frame), "landing") for frame in lines.values()]
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    unreadable = [telemetry.as_quarantine(bad_lines(frame), "landing")
+                  for frame in (events, lines[METRICS], lines[QUARANTINE])]
     outputs = {
         "rollups": rollups.rollups(readings, settings.window),
         "setpoint_changes": setpoints.changes(readings),
@@ -61,8 +59,8 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
         "sla": delivery.sla(latency, counters, settings.upstream_endpoint),
         "quarantine": functools.reduce(
             DataFrame.unionByName,
-            [telemetry.as_quarantine(rejects, "telemetry"), telemetry.as_quarantine(ingest_rejects, "ingest"),
-             *unreadable],
+            [telemetry.as_quarantine(events.where(F.col(REJECT)), "telemetry"),
+             telemetry.as_quarantine(ingest_rejects, "ingest"), *unreadable],
         ),
     }
     if settings.ranged:
@@ -73,6 +71,36 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
         outputs["hil_summary"] = hil.summary(timeline)
         outputs["hil_timeline"] = hil.timeline_per_second(timeline)
     return outputs
+
+
+# Which deduplicated copy an event row is (``first_events``).
+EVENT, READING, REJECT = "_first_event", "_first_reading", "_first_reject"
+_REJECT_COLUMNS = ("topic", "payload", "payload_base64")
+
+
+def first_events(lines: DataFrame) -> DataFrame:
+    """The event rows of the bronze table (payloads parsed by compaction, ``telemetry.annotate``),
+    deduplicated in one shuffle for every output, cached.
+
+    Three outputs deduplicate the events, each among its own rows (``dedup.first_copies``): delivery
+    latency among all events, rollups and the change log among the valid readings, the quarantine among
+    the telemetry rejects. ``mark_first_copies`` answers all three from one window by message id, so the
+    events cross the shuffle once, not three times, and the cache keeps only the rows some output takes
+    (plus the lines that are not records, for the quarantine), without the raw payload of a reading.
+    """
+    parsed = lines
+    record = F.col("landing_error").isNull()
+    telemetry_row = record & (F.col("output") == telemetry.TELEMETRY_OUTPUT)
+    reading, reject = telemetry_row & F.col("reason").isNull(), telemetry_row & F.col("reason").isNotNull()
+    slim = parsed.select(
+        "message_id", "gateway_id", "device_id", "priority", "enqueued_ms", "received_ms", "received_at",
+        "sent_ms", "landing_file", "landing_error", "reason", *[c for c in parsed.columns if c.startswith("t_")],
+        *[F.when(reject | ~record, F.col(name)).alias(name) for name in _REJECT_COLUMNS],
+        F.coalesce(reading, F.lit(False)).alias(READING), F.coalesce(reject, F.lit(False)).alias(REJECT),
+    )
+    marked = mark_first_copies(slim, {EVENT: record, READING: F.col(READING), REJECT: F.col(REJECT)})
+    kept = marked.where(F.col(EVENT) | F.col(READING) | F.col(REJECT) | ~record)
+    return kept.persist(StorageLevel.MEMORY_AND_DISK)
 
 
 def run_batch(spark: SparkSession, settings: JobSettings, progress: Callable[[str], None] = print) -> dict[str, int]:

@@ -20,10 +20,26 @@ COPY_ORDER = ("received_ms", "landing_file", "sent_ms")
 REJECT_KEY = "_reject_key"
 
 
+def _copy_order(key: str) -> Window:
+    return Window.partitionBy(key).orderBy(*[F.col(name).asc_nulls_last() for name in COPY_ORDER])
+
+
 def first_copies(frame: DataFrame, key: str = KEY) -> DataFrame:
     """One row per ``key``: the earliest received copy (batch; streaming: ``ordered.OrderedFold``)."""
-    order = Window.partitionBy(key).orderBy(*[F.col(name).asc_nulls_last() for name in COPY_ORDER])
-    return frame.withColumn("_copy", F.row_number().over(order)).where(F.col("_copy") == 1).drop("_copy")
+    return frame.withColumn("_copy", F.row_number().over(_copy_order(key))).where(F.col("_copy") == 1).drop("_copy")
+
+
+def mark_first_copies(frame: DataFrame, groups: dict[str, Column], key: str = KEY) -> DataFrame:
+    """``frame`` with a boolean column per group (name: the condition its rows meet), true on the row that
+    ``first_copies(frame.where(condition))`` keeps: the earliest received copy of its ``key`` among that
+    group's rows. Every group is one running count over one window, so Spark shuffles and sorts the rows
+    once however many groups share them (batch: all events, the readings and the telemetry rejects)."""
+    so_far = _copy_order(key).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    flags = {}
+    for name, condition in groups.items():
+        member = F.coalesce(condition, F.lit(False))
+        flags[name] = member & (F.count_if(member).over(so_far) == 1)
+    return frame.withColumns(flags)
 
 
 def reject_key() -> Column:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipeline.jobs.bronze import METRICS_DOC
@@ -161,8 +161,11 @@ def counters_fold(window_ms: int) -> OrderedFold:
 
 def queue_counters(samples: DataFrame, window: str, lateness_ms: int | None = None) -> DataFrame:
     """``lateness_ms``: streaming (each queue closed by its own samples' progress); None: batch."""
-    fold = counters_fold(parse_duration_ms(window))
-    folded = fold.stream(samples, lateness_ms) if lateness_ms is not None else fold.batch(samples)
+    window_ms = parse_duration_ms(window)
+    if lateness_ms is not None:
+        folded = counters_fold(window_ms).stream(samples, lateness_ms)
+    else:
+        folded = _queue_counters_batch(samples, window_ms)
     return folded.withColumns(
         {
             "window_start": F.timestamp_millis("window_start_ms"),
@@ -170,6 +173,36 @@ def queue_counters(samples: DataFrame, window: str, lateness_ms: int | None = No
             "date": F.date_format(F.timestamp_millis("window_start_ms"), "yyyy-MM-dd"),
         }
     ).drop("window_start_ms", "window_end_ms")
+
+
+def _queue_counters_batch(samples: DataFrame, window_ms: int) -> DataFrame:
+    """``counter_step`` in Spark SQL, in the JVM (no Python worker on the batch path): each queue's samples in
+    the order the step sorts them (time, then the values), a repeated ``sample_ms`` dropped, the increase of
+    each counter over the previous sample by ``lag``, summed per window. The two window functions share
+    one partitioning and order, so Spark shuffles and sorts the samples once."""
+    queue = ("gateway_id", "endpoint", "priority")
+    order = Window.partitionBy(*queue).orderBy(
+        "sample_ms", *[F.col(name).asc_nulls_last() for name in (*COUNTERS, *GAUGES)]
+    )
+    first_of_time = samples.withColumn("_before_ms", F.lag("sample_ms").over(order)).where(
+        ~F.col("_before_ms").eqNullSafe(F.col("sample_ms"))
+    )
+    increases = {}
+    for name in COUNTERS:
+        value = F.coalesce(F.col(name), F.lit(0))
+        before = F.coalesce(F.lag(value).over(order), F.lit(0))
+        increases[f"_{name}"] = F.when(value < before, value).otherwise(value - before)  # below before: a reset
+    stepped = first_of_time.withColumns(
+        {**increases, "_window_start_ms": F.col("sample_ms") - F.pmod(F.col("sample_ms"), F.lit(window_ms))}
+    )
+    return stepped.groupBy(*queue, F.col("_window_start_ms").alias("window_start_ms")).agg(
+        F.count(F.lit(1)).alias("samples"),
+        *[F.sum(f"_{name}").alias(name) for name in COUNTERS],
+        F.max("depth").alias("depth_max"),
+        F.max("oldest_age_s").alias("oldest_age_s_max"),
+    ).withColumn("window_end_ms", F.col("window_start_ms") + window_ms).select(
+        *[name.split()[0] for name in COUNTERS_OUTPUT.split(", ")]  # the streaming fold's columns, in its order
+    )
 
 
 def sla(latency_rows: DataFrame, counter_rows: DataFrame, upstream_endpoint: str = "upstream") -> DataFrame:

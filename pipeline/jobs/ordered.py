@@ -1,9 +1,11 @@
-"""Per-key computations that need a key's rows in time order, run the same way in batch and in Structured
-Streaming - and, in streaming, the event-time progress of each key on its own.
+"""Per-key computations that need a key's rows in time order in Structured Streaming, with the event-time
+progress of each key on its own.
 
 A computation is written once as a pandas ``step(key, last, rows) -> (output, last)``: ``rows`` are one
-key's rows in time order, ``last`` is what the step remembered from the rows before them. Batch calls it
-once per key with every row (``applyInPandas``).
+key's rows in time order, ``last`` is what the step remembered from the rows before them. Batch computes
+the same columns in Spark SQL (window functions, ``lag``: no Python worker on its path, a pandas call per
+key cost several times more), and the tests hold each pair equal (tests/pipeline/test_batch_plan.py for
+the queue counters, test_stream*.py for streaming against batch).
 
 Streaming calls it through ``applyInPandasWithState``, and the key's state carries its own clock: the
 latest event time seen *for that key* (``progress``). A row may be stepped once ``progress - lateness``
@@ -68,18 +70,16 @@ class OrderedFold:
         extra = [self.dedup_key, *COPY_ORDER] if self.dedup else []
         return [name for name in dict.fromkeys([*self.columns, *extra]) if name not in self.keys]
 
-    def batch(self, frame: DataFrame) -> DataFrame:
-        columns = self._read()
-
-        def run(key, rows):
-            rows = first_copies(rows[columns], self.dedup_key) if self.dedup else rows[columns]
-            output, _ = self.step(key, None, self.in_order(rows))
-            return output
-
-        return frame.select(*self.keys, *columns).groupBy(*self.keys).applyInPandas(run, self.output)
-
     def stream(self, frame: DataFrame, lateness_ms: int) -> DataFrame:
         """Each key closes its rows by its own progress; ``frame`` needs no watermark."""
+        return frame.select(*self.keys, *self._read()).groupBy(*self.keys).applyInPandasWithState(
+            self.per_key(lateness_ms), self.output, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout
+        )
+
+    def per_key(self, lateness_ms: int):
+        """What ``stream`` runs for one key and one micro-batch: ``run(key, chunks, state)`` with a
+        ``GroupState`` (``exists``, ``get``, ``update``) of ``STATE_SCHEMA``; bench/stream_state.py runs it
+        under ``transformWithStateInPandas`` too."""
         columns = self._read()
 
         def run(key, chunks, state):
@@ -114,6 +114,4 @@ class OrderedFold:
             if output is not None and len(output):
                 yield output
 
-        return frame.select(*self.keys, *columns).groupBy(*self.keys).applyInPandasWithState(
-            run, self.output, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout
-        )
+        return run

@@ -27,7 +27,7 @@ def write_output(spark: SparkSession, frame: DataFrame, path: str, dynamic: bool
         writer = writer.partitionBy(PARTITION).option("partitionOverwriteMode", "dynamic" if dynamic else "static")
     writer.parquet(path)
     if partitioned:
-        _keep_schema_when_empty(spark, frame.schema, path)
+        _keep_schema_when_empty(spark, frame, path)
     return read_output(spark, frame.schema, path).count()
 
 
@@ -35,8 +35,10 @@ def read_output(spark: SparkSession, schema: T.StructType, path: str) -> DataFra
     return spark.read.schema(schema).parquet(path)
 
 
-def _keep_schema_when_empty(spark: SparkSession, schema: T.StructType, path: str) -> None:
-    """Through Hadoop's FileSystem, so that it works on any store the job writes to."""
+def _keep_schema_when_empty(spark: SparkSession, frame: DataFrame, path: str) -> None:
+    """Through Hadoop's FileSystem, so that it works on any store the job writes to. The zero-row file is
+    ``frame`` limited to no row, which Spark plans as an empty relation in the JVM (``createDataFrame([])``
+    would start Python workers to serialise nothing)."""
     jvm = spark.sparkContext._jvm
     root = jvm.org.apache.hadoop.fs.Path(path)
     fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
@@ -46,4 +48,4 @@ def _keep_schema_when_empty(spark: SparkSession, schema: T.StructType, path: str
             if child.getName().startswith("part-"):  # the empty-schema file of an earlier run
                 fs.delete(child, False)
         return
-    spark.createDataFrame([], schema).coalesce(1).write.mode("overwrite").parquet(path)
+    frame.limit(0).coalesce(1).write.mode("overwrite").parquet(path)

@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,9 @@ from tests.support.waiting import wait_until
 MASTER_URL = re.compile(r"Starting Spark master at (spark://\S+)")
 MASTER_UI_PORT = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")
 DAEMON_MEMORY = "256m"  # master and worker JVMs: bookkeeping only, the work happens in the executors
+# ... so they need no optimising JIT nor a parallel collector: C1 and the serial GC spend less CPU starting
+# up, on a machine whose cores are busy with the test run.
+DAEMON_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def spark_home() -> Path:
@@ -65,11 +69,13 @@ class StandaloneCluster:
         self.daemons: list[tuple[subprocess.Popen[bytes], Path]] = []
         self.master_url = ""
         self.ui_port = 0
+        self._starting: threading.Thread | None = None
+        self._start_error: BaseException | None = None
 
     # -- starting --------------------------------------------------------------------------------------
     def env(self, **extra: str) -> dict[str, str]:
         return dict(os.environ, SPARK_HOME=str(self.home), SPARK_LOCAL_IP="127.0.0.1",
-                    SPARK_DAEMON_MEMORY=DAEMON_MEMORY, **extra)
+                    SPARK_DAEMON_MEMORY=DAEMON_MEMORY, SPARK_DAEMON_JAVA_OPTS=DAEMON_JAVA_OPTIONS, **extra)
 
     def _spawn(self, name: str, args: Sequence[str], **env: str) -> subprocess.Popen[bytes]:
         log = self.work_dir / f"{name}.log"
@@ -99,6 +105,27 @@ class StandaloneCluster:
 
         wait_until(bound, timeout, what=lambda: f"Spark master bound:\n{log.read_text(errors='replace')}")
 
+    def start(self) -> None:
+        """Master and workers without waiting for any of them: a thread starts the master, reads its URL
+        from its log and starts the workers, while the caller does something else (their JVMs take
+        seconds each to start). ``wait_ready`` waits for all of it and raises what went wrong."""
+        def start_all() -> None:
+            try:
+                self.start_master()
+                self.start_workers()
+            except BaseException as error:  # re-raised by wait_ready, in the caller's thread
+                self._start_error = error
+
+        self._starting = threading.Thread(target=start_all, name="spark-cluster-start", daemon=True)
+        self._starting.start()
+
+    def _started(self) -> None:
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+        if self._start_error is not None:
+            raise self._start_error
+
     def start_workers(self) -> None:
         for number in range(1, self.worker_count + 1):
             folder = self.work_dir / f"worker{number}"
@@ -115,6 +142,7 @@ class StandaloneCluster:
 
     def wait_ready(self, timeout: float = 180) -> dict:
         """Until the master's JSON UI shows every worker ALIVE; returns that state."""
+        self._started()
         seen: dict = {}
 
         def all_alive() -> bool:
@@ -150,6 +178,8 @@ class StandaloneCluster:
     def stop(self, timeout: float = 30) -> list[str]:
         """Kill every daemon's process group; returns what was still alive after that (should be nothing,
         and is killed before returning)."""
+        with contextlib.suppress(BaseException):  # a failed start still leaves processes to stop
+            self._started()
         everything: list[psutil.Process] = []
         for process, _ in self.daemons:
             with contextlib.suppress(psutil.NoSuchProcess):

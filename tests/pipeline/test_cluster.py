@@ -42,13 +42,12 @@ SUBMIT_OPTIONS = [
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """Master bound, workers starting (``wait_ready`` waits for them): the workers' start overlaps with
-    whatever the test does first."""
+    """Master and workers starting (``wait_ready`` waits for them): their JVMs start while the test runs
+    batch locally and builds the package."""
     pytest.importorskip("pyspark")
     cluster = StandaloneCluster(tmp_path_factory.mktemp("cluster"))
     try:
-        cluster.start_master()
-        cluster.start_workers()
+        cluster.start()
         yield cluster
     finally:
         left = cluster.stop()

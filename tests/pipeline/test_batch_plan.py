@@ -1,0 +1,143 @@
+"""How the batch job runs, not only what it writes (issue 17, "Speed"): no Python worker on its path, and
+the events read, parsed and deduplicated once for every output that needs them.
+
+Read from the physical plans Spark would execute (``executedPlan``), over the sample landing zone. A
+cached frame appears in a plan as an ``InMemoryRelation`` line with the plan that fills it indented below.
+The queue counters' SQL is also held to ``delivery.counter_step``, the pandas step streaming runs, on
+random queues (resets, repeated samples, absent counters).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import re
+
+import pandas as pd
+import pytest
+
+from pipeline.jobs import delivery
+from pipeline.jobs.batch import build
+from pipeline.jobs.settings import JobSettings
+from pipeline.spark import local_cores, local_settings
+from tests.pipeline.pipeline_data import SAMPLE_LATENESS, T0
+
+PYTHON_OPERATORS = ("Python", "Pandas", "ArrowEval", "BatchEval")  # FlatMapGroupsInPandas, ArrowEvalPython, ...
+
+
+@pytest.fixture(scope="module")
+def plans(spark, sample, tmp_path_factory):
+    settings = JobSettings(str(sample / "landing"), str(tmp_path_factory.mktemp("plans")), lateness=SAMPLE_LATENESS,
+                           hil=str(sample / "hil"))
+    outputs = build(spark, settings)
+    yield {name: frame._jdf.queryExecution().executedPlan().toString() for name, frame in outputs.items()}
+    spark.catalog.clearCache()
+
+
+def outside_caches(plan: str) -> list[str]:
+    """The plan's lines that are not part of a cached frame's own plan."""
+    kept, cached_below = [], None
+    for line in plan.splitlines():
+        depth = indent(line)
+        if cached_below is not None and depth > cached_below:
+            continue
+        cached_below = depth if "InMemoryRelation" in line else None
+        kept.append(line)
+    return kept
+
+
+def scans_events(line: str) -> bool:
+    """A scan of the bronze table's events (``bronze.read``: the table's root, ``kind`` pruned)."""
+    return "FileScan parquet" in line and re.search(r"PartitionFilters: \[.*\(kind#\d+ = events\)", line) is not None
+
+
+def test_no_output_of_the_batch_job_runs_python(plans):
+    for name, plan in plans.items():
+        found = [word for word in PYTHON_OPERATORS if word in plan]
+        assert not found, f"{name} runs {found} in its plan:\n{plan}"
+
+
+def indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" +-:"))
+
+
+def cached_events(plan: str) -> list[str]:
+    """The plans of the cached frames that read the events, attribute ids left out (each plan that uses a
+    cached frame numbers its columns anew)."""
+    found, lines = [], plan.splitlines()
+    for number, line in enumerate(lines):
+        if "InMemoryRelation" in line:
+            depth = indent(line)
+            below = list(itertools.takewhile(lambda text, depth=depth: indent(text) > depth, lines[number + 1:]))
+            if any(scans_events(text) for text in below):
+                found.append(re.sub(r"#\d+L?", "", "\n".join(text[depth:] for text in [line, *below])))
+    return found
+
+
+def test_every_output_takes_the_events_from_one_read_and_one_deduplicating_shuffle(plans):
+    readers = {name: plan for name, plan in plans.items() if scans_events(plan)}
+    assert set(readers) == {"rollups", "setpoint_changes", "delivery_latency", "sla", "quarantine"}
+    cached = set()
+    for name, plan in readers.items():
+        assert not [line for line in outside_caches(plan) if scans_events(line)], f"{name} reads the events itself:\n{plan}"
+        cached |= {text for text in cached_events(plan) if text.startswith("InMemoryRelation [message_id")}
+    assert len(cached) == 1, "\n\n".join(cached)  # one cached frame of deduplicated events serves them all
+    (events,) = cached
+    assert events.count("FileScan parquet") == 1
+    assert events.count("Exchange") == 1 and "Exchange hashpartitioning(message_id" in events  # three dedups
+
+
+def random_queue_samples(rng: random.Random, queues: int) -> list[dict]:
+    rows = []
+    for queue in range(queues):
+        sent = depth = 0
+        times = sorted(rng.sample(range(0, 40 * 60_000, 7_000), rng.randint(1, 30)))
+        for time_ms in times:
+            for _ in range(rng.choice([1, 1, 1, 2])):  # a metrics message landed twice
+                if rng.random() < 0.1:
+                    sent = rng.randint(0, 3)  # the gateway restarted
+                else:
+                    sent += rng.randint(0, 5)
+                depth = max(0, depth + rng.randint(-3, 3))
+                rows.append({
+                    "gateway_id": f"gw{queue % 3}", "endpoint": rng.choice(["upstream", "alerts"]) if queue > 3 else "upstream",
+                    "priority": queue, "sample_ms": T0 + time_ms, "sent": sent, "expired": rng.choice([None, 0, 1, 5]),
+                    "dropped": rng.randint(0, 2), "retries": sent // 2, "dead_lettered": rng.choice([None, 0, 2]),
+                    "depth": depth, "oldest_age_s": rng.choice([None, 0.0, 1.5, 30.25]),
+                })
+    return rows
+
+
+def test_queue_counters_in_sql_equal_the_streaming_step(spark):
+    rows = random_queue_samples(random.Random(17), 40)
+    columns = "gateway_id string, endpoint string, priority int, sample_ms long, " + ", ".join(
+        f"{name} long" for name in delivery.COUNTERS) + ", depth long, oldest_age_s double"
+    samples = spark.createDataFrame([tuple(row[c.split()[0]] for c in columns.split(", ")) for row in rows], columns)
+    window_ms = 5 * 60_000
+    got = delivery.queue_counters(samples, "5 minutes").toPandas()
+    got["window_start_ms"] = (got["window_start"] - pd.Timestamp(0)) // pd.Timedelta(milliseconds=1)
+
+    fold = delivery.counters_fold(window_ms)
+    frame = pd.DataFrame(rows)
+    expected = []
+    for key, group in frame.groupby(["gateway_id", "endpoint", "priority"], sort=True):
+        out, _ = fold.step(key, None, fold.in_order(group[list(fold.columns)]))
+        expected.append(out)
+    want = pd.concat(expected, ignore_index=True)
+    keys = ["gateway_id", "endpoint", "priority", "window_start_ms"]
+    compared = [*keys, "samples", *delivery.COUNTERS, "depth_max", "oldest_age_s_max"]
+    got = got[compared].sort_values(keys).reset_index(drop=True)
+    want = want[compared].sort_values(keys).reset_index(drop=True)
+    assert len(got) == len(want) > 100
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+
+
+@pytest.mark.parametrize(("master", "cores"), [("local", 1), ("local[2]", 2), ("local[3,4]", 3), ("local[16]", 16)])
+def test_a_local_master_gets_four_shuffle_partitions_per_core_and_adaptive_coalescing(master, cores):
+    settings = local_settings(local_cores(master))
+    assert settings["spark.sql.shuffle.partitions"] == str(4 * cores)
+    assert settings["spark.sql.adaptive.enabled"] == "true"
+    assert settings["spark.driver.memory"] == "4g"  # 1g ran out of memory deduplicating 10M events
+    assert settings["spark.sql.adaptive.coalescePartitions.parallelismFirst"] == "false"  # merge the small ones
+    assert local_cores("local[*]") == os.cpu_count()
