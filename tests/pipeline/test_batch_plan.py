@@ -48,8 +48,8 @@ def outside_caches(plan: str) -> list[str]:
 
 
 def scans_events(line: str) -> bool:
-    """A scan of the bronze table's events (``bronze.read``: the table's root, ``kind`` pruned)."""
-    return "FileScan parquet" in line and re.search(r"PartitionFilters: \[.*\(kind#\d+ = events\)", line) is not None
+    """A scan of the bronze table of the events (``bronze.read``: ``BRONZE/events``)."""
+    return "FileScan parquet" in line and re.search(r"Location: [^[]*\[[^\]]*/events\]", line) is not None
 
 
 def test_no_output_of_the_batch_job_runs_python(plans):
