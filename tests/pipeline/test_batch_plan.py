@@ -30,9 +30,15 @@ PYTHON_OPERATORS = ("Python", "Pandas", "ArrowEval", "BatchEval")  # FlatMapGrou
 def plans(spark, sample, tmp_path_factory):
     settings = JobSettings(str(sample / "landing"), str(tmp_path_factory.mktemp("plans")), lateness=SAMPLE_LATENESS,
                            hil=str(sample / "hil"))
-    outputs = build(spark, settings)
-    yield {name: frame._jdf.queryExecution().executedPlan().toString() for name, frame in outputs.items()}
-    spark.catalog.clearCache()
+    # A scan's Location is cut to 100 characters by default, which loses the table's name under pytest's
+    # long temporary paths.
+    spark.conf.set("spark.sql.maxMetadataStringLength", "10000")
+    try:
+        outputs = build(spark, settings)
+        yield {name: frame._jdf.queryExecution().executedPlan().toString() for name, frame in outputs.items()}
+    finally:
+        spark.conf.unset("spark.sql.maxMetadataStringLength")
+        spark.catalog.clearCache()
 
 
 def outside_caches(plan: str) -> list[str]:

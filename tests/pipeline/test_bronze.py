@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
@@ -21,6 +21,7 @@ from pipeline.jobs.settings import JobSettings
 from pipeline.landing import sealed_files
 from pipeline.records import EVENTS
 from tests.pipeline.pipeline_data import metrics, reading, write_batch
+from tests.support.campaigns import campaign
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +87,7 @@ LINE = st.one_of(
 )
 
 
-@settings(max_examples=5, deadline=None)
+@campaign(5, deadline=None)
 @given(files=st.lists(st.lists(LINE, max_size=30), min_size=1, max_size=3))
 def test_any_landing_file_content_is_kept_line_for_line_never_fatal(spark, tmp_path_factory, files):
     """Hostile landing files: whatever a sealed file holds, compaction keeps each of its non-blank lines as
