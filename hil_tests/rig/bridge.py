@@ -25,9 +25,10 @@ physical NICs and on the veth ends the tests hand it.
   only waiting in tbf's queue: a spurious retransmission, a collapsed window and a doubled timeout stalled
   the relayed link 1-1.5 s. The kernel takes a connection's floor from its route when the connection
   starts (it is folded into the variance then; raising it later changes nothing for open connections, and
-  ``TCP_RTO_MIN_US`` may only lower it), so the relay's routes - the bridge's subnet and, when it is
-  elsewhere, the target - carry ``rto_min`` = `relay_rto_min`, the longest round trip the shaped link may
-  show at the slowest rate the relay is sized for, for as long as the relay runs. The tail loss probe fires
+  ``TCP_RTO_MIN_US`` may only lower it), so the relay's routes - the bridge's subnet from the start and,
+  when the target is elsewhere, a host route to it made before each connection there - carry ``rto_min`` =
+  `relay_rto_min`, the longest round trip the shaped link may show at the slowest rate the relay is sized
+  for, for as long as the relay runs. The tail loss probe fires
   after two round trips of the fast link whenever two segments are out and re-sends the last one, a
   frame's worth of the slow link wasted each time (a 1.9 s gap measured with the floor alone), and no
   socket option turns it off: ``net.ipv4.tcp_early_retrans`` is 0 while the relay runs (the rig box's or
@@ -44,6 +45,7 @@ import contextlib
 import ipaddress
 import re
 import socket
+import sys
 from collections.abc import Coroutine
 from typing import Any
 
@@ -114,7 +116,7 @@ class BridgeBackend(KernelShaping):
         self._target = target
         self._relay_port = relay_port
         self._queue_s = queue_s
-        self._relay_rto_min_ms = max(1, round(relay_rto_min(queue_s, relay_slowest_rate_bps) * 1000))
+        self._relay_floor = ["rto_min", f"{max(1, round(relay_rto_min(queue_s, relay_slowest_rate_bps) * 1000))}ms"]
         self._target_route: list[str] = []  # the host route to the target it added, to delete on close
         self._early_retrans: str | None = None  # net.ipv4.tcp_early_retrans before the relay, to restore
         self.features = frozenset({"rate", "loss", "down"} | ({"delay", "jitter"} if target else set()))
@@ -148,31 +150,41 @@ class BridgeBackend(KernelShaping):
                 await run_command("ip", "addr", "replace", str(self._address), "dev", self.bridge)
                 self._added_address = True
             if self._target is not None and self._address is not None:
-                await self._floor_relay_retransmissions(self._address, self._target[0])
-                self._relay = Relay(*self._target, listen_host=str(self._address.ip), listen_port=self._relay_port)
+                await self._floor_relay_retransmissions(self._address)
+                self._relay = Relay(
+                    *self._target, listen_host=str(self._address.ip), listen_port=self._relay_port,
+                    before_connect=self._floor_way_to_target,
+                )
                 await self._relay.start()
         except BaseException:
             await self.close()
             raise
 
-    async def _floor_relay_retransmissions(
-        self, address: ipaddress.IPv4Interface | ipaddress.IPv6Interface, target: str
-    ) -> None:
-        """Put ``rto_min`` on the routes of the relay's connections before it makes any (module docstring):
-        the bridge's subnet (the gateway side, and the target when it is there) and a host route to the
-        target where it is reached by another way; and turn tail loss probes off."""
+    async def _floor_relay_retransmissions(self, address: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> None:
+        """Before the relay listens (module docstring): no tail loss probes, and ``rto_min`` on the bridge's
+        subnet, the way to the gateway side (and to the target when it is there)."""
         self._early_retrans = (await run_command("sysctl", "-n", EARLY_RETRANS)).strip()
         await run_command("sysctl", "-q", "-w", f"{EARLY_RETRANS}=0")
-        floor = ["rto_min", f"{self._relay_rto_min_ms}ms"]
         await run_command("ip", "route", "replace", str(address.network), "dev", self.bridge, "proto", "kernel",
-                          "scope", "link", "src", str(address.ip), *floor)  # fmt: skip
-        target_ip = ipaddress.ip_address(socket.gethostbyname(target))
-        if target_ip in address.network:
+                          "scope", "link", "src", str(address.ip), *self._relay_floor)  # fmt: skip
+
+    async def _floor_way_to_target(self) -> None:
+        """Before each of the relay's connections to the target: a target outside the bridge's subnet gets a
+        host route with the floor, along the way the kernel would take now. Now, not at start: that way
+        often leads through the address the rig itself puts on the bridge (a default route added after it,
+        as on the bench in namespaces). Without any way there, the connection fails as it would anyway."""
+        assert self._target is not None and self._address is not None
+        target_ip = ipaddress.ip_address(socket.gethostbyname(self._target[0]))
+        if target_ip in self._address.network:
             return
-        words = (await run_command("ip", "-o", "route", "get", str(target_ip))).split()
-        way = [word for key in ("via", "dev") if key in words for word in (key, words[words.index(key) + 1])]
-        route = [f"{target_ip}/{target_ip.max_prefixlen}", *way]
-        await run_command("ip", "route", "replace", *route, *floor)
+        try:
+            words = (await run_command("ip", "-o", "route", "get", str(target_ip))).split()
+            way = [word for key in ("via", "dev") if key in words for word in (key, words[words.index(key) + 1])]
+            route = [f"{target_ip}/{target_ip.max_prefixlen}", *way]
+            await run_command("ip", "route", "replace", *route, *self._relay_floor)
+        except BackendError as error:
+            print(f"rig: no retransmission floor towards the target: {error}", file=sys.stderr, flush=True)
+            return
         self._target_route = route
 
     async def _apply(self, old: LinkSettings, new: LinkSettings) -> None:

@@ -47,6 +47,7 @@ from hil_tests.rig.program import _ports
 from hil_tests.rig.shaping import WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES, LinkSettings
 from hil_tests.rig.tests.flow import drain, flooding, measure_connection, quiet_for
 from tests.forwarding.peers import Collector, Device
+from tests.support.waiting import wait_until
 
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 GOODPUT_SHARE = WIRE_PAYLOAD_BYTES / (WIRE_PAYLOAD_BYTES + WIRE_HEADER_BYTES)  # RATE counts frames on the wire
@@ -484,25 +485,33 @@ def _receive_exactly(connection: socket.socket, size: int) -> bytes:
 
 
 def test_the_relays_retransmission_floor_is_on_its_routes_while_it_runs_and_gone_after(site, start_rig):
-    """The floor goes on the bridge's subnet and, for a target reached another way (here a veth pair in the
-    rig namespace standing in for the rig box's way to a router), on a host route of its own; tail loss probes are off. SIGTERM
-    removes the host route and restores the namespace's setting."""
+    """The floor goes on the bridge's subnet at start and, for a target reached another way (a veth pair in
+    the rig namespace stands in for the rig box's way to a router), on a host route made when the relay
+    connects there; tail loss probes are off. SIGTERM removes the host route and restores the setting."""
     def rig_ns(*argv: str) -> str:
         return subprocess.run(["ip", "netns", "exec", site.rig_ns, *argv], capture_output=True, text=True, check=True).stdout
 
+    probes_before = rig_ns("sysctl", "-n", "net.ipv4.tcp_early_retrans").strip()
+    assert probes_before != "0"
+    ready, _ = start_rig("--address", site.rig_address, "--target", "10.99.0.5:1883")  # no way there yet
+    floor = f"rto_min lock {relay_rto_min():g}s"
+    routes = rig_ns("ip", "route")
+    assert f"10.203.0.0/24 dev hilbr0 proto kernel scope link src {RIG_ADDRESS} {floor}" in routes, routes
+    assert rig_ns("sysctl", "-n", "net.ipv4.tcp_early_retrans").strip() == "0"
     rig_ns("ip", "link", "add", "router9", "type", "veth", "peer", "name", "router9b")
     rig_ns("ip", "link", "set", "router9", "up")
     rig_ns("ip", "route", "add", "10.99.0.0/16", "dev", "router9")
-    probes_before = rig_ns("sysctl", "-n", "net.ipv4.tcp_early_retrans").strip()
-    assert probes_before != "0"
-    ready, _ = start_rig("--address", site.rig_address, "--target", "10.99.0.5:1883")  # connects per connection only
-    routes = rig_ns("ip", "route")
-    floor = f"rto_min lock {relay_rto_min():g}s"
-    assert f"10.203.0.0/24 dev hilbr0 proto kernel scope link src {RIG_ADDRESS} {floor}" in routes, routes
-    assert any(line.startswith("10.99.0.5 dev router9 ") and line.endswith(floor) for line in routes.split(" \n")), routes
-    assert rig_ns("sysctl", "-n", "net.ipv4.tcp_early_retrans").strip() == "0"
-    os.kill(ready["pid"], signal.SIGTERM)
-    assert psutil.Process(ready["pid"]).wait(15) == 0
+
+    def target_floored() -> bool:
+        lines = rig_ns("ip", "route").split(" \n")
+        return any(line.startswith("10.99.0.5 dev router9 ") and line.endswith(floor) for line in lines)
+
+    host, port = ready["relay"].rsplit(":", 1)
+    gateway_side = in_namespace(site.gateway_ns, lambda: socket.create_connection((host, int(port)), timeout=10))
+    with gateway_side:
+        wait_until(target_floored, timeout=10, what="a host route to the target with the floor")
+        os.kill(ready["pid"], signal.SIGTERM)
+        assert psutil.Process(ready["pid"]).wait(15) == 0
     assert "rto_min" not in rig_ns("ip", "route")
     assert rig_ns("sysctl", "-n", "net.ipv4.tcp_early_retrans").strip() == probes_before
 
