@@ -19,6 +19,20 @@ physical NICs and on the veth ends the tests hand it.
   bridge) and ``target`` (the cloud endpoint as the rig reaches it), the relay listens on the bridge's
   address and the gateway's uplink connects to it (``relay`` in STATUS). Rate, loss and DOWN stay in the
   kernel, on the same ports, for the relay's traffic too.
+* the relay's own TCP connections cross the shaped ports, and they must not see the link worse than the
+  gateway would without the relay. Their retransmission timeout is learnt on the fast link (200 ms, the
+  kernel's floor for sub-millisecond round trips), so right after a RATE drop it fired on segments that were
+  only waiting in tbf's queue: a spurious retransmission, a collapsed window and a doubled timeout stalled
+  the relayed link 1-1.5 s. The kernel takes a connection's floor from its route when the connection
+  starts (it is folded into the variance then; raising it later changes nothing for open connections, and
+  ``TCP_RTO_MIN_US`` may only lower it), so the relay's routes - the bridge's subnet from the start and,
+  when the target is elsewhere, a host route to it made before each connection there - carry ``rto_min`` =
+  `relay_rto_min`, the longest round trip the shaped link may show at the slowest rate the relay is sized
+  for, for as long as the relay runs. The tail loss probe fires
+  after two round trips of the fast link whenever two segments are out and re-sends the last one, a
+  frame's worth of the slow link wasted each time (a 1.9 s gap measured with the floor alone), and no
+  socket option turns it off: ``net.ipv4.tcp_early_retrans`` is 0 while the relay runs (the rig box's or
+  rig namespace's setting, restored on close). Loss recovery by duplicate acknowledgements is unchanged.
 
 `close()` undoes exactly what `start()` and `apply()` did (qdiscs, table, ports released from the bridge,
 the bridge or the address it created), also after a failed start, and leaves the ports up.
@@ -30,6 +44,8 @@ import asyncio
 import contextlib
 import ipaddress
 import re
+import socket
+import sys
 from collections.abc import Coroutine
 from typing import Any
 
@@ -41,9 +57,10 @@ from hil_tests.rig.kernel import (
     drop_rules,
     run_command,
     tbf_arguments,
+    tbf_limit,
 )
 from hil_tests.rig.relay import Relay
-from hil_tests.rig.shaping import LinkSettings
+from hil_tests.rig.shaping import WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES, LinkSettings
 
 DEFAULT_BRIDGE = "hilbr0"
 # Interface names as the rig accepts them: they go into nft scripts and tc/ip arguments, and the kernel
@@ -51,6 +68,17 @@ DEFAULT_BRIDGE = "hilbr0"
 INTERFACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,14}")
 NFT_FAMILY = "bridge"
 NFT_HOOKS = ("forward", "input")
+# The slowest rate the relay's retransmission floor is sized for: the HIL scenarios' slow link.
+RELAY_SLOWEST_RATE_BPS = 9600
+EARLY_RETRANS = "net.ipv4.tcp_early_retrans"  # 0: no tail loss probes (module docstring)
+
+
+def relay_rto_min(queue_s: float = DEFAULT_QUEUE_SECONDS, slowest_rate_bps: int = RELAY_SLOWEST_RATE_BPS) -> float:
+    """Seconds the relay's TCP must wait before it takes a segment for lost: the longest the segment may
+    wait in one port's full tbf queue (its limit at the default burst, the segment included) plus one full
+    frame ahead of its acknowledgement on the other port, at ``slowest_rate_bps`` (3.6 s at 9.6 kbit/s)."""
+    queue_bytes = tbf_limit(LinkSettings(rate_bps=slowest_rate_bps), queue_s)
+    return (queue_bytes + WIRE_PAYLOAD_BYTES + WIRE_HEADER_BYTES) * 8 / slowest_rate_bps
 
 
 class BridgeBackend(KernelShaping):
@@ -66,9 +94,11 @@ class BridgeBackend(KernelShaping):
         target: tuple[str, int] | None = None,
         relay_port: int = 0,
         queue_s: float = DEFAULT_QUEUE_SECONDS,
+        relay_slowest_rate_bps: int = RELAY_SLOWEST_RATE_BPS,
     ) -> None:
         """``ports``: two existing interfaces, gateway side first. ``address`` (CIDR) goes on the bridge for
-        the relay; ``target`` enables DELAY/JITTER through that relay and needs ``address``."""
+        the relay; ``target`` enables DELAY/JITTER through that relay and needs ``address``;
+        ``relay_slowest_rate_bps`` sizes the relay's retransmission floor (`relay_rto_min`)."""
         if len(ports) != 2 or ports[0] == ports[1]:
             raise ValueError(f"the bridge backend needs two different ports, got {','.join(ports)}")
         for name in (*ports, bridge):
@@ -76,6 +106,8 @@ class BridgeBackend(KernelShaping):
                 raise ValueError(f"not an interface name the rig accepts (letters, digits, _.@-, at most 15): {name!r}")
         if bridge in ports:
             raise ValueError(f"the bridge {bridge!r} cannot also be one of its ports")
+        if relay_slowest_rate_bps <= 0:
+            raise ValueError(f"the relay's slowest rate must be a positive bit rate, got {relay_slowest_rate_bps}")
         if target is not None and address is None:
             raise ValueError("--target on the bridge backend needs --address: the relay listens on the bridge")
         self.ports = ports
@@ -84,6 +116,9 @@ class BridgeBackend(KernelShaping):
         self._target = target
         self._relay_port = relay_port
         self._queue_s = queue_s
+        self._relay_floor = ["rto_min", f"{max(1, round(relay_rto_min(queue_s, relay_slowest_rate_bps) * 1000))}ms"]
+        self._target_route: list[str] = []  # the host route to the target it added, to delete on close
+        self._early_retrans: str | None = None  # net.ipv4.tcp_early_retrans before the relay, to restore
         self.features = frozenset({"rate", "loss", "down"} | ({"delay", "jitter"} if target else set()))
         self._table = "hilrig_" + re.sub(r"[^A-Za-z0-9]", "_", bridge)  # nft identifiers: no '-', no '@'
         self._created_bridge = False
@@ -115,11 +150,42 @@ class BridgeBackend(KernelShaping):
                 await run_command("ip", "addr", "replace", str(self._address), "dev", self.bridge)
                 self._added_address = True
             if self._target is not None and self._address is not None:
-                self._relay = Relay(*self._target, listen_host=str(self._address.ip), listen_port=self._relay_port)
+                await self._floor_relay_retransmissions(self._address)
+                self._relay = Relay(
+                    *self._target, listen_host=str(self._address.ip), listen_port=self._relay_port,
+                    before_connect=self._floor_way_to_target,
+                )
                 await self._relay.start()
         except BaseException:
             await self.close()
             raise
+
+    async def _floor_relay_retransmissions(self, address: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> None:
+        """Before the relay listens (module docstring): no tail loss probes, and ``rto_min`` on the bridge's
+        subnet, the way to the gateway side (and to the target when it is there)."""
+        self._early_retrans = (await run_command("sysctl", "-n", EARLY_RETRANS)).strip()
+        await run_command("sysctl", "-q", "-w", f"{EARLY_RETRANS}=0")
+        await run_command("ip", "route", "replace", str(address.network), "dev", self.bridge, "proto", "kernel",
+                          "scope", "link", "src", str(address.ip), *self._relay_floor)  # fmt: skip
+
+    async def _floor_way_to_target(self) -> None:
+        """Before each of the relay's connections to the target: a target outside the bridge's subnet gets a
+        host route with the floor, along the way the kernel would take now. Now, not at start: that way
+        often leads through the address the rig itself puts on the bridge (a default route added after it,
+        as on the bench in namespaces). Without any way there, the connection fails as it would anyway."""
+        assert self._target is not None and self._address is not None
+        target_ip = ipaddress.ip_address(socket.gethostbyname(self._target[0]))
+        if target_ip in self._address.network:
+            return
+        try:
+            words = (await run_command("ip", "-o", "route", "get", str(target_ip))).split()
+            way = [word for key in ("via", "dev") if key in words for word in (key, words[words.index(key) + 1])]
+            route = [f"{target_ip}/{target_ip.max_prefixlen}", *way]
+            await run_command("ip", "route", "replace", *route, *self._relay_floor)
+        except BackendError as error:
+            print(f"rig: no retransmission floor towards the target: {error}", file=sys.stderr, flush=True)
+            return
+        self._target_route = route
 
     async def _apply(self, old: LinkSettings, new: LinkSettings) -> None:
         if (old.rate_bps, old.burst_bytes) != (new.rate_bps, new.burst_bytes):
@@ -157,6 +223,12 @@ class BridgeBackend(KernelShaping):
             await self._relay.stop()
             self._relay = None
         steps = [attempt(delete_table(NFT_FAMILY, self._table))]
+        if self._target_route:
+            steps.append(attempt(run_command("ip", "route", "del", *self._target_route)))
+            self._target_route = []
+        if self._early_retrans is not None:
+            steps.append(attempt(run_command("sysctl", "-q", "-w", f"{EARLY_RETRANS}={self._early_retrans}")))
+            self._early_retrans = None
         if self._applied.rate_bps:
             steps += [attempt(run_command("tc", "qdisc", "del", "dev", port, "root")) for port in self.ports]
         self._applied = LinkSettings()

@@ -30,7 +30,7 @@ from typing import Protocol, TextIO
 import serial
 
 from hil_tests.rig.backends import Backend, UserspaceBackend
-from hil_tests.rig.bridge import DEFAULT_BRIDGE, BridgeBackend
+from hil_tests.rig.bridge import DEFAULT_BRIDGE, RELAY_SLOWEST_RATE_BPS, BridgeBackend
 from hil_tests.rig.kernel import DEFAULT_QUEUE_SECONDS
 from hil_tests.rig.netns import NetnsBackend
 from hil_tests.rig.protocol import (
@@ -252,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-id", help="netns: suffix of the namespace names (default: random)")
     parser.add_argument("--queue-s", type=float, default=DEFAULT_QUEUE_SECONDS,
                         help="netns, bridge: how many seconds of traffic at the current rate tbf queues (default 1)")
+    parser.add_argument("--relay-slowest-rate", type=int, default=RELAY_SLOWEST_RATE_BPS, metavar="BITS_PER_S",
+                        help="bridge: the slowest RATE the delay relay's retransmission floor is sized for "
+                        f"(default {RELAY_SLOWEST_RATE_BPS}; PROTOCOL.md)")
     return parser
 
 
@@ -265,7 +268,9 @@ def make_backend(args: argparse.Namespace) -> Backend:
         if args.ports is None:
             raise SystemExit("--backend bridge needs --ports IF1,IF2 (gateway side first)")
         try:
-            return BridgeBackend(args.ports, args.bridge, args.address, args.target, relay_port, args.queue_s)
+            return BridgeBackend(
+                args.ports, args.bridge, args.address, args.target, relay_port, args.queue_s, args.relay_slowest_rate
+            )
         except ValueError as error:
             raise SystemExit(str(error)) from None
     return NetnsBackend(args.run_id, args.target, relay_port, args.queue_s)

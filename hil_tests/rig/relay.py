@@ -26,7 +26,7 @@ import contextlib
 import random
 import socket
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -110,15 +110,19 @@ class Relay:
         listen_port: int = 0,
         seed: int | None = None,
         socket_factory: Callable[[], socket.socket] | None = None,
+        before_connect: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """``socket_factory`` makes the listening and the outgoing TCP sockets (IPv4), for a relay that
-        lives in another network namespace (`namespace_sockets`); by default asyncio makes them here."""
+        lives in another network namespace (`namespace_sockets`); by default asyncio makes them here.
+        ``before_connect`` is awaited before each connection to the target (the bridge backend puts its
+        retransmission floor on the way there)."""
         self.target_host = target_host
         self.target_port = target_port
         self._listen = (listen_host, listen_port)
         self._settings = settings or LinkSettings()
         self._rng = random.Random(seed)
         self._socket_factory = socket_factory
+        self._before_connect = before_connect
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._upstream: _Direction | None = None
@@ -150,6 +154,8 @@ class Relay:
         self._server = await asyncio.start_server(self._accept, sock=listener)
 
     async def _connect_target(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._before_connect is not None:
+            await self._before_connect()
         if self._socket_factory is None:
             return await asyncio.open_connection(self.target_host, self.target_port)
         outgoing = self._socket_factory()

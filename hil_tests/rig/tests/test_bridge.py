@@ -38,7 +38,7 @@ from hil_tests.bridge_site import (
 )
 from hil_tests.harness import Route, write_gateway_config
 from hil_tests.netns_site import NamespacedGateway, NamespacedMosquitto, netns_refusal
-from hil_tests.rig.bridge import INTERFACE_NAME, BridgeBackend
+from hil_tests.rig.bridge import INTERFACE_NAME, BridgeBackend, relay_rto_min
 from hil_tests.rig.client import RigClient
 from hil_tests.rig.kernel import drop_rules, tbf_limit
 from hil_tests.rig.launcher import RigStartError, local_rig
@@ -47,6 +47,7 @@ from hil_tests.rig.program import _ports
 from hil_tests.rig.shaping import WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES, LinkSettings
 from hil_tests.rig.tests.flow import drain, flooding, measure_connection, quiet_for
 from tests.forwarding.peers import Collector, Device
+from tests.support.waiting import wait_until
 
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 GOODPUT_SHARE = WIRE_PAYLOAD_BYTES / (WIRE_PAYLOAD_BYTES + WIRE_HEADER_BYTES)  # RATE counts frames on the wire
@@ -426,3 +427,96 @@ def test_the_ports_option_takes_two_different_names_or_says_what_it_expects(valu
         assert "IF1,IF2" in str(error)
         return
     assert first and second and first != second and f"{first},{second}" == value
+
+
+REQUEST = b"r" * 1000  # about an MQTT PUBLISH of the throughput-drop scenario; answered with 4 bytes, a PUBACK
+REQUEST_WIRE_S = (len(REQUEST) + WIRE_HEADER_BYTES) * 8 / 9600
+# Two requests' wire time: a gap that long is a stall. Measured: before the fix 1.89-2.59 s (4 runs), with the
+# retransmission floor alone 1.92 s once (a tail loss probe re-sent a request); after, 0.0-1.33 s (7 runs),
+# the longest while tbf's bucket refills from the burst the first request took.
+STALL_S = 2 * REQUEST_WIRE_S
+
+
+def _acknowledge(server: socket.socket) -> None:
+    connection, _ = server.accept()
+    with connection:
+        pending = 0
+        while data := connection.recv(65536):
+            pending += len(data)
+            answers, pending = divmod(pending, len(REQUEST))
+            connection.sendall(b"ack!" * answers)
+
+
+def test_a_rate_drop_under_load_does_not_stall_the_relays_own_tcp(site, start_rig):
+    """Issue 16: right after `RATE 9600` the relay's own TCP toward the uplink, its retransmission timeout
+    sized by the fast link's sub-millisecond round trips (200 ms), timed out on a segment that was only
+    waiting in tbf's queue; the spurious retransmission, the collapsed window and the doubled timeout
+    stalled the link 1-1.5 s in the HIL scenario; its tail loss probe re-sent requests that were only
+    queued. A physical link that slows down stalls nobody: requests answered one by one keep coming back
+    about one request's wire time apart."""
+    server = in_namespace(site.uplink_ns, lambda: socket.create_server(("0.0.0.0", SINK_PORT)))
+    with server:
+        ready, rig = start_rig("--address", site.rig_address, "--target", f"{UPLINK_ADDRESS}:{SINK_PORT}")
+        threading.Thread(target=_acknowledge, args=(server,), daemon=True).start()
+        host, port = ready["relay"].rsplit(":", 1)
+        link = in_namespace(site.gateway_ns, lambda: socket.create_connection((host, int(port)), timeout=15))
+        with link:
+            link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for _ in range(50):  # the fast link: the relay's TCP learns its round trip
+                link.sendall(REQUEST)
+                assert link.recv(4) == b"ack!"
+            rig.rate(9600)
+            answered: list[float] = []
+            link.sendall(REQUEST * 2)  # two in flight, as the gateway's smallest window
+            while len(answered) < 8:
+                assert len(_receive_exactly(link, 4)) == 4
+                answered.append(time.monotonic())
+                link.sendall(REQUEST)
+    gaps = [later - earlier for earlier, later in zip(answered, answered[1:], strict=False)]
+    print(f"answers {REQUEST_WIRE_S:.2f} s of wire apart at 9.6 kbit/s came {[round(g, 2) for g in gaps]} s apart")
+    assert max(gaps) < STALL_S, gaps
+
+
+def _receive_exactly(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size and (chunk := connection.recv(size - len(data))):
+        data += chunk
+    return data
+
+
+def test_the_relays_retransmission_floor_is_on_its_routes_while_it_runs_and_gone_after(site, start_rig):
+    """The floor goes on the bridge's subnet at start and, for a target reached another way (a veth pair in
+    the rig namespace stands in for the rig box's way to a router), on a host route made when the relay
+    connects there; tail loss probes are off. SIGTERM removes the host route and restores the setting."""
+    def rig_ns(*argv: str) -> str:
+        return subprocess.run(["ip", "netns", "exec", site.rig_ns, *argv], capture_output=True, text=True, check=True).stdout
+
+    probes_before = rig_ns("sysctl", "-n", "net.ipv4.tcp_early_retrans").strip()
+    assert probes_before != "0"
+    ready, _ = start_rig("--address", site.rig_address, "--target", "10.99.0.5:1883")  # no way there yet
+    floor = f"rto_min lock {relay_rto_min():g}s"
+    routes = rig_ns("ip", "route")
+    assert f"10.203.0.0/24 dev hilbr0 proto kernel scope link src {RIG_ADDRESS} {floor}" in routes, routes
+    assert rig_ns("sysctl", "-n", "net.ipv4.tcp_early_retrans").strip() == "0"
+    rig_ns("ip", "link", "add", "router9", "type", "veth", "peer", "name", "router9b")
+    rig_ns("ip", "link", "set", "router9", "up")
+    rig_ns("ip", "route", "add", "10.99.0.0/16", "dev", "router9")
+
+    def target_floored() -> bool:
+        lines = rig_ns("ip", "route").split(" \n")
+        return any(line.startswith("10.99.0.5 dev router9 ") and line.endswith(floor) for line in lines)
+
+    host, port = ready["relay"].rsplit(":", 1)
+    gateway_side = in_namespace(site.gateway_ns, lambda: socket.create_connection((host, int(port)), timeout=10))
+    with gateway_side:
+        wait_until(target_floored, timeout=10, what="a host route to the target with the floor")
+        os.kill(ready["pid"], signal.SIGTERM)
+        assert psutil.Process(ready["pid"]).wait(15) == 0
+    assert "rto_min" not in rig_ns("ip", "route")
+    assert rig_ns("sysctl", "-n", "net.ipv4.tcp_early_retrans").strip() == probes_before
+
+
+@pytest.mark.parametrize("rate_bps", [0, -9600])
+def test_a_slowest_rate_that_is_no_rate_is_refused_before_anything_is_touched(rate_bps):
+    with pytest.raises(ValueError, match="positive bit rate"):
+        BridgeBackend(("eth1", "eth2"), relay_slowest_rate_bps=rate_bps)
