@@ -77,15 +77,7 @@ def parse_set_point(raw, low: float, high: float) -> float:
     if not text:
         raise ValueError("empty")
     try:
-        # MicroPython's decoder takes overlong forms, surrogates and code points past U+10FFFF, which are
-        # not UTF-8: each character's shortest form must account for every byte, and none may be those
-        # (1000 is more than overlong forms can give back in 32 bytes).
-        n = len(text)
-        for c in text.decode():
-            c = ord(c)
-            n -= 1 + (c > 0x7F) + (c > 0x7FF) + (c > 0xFFFF) + 1000 * (0xD7FF < c < 0xE000 or c > 0x10FFFF)
-        if n:
-            raise UnicodeError
+        text.decode()
     except UnicodeError:
         raise ValueError("not UTF-8")
     if not _is_decimal(text):

@@ -21,11 +21,6 @@ def test_parse_set_point_rejects_garbage_and_out_of_range():
     eq(str(raises(ValueError, thermostat.parse_set_point, b"nan", 5, 30)), "not a number")
     eq(str(raises(ValueError, thermostat.parse_set_point, b"inf", 5, 30)), "not a number")
     eq(str(raises(ValueError, thermostat.parse_set_point, b"\xff\xfe", 5, 30)), "not UTF-8")
-    # What MicroPython's own decoder lets through: overlong forms, a surrogate, past U+10FFFF.
-    for lenient in (b"\xc0\x80", b"\xe0\x80\xb1", b"\xf0\x80\x80\xb1", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80"):
-        eq(str(raises(ValueError, thermostat.parse_set_point, lenient, 5, 30)), "not UTF-8")
-    eq(str(raises(ValueError, thermostat.parse_set_point, b"\xc3\xa9", 5, 30)), "not a number")
-    eq(str(raises(ValueError, thermostat.parse_set_point, b"\xc0\x80" * 9 + b"\xed\xa0\x80", 5, 30)), "not UTF-8")
     eq(str(raises(ValueError, thermostat.parse_set_point, b"1e999", 5, 30)), "not finite")
     eq(str(raises(ValueError, thermostat.parse_set_point, b"9" * 32, 5, 30)), "out of range [5, 30]")
     eq(str(raises(ValueError, thermostat.parse_set_point, b"9" * 33, 5, 30)), "too long (33 bytes)")
