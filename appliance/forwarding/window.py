@@ -32,6 +32,9 @@ LATE_S = 0.25
 RECONNECT_DECAY = 4
 #: Batches whose fixed-cost samples are kept; their least (or the CONNACK's round trip) is the fixed cost.
 FIXED_SAMPLES = 8
+#: The least time per byte the estimate believes (10 Gbit/s): acks a few clock ticks apart, or none,
+#: must not make the link infinitely fast (a window of infinity messages, a division by zero).
+MIN_SECONDS_PER_BYTE = 8e-10
 #: An Ethernet frame of a full TCP segment: a link delivers (and acknowledges) in frames, not bytes.
 FRAME_BYTES = 1514
 
@@ -153,7 +156,7 @@ class LinkEstimate:
         self.average_size = _smooth(self.average_size, sum(sizes) / len(sizes), self.weight)
         sample = self._seconds_per_byte_sample(sizes, acks, sent_at) if len(sizes) >= 2 else None
         if sample is not None:
-            self.seconds_per_byte = _smooth(self.seconds_per_byte, sample, self.weight)
+            self.seconds_per_byte = max(_smooth(self.seconds_per_byte, sample, self.weight), MIN_SECONDS_PER_BYTE)
         if self.seconds_per_byte is not None:
             fixed = max(acks[0] - sent_at - sizes[0] * self.seconds_per_byte, 1e-4)
             self._fixed_samples.append(fixed)
@@ -218,7 +221,8 @@ class LinkEstimate:
             return
         span = ack_times[-1] - ack_times[-every - 1]
         if span > 0:
-            self.seconds_per_byte = _smooth(self.seconds_per_byte, span / sum(sizes[-every:]), self.weight)
+            self.seconds_per_byte = max(_smooth(self.seconds_per_byte, span / sum(sizes[-every:]), self.weight),
+                                        MIN_SECONDS_PER_BYTE)
 
     def window(self) -> Window:
         target = self.target_messages()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from appliance.forwarding.window import LinkEstimate
@@ -229,6 +229,8 @@ def test_a_late_ack_shrinks_the_window_at_once_when_the_link_drops() -> None:
 @campaign(300, deadline=None)
 @given(st.lists(st.tuples(st.lists(st.integers(1, 70_000), min_size=1, max_size=20), st.floats(0, 100), st.booleans(),
                           st.sampled_from(["record", "progress", "reconnect", "round_trip"])), max_size=40))
+@example([([1, 1, 1], 5e-324, False, "record")])  # acks a denormal apart: a link of infinite speed, before
+@example([([1, 1], 5e-324, False, "record")])
 def test_any_acknowledgement_timing_keeps_the_window_within_its_bounds(events: list[tuple[list[int], float, bool, str]]) -> None:
     """Hostile timing - acks before their batch, all at once, hours late, reconnects at any point: no
     exception, and the window stays between its minimum and maximum (a packed window too)."""
