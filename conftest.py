@@ -152,7 +152,6 @@ GROUP_ORDER = {"hil": 0, "spark": 1, None: 2}
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
-    groups: dict[str, str | None] = {}
     for item in items:
         module = PurePosixPath(item.path.relative_to(root)).as_posix()
         layer = layer_of(module)
@@ -160,8 +159,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = worker_group(layer, getattr(item, "fixturenames", []))
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-        groups[item.nodeid] = group
-    items.sort(key=lambda item: GROUP_ORDER[groups[item.nodeid]])
+    items.sort(key=lambda item: GROUP_ORDER[group_of(item)])
+
+
+def group_of(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    return marker.args[0] if marker is not None else None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -170,8 +173,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not getattr(session.config.option, "loadgroup", False):
         return
     for item in session.items:
-        group = item.get_closest_marker("xdist_group")
-        if group is not None and not item.nodeid.endswith("@" + group.args[0]):
+        group = group_of(item)
+        if group is not None and not item.nodeid.endswith("@" + group):
             raise pytest.UsageError(f"pytest-xdist did not group {item.nodeid} (pyproject.toml: pytest-xdist#1386)")
 
 
