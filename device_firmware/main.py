@@ -1,4 +1,4 @@
-# Boards run main.py at boot (deploy.py writes the same line as main.py source). The first over-the-air
-# update replaces this file with fwboot's form (ota_updater.MAIN_PY): from then on fwboot.py picks the
-# version that boots. Until then nothing of it is loaded or even looked for (heap: docs/firmware.md).
+# Boards run main.py at boot (deploy.py writes the same line as main.py source). From the first
+# over-the-air update on, fwboot.py writes this file in the form the version to boot needs (fwboot.write):
+# an accepted update only adds its directory to sys.path. Nothing of fwboot is loaded or looked for here.
 import app  # noqa: F401

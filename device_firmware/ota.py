@@ -18,11 +18,11 @@ written again (a notification: `appliance firmware publish` once more). A versio
 reset cut short: the update is made again (every file is then found verified on flash).
 
 No restart while this version is itself on trial (main.py's mark `fwboot` in sys.modules): fwboot
-would count it as a failed boot and roll it back. The thermostat offers the update again once it has
-accepted the version (`Thermostat.accept`).
+would take the next boot as a failed trial and roll it back. Accepting the version resets the board
+(`Thermostat.accept`), and the GET at the next registration makes the update then.
 
-Heap: the names interned here stay after the module is gone, and the thermostat on an updated board
-(fwboot's main.py) holds 298 of the 300 qstrs four pools take; one more allocates a fifth pool, 3.5 KB
+Heap: the names interned here stay after the module is gone, and the thermostat holds 298 of the 300
+qstrs four pools take once it has read an update record; one more allocates a fifth pool, 3.5 KB
 in the middle of the heap, for good. So: one function named as the thermostat's `offer`, arguments
 named as its own, state names compared as few times as possible, file names over 10 characters
 (literals that long are strings, not qstrs).

@@ -18,13 +18,15 @@ command/chunk/response` and Correlation Data; the reply is a RESP3 bulk string o
 (shorter at the end of the file) or `-ERR <why>`. `size` is what fits our receive buffer whole (4 KB,
 the gateway's cap), so a chunk is written to flash straight from that buffer (and hashed there).
 
-Files land in `firmware/<version>/`, beside the running version: first `manifest.txt` (`<name> <version>
+Files land in `fw/a` or `fw/b`, whichever the running version is not in (the deployed one is in the
+flash's root; short names, as every module's `__file__` is interned with its whole path): first `manifest.txt` (`<name> <version>
 <mpy version>`, then one `<file> <size> <sha256 hex>` per line), then `manifest.sig` when the config
 has a public key (`update.key`: ECDSA P-256, checked by `p256.py` over the manifest's sha256), then every
 file, each checked against its sha256. The manifest's sha256, once verified, goes into the request, so
 after a power cut the manifest on flash is checked against it instead of being fetched (and its
 signature checked) again. A file already there is hashed and resumed at its end. When all are good the
-pointer (`fwboot.py`) is replaced in one rename, with the new version on trial, and the board resets.
+pointer (`fwboot.py`, which also writes the `main.py` that boots it) is replaced in one rename, with
+the new version on trial, and the board resets.
 """
 
 import binascii
@@ -41,27 +43,6 @@ import resp3
 from control import heap_headroom, heater_should_be_on
 from mqtt5 import MQTTClient, MQTTException
 from mqtt5_codec import CONTENT_TYPE, CORRELATION_DATA, RESPONSE_TOPIC, MQTTProtocolError, Oversized
-
-# main.py once an update is installed: fwboot picks the version (the deployed one's main.py only imports
-# app, so a board that was never updated pays nothing for this). Written at the first switch.
-MAIN_PY = """# Written by ota_updater.py: fwboot picks the firmware version (firmware.txt) and rolls back one on trial.
-import gc
-import sys
-import fwboot
-
-if fwboot.start():  # on trial: None marks it for the app, which imports fwboot again to accept the version
-    sys.modules["fwboot"] = None
-else:
-    del sys.modules["fwboot"]
-del fwboot
-gc.collect()  # before the app: what fwboot left is gone, not pinned under the app's first objects
-try:
-    import app  # noqa: F401
-except Exception as e:
-    sys.modules.pop("fwboot", None)
-    import fwboot
-    fwboot.reset(e)
-"""
 
 REQUEST_TOPIC = "firmware/v1/command/chunk"
 _RECEIVE_BUFFER = const(4352)  # a 4,096-byte chunk (the gateway's cap) with its topic and properties
@@ -179,6 +160,7 @@ class Updater:
         self.state, self.reason, self.file = "downloading", None, None
         self.done = 0
         self.app_listed = False
+        self.dir = None  # where the files go: fw/a or fw/b (_start)
         self.outcome = None  # (state, reason) once the update is over: run() writes it and resets
         self.mem_peak = 0
         self.heap = heap_headroom()
@@ -203,18 +185,29 @@ class Updater:
             self.outcome = ("refused", "not a version name (1-32 of A-Za-z0-9._-)")
             return
         pointer = fwboot.read()
+        if pointer[2] is not None:  # a switch a reset cut short before main.py: the previous version runs
+            pointer = [pointer[1], None, None, pointer[3], pointer[5], None]
+        self.pointer = pointer
+        self.dir = "fw/b" if pointer[4] == "fw/a" else "fw/a"
         if pointer[3] == self.version:
             self.outcome = ("rolled_back", "it failed its trial boot; publish another version")
             return
         try:
-            os.mkdir("firmware")
+            os.mkdir("fw")
         except OSError:
             pass
-        for entry in list(os.ilistdir("firmware")):  # flash for two versions: the running one and this one
-            if entry[0] not in (pointer[0], self.version):
-                _remove_tree("firmware/" + entry[0])
+        for entry in list(os.ilistdir("fw")):  # flash for two versions: the running one and this one
+            if "fw/" + entry[0] not in (pointer[4], self.dir):
+                _remove_tree("fw/" + entry[0])
+        try:  # files of this version already there are kept (and checked); another version's go
+            with open(self.dir + "/manifest.txt", "rb") as f:
+                kept = f.readline().split()[1:2] == [self.version.encode()]
+        except OSError:
+            kept = False
+        if not kept:
+            _remove_tree(self.dir)
         try:
-            os.mkdir("firmware/" + self.version)
+            os.mkdir(self.dir)
         except OSError:
             pass
         if self._resume_manifest():
@@ -261,8 +254,8 @@ class Updater:
         else:
             print("update: %s %s: %s" % (state, self.version, why))
             try:
-                if state == "refused":
-                    _remove_tree("firmware/" + self.version)  # bad data: a retry starts from nothing
+                if state == "refused" and self.dir:
+                    _remove_tree(self.dir)  # bad data: a retry starts from nothing
                 _replace("update.json", {"state": state, "version": self.version, "file": self.file,
                                          "offset": self.offset if self.file else None, "reason": why})
             except OSError as e:  # a failing flash: the thermostat must run all the same
@@ -400,7 +393,7 @@ class Updater:
         """Start (or resume) one file: what is already on flash is hashed and kept if it can be.
         True if it is all there already (its check is then the caller's: no recursion per file)."""
         self.file, self.size, self.sha = name, size, sha
-        self.path = "firmware/%s/%s" % (self.version, name)
+        self.path = "%s/%s" % (self.dir, name)
         self.hash = hashlib.sha256()
         self.offset = 0
         if size is None:  # the manifest and signature are fetched afresh
@@ -423,7 +416,7 @@ class Updater:
         if not self.doc.get("manifest"):
             return False
         hasher = hashlib.sha256()
-        if _hash_file("firmware/%s/manifest.txt" % self.version, hasher) < 0:
+        if _hash_file(self.dir + "/manifest.txt", hasher) < 0:
             return False
         if binascii.hexlify(hasher.digest()).decode() != self.doc["manifest"]:
             return False
@@ -477,7 +470,7 @@ class Updater:
         self._check_manifest()
 
     def _check_manifest(self) -> None:
-        with open("firmware/%s/manifest.txt" % self.version, "rb") as f:
+        with open(self.dir + "/manifest.txt", "rb") as f:
             head = f.readline().split()
             self.pos = f.tell()
         if len(head) != 3 or head[1] != self.version.encode():
@@ -490,7 +483,7 @@ class Updater:
         """On to the manifest's next file to fetch (those already on flash are checked and passed),
         or the switch when there is none."""
         while True:
-            with open("firmware/%s/manifest.txt" % self.version, "rb") as f:
+            with open(self.dir + "/manifest.txt", "rb") as f:
                 f.seek(self.pos)
                 line = f.readline()
                 self.pos = f.tell()
@@ -515,9 +508,6 @@ class Updater:
         # record `rebooting` as an update to make again, and finds every file verified on flash.
         _replace("update.json", {"state": "rebooting", "version": self.version})
         _remove("update.pending")
-        fwboot.write([self.version, fwboot.read()[0], 0, None])
-        with open("main.py.new", "w") as f:  # after the pointer: until this rename the board ignores it
-            f.write(MAIN_PY)
-        os.rename("main.py.new", "main.py")
+        fwboot.write([self.version, self.pointer[0], 0, None, self.dir, self.pointer[4]])
         self.state, self.file = "rebooting", None
         self.outcome = ("rebooting", None)

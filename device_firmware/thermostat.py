@@ -452,14 +452,16 @@ class Thermostat:
 
     def accept(self) -> None:
         """Tell fwboot this version passed its trial. fwboot is not loaded during the trial (its heap is
-        the app's; main.py leaves None in its place as the mark): imported now, it unloads itself, and
-        no frame of the main loop keeps a reference to it. An update asked for during the trial
-        (ota.py waits for this) is made now."""
+        the app's; main.py leaves None in its place as the mark): imported now, it accepts the version
+        and resets the board into its accepted boot (fwboot.py says why). An update asked for during
+        the trial (ota.py waits for this) is made after that boot's registration, from its GET."""
+        try:
+            self.mqtt.disconnect()
+        except OSError:
+            pass
         del sys.modules["fwboot"]
         import fwboot
         fwboot.accept()
-        if self.update:
-            self._on_notify(self.keys[1], "SET", self.update["version"].encode(), None, "get")
 
     def _idle(self, timeout_ms: int) -> None:
         """Sleep until the next tick, but handle incoming messages (set point changes) at once."""

@@ -42,14 +42,16 @@ from pathlib import Path
 from typing import Protocol
 
 # Written as main.py: boards autostart main.py (never main.mpy). The same lines as device_firmware/main.py:
-# fwboot picks the firmware version (over-the-air updates) and rolls back one on trial that fails.
+# an over-the-air update's fwboot.py rewrites it for the version that boots (and back to this form).
 MAIN_PY = (Path(__file__).resolve().parents[2] / "device_firmware" / "main.py").read_text()
 BOOT_PY = ("# Written by deploy.py: boards run boot.py before main.py. No open access point in the field;\n"
            "# station mode is the thermostat's (wifi.py), which reports its status in telemetry.\n"
            "import network\nnetwork.WLAN(network.AP_IF).active(False)\n")
 SAFE_BOOT = "SAFE_BOOT"
 KEPT = {"boot.py", "main.py", "config.json"}  # rewritten by deploy, never removed as stale
-POINTER = "firmware.txt"  # fwboot's: which over-the-air update boots; a deploy boots what it copied
+# fwboot's: which over-the-air update boots, and the main.py of a trial's next boot; a deploy boots what it
+# copied (the update directories fw/a, fw/b stay until the next update reuses them)
+POINTER = ("firmware.txt", "main.py.trial")
 # An over-the-air update asked for (boots into the updater instead of the thermostat) and the record of
 # the last one: the deployed version starts with neither.
 UPDATE_FILES = ("update.pending", "update.json")
@@ -272,7 +274,7 @@ def install(board: Board, manifest: dict, staged: Path, config_path: Path,
     board.reset()  # comes back in safe mode: no app, no watchdog
     modules = {e["path"] for e in manifest["files"] if e["path"].endswith(".mpy") and e["path"] != "main.mpy"}
     on_board = board.files()
-    for name in stale_files(on_board, modules) + [n for n in (POINTER, *UPDATE_FILES) if n in on_board]:
+    for name in stale_files(on_board, modules) + [n for n in (*POINTER, *UPDATE_FILES) if n in on_board]:
         board.remove(name)
     for name in sorted(modules):
         board.put(staged / name, name)

@@ -38,6 +38,7 @@ def bundles(tmp_path_factory):
         "0.2.0": build_variant(FIRMWARE, out, "0.2.0"),
         "0.3.0": build_variant(FIRMWARE, out, "0.3.0"),
         "0.3.0-crash": build_variant(FIRMWARE, out, "0.3.0-crash", 'raise RuntimeError("broken at boot")\n'),
+        "0.3.0-hang": build_variant(FIRMWARE, out, "0.3.0-hang", 'print("hanging")\nimport time\ntime.sleep(600)\n'),
     }
 
 
@@ -95,7 +96,7 @@ def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards,
     took = time.monotonic() - started
     board.expect(r"^update: 0\.2\.0 verified \(\d+ files\), restarting$")
     board.expect(r"^firmware 0\.2\.0 accepted$")
-    assert board.pointer() == "0.2.0 - - -"  # on 0.2.0, accepted; the deployed version is the way back
+    assert board.pointer() == "0.2.0 - - - fw/a -"  # on 0.2.0 in fw/a, accepted; the deployed version is the way back
     during = [d for d in seen if (d.get("update") or {}).get("state") == "downloading"]
     assert during, seen
     assert {d["set_point"] for d in during} == {22.5}, during  # the updater holds the last good set point
@@ -110,31 +111,37 @@ def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards,
 
 
 def test_an_updated_board_updates_again_within_the_64k_heap(gateway, boards, bundles, paho_peer):
-    """The second update runs on an updated board: fwboot's main.py, modules from firmware/0.2.0/, and
-    their names (the qstr budget is tightest there: docs/firmware.md, OTA, Heap)."""
+    """The second update runs on an updated board, and the board it leaves keeps the heap of a fresh one:
+    16 KB free and a 4 KB block after registration (issue 15), with the modules in fw/b and the accepted
+    form of main.py (docs/firmware.md, OTA, Heap)."""
     board = boards("t-twice")
     peer = paho_peer(gateway.host, gateway.port)
     peer.subscribe("devices/t-twice/messages/events/data", 0)
     publish(gateway, str(bundles["0.2.0"]), "--target", "t-twice")
     board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
     publish(gateway, str(bundles["0.3.0"]), "--target", "t-twice")
+    trial = telemetry_while(peer, "t-twice", lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
     board.expect(r"^firmware 0\.3\.0 accepted$", timeout=60)
-    assert board.pointer() == "0.3.0 0.2.0 - -"  # 0.2.0 is the way back now
-    assert sorted(p.name for p in (board.flash / "firmware").iterdir()) == ["0.2.0", "0.3.0"]
-    data = telemetry_while(peer, "t-twice", lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
-    assert board.boots == 5  # updater, 0.2.0, updater, 0.3.0 after the first boot
-    # And as the board boots from now on: 0.3.0 accepted, fwboot's main.py, no trial.
+    accepted = telemetry_while(peer, "t-twice", lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
+    assert board.pointer() == "0.3.0 0.2.0 - - fw/b fw/a"  # 0.2.0 in fw/a is the way back now
+    assert sorted(p.name for p in (board.flash / "fw").iterdir()) == ["a", "b"]
+    # thermostat, updater, 0.2.0 on trial, 0.2.0 accepted, updater, 0.3.0 on trial, 0.3.0 accepted
+    assert board.boots == 7
+    assert (board.flash / "main.py").read_text().endswith('import sys\nsys.path.insert(0, "fw/b")\nimport app\n')
+    # And as the board boots from now on.
     board.power_cycle()
-    mark, _ = board.expect(r"^<boot 6>$")
+    mark, _ = board.expect(r"^<boot 8>$")
     board.expect(r"^registered t-twice\\setPoint$", after=mark, timeout=30)
-    later = telemetry_while(peer, "t-twice", lambda d: d["registered"] and d["ts_ms"] > data["ts_ms"] + 2000)
-    steady = [d for d in later if d["registered"] and d["ts_ms"] > data["ts_ms"]]
-    print("heap on an updated board after registration (on trial; after a reboot):", data["mem_free"],
-          data["mem_largest"], [(d["mem_free"], d["mem_largest"]) for d in steady])
-    # Measured 15,392 B on trial, 15,744 B after the reboot: the issue's 16 KB is not reached on an updated
-    # board (docs/firmware.md, OTA, Heap, says where the rest goes and what was tried).
-    assert data["mem_free"] >= 15 * 1024 and data["mem_largest"] >= 4 * 1024, data
-    assert min(d["mem_free"] for d in steady) >= 15 * 1024 and min(d["mem_largest"] for d in steady) >= 4 * 1024
+    later = telemetry_while(peer, "t-twice", lambda d: d["registered"] and d["ts_ms"] > accepted["ts_ms"] + 2000)
+    steady = [accepted] + [d for d in later if d["registered"] and d["ts_ms"] > accepted["ts_ms"]]
+    print("heap on an updated board after registration (on trial; accepted, then after a power cut):",
+          trial["mem_free"], trial["mem_largest"], [(d["mem_free"], d["mem_largest"]) for d in steady])
+    # Measured 16,480-16,544 B / 6.3 KB (a fresh deploy 16,544-16,608 B); 15,392-15,904 B before the
+    # boot of an accepted version became main.py's plain form (fwboot.py).
+    assert min(d["mem_free"] for d in steady) >= 16 * 1024 and min(d["mem_largest"] for d in steady) >= 4 * 1024
+    # The trial boot lasts until its first telemetry (then the board resets into the accepted form):
+    # its main.py's rename, mark and handler cost about 350 B (16,128 B measured).
+    assert trial["mem_free"] >= 15.5 * 1024 and trial["mem_largest"] >= 4 * 1024, trial
     assert "MemoryError" not in board.output() and "Traceback" not in board.output(), board.output()
 
 
@@ -204,7 +211,7 @@ def test_a_file_that_does_not_match_its_sha256_is_refused_and_the_old_version_ke
     assert data["fw"] == OLD and data["registered"]
     assert data["update"]["reason"] == "thermostat.mpy: sha256 does not match the manifest"
     assert board.pointer() is None and board.boots == 3  # the thermostat, the updater, the thermostat: no loop
-    assert not (board.flash / "firmware" / "0.2.0").exists()  # bad data is not kept
+    assert not (board.flash / "fw" / "a").exists()  # bad data is not kept
 
 
 def test_an_update_whose_app_crashes_at_boot_is_rolled_back(gateway, boards, bundles, paho_peer):
@@ -218,16 +225,32 @@ def test_an_update_whose_app_crashes_at_boot_is_rolled_back(gateway, boards, bun
     back, _ = board.expect(r"^registered t-crash\\setPoint$", after=fourth, timeout=30)
     data = telemetry_while(peer, "t-crash", lambda d: d["fw"] == OLD and (d.get("update") or {}).get("state") == "rolled_back")[-1]
     assert data["update"]["version"] == "0.3.0-crash"
-    assert board.pointer() == "- - - 0.3.0-crash"  # the deployed version, and it will not fetch 0.3.0-crash again
+    assert board.pointer() == "- - - 0.3.0-crash - -"  # the deployed version, and it will not fetch 0.3.0-crash again
     assert board.boots == 4  # into the updater, the switch, the crash's reset, nothing more: no boot loop
     assert "update: fetching 0.3.0-crash" not in "\n".join(board.lines[back:])
     assert (board.flash / "main.py").read_text() == "import app\n"  # back to the deployed boot: no fwboot
 
 
+def test_an_update_that_never_reaches_its_first_telemetry_is_rolled_back_at_the_next_boot(gateway, boards, bundles):
+    """A version on trial that hangs (on a board the watchdog resets it) or loses power boots no further:
+    main.py's trial form is consumed by its first boot, so the next one runs fwboot, which goes back."""
+    board = boards("t-hang")
+    publish(gateway, str(bundles["0.3.0-hang"]), "--target", "t-hang")
+    mark, _ = board.expect(r"^hanging$", timeout=30)  # the trial boot: its app.py sleeps
+    assert board.pointer() == "0.3.0-hang - 0 - fw/a -"
+    board.power_cycle()
+    board.expect(r"^firmware 0\.3\.0-hang rolled back: no telemetry after its trial boot$", after=mark, timeout=30)
+    fifth, _ = board.expect(r"^<boot 5>$", timeout=30)  # the rollback resets into the deployed version
+    board.expect(r"^registered t-hang\\setPoint$", after=fifth, timeout=30)
+    assert board.pointer() == "- - - 0.3.0-hang - -"
+    assert (board.flash / "main.py").read_text() == "import app\n"
+    assert "update: fetching 0.3.0-hang" not in "\n".join(board.lines[fifth:])  # not fetched again
+
+
 def test_a_transfer_cut_by_a_gateway_restart_resumes_where_it_stopped(gateway, boards, bundles):
     board = boards("t-resume")
     publish(gateway, str(bundles["0.2.0"]), "--target", "t-resume")
-    staging = board.flash / "firmware" / "0.2.0"
+    staging = board.flash / "fw" / "a"
     first = staging / "app.mpy"  # the manifest's first file (sorted): the transfer is under way, 17 files to go
     wait_until(lambda: first.exists(), timeout=30, what="the first file on flash")
     mark = len(board.lines)
@@ -245,7 +268,7 @@ def test_a_transfer_cut_by_a_gateway_restart_resumes_where_it_stopped(gateway, b
 def test_a_transfer_cut_by_a_power_cut_resumes_from_what_is_on_flash(gateway, boards, bundles):
     board = boards("t-power")
     publish(gateway, str(bundles["0.2.0"]), "--target", "t-power")
-    first = board.flash / "firmware" / "0.2.0" / "app.mpy"  # the manifest's first file
+    first = board.flash / "fw" / "a" / "app.mpy"  # the manifest's first file
     wait_until(lambda: first.exists(), timeout=30, what="the first file on flash")
     board.power_cycle()
     board.expect(r"^<boot 3>$")
