@@ -104,6 +104,7 @@ INPROCESS_MODULES = frozenset(
         "tests/broker/test_server_login.py",
         "tests/broker/test_services.py",
         "tests/statestore/test_hosted.py",
+        "tests/support/test_paho_clients.py",
     }
 )
 
