@@ -129,6 +129,10 @@ def pytest_configure(config: pytest.Config) -> None:
     }
     for layer in LAYERS:
         config.addinivalue_line("markers", f"{layer}: {descriptions[layer]}")
+    # pytest-xdist would send the groups out by their number of tests (220 tiny codec vectors before the
+    # spark group, the run's longest); `send_order` decides instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def worker_group(layer: str, fixtures: list[str], module: str, module_fixtures: list[str]) -> str | None:
@@ -162,22 +166,29 @@ def module_scoped(item: pytest.Item) -> list[str]:
     return [name for name, defs in info.name2fixturedefs.items() if defs and defs[-1].scope in ("module", "class")]
 
 
-def send_order(group: str | None) -> int:
-    """The longest groups go out first, so no worker starts one of them when the others are nearly done."""
-    return {"hil": 0, "spark": 1, None: 3}.get(group, 2)
+LAYERS_SLOWEST_FIRST = ("hil", "process", "inprocess", "unit")
+
+
+def send_order(group: str | None, layer: str) -> tuple[int, int]:
+    """The order the work goes out in: the longest groups first (hil, then spark, then the modules that
+    share a fixture), then the single tests, slowest layer first, so the unit tests fill the end of the run
+    and no worker starts a long test when the others are nearly done."""
+    group_rank = {"hil": 0, "spark": 1, None: 3}.get(group, 2)
+    return group_rank, LAYERS_SLOWEST_FIRST.index(layer)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
+    layers: dict[pytest.Item, str] = {}
     for item in items:
         module = PurePosixPath(item.path.relative_to(root)).as_posix()
-        layer = layer_of(module)
+        layer = layers[item] = layer_of(module)
         item.add_marker(layer)
         group = worker_group(layer, getattr(item, "fixturenames", []), module, module_scoped(item))
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: send_order(group_of(item)))
+    items.sort(key=lambda item: send_order(group_of(item), layers[item]))
 
 
 def group_of(item: pytest.Item) -> str | None:

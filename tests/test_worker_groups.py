@@ -65,6 +65,16 @@ def test_hil_and_spark_keep_their_groups_whatever_their_fixtures(pytester: pytes
     assert spark_groups["test_shares_the_module_fixture"] == "tests/area/test_jobs.py"
 
 
-def test_the_groups_go_out_longest_first() -> None:
-    order = sorted([None, "tests/area/test_shared.py", "spark", "hil"], key=lambda group: suite.send_order(group))
-    assert order == ["hil", "spark", "tests/area/test_shared.py", None]
+def test_the_groups_go_out_longest_first_then_the_single_tests_slowest_layer_first() -> None:
+    work = [(None, "unit"), (None, "process"), ("tests/area/test_shared.py", "process"), (None, "inprocess"),
+            ("spark", "process"), ("hil", "hil")]  # fmt: skip
+    assert sorted(work, key=lambda unit: suite.send_order(*unit)) == [
+        ("hil", "hil"), ("spark", "process"), ("tests/area/test_shared.py", "process"), (None, "process"),
+        (None, "inprocess"), (None, "unit"),
+    ]  # fmt: skip
+
+
+def test_pytest_xdist_keeps_that_order_instead_of_sorting_the_groups_by_size(pytester: pytest.Pytester) -> None:
+    pytester.plugins.append(suite)
+    config = pytester.parseconfigure("--dist", "loadgroup")
+    assert config.option.loadscopereorder is False
