@@ -72,6 +72,7 @@ UNIT_MODULES = frozenset(
         "tests/test_backoff.py",
         "tests/test_campaigns.py",
         "tests/test_prometheus.py",
+        "tests/test_worker_groups.py",
         "tests/hardware/test_config.py",
         "tests/hardware/test_factory_reset.py",
         "tests/hardware/test_gpio.py",
@@ -103,6 +104,7 @@ INPROCESS_MODULES = frozenset(
         "tests/broker/test_server_login.py",
         "tests/broker/test_services.py",
         "tests/statestore/test_hosted.py",
+        "tests/support/test_paho_clients.py",
     }
 )
 
@@ -127,9 +129,13 @@ def pytest_configure(config: pytest.Config) -> None:
     }
     for layer in LAYERS:
         config.addinivalue_line("markers", f"{layer}: {descriptions[layer]}")
+    # pytest-xdist would send the groups out by their number of tests (220 tiny codec vectors before the
+    # spark group, the run's longest); `send_order` decides instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
-def worker_group(layer: str, fixtures: list[str]) -> str | None:
+def worker_group(layer: str, fixtures: list[str], module: str, module_fixtures: list[str]) -> str | None:
     """The pytest-xdist worker that must run a test, if it may not go to any.
 
     ``make test`` runs the whole suite in one parallel run (``--dist loadgroup``). The suite is bound by
@@ -137,29 +143,52 @@ def worker_group(layer: str, fixtures: list[str]) -> str | None:
     layer runs beside the others - but on one worker, in order, because its scenarios share benches and
     their bounds are latencies of one scenario at a time. Every test that takes the ``spark`` fixture runs
     on one worker too, so the suite starts one JVM for them instead of one per worker.
+
+    A test that takes a module-scoped fixture (``module_fixtures``: a gateway, mosquitto, a built image
+    tree or firmware bundle shared by the module's tests) runs on the worker of its module: a module
+    scope is per worker, so spread over four workers the module would start it four times (the image
+    tree's build, 20-40 s, ran three times in one run; the OTA bundles three times).
     """
     if layer == "hil":
         return "hil"
     if "spark" in fixtures:
         return "spark"
+    if module_fixtures:
+        return module
     return None
 
 
-# The longest groups go out first, so no worker starts one of them when the others are nearly done.
-GROUP_ORDER = {"hil": 0, "spark": 1, None: 2}
+def module_scoped(item: pytest.Item) -> list[str]:
+    """The fixtures of ``item`` that live as long as its module (or a class in it)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return [name for name, defs in info.name2fixturedefs.items() if defs and defs[-1].scope in ("module", "class")]
+
+
+LAYERS_SLOWEST_FIRST = ("hil", "process", "inprocess", "unit")
+
+
+def send_order(group: str | None, layer: str) -> tuple[int, int]:
+    """The order the work goes out in: the longest groups first (hil, then spark, then the modules that
+    share a fixture), then the single tests, slowest layer first, so the unit tests fill the end of the run
+    and no worker starts a long test when the others are nearly done."""
+    group_rank = {"hil": 0, "spark": 1, None: 3}.get(group, 2)
+    return group_rank, LAYERS_SLOWEST_FIRST.index(layer)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
+    layers: dict[pytest.Item, str] = {}
     for item in items:
         module = PurePosixPath(item.path.relative_to(root)).as_posix()
-        layer = layer_of(module)
+        layer = layers[item] = layer_of(module)
         item.add_marker(layer)
-        group = worker_group(layer, getattr(item, "fixturenames", []))
+        group = worker_group(layer, getattr(item, "fixturenames", []), module, module_scoped(item))
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: GROUP_ORDER[group_of(item)])
+    items.sort(key=lambda item: send_order(group_of(item), layers[item]))
 
 
 def group_of(item: pytest.Item) -> str | None:

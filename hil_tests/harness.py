@@ -36,6 +36,7 @@ import paho.mqtt.client as mqtt
 from appliance.forwarding.batch import BatchFormatError, decode_batch, record_properties
 from appliance.forwarding.config import DEFAULT_BATCH_TOPIC
 from hil_tests.timeline import Timeline
+from tests.support import paho_clients
 from tests.support.processes import GatewayProcess
 
 GATEWAY_ID = "gw-hil"
@@ -280,8 +281,7 @@ class _Subscriber:
             return list(self.messages)
 
     def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
+        paho_clients.close(self.client)
 
 
 class GatewayTap(_Subscriber):

@@ -17,6 +17,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from tests.support import paho_clients
 from tests.support.processes import MosquittoProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,8 +156,7 @@ class PahoPeer:
                 return json.loads(msg.payload)
 
     def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
+        paho_clients.close(self.client)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from appliance.forwarding.batch import BatchRecord, decode_batch, record_properties
+from tests.support import paho_clients
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,7 @@ class Collector:
             return next(m for m in self.messages if m.topic == topic)
 
     def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
+        paho_clients.close(self.client)
 
 
 @dataclass(frozen=True)
@@ -153,5 +153,4 @@ class Device:
             return self.acks[mid]
 
     def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
+        paho_clients.close(self.client)

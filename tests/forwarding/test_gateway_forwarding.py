@@ -15,6 +15,7 @@ import pytest
 
 from tests.forwarding.peers import Collector, delivered
 from tests.forwarding.rig import ForwardingRig, manifest
+from tests.support import paho_clients
 from tests.support.waiting import wait_until
 
 DATA = "FROM /messages/* WHERE $outputName = 'data' INTO $upstream"
@@ -304,8 +305,7 @@ def test_a_311_thermostat_raises_a_p0_alert_by_topic_alone(make_rig, upstream_fo
             thermostat.publish(topic, b'{"t": 21.5}', qos=1).wait_for_publish(10)
         got = {d.n: d for d in delivered(rig.cloud, 4)}
     finally:
-        thermostat.loop_stop()
-        thermostat.disconnect()
+        paho_clients.close(thermostat)
     assert {n: d.priority for n, d in got.items()} == {1: 5, 2: 0, 3: 0, 4: 5}
 
 

@@ -14,6 +14,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.hardware.modem_emulator import ModemEmulator
+from tests.support import paho_clients
 from tests.support.processes import GatewayProcess
 from tests.systemd.notify_socket import NotifySocket
 
@@ -67,7 +68,6 @@ def test_gateway_publishes_modem_readings_with_hardware_enabled(tmp_path: Path) 
         assert "AT+CSQ" in emulator.commands
         assert gateway.terminate() == 0
     finally:
-        client.loop_stop()
-        client.disconnect()
+        paho_clients.close(client)
         gateway.kill9()
         emulator.close()
