@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from appliance.broker import lifecycle, storage
@@ -119,6 +119,9 @@ class Broker:
         self._since_flush = 0
         self.backlogs = Backlogs(self)
         self._tick_timer: Timer | None = None
+        #: The last commit failed: requests that need a write are refused (``store_failure``). Kept by
+        #: ``CommitGate`` as the store's health changes: a plain flag, since every QoS 1/2 PUBLISH reads it.
+        self.store_failing = False
         #: Commits, their health, and the acknowledgements that wait on them (``store_failure``).
         self.commits = CommitGate(self, log)
         self.store_health = self.commits.health
@@ -163,6 +166,9 @@ class Broker:
         self.authenticator = authenticator
         self.acl = acl
         self.router.acl = acl
+        check = self.receive_check()
+        for session in self.sessions.values():
+            session.receive_check = check
 
     # -- socket layer callbacks -----------------------------------------------------------------------
 
@@ -264,6 +270,11 @@ class Broker:
             lifecycle.close(self, link, rc.UNSPECIFIED_ERROR, "internal error")
         self.mark(connection)
 
+    def receive_check(self) -> Callable[[Session, str], bool] | None:
+        """What a session checks each delivery against as it leaves its queue: ``may_receive``, or None
+        while no ACL is configured (a call per delivery saved; ``reload_security`` updates every session)."""
+        return self.may_receive if self.acl is not None else None
+
     def may_receive(self, session: Session, topic: str) -> bool:
         """The ACL's read check for a delivery leaving now (the ACL in force at that moment: a SIGHUP may
         have replaced it since the message was queued)."""
@@ -276,16 +287,17 @@ class Broker:
         """Deliver ``message`` to every matching session (and retain it if asked); store the deliveries
         to durable sessions; hold ``publisher`` back for congested receivers. False if a QoS 1/2
         delivery was dropped because a receiver's queue is full (the publisher gets 0x97)."""
-        if message.retain and self.store_failing and storage.stores_retained(self, message):
-            self.store_health.refused += 1  # delivered, but not kept: the change could not be stored
-        elif message.retain and self.retained.update(message):
-            self.stats.retained_count = len(self.retained)
-            storage.store_retained(self, message)
+        if message.retain:
+            if self.store_failing and storage.stores_retained(self, message):
+                self.store_health.refused += 1  # delivered, but not kept: the change could not be stored
+            elif self.retained.update(message):
+                self.stats.retained_count = len(self.retained)
+                storage.store_retained(self, message)
         durable: list[tuple[Session, Delivery]] = []
-        backpressure = self.backpressure
+        congested = self.backpressure.congested_hits
         router = self.router
         queue_full = router.queue_full
-        count = router.route(message, now, self._dirty, durable, backpressure.congested_hits)
+        count = router.route(message, now, self._dirty, durable, congested)
         self.stats.messages_sent += count
         self._since_flush += count
         if durable:
@@ -293,18 +305,13 @@ class Broker:
             # no acknowledgement): an away session's deliveries live only in the store, which keeps them
             # buffered until a commit succeeds.
             storage.store_deliveries(self, message, durable, now)
-        if backpressure.congested_hits:
-            backpressure.after_route(publisher)
+        if congested:
+            self.backpressure.after_route(publisher)
         if self._dirty and not self._flush_scheduled:
             self.schedule_flush()
         return router.queue_full == queue_full
 
     # -- the store's health ---------------------------------------------------------------------------
-
-    @property
-    def store_failing(self) -> bool:
-        """The last commit failed: requests that need a write are refused (``store_failure``)."""
-        return not self.commits.health.healthy
 
     def metrics(self) -> list[Family]:
         """The broker's figures for the gateway's Prometheus page: drops and the store's health."""
