@@ -350,7 +350,7 @@ class Broker:
         """Commit the turn's changes, then write each connection's bytes once (if the commit failed, the
         acknowledgements that depended on it are answered as failures: ``store_failure``)."""
         self._flush_scheduled = False
-        committed = self.store is None or self.commit()
+        committed = self.store is None or self.commits.commit()
         self._since_flush = 0
         dirty = self._dirty
         if not dirty:
@@ -364,13 +364,17 @@ class Broker:
         self.stats.bytes_sent += sent
 
     def _write(self, connection: Connection, committed: bool) -> int:
-        self.commits.settle(connection, committed)
+        # Only a connection with acknowledgements held for this turn's commit has anything to settle, and
+        # only a failed commit can make one close: the common case costs no call.
+        if connection.held_acks:
+            self.commits.settle(connection, committed)
         out = connection.out
         sent = len(out)
         if out:
             connection.link.write(bytes(out))
             out.clear()
-        self.commits.close_if_refused(connection)
+        if not committed:
+            self.commits.close_if_refused(connection)
         return sent
 
     def close_after_flush(self, link: Link) -> None:

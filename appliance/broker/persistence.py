@@ -303,14 +303,16 @@ class BrokerStore:
             row[6] = packet_id
             row[7] = int(state)
         else:
-            self._buffer((_MARK_DELIVERY, (packet_id, int(state), seq)))
+            self._operations.append((_MARK_DELIVERY, (packet_id, int(state), seq)))  # ``_buffer``, inline: per message
+            self.revision += 1
 
     def remove_delivery(self, seq: int) -> None:
         """The delivery is complete (PUBACK, PUBCOMP) or dropped (expired); frees an unreferenced message."""
         if seq in self._new_deliveries:
             self._drop_new_delivery(seq)
         else:
-            self._buffer((_DELETE_DELIVERY, (seq,)))
+            self._operations.append((_DELETE_DELIVERY, (seq,)))  # ``_buffer``, inline: per message
+            self.revision += 1
 
     @property
     def last_seq(self) -> int:

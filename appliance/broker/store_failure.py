@@ -127,19 +127,23 @@ class CommitGate:
         if not store.has_pending:
             return True
         health = self.health
-        now = broker.runtime.monotonic()
-        if not health.healthy and now < self._next_attempt:
-            self._schedule_retry(self._next_attempt - now)
-            return False
+        healthy = health.healthy
+        if not healthy:
+            now = broker.runtime.monotonic()
+            if now < self._next_attempt:
+                self._schedule_retry(self._next_attempt - now)
+                return False
         try:
             store.commit()
         except PersistenceError as exc:
+            now = broker.runtime.monotonic()
             self._next_attempt = now + COMMIT_RETRY
             if health.failed(str(exc.__cause__ or exc), exc.disk_full, now):
                 self._state_changed()
             self._schedule_retry(COMMIT_RETRY)
             return False
-        if health.succeeded(now):
+        # Once per loop turn: while the store is healthy (the common case) no clock is read here.
+        if not healthy and health.succeeded(broker.runtime.monotonic()):
             self._state_changed()
         return True
 
