@@ -119,8 +119,7 @@ class Broker:
         self._since_flush = 0
         self.backlogs = Backlogs(self)
         self._tick_timer: Timer | None = None
-        #: The last commit failed: requests that need a write are refused (``store_failure``). Kept by
-        #: ``CommitGate`` as the store's health changes: a plain flag, since every QoS 1/2 PUBLISH reads it.
+        #: The last commit failed: requests that need a write are refused (kept by ``CommitGate``).
         self.store_failing = False
         #: Commits, their health, and the acknowledgements that wait on them (``store_failure``).
         self.commits = CommitGate(self, log)
@@ -271,8 +270,7 @@ class Broker:
         self.mark(connection)
 
     def receive_check(self) -> Callable[[Session, str], bool] | None:
-        """What a session checks each delivery against as it leaves its queue: ``may_receive``, or None
-        while no ACL is configured (a call per delivery saved; ``reload_security`` updates every session)."""
+        """A session's check of each delivery as it leaves: None while there is no ACL (per delivery)."""
         return self.may_receive if self.acl is not None else None
 
     def may_receive(self, session: Session, topic: str) -> bool:
@@ -364,8 +362,7 @@ class Broker:
         self.stats.bytes_sent += sent
 
     def _write(self, connection: Connection, committed: bool) -> int:
-        # Only a connection with acknowledgements held for this turn's commit has anything to settle, and
-        # only a failed commit can make one close: the common case costs no call.
+        # Only held acknowledgements need settling, and only a failed commit closes: no call otherwise.
         if connection.held_acks:
             self.commits.settle(connection, committed)
         out = connection.out

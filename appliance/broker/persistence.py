@@ -134,10 +134,8 @@ class BrokerStore:
         self._next_seq = 1 + (connection.execute("SELECT coalesce(max(seq), 0) FROM outbound").fetchone()[0])
         self._reset_buffer()
         self._failed: list[_Batch] = []
-        #: A number that grows with every buffered change that will need a write (cancelled-out work
-        #: such as a delivery enqueued and removed in one turn does not count): the broker compares it
-        #: before and after handling a packet to tell whether that packet's acknowledgement waits on the
-        #: commit. A plain attribute (``_buffer`` and ``enqueue`` count), read twice per PUBLISH.
+        #: Grows with every buffered change that needs a write (not with cancelled-out work): the broker
+        #: compares it around a packet to tell whether the packet's acknowledgement waits on the commit.
         self.revision = 0
 
     def _buffer(self, operation: tuple[str, tuple[object, ...]]) -> None:
