@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from appliance.broker import lifecycle, storage
@@ -119,6 +119,8 @@ class Broker:
         self._since_flush = 0
         self.backlogs = Backlogs(self)
         self._tick_timer: Timer | None = None
+        #: The last commit failed: requests that need a write are refused (kept by ``CommitGate``).
+        self.store_failing = False
         #: Commits, their health, and the acknowledgements that wait on them (``store_failure``).
         self.commits = CommitGate(self, log)
         self.store_health = self.commits.health
@@ -163,6 +165,9 @@ class Broker:
         self.authenticator = authenticator
         self.acl = acl
         self.router.acl = acl
+        check = self.receive_check()
+        for session in self.sessions.values():
+            session.receive_check = check
 
     # -- socket layer callbacks -----------------------------------------------------------------------
 
@@ -264,6 +269,10 @@ class Broker:
             lifecycle.close(self, link, rc.UNSPECIFIED_ERROR, "internal error")
         self.mark(connection)
 
+    def receive_check(self) -> Callable[[Session, str], bool] | None:
+        """A session's check of each delivery as it leaves: None while there is no ACL (per delivery)."""
+        return self.may_receive if self.acl is not None else None
+
     def may_receive(self, session: Session, topic: str) -> bool:
         """The ACL's read check for a delivery leaving now (the ACL in force at that moment: a SIGHUP may
         have replaced it since the message was queued)."""
@@ -276,16 +285,17 @@ class Broker:
         """Deliver ``message`` to every matching session (and retain it if asked); store the deliveries
         to durable sessions; hold ``publisher`` back for congested receivers. False if a QoS 1/2
         delivery was dropped because a receiver's queue is full (the publisher gets 0x97)."""
-        if message.retain and self.store_failing and storage.stores_retained(self, message):
-            self.store_health.refused += 1  # delivered, but not kept: the change could not be stored
-        elif message.retain and self.retained.update(message):
-            self.stats.retained_count = len(self.retained)
-            storage.store_retained(self, message)
+        if message.retain:
+            if self.store_failing and storage.stores_retained(self, message):
+                self.store_health.refused += 1  # delivered, but not kept: the change could not be stored
+            elif self.retained.update(message):
+                self.stats.retained_count = len(self.retained)
+                storage.store_retained(self, message)
         durable: list[tuple[Session, Delivery]] = []
-        backpressure = self.backpressure
+        congested = self.backpressure.congested_hits
         router = self.router
         queue_full = router.queue_full
-        count = router.route(message, now, self._dirty, durable, backpressure.congested_hits)
+        count = router.route(message, now, self._dirty, durable, congested)
         self.stats.messages_sent += count
         self._since_flush += count
         if durable:
@@ -293,18 +303,13 @@ class Broker:
             # no acknowledgement): an away session's deliveries live only in the store, which keeps them
             # buffered until a commit succeeds.
             storage.store_deliveries(self, message, durable, now)
-        if backpressure.congested_hits:
-            backpressure.after_route(publisher)
+        if congested:
+            self.backpressure.after_route(publisher)
         if self._dirty and not self._flush_scheduled:
             self.schedule_flush()
         return router.queue_full == queue_full
 
     # -- the store's health ---------------------------------------------------------------------------
-
-    @property
-    def store_failing(self) -> bool:
-        """The last commit failed: requests that need a write are refused (``store_failure``)."""
-        return not self.commits.health.healthy
 
     def metrics(self) -> list[Family]:
         """The broker's figures for the gateway's Prometheus page: drops and the store's health."""
@@ -343,7 +348,7 @@ class Broker:
         """Commit the turn's changes, then write each connection's bytes once (if the commit failed, the
         acknowledgements that depended on it are answered as failures: ``store_failure``)."""
         self._flush_scheduled = False
-        committed = self.store is None or self.commit()
+        committed = self.store is None or self.commits.commit()
         self._since_flush = 0
         dirty = self._dirty
         if not dirty:
@@ -357,13 +362,16 @@ class Broker:
         self.stats.bytes_sent += sent
 
     def _write(self, connection: Connection, committed: bool) -> int:
-        self.commits.settle(connection, committed)
+        # Only held acknowledgements need settling, and only a failed commit closes: no call otherwise.
+        if connection.held_acks:
+            self.commits.settle(connection, committed)
         out = connection.out
         sent = len(out)
         if out:
             connection.link.write(bytes(out))
             out.clear()
-        self.commits.close_if_refused(connection)
+        if not committed:
+            self.commits.close_if_refused(connection)
         return sent
 
     def close_after_flush(self, link: Link) -> None:

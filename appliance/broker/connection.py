@@ -51,6 +51,7 @@ class Connection:
         "reader", "out", "state", "protocol_level", "v5", "client_id", "username", "keep_alive", "last_received",
         "send_quota", "max_outbound_packet", "alias_maximum_out", "aliases_out", "alias_maximum_in", "aliases_in",
         "session", "peer", "request_problem_info", "clean_disconnect", "congested", "overloaded", "link", "flush_pending",
+        "held_acks",
     )
 
     def __init__(self, max_packet_size: int, topic_alias_maximum: int, peer: str) -> None:
@@ -79,6 +80,9 @@ class Connection:
         #: Congested for longer than the socket layer's grace period: a slow consumer, so QoS 0 messages
         #: for it are dropped (and counted) instead of holding publishers back any longer.
         self.overloaded = False
+        #: Where in ``out`` the acknowledgements start that wait on this turn's commit of the broker's
+        #: store (``store_failure.CommitGate``): offsets only, read back into packets if the commit fails.
+        self.held_acks: list[int] = []
         #: Whether the broker has this connection in its list of buffers to write this loop turn.
         self.flush_pending = False
         #: The socket layer's handle for this connection, opaque here.

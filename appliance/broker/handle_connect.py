@@ -180,7 +180,7 @@ def complete_connect(broker: Broker, link: Link, connect: pk.Connect, authorized
     session_present = session is not None
     if session is None:
         session = Session(client_id, limits.max_queued_messages, broker.queue_bytes_limit)
-        session.receive_check = broker.may_receive
+        session.receive_check = broker.receive_check()
         broker.sessions[client_id] = session
     was_durable = session.durable
     session.expiry_interval = expiry
@@ -208,7 +208,7 @@ def complete_connect(broker: Broker, link: Link, connect: pk.Connect, authorized
             connack_props[pr.TOPIC_ALIAS_MAXIMUM] = limits.topic_alias_maximum
     start = len(connection.out)
     connection.out += encode(pk.Connack(session_present, 0, connack_props), connection.protocol_level)
-    broker.commits.hold(connection, revision, start, pk.CONNACK, 0)
+    broker.commits.hold(connection, revision, start)
     if keep_alive:
         lifecycle.start_keepalive(broker, link, keep_alive * 1.5)
     session.resume(connection, now)

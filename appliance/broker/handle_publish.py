@@ -73,11 +73,16 @@ def handle_publish(broker: Broker, link: Link, publish: pk.Publish, now: float) 
 def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Publish, verdict: PublishVerdict,
                    now: float) -> None:
     connection = link.connection
-    revision = broker.commits.revision()
+    # Whether this PUBLISH buffered a change for the store, so that its acknowledgement waits on the
+    # commit (``store_failure.CommitGate``): the store's revision read directly, since this runs per message.
+    store = broker.store
+    revision = store.revision if store is not None else 0
+    qos = publish.qos
+    code = verdict.reason_code
     queued = True
     # A failure reason code means "not accepted": such a message is not routed either.
-    if verdict.route and verdict.reason_code < 0x80:
-        if publish.qos and broker.store_failing and store_failure.publish_needs_write(broker, session, publish):
+    if code < 0x80 and verdict.route:
+        if qos and broker.store_failing and store_failure.publish_needs_write(broker, session, publish):
             store_failure.refuse_publish(broker, link, publish)
             return
         properties = publish.properties
@@ -88,31 +93,34 @@ def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Pub
             if interval is not None:
                 expires_at = now + interval
                 raw = None
-        message = Message(publish.topic, publish.payload, publish.qos, publish.retain, properties,
+        message = Message(publish.topic, publish.payload, qos, publish.retain, properties,
                           connection.client_id, expires_at, raw, connection.v5)
         queued = broker.route(message, now, link)
-    qos = publish.qos
     if not qos:
         return
-    code = verdict.reason_code
-    if code >= 0x80 and verdict.disconnect is not None and not connection.v5:
-        return  # 3.1.1 cannot say no: closed by the caller without an acknowledgement, the client resends
-    if not queued and code < 0x80:
+    if code >= 0x80:
+        if verdict.disconnect is not None and not connection.v5:
+            return  # 3.1.1 cannot say no: closed by the caller without an acknowledgement, the client resends
+    elif not queued:
         # Some subscriber's queue is full (max_queued_bytes): MQTT 5 says so (3.1.1 cannot).
         code = rc.QUOTA_EXCEEDED
-    properties_out = {pr.REASON_STRING: verdict.reason_string} if verdict.reason_string else None
-    level = connection.protocol_level
-    start = len(connection.out)
+    reason = verdict.reason_string
+    properties_out = {pr.REASON_STRING: reason} if reason else None
+    out = connection.out
+    start = len(out)
+    packet_id = publish.packet_id
     if qos == 1:
-        connection.out += encode_ack(pk.PUBACK, publish.packet_id, level, code, properties_out)
-        broker.commits.hold(connection, revision, start, pk.PUBACK, publish.packet_id)
+        out += encode_ack(pk.PUBACK, packet_id, connection.protocol_level, code, properties_out)
+        if store is not None and store.revision != revision:
+            connection.held_acks.append(start)  # ``CommitGate.hold``, inline
         return
     if code < 0x80:
-        session.inbound_qos2.add(publish.packet_id)
-        if session.journal is not None and broker.store is not None:
-            broker.store.add_inbound_qos2(session.client_id, publish.packet_id)
-    connection.out += encode_ack(pk.PUBREC, publish.packet_id, level, code, properties_out)
-    broker.commits.hold(connection, revision, start, pk.PUBREC, publish.packet_id)
+        session.inbound_qos2.add(packet_id)
+        if session.journal is not None and store is not None:
+            store.add_inbound_qos2(session.client_id, packet_id)
+    out += encode_ack(pk.PUBREC, packet_id, connection.protocol_level, code, properties_out)
+    if store is not None and store.revision != revision:
+        broker.commits.hold(connection, revision, start)
 
 
 def services_for(broker: Broker, topic: str) -> tuple[BrokerService, ...]:
@@ -181,7 +189,9 @@ def handle_puback(broker: Broker, link: Link, packet: pk.PubAck, now: float) -> 
     session = connection.session
     if session is not None:
         session.on_puback(packet.packet_id, now)
-        broker.backpressure.acknowledged(connection, session)
+        backpressure = broker.backpressure
+        if connection.overloaded or backpressure.held_back:  # per message: skip the call when nothing is held
+            backpressure.acknowledged(connection, session)
 
 
 def handle_pubrec(broker: Broker, link: Link, packet: pk.PubRec, now: float) -> None:
@@ -213,6 +223,6 @@ def handle_pubrel(broker: Broker, link: Link, packet: pk.PubRel, now: float) -> 
             broker.store.remove_inbound_qos2(session.client_id, packet_id)
         start = len(connection.out)
         connection.out += encode_ack(pk.PUBCOMP, packet_id, connection.protocol_level)
-        broker.commits.hold(connection, revision, start, pk.PUBCOMP, packet_id)
+        broker.commits.hold(connection, revision, start)
     else:
         connection.out += encode_ack(pk.PUBCOMP, packet_id, connection.protocol_level, rc.PACKET_IDENTIFIER_NOT_FOUND)

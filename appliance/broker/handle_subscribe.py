@@ -77,7 +77,7 @@ def handle_subscribe(broker: Broker, link: Link, subscribe: pk.Subscribe, now: f
             retained_to_send.append((topic_filter, options))
     start = len(connection.out)
     connection.out += encode(pk.Suback(subscribe.packet_id, codes), connection.protocol_level)
-    broker.commits.hold(connection, revision, start, pk.SUBACK, subscribe.packet_id)
+    broker.commits.hold(connection, revision, start)
     for topic_filter, options in retained_to_send:
         broker.retained_feeds.start(session, topic_filter, options, now)
 
@@ -101,4 +101,4 @@ def handle_unsubscribe(broker: Broker, link: Link, unsubscribe: pk.Unsubscribe, 
             codes.append(rc.SUCCESS if removed else rc.NO_SUBSCRIPTION_EXISTED)
     start = len(connection.out)
     connection.out += encode(pk.Unsuback(unsubscribe.packet_id, codes), connection.protocol_level)
-    broker.commits.hold(connection, revision, start, pk.UNSUBACK, unsubscribe.packet_id)
+    broker.commits.hold(connection, revision, start)

@@ -134,7 +134,14 @@ class BrokerStore:
         self._next_seq = 1 + (connection.execute("SELECT coalesce(max(seq), 0) FROM outbound").fetchone()[0])
         self._reset_buffer()
         self._failed: list[_Batch] = []
-        self._taken_operations = 0
+        #: Grows with every buffered change that needs a write (not with cancelled-out work): the broker
+        #: compares it around a packet to tell whether the packet's acknowledgement waits on the commit.
+        self.revision = 0
+
+    def _buffer(self, operation: tuple[str, tuple[object, ...]]) -> None:
+        """Every buffered statement goes through here, so ``revision`` counts it."""
+        self._operations.append(operation)
+        self.revision += 1
 
     def _reset_buffer(self) -> None:
         self._new_messages: dict[int, tuple[object, ...]] = {}
@@ -181,7 +188,7 @@ class BrokerStore:
     def save_session(self, session: StoredSession) -> None:
         """Insert or replace a session row (its subscriptions and queue are kept)."""
         will = session.will
-        self._operations.append(
+        self._buffer(
             (
                 _UPSERT_SESSION,
                 (
@@ -202,7 +209,7 @@ class BrokerStore:
 
     def set_disconnected(self, client_id: str, at: float | None) -> None:
         """Record when the client went away (None: connected again)."""
-        self._operations.append((_SET_DISCONNECTED, (at, client_id)))
+        self._buffer((_SET_DISCONNECTED, (at, client_id)))
 
     def clear_will(self, client_id: str) -> None:
         """The will was published (or dropped by the ACL): after a restart it must not be published again.
@@ -210,7 +217,7 @@ class BrokerStore:
         A stored will of a disconnected session means "still waiting out its delay", so the restart can
         schedule it; clearing it in the same turn that routed it keeps the two in one transaction.
         """
-        self._operations.append((_CLEAR_WILL, (client_id,)))
+        self._buffer((_CLEAR_WILL, (client_id,)))
 
     def delete_session(self, client_id: str) -> None:
         """Forget a session with its subscriptions, queue and inbound QoS 2 state (clean start, expiry).
@@ -220,12 +227,12 @@ class BrokerStore:
         for seq in [seq for seq, row in self._new_deliveries.items() if row[1] == client_id]:
             self._drop_new_delivery(seq)
         for statement in _DELETE_SESSION:
-            self._operations.append((statement, (client_id,)))
-        self._operations.append((_DELETE_SESSION_QUEUE, (client_id, self._next_seq)))
+            self._buffer((statement, (client_id,)))
+        self._buffer((_DELETE_SESSION_QUEUE, (client_id, self._next_seq)))
 
     def save_subscription(self, client_id: str, topic_filter: str, options: SubscriptionOptions) -> None:
         """Insert or replace one subscription (``topic_filter`` as the client sent it)."""
-        self._operations.append(
+        self._buffer(
             (
                 _UPSERT_SUBSCRIPTION,
                 (
@@ -241,7 +248,7 @@ class BrokerStore:
         )
 
     def delete_subscription(self, client_id: str, topic_filter: str) -> None:
-        self._operations.append((_DELETE_SUBSCRIPTION, (client_id, topic_filter)))
+        self._buffer((_DELETE_SUBSCRIPTION, (client_id, topic_filter)))
 
     # -- outbound queues ------------------------------------------------------------------------------
 
@@ -273,6 +280,7 @@ class BrokerStore:
         """Append a delivery of a stored message to a session's queue; return its sequence number."""
         seq = self._next_seq
         self._next_seq += 1
+        self.revision += 1
         ids = ",".join(str(identifier) for identifier in subscription_ids) or None
         self._new_deliveries[seq] = [seq, client_id, message_id, qos, int(retain), ids, None, int(OutboundState.QUEUED)]
         if message_id in self._new_message_refs:
@@ -293,14 +301,16 @@ class BrokerStore:
             row[6] = packet_id
             row[7] = int(state)
         else:
-            self._operations.append((_MARK_DELIVERY, (packet_id, int(state), seq)))
+            self._operations.append((_MARK_DELIVERY, (packet_id, int(state), seq)))  # ``_buffer``, inline: per message
+            self.revision += 1
 
     def remove_delivery(self, seq: int) -> None:
         """The delivery is complete (PUBACK, PUBCOMP) or dropped (expired); frees an unreferenced message."""
         if seq in self._new_deliveries:
             self._drop_new_delivery(seq)
         else:
-            self._operations.append((_DELETE_DELIVERY, (seq,)))
+            self._operations.append((_DELETE_DELIVERY, (seq,)))  # ``_buffer``, inline: per message
+            self.revision += 1
 
     @property
     def last_seq(self) -> int:
@@ -353,16 +363,16 @@ class BrokerStore:
 
     def add_inbound_qos2(self, client_id: str, packet_id: int) -> None:
         """A QoS 2 PUBLISH was accepted; duplicates with this packet id are ignored until PUBREL."""
-        self._operations.append((_ADD_INBOUND, (client_id, packet_id)))
+        self._buffer((_ADD_INBOUND, (client_id, packet_id)))
 
     def remove_inbound_qos2(self, client_id: str, packet_id: int) -> None:
         """PUBREL arrived: the packet id may be reused."""
-        self._operations.append((_REMOVE_INBOUND, (client_id, packet_id)))
+        self._buffer((_REMOVE_INBOUND, (client_id, packet_id)))
 
     # -- retained -------------------------------------------------------------------------------------
 
     def set_retained(self, message: RetainedMessage) -> None:
-        self._operations.append(
+        self._buffer(
             (
                 _UPSERT_RETAINED,
                 (message.topic, message.payload, message.qos, encode_properties(message.properties), message.expires_at),
@@ -370,17 +380,9 @@ class BrokerStore:
         )
 
     def delete_retained(self, topic: str) -> None:
-        self._operations.append((_DELETE_RETAINED, (topic,)))
+        self._buffer((_DELETE_RETAINED, (topic,)))
 
     # -- committing -----------------------------------------------------------------------------------
-
-    @property
-    def revision(self) -> int:
-        """A number that grows with every buffered change that will need a write (cancelled-out work
-        such as a delivery enqueued and removed in one turn does not count): the broker compares it
-        before and after handling a packet to tell whether that packet's acknowledgement waits on the
-        commit. Derived from counters that only grow, so the mutators need no bookkeeping of their own."""
-        return self._taken_operations + len(self._operations) + self._next_seq
 
     @property
     def has_pending(self) -> bool:
@@ -402,7 +404,6 @@ class BrokerStore:
             return None
         messages = [row for message_id, row in self._new_messages.items() if self._new_message_refs[message_id] > 0]
         batch = _Batch(messages, [tuple(row) for row in self._new_deliveries.values()], self._operations)
-        self._taken_operations += len(self._operations)
         self._reset_buffer()
         if not (batch.messages or batch.deliveries or batch.operations):
             return None

@@ -61,7 +61,7 @@ class Session:
     __slots__ = (
         "client_id", "username", "expiry_interval", "inflight", "queue", "inbound_qos2", "connection", "will",
         "disconnected_at", "dropped", "queue_limit", "journal", "completed", "receive_check", "_next_packet_id",
-        "_queued_qos0", "_queued_bytes", "pager", "spilled", "cursor", "stored_bytes", "byte_limit",
+        "_queued_qos0", "queued_bytes", "pager", "spilled", "cursor", "stored_bytes", "byte_limit",
     )
 
     def __init__(self, client_id: str, queue_limit: int, byte_limit: int = 0) -> None:
@@ -87,19 +87,15 @@ class Session:
         self.receive_check: Callable[[Session, str], bool] | None = None
         self._next_packet_id = 1
         self._queued_qos0 = 0
-        #: Payload bytes in ``queue`` (``queued_bytes``).
-        self._queued_bytes = 0
+        #: Payload bytes queued in memory (``queue``): the router holds publishers back past
+        #: MEMORY_QUEUE_BYTES. A plain attribute, not a property: the router reads it per delivery.
+        self.queued_bytes = 0
         #: Reads the backlog back from the store; set while the session is durable and there is a store.
         self.pager: Pager | None = None
         self.spilled = 0
         self.cursor = 0
         self.stored_bytes = 0
         self.byte_limit = byte_limit
-
-    @property
-    def queued_bytes(self) -> int:
-        """Payload bytes queued in memory (the router holds publishers back past MEMORY_QUEUE_BYTES)."""
-        return self._queued_bytes
 
     @property
     def durable(self) -> bool:
@@ -124,6 +120,7 @@ class Session:
             self._queued_qos0 += 1
             self._enqueue(delivery)
             return True
+        queue = self.queue
         if self.pager is not None:
             size = len(delivery.message.payload)
             if connection is None or connection.overloaded or self.spilled:
@@ -135,24 +132,27 @@ class Session:
                 delivery.spilled = True
                 return True
             self.stored_bytes += size
-        elif (connection is None or connection.overloaded) and (
-            len(self.queue) - self._queued_qos0 >= self.queue_limit or self._memory_full(delivery)
-        ):
-            self.dropped += 1
-            return False
-        if connection is not None and len(self.inflight) < connection.send_quota and not self.queue:
+        elif connection is None or connection.overloaded:
+            if len(queue) - self._queued_qos0 >= self.queue_limit or self._memory_full(delivery):
+                self.dropped += 1
+                return False
+            if connection is None:
+                self._enqueue(delivery)
+                return True
+        if not queue and len(self.inflight) < connection.send_quota:
             self._send_new(connection, delivery, now)
-        else:
-            self._enqueue(delivery)
+        else:  # ``_enqueue``, inline: every delivery behind a full window comes this way
+            queue.append(delivery)
+            self.queued_bytes += len(delivery.message.payload)
         return True
 
     def _memory_full(self, delivery: Delivery) -> bool:
         """Whether queuing ``delivery`` in memory would pass MEMORY_QUEUE_BYTES (one message always fits)."""
-        return bool(self._queued_bytes) and self._queued_bytes + len(delivery.message.payload) > MEMORY_QUEUE_BYTES
+        return bool(self.queued_bytes) and self.queued_bytes + len(delivery.message.payload) > MEMORY_QUEUE_BYTES
 
     def _enqueue(self, delivery: Delivery) -> None:
         self.queue.append(delivery)
-        self._queued_bytes += len(delivery.message.payload)
+        self.queued_bytes += len(delivery.message.payload)
 
     def on_puback(self, packet_id: int, now: float) -> Delivery | None:
         """A QoS 1 delivery is done; returns it (None for an unknown id, which is ignored)."""
@@ -231,7 +231,7 @@ class Session:
         if first:
             # Sent in queue order, so everything before ``first`` is in flight or done already.
             self.queue = kept
-            self._queued_bytes = sum(len(delivery.message.payload) for delivery in kept)
+            self.queued_bytes = sum(len(delivery.message.payload) for delivery in kept)
             self.cursor = min(self.cursor, first - 1)
 
     def fill_window(self, now: float) -> list[Delivery]:
@@ -245,14 +245,16 @@ class Session:
         queue = self.queue
         inflight = self.inflight
         quota = connection.send_quota
+        may_read = self.receive_check
         while True:
             while queue:
                 delivery = queue[0]
                 if delivery.qos and len(inflight) >= quota:
                     break
                 queue.popleft()
-                self._queued_bytes -= len(delivery.message.payload)
-                if delivery.message.expired(now) or not self._readable(delivery):
+                message = delivery.message
+                self.queued_bytes -= len(message.payload)
+                if message.expired(now) or (may_read is not None and not may_read(self, message.topic)):
                     expired.append(delivery)
                     self._finished(delivery)
                     if not delivery.qos:
@@ -305,7 +307,7 @@ class Session:
         self.queue.clear()
         self.inbound_qos2.clear()
         self._queued_qos0 = 0
-        self._queued_bytes = 0
+        self.queued_bytes = 0
         self.spilled = 0
         self.stored_bytes = 0
 
@@ -327,11 +329,13 @@ class Session:
 
     def _finished(self, delivery: Delivery) -> None:
         self.completed += 1
-        if delivery.seq and self.pager is not None:
-            self.stored_bytes -= len(delivery.message.payload)
-        if delivery.seq and self.journal is not None:
-            self.journal.remove_delivery(delivery.seq)
-            delivery.seq = 0
+        seq = delivery.seq
+        if seq:
+            if self.pager is not None:
+                self.stored_bytes -= len(delivery.message.payload)
+            if self.journal is not None:
+                self.journal.remove_delivery(seq)
+                delivery.seq = 0
 
     def _write_publish(self, connection: Connection, delivery: Delivery, now: float, dup: bool = False) -> None:
         message = delivery.message

@@ -79,13 +79,13 @@ def store_deliveries(broker: Broker, message: Message, durable: list[tuple[Sessi
                                      delivery.subscription_ids or ())
         if not delivery.spilled:
             session.cursor = delivery.seq
-        if delivery.packet_id:
-            store.mark_publish_sent(delivery.seq, delivery.packet_id)
-    for session, delivery in durable:
-        connection = session.connection
-        if delivery.spilled and connection is not None and not session.inflight:
+            if delivery.packet_id:
+                store.mark_publish_sent(delivery.seq, delivery.packet_id)
+        elif session.connection is not None and not session.inflight:
+            # The session's own row is buffered by now, so the read back finds it (each session is in
+            # ``durable`` once per message).
             session.fill_window(now)
-            broker.mark(connection)
+            broker.mark(session.connection)
 
 
 def stores_retained(broker: Broker, message: Message) -> bool:
@@ -184,7 +184,7 @@ def restore(broker: Broker, now: float) -> None:
         # Sessions that expired while the gateway was down are restored too: ``start`` publishes their
         # wills (the ACL needs the session's user name) and then ends them.
         session = Session(client_id, broker.limits.max_queued_messages, broker.queue_bytes_limit)
-        session.receive_check = broker.may_receive
+        session.receive_check = broker.receive_check()
         session.expiry_interval = stored_row.expiry_interval
         session.username = stored_row.username
         session.disconnected_at = disconnected_at

@@ -5,8 +5,9 @@ a failed commit held *every* byte of the turn, for every client, until the disk 
 CONNACK, no PINGRESP, not even the state store's error response - the gateway froze. Now only what
 depends on the failed commit is held back, and it is answered instead of waiting:
 
-* **Acknowledgements written in the failing turn** (``HeldAck``: the broker notes each one whose
-  handling buffered a change, by the store's ``revision``): an MQTT 5 PUBACK/PUBREC is rewritten in
+* **Acknowledgements written in the failing turn** (``HeldAck``: the broker notes where in the
+  connection's buffer each one starts whose handling buffered a change, by the store's ``revision``;
+  only an offset per acknowledgement, read back into a ``HeldAck`` if the commit fails): an MQTT 5 PUBACK/PUBREC is rewritten in
   place to the failure code (the rest of the buffer, other acknowledgements included, leaves as it
   was); anything else - a CONNACK, SUBACK, UNSUBACK, PUBCOMP, or any acknowledgement to a 3.1.1 client,
   which has no way to say no - is cut off with everything after it and the connection is closed (a
@@ -35,6 +36,7 @@ from appliance.broker import lifecycle
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
+from appliance.broker.codec.properties import decode_varint
 from appliance.broker.codec.writer import encode, encode_ack
 from appliance.broker.link import Link
 from appliance.broker.persistence import PersistenceError
@@ -60,6 +62,14 @@ class HeldAck:
     packet_type: int
     packet_id: int
 
+    @classmethod
+    def at(cls, out: bytearray, start: int) -> HeldAck:
+        """The acknowledgement the broker encoded at ``out[start]`` (a CONNACK has no packet id)."""
+        packet_type = out[start] >> 4
+        length, body = decode_varint(out, start + 1, len(out))
+        packet_id = 0 if packet_type == pk.CONNACK else (out[body] << 8) | out[body + 1]
+        return cls(start, body + length, packet_type, packet_id)
+
 
 class CommitGate:
     """The broker's commits: whether they succeed (``health``), the retry while they fail, and the
@@ -72,7 +82,6 @@ class CommitGate:
             str(store.path) if store is not None else "broker store", log,
             f"requests that need a write are refused until a commit succeeds (retried every {COMMIT_RETRY} s)",
         )
-        self._held: dict[Connection, list[HeldAck]] = {}
         self._closing: dict[Connection, bool] = {}
         self._retry: Timer | None = None
         self._next_attempt = 0.0
@@ -82,20 +91,25 @@ class CommitGate:
         store = self.broker.store
         return store.revision if store is not None else 0
 
-    def hold(self, connection: Connection, revision: int, start: int, packet_type: int, packet_id: int) -> None:
-        """If the store buffered a change since ``revision``, ``connection.out[start:]`` (an
-        acknowledgement) depends on this turn's commit."""
+    def hold(self, connection: Connection, revision: int, start: int) -> None:
+        """If the store buffered a change since ``revision``, the acknowledgement encoded at
+        ``connection.out[start]`` depends on this turn's commit. (Per message, ``accept_publish`` does
+        the same inline.)"""
         store = self.broker.store
         if store is not None and store.revision != revision:
-            self._held.setdefault(connection, []).append(HeldAck(start, len(connection.out), packet_type, packet_id))
+            connection.held_acks.append(start)
 
     def forget(self, connection: Connection) -> None:
-        self._held.pop(connection, None)
+        connection.held_acks.clear()
 
     def settle(self, connection: Connection, committed: bool) -> None:
         """Before ``connection.out`` is written: if the commit failed, answer what waited on it."""
-        held = self._held.pop(connection, None)
-        if held and not committed and answer_failed_commit(self.broker, connection, held):
+        starts = connection.held_acks
+        if not starts:
+            return
+        held = [HeldAck.at(connection.out, start) for start in starts] if not committed else []
+        starts.clear()
+        if held and answer_failed_commit(self.broker, connection, held):
             self._closing[connection] = held[-1].packet_type == pk.CONNACK
 
     def close_if_refused(self, connection: Connection) -> None:
@@ -113,19 +127,23 @@ class CommitGate:
         if not store.has_pending:
             return True
         health = self.health
-        now = broker.runtime.monotonic()
-        if not health.healthy and now < self._next_attempt:
-            self._schedule_retry(self._next_attempt - now)
-            return False
+        healthy = health.healthy
+        if not healthy:
+            now = broker.runtime.monotonic()
+            if now < self._next_attempt:
+                self._schedule_retry(self._next_attempt - now)
+                return False
         try:
             store.commit()
         except PersistenceError as exc:
+            now = broker.runtime.monotonic()
             self._next_attempt = now + COMMIT_RETRY
             if health.failed(str(exc.__cause__ or exc), exc.disk_full, now):
                 self._state_changed()
             self._schedule_retry(COMMIT_RETRY)
             return False
-        if health.succeeded(now):
+        # Once per loop turn: while the store is healthy (the common case) no clock is read here.
+        if not healthy and health.succeeded(broker.runtime.monotonic()):
             self._state_changed()
         return True
 
@@ -146,6 +164,7 @@ class CommitGate:
         self.broker.flush()
 
     def _state_changed(self) -> None:
+        self.broker.store_failing = not self.health.healthy
         self.broker.stats.store_health(self.health)
         self.broker.last_sys = 0.0  # ``$SYS`` at the next tick, not at the next interval
 

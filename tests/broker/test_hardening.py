@@ -184,3 +184,34 @@ def test_queued_messages_are_checked_against_the_acl_when_sent(users_pair: Broke
     back = pair.client(level)
     back.send(pk.Connect(level, "dev", **durable(level), **login("alice")))  # type: ignore[arg-type]
     assert [m.topic for m in publishes(back.received())] == ["t/open"]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_first_acl_a_reload_brings_checks_what_was_queued_before_it(tmp_path: Path, level: int) -> None:
+    """Without an ACL the sessions skip the read check per delivery (a call per message saved); an ACL
+    that a SIGHUP brings in later must reach the sessions that exist already: a durable one whose
+    messages wait in the store, and a connected one whose messages wait behind its window."""
+    pair = BrokerPair(tmp_path, authenticator=users("alice", "bob", "carol"), max_inflight_messages=1)
+    try:
+        alice = pair.client(level)
+        alice.connect("dev", **durable(level), **login("alice"))  # type: ignore[arg-type]
+        alice.subscribe("t/#", 1)
+        alice.drop()
+        carol = pair.client(level)
+        carol.connect("carol", **login("carol"))  # type: ignore[arg-type]
+        carol.subscribe("t/#", 1)
+        bob = pair.client(level)
+        bob.connect("bob", **login("bob"))  # type: ignore[arg-type]
+        bob.send(pk.Publish("t/first", b"before", qos=1, packet_id=1),
+                 pk.Publish("t/secret", b"no longer yours", qos=1, packet_id=2),
+                 pk.Publish("t/open", b"still yours", qos=1, packet_id=3))
+        [first] = publishes(carol.received())  # the rest waits behind carol's window of one
+        acl = "user alice\ntopic readwrite t/open\nuser bob\ntopic write t/#\nuser carol\ntopic read t/open\n"
+        pair.broker.reload_security(pair.broker.authenticator, Acl.parse(acl))
+        carol.send(pk.PubAck(first.packet_id or 0))
+        assert [m.topic for m in publishes(carol.received())] == ["t/open"]
+        back = pair.client(level)
+        back.send(pk.Connect(level, "dev", **durable(level), **login("alice")))  # type: ignore[arg-type]
+        assert [m.topic for m in publishes(back.received())] == ["t/open"]
+    finally:
+        pair.stop()

@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
+from appliance.broker.codec.writer import encode
+from appliance.broker.store_failure import HeldAck
 from appliance.prometheus import render
 from appliance.store_health import LOG_INTERVAL
 from tests.broker.pair import BrokerPair, FakeClient
@@ -293,3 +295,22 @@ def test_whatever_fails_when_an_acknowledged_message_is_committed_and_pings_are_
         assert not [r for r in caplog.records if "internal error" in r.getMessage() or r.exc_info]
     finally:
         pair.stop()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("ack", [
+    pk.PubAck(7), pk.PubAck(65535, rc.QUOTA_EXCEEDED, {0x1F: "x" * 200}), pk.PubRec(300, rc.SUCCESS),
+    pk.PubComp(2), pk.Connack(True, 0, {0x21: 64, 0x27: 1 << 20}), pk.Suback(9, [0, 1, 2] * 50),
+    pk.Unsuback(12, [0x11]),
+], ids=lambda ack: type(ack).__name__)
+def test_a_held_acknowledgement_is_read_back_from_the_buffer_by_its_offset(level: int, ack: object) -> None:
+    """The broker notes only where a held acknowledgement starts; a failed commit reads its type, packet
+    id and end back from the bytes (``HeldAck.at``), whatever came before it and follows it."""
+    out = bytearray(encode(pk.PingResp(), level) + encode(pk.PubAck(1), level))
+    start = len(out)
+    out += encode(ack, level)  # type: ignore[arg-type]
+    end = len(out)
+    out += encode(pk.Publish("t", b"after", 1, packet_id=5), level)
+    held = HeldAck.at(out, start)
+    assert (held.start, held.end, held.packet_type) == (start, end, ack.type)  # type: ignore[attr-defined]
+    assert held.packet_id == getattr(ack, "packet_id", 0)

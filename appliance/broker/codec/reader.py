@@ -233,7 +233,8 @@ class PacketReader:
         if flags != _REQUIRED_FLAGS.get(kind, 0):
             raise ProtocolError(MALFORMED_PACKET, f"reserved flags 0x{flags:X} in packet type {kind}")
         v5 = self.protocol_level == MQTT_5
-        if kind in (PUBACK, PUBREC, PUBREL, PUBCOMP):
+        ack = _ACKS.get(kind)  # one dict probe: the hot path (a tuple of globals is rebuilt per call)
+        if ack is not None:
             packet_id, pos = _packet_id(buf, pos, end)
             reason = 0
             properties: Properties = {}
@@ -244,7 +245,7 @@ class PacketReader:
                 if pos < end:
                     properties, pos = decode_properties(buf, pos, end, kind, self.max_user_properties)
             _expect_end(pos, end)
-            return _ACKS[kind](packet_id, reason, properties)
+            return ack(packet_id, reason, properties)
         if kind in (PINGREQ, PINGRESP):
             _expect_end(pos, end)
             return PingReq() if kind == PINGREQ else PingResp()

@@ -1,0 +1,206 @@
+"""What one QoS 1 message costs the broker core, in-process: CPU microseconds and Python bytecodes.
+
+    .venv/bin/python bench/broker_core.py                  # QoS 1 4->1, window 64
+    .venv/bin/python bench/broker_core.py --durable        # the same to a durable subscriber (broker.db)
+    .venv/bin/python bench/broker_core.py --opcodes        # bytecodes per message, per function
+
+Why it exists: ``bench/broker.py`` is the figure that counts, but on the shared 2-core machine one run's
+throughput swings 2-3x from round to round, so a 10 % regression of the per-message path cannot be seen
+there. This drives the real ``Broker`` (real codec, sessions, router, ``broker.db``, the asyncio runtime
+on uvloop) through in-memory links instead of sockets: 4 publishers send ``--per-publisher`` QoS 1
+PUBLISHes each per turn (a publisher held back by the broker sends nothing), the subscriber acknowledges
+everything it got, and only the broker's calls are timed (thread CPU time, so other processes' load
+counts less). ``min block`` is the cheapest of the 100-turn blocks, the figure least touched by the
+machine's load. ``--opcodes`` counts the bytecodes the broker executes per message instead (slow, but
+exact and independent of the load: compare two trees with it). No syscalls are measured: the socket
+writes and SQLite's own work below Python are not in these figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import gc
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvloop
+
+if __package__ in (None, ""):  # run by path: make ``appliance`` importable from this tree
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from appliance.broker.auth import Authenticator  # noqa: E402
+from appliance.broker.broker import Broker  # noqa: E402
+from appliance.broker.codec import packets as pk  # noqa: E402
+from appliance.broker.codec.reader import PacketReader  # noqa: E402
+from appliance.broker.codec.writer import encode  # noqa: E402
+from appliance.broker.config import BrokerConfig, LimitsConfig, ListenerConfig  # noqa: E402
+from appliance.broker.persistence import BrokerStore  # noqa: E402
+from appliance.broker.session import Connection  # noqa: E402
+
+PUBLISHERS = 4
+WINDOW = 64
+TOPIC = "bench/core"
+BLOCK_TURNS = 100
+
+
+class MemoryLink:
+    """The socket layer's side of one connection, in memory: what the broker writes is kept."""
+
+    def __init__(self, broker: Broker) -> None:
+        limits = broker.limits
+        self.connection = Connection(limits.max_packet_size, limits.topic_alias_maximum, "memory")
+        self.connection.link = self
+        self.written: list[bytes] = []
+        self.holds: set[str] = set()
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def close(self) -> None:
+        pass
+
+    def hold_reading(self, reason: str, held: bool) -> None:
+        (self.holds.add if held else self.holds.discard)(reason)
+
+    def peer_closed(self) -> bool:
+        return False
+
+    def take(self) -> bytes:
+        data = b"".join(self.written)
+        self.written.clear()
+        return data
+
+
+class OpcodeCounter:
+    """Counts the bytecodes executed while enabled, per (file, function)."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def _trace(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any]:
+        frame.f_trace_opcodes = True
+        key = (Path(frame.f_code.co_filename).name, frame.f_code.co_name)
+        counts = self.counts
+
+        def local(frame: FrameType, event: str, arg: Any) -> Callable[..., Any]:
+            if event == "opcode":
+                counts[key] += 1
+            return local
+        return local
+
+    def __enter__(self) -> None:
+        sys.settrace(self._trace)
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(None)
+
+
+async def run(turns: int, per_publisher: int, durable: bool, opcodes: OpcodeCounter | None) -> tuple[int, list[float]]:
+    """Returns the messages delivered and the CPU microseconds per message of each block of turns."""
+    with tempfile.TemporaryDirectory(prefix="bench-core-") as tmp:
+        store = BrokerStore.open(Path(tmp) / "broker.db")
+        config = BrokerConfig((ListenerConfig("tcp", "memory", 0),), limits=LimitsConfig(max_inflight_messages=WINDOW))
+        broker = Broker(config, store, Authenticator(None, True), None)
+        await broker.start()
+        gc.freeze()  # as the gateway does after start-up
+
+        def client(client_id: str, properties: dict[int, Any], *packets: Any) -> MemoryLink:
+            link = MemoryLink(broker)
+            broker.connection_made(link)
+            data = encode(pk.Connect(pk.MQTT_5, client_id, True, 60, properties=properties), pk.MQTT_5)
+            broker.data_received(link, data + b"".join(encode(packet, pk.MQTT_5) for packet in packets))
+            return link
+
+        subscriber_properties = {0x21: WINDOW, **({0x11: 3600} if durable else {})}
+        subscriber = client("sub", subscriber_properties, pk.Subscribe(1, [pk.SubscribeRequest(TOPIC, 1)]))
+        publishers = [client(f"pub{index}", {}) for index in range(PUBLISHERS)]
+        await asyncio.sleep(0)
+        broker.flush()
+        for link in (subscriber, *publishers):
+            link.take()
+        reader = PacketReader(1 << 20)
+        reader.protocol_level = pk.MQTT_5
+        payload = b"x" * 64
+        packet_id = 0
+        delivered = 0
+        blocks: list[float] = []
+        block_seconds = 0.0
+        block_messages = 0
+        for turn in range(1, turns + 1):
+            reads = []
+            for link in publishers:
+                data = bytearray()
+                for _ in range(0 if link.holds else per_publisher):
+                    packet_id = packet_id % 65535 + 1
+                    data += encode(pk.Publish(TOPIC, payload, 1, packet_id=packet_id), pk.MQTT_5)
+                reads.append((link, bytes(data)))
+            started = time.thread_time()
+            with opcodes or _nothing():
+                for link, data in reads:
+                    if data:
+                        broker.data_received(link, data)
+                broker.flush()
+            block_seconds += time.thread_time() - started
+            for link in publishers:
+                link.take()
+            ids = [p.packet_id for p in reader.feed(subscriber.take()) if isinstance(p, pk.Publish)]
+            acks = b"".join(encode(pk.PubAck(packet_id or 0), pk.MQTT_5) for packet_id in ids)
+            started = time.thread_time()
+            with opcodes or _nothing():
+                if acks:
+                    broker.data_received(subscriber, acks)
+                broker.flush()
+            block_seconds += time.thread_time() - started
+            delivered += len(ids)
+            block_messages += len(ids)
+            if turn % BLOCK_TURNS == 0 and block_messages:
+                blocks.append(block_seconds / block_messages * 1e6)
+                block_seconds = 0.0
+                block_messages = 0
+            await asyncio.sleep(0)  # what the broker scheduled (backlogs, its own flush) runs, untimed
+        await broker.stop()
+        store.close()
+    return delivered, blocks
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--durable", action="store_true", help="the subscriber's session outlives it (broker.db)")
+    parser.add_argument("--per-publisher", type=int, default=32,
+                        help="PUBLISHes per publisher and turn (32: the queue behind the window is used, as in bench/broker.py)")
+    parser.add_argument("--turns", type=int, help="turns (default 3,000; with --opcodes 300)")
+    parser.add_argument("--opcodes", action="store_true", help="count bytecodes per message instead of timing")
+    parser.add_argument("--top", type=int, default=30, help="functions listed with --opcodes")
+    args = parser.parse_args(argv)
+    turns = args.turns or (300 if args.opcodes else 3000)
+    counter = OpcodeCounter() if args.opcodes else None
+    delivered, blocks = uvloop.run(run(turns, args.per_publisher, args.durable, counter))
+    kind = "durable" if args.durable else "qos1"
+    if counter is not None:
+        print(f"{kind}: {delivered:,} messages, {sum(counter.counts.values()) / delivered:.1f} bytecodes per message")
+        for (file, function), count in counter.counts.most_common(args.top):
+            print(f"  {count / delivered:7.2f}  {file}:{function}")
+        return 0
+    ordered = sorted(blocks)
+    print(f"{kind}: {delivered:,} messages, broker CPU per message: min block {ordered[0]:.2f} us, "
+          f"median {ordered[len(ordered) // 2]:.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
