@@ -4,7 +4,8 @@ What it holds: durable sessions (with their will message), their subscriptions, 
 queued for or in flight to each session, the inbound QoS 2 packet ids awaiting PUBREL, retained messages,
 and a ``meta`` table with the schema version (the layout and its migrations: ``persistence_schema``; the
 records handed in and out: ``persistence_records``; the restart's load and the queue pages:
-``persistence_reads``; how the broker's live objects map onto them: ``storage``).
+``persistence_reads``; the statements a turn is written with: ``persistence_writes``; how the broker's
+live objects map onto them: ``storage``).
 
 Why it is built this way:
 
@@ -40,6 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.broker import persistence_writes as sql
 from appliance.broker.persistence_reads import (
     committed_page,
     load_state,
@@ -87,39 +89,6 @@ class _Batch:
     operations: list[tuple[str, tuple[object, ...]]]
 
 
-_INSERT_MESSAGE = "INSERT INTO messages (id, topic, payload, properties, expires_at) VALUES (?, ?, ?, ?, ?)"
-_INSERT_DELIVERY = (
-    "INSERT INTO outbound (seq, client_id, message_id, qos, retain, subscription_ids, packet_id, state)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_MARK_DELIVERY = "UPDATE outbound SET packet_id = ?, state = ? WHERE seq = ?"
-_DELETE_DELIVERY = "DELETE FROM outbound WHERE seq = ?"
-_UPSERT_SESSION = (
-    "INSERT OR REPLACE INTO sessions (client_id, protocol_level, expiry_interval, username, disconnected_at,"
-    " will_topic, will_payload, will_qos, will_retain, will_properties, will_delay_interval)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_SET_DISCONNECTED = "UPDATE sessions SET disconnected_at = ? WHERE client_id = ?"
-_CLEAR_WILL = (
-    "UPDATE sessions SET will_topic = NULL, will_payload = NULL, will_qos = NULL, will_retain = NULL,"
-    " will_properties = NULL, will_delay_interval = NULL WHERE client_id = ?"
-)
-_UPSERT_SUBSCRIPTION = (
-    "INSERT OR REPLACE INTO subscriptions (client_id, topic_filter, qos, no_local, retain_as_published,"
-    " retain_handling, subscription_identifier) VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-_DELETE_SUBSCRIPTION = "DELETE FROM subscriptions WHERE client_id = ? AND topic_filter = ?"
-_ADD_INBOUND = "INSERT OR IGNORE INTO inbound_qos2 (client_id, packet_id) VALUES (?, ?)"
-_REMOVE_INBOUND = "DELETE FROM inbound_qos2 WHERE client_id = ? AND packet_id = ?"
-_UPSERT_RETAINED = "INSERT OR REPLACE INTO retained (topic, payload, qos, properties, expires_at) VALUES (?, ?, ?, ?, ?)"
-_DELETE_RETAINED = "DELETE FROM retained WHERE topic = ?"
-_DELETE_SESSION = (
-    "DELETE FROM sessions WHERE client_id = ?",
-    "DELETE FROM subscriptions WHERE client_id = ?",
-    "DELETE FROM inbound_qos2 WHERE client_id = ?",
-)
-# Only entries enqueued before delete_session: later ones in the same turn belong to the new session.
-_DELETE_SESSION_QUEUE = "DELETE FROM outbound WHERE client_id = ? AND seq < ?"
 
 
 class BrokerStore:
@@ -190,7 +159,7 @@ class BrokerStore:
         will = session.will
         self._buffer(
             (
-                _UPSERT_SESSION,
+                sql.UPSERT_SESSION,
                 (
                     session.client_id,
                     session.protocol_level,
@@ -209,7 +178,7 @@ class BrokerStore:
 
     def set_disconnected(self, client_id: str, at: float | None) -> None:
         """Record when the client went away (None: connected again)."""
-        self._buffer((_SET_DISCONNECTED, (at, client_id)))
+        self._buffer((sql.SET_DISCONNECTED, (at, client_id)))
 
     def clear_will(self, client_id: str) -> None:
         """The will was published (or dropped by the ACL): after a restart it must not be published again.
@@ -217,7 +186,7 @@ class BrokerStore:
         A stored will of a disconnected session means "still waiting out its delay", so the restart can
         schedule it; clearing it in the same turn that routed it keeps the two in one transaction.
         """
-        self._buffer((_CLEAR_WILL, (client_id,)))
+        self._buffer((sql.CLEAR_WILL, (client_id,)))
 
     def delete_session(self, client_id: str) -> None:
         """Forget a session with its subscriptions, queue and inbound QoS 2 state (clean start, expiry).
@@ -226,15 +195,15 @@ class BrokerStore:
         """
         for seq in [seq for seq, row in self._new_deliveries.items() if row[1] == client_id]:
             self._drop_new_delivery(seq)
-        for statement in _DELETE_SESSION:
+        for statement in sql.DELETE_SESSION:
             self._buffer((statement, (client_id,)))
-        self._buffer((_DELETE_SESSION_QUEUE, (client_id, self._next_seq)))
+        self._buffer((sql.DELETE_SESSION_QUEUE, (client_id, self._next_seq)))
 
     def save_subscription(self, client_id: str, topic_filter: str, options: SubscriptionOptions) -> None:
         """Insert or replace one subscription (``topic_filter`` as the client sent it)."""
         self._buffer(
             (
-                _UPSERT_SUBSCRIPTION,
+                sql.UPSERT_SUBSCRIPTION,
                 (
                     client_id,
                     topic_filter,
@@ -248,7 +217,7 @@ class BrokerStore:
         )
 
     def delete_subscription(self, client_id: str, topic_filter: str) -> None:
-        self._buffer((_DELETE_SUBSCRIPTION, (client_id, topic_filter)))
+        self._buffer((sql.DELETE_SUBSCRIPTION, (client_id, topic_filter)))
 
     # -- outbound queues ------------------------------------------------------------------------------
 
@@ -301,7 +270,7 @@ class BrokerStore:
             row[6] = packet_id
             row[7] = int(state)
         else:
-            self._operations.append((_MARK_DELIVERY, (packet_id, int(state), seq)))  # ``_buffer``, inline: per message
+            self._operations.append((sql.MARK_DELIVERY, (packet_id, int(state), seq)))  # ``_buffer``, inline: per message
             self.revision += 1
 
     def remove_delivery(self, seq: int) -> None:
@@ -309,7 +278,7 @@ class BrokerStore:
         if seq in self._new_deliveries:
             self._drop_new_delivery(seq)
         else:
-            self._operations.append((_DELETE_DELIVERY, (seq,)))  # ``_buffer``, inline: per message
+            self._operations.append((sql.DELETE_DELIVERY, (seq,)))  # ``_buffer``, inline: per message
             self.revision += 1
 
     @property
@@ -363,24 +332,24 @@ class BrokerStore:
 
     def add_inbound_qos2(self, client_id: str, packet_id: int) -> None:
         """A QoS 2 PUBLISH was accepted; duplicates with this packet id are ignored until PUBREL."""
-        self._buffer((_ADD_INBOUND, (client_id, packet_id)))
+        self._buffer((sql.ADD_INBOUND, (client_id, packet_id)))
 
     def remove_inbound_qos2(self, client_id: str, packet_id: int) -> None:
         """PUBREL arrived: the packet id may be reused."""
-        self._buffer((_REMOVE_INBOUND, (client_id, packet_id)))
+        self._buffer((sql.REMOVE_INBOUND, (client_id, packet_id)))
 
     # -- retained -------------------------------------------------------------------------------------
 
     def set_retained(self, message: RetainedMessage) -> None:
         self._buffer(
             (
-                _UPSERT_RETAINED,
+                sql.UPSERT_RETAINED,
                 (message.topic, message.payload, message.qos, encode_properties(message.properties), message.expires_at),
             )
         )
 
     def delete_retained(self, topic: str) -> None:
-        self._buffer((_DELETE_RETAINED, (topic,)))
+        self._buffer((sql.DELETE_RETAINED, (topic,)))
 
     # -- committing -----------------------------------------------------------------------------------
 
@@ -414,9 +383,9 @@ class BrokerStore:
         try:
             self._db.execute("BEGIN")
             if batch.messages:
-                self._db.executemany(_INSERT_MESSAGE, batch.messages)
+                self._db.executemany(sql.INSERT_MESSAGE, batch.messages)
             if batch.deliveries:
-                self._db.executemany(_INSERT_DELIVERY, batch.deliveries)
+                self._db.executemany(sql.INSERT_DELIVERY, batch.deliveries)
             start = 0
             operations = batch.operations
             while start < len(operations):

@@ -1,0 +1,39 @@
+"""The statements ``BrokerStore`` writes a turn's batch with, one per kind of change.
+
+They sit apart from the store's buffering logic so that ``persistence`` reads as what it does (buffer,
+cancel out, commit) and the SQL can be checked against ``persistence_schema``'s layout in one place.
+"""
+
+INSERT_MESSAGE = "INSERT INTO messages (id, topic, payload, properties, expires_at) VALUES (?, ?, ?, ?, ?)"
+INSERT_DELIVERY = (
+    "INSERT INTO outbound (seq, client_id, message_id, qos, retain, subscription_ids, packet_id, state)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+MARK_DELIVERY = "UPDATE outbound SET packet_id = ?, state = ? WHERE seq = ?"
+DELETE_DELIVERY = "DELETE FROM outbound WHERE seq = ?"
+UPSERT_SESSION = (
+    "INSERT OR REPLACE INTO sessions (client_id, protocol_level, expiry_interval, username, disconnected_at,"
+    " will_topic, will_payload, will_qos, will_retain, will_properties, will_delay_interval)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SET_DISCONNECTED = "UPDATE sessions SET disconnected_at = ? WHERE client_id = ?"
+CLEAR_WILL = (
+    "UPDATE sessions SET will_topic = NULL, will_payload = NULL, will_qos = NULL, will_retain = NULL,"
+    " will_properties = NULL, will_delay_interval = NULL WHERE client_id = ?"
+)
+UPSERT_SUBSCRIPTION = (
+    "INSERT OR REPLACE INTO subscriptions (client_id, topic_filter, qos, no_local, retain_as_published,"
+    " retain_handling, subscription_identifier) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+DELETE_SUBSCRIPTION = "DELETE FROM subscriptions WHERE client_id = ? AND topic_filter = ?"
+ADD_INBOUND = "INSERT OR IGNORE INTO inbound_qos2 (client_id, packet_id) VALUES (?, ?)"
+REMOVE_INBOUND = "DELETE FROM inbound_qos2 WHERE client_id = ? AND packet_id = ?"
+UPSERT_RETAINED = "INSERT OR REPLACE INTO retained (topic, payload, qos, properties, expires_at) VALUES (?, ?, ?, ?, ?)"
+DELETE_RETAINED = "DELETE FROM retained WHERE topic = ?"
+DELETE_SESSION = (
+    "DELETE FROM sessions WHERE client_id = ?",
+    "DELETE FROM subscriptions WHERE client_id = ?",
+    "DELETE FROM inbound_qos2 WHERE client_id = ?",
+)
+# Only entries enqueued before delete_session: later ones in the same turn belong to the new session.
+DELETE_SESSION_QUEUE = "DELETE FROM outbound WHERE client_id = ? AND seq < ?"
