@@ -48,7 +48,6 @@ class MQTTClient:
         self.sock = None
         self.poller = None
         self.cb = None
-        self.connack_props = {}
         self.packer = codec.Packer(buf_size)
         self.framer = codec.Framer(recv_size)
         self.pid = 0
@@ -109,7 +108,6 @@ class MQTTClient:
         except Exception:
             self.close()
             raise
-        self.connack_props = cprops
         self.keepalive = cprops.get(SERVER_KEEP_ALIVE, self.keepalive)
         self.client_id = cprops.get(ASSIGNED_CLIENT_ID, self.client_id)
         self.max_send = cprops.get(MAXIMUM_PACKET_SIZE, len(self.packer.buf))

@@ -204,8 +204,6 @@ class Thermostat:
         # update that ota.py could not make (it restarts into the updater otherwise).
         self.keys = (self.key, (self.name + "\\desiredFirmware").encode())
         self.update = None
-        self.data_topic = "devices/%s/messages/events/data" % self.name
-        self.alerts_topic = "devices/%s/messages/events/alerts" % self.name
         self.connected = False
         self.registered = False
         self.backoff_ms = timing["backoff_min_ms"]
@@ -315,8 +313,11 @@ class Thermostat:
         self.connected = self.registered = False
         self._backoff()
 
-    def _publish(self, topic: str, doc: dict, qos: int) -> None:
-        self.mqtt.publish(topic, json.dumps(doc), qos=qos, props={CONTENT_TYPE: "application/json"})
+    def _publish(self, kind: str, doc: dict, qos: int) -> None:
+        """Publish doc to `devices/<thermostat>/messages/events/<kind>` (data, alerts). The topic is
+        built per message: kept for the run, the two cost a name's length each (docs/firmware.md, Memory)."""
+        self.mqtt.publish("devices/%s/messages/events/%s" % (self.name, kind), json.dumps(doc), qos=qos,
+                          props={CONTENT_TYPE: "application/json"})
 
     # --- control and telemetry ------------------------------------------------------------------
 
@@ -351,7 +352,7 @@ class Thermostat:
     def _flush_alerts(self) -> None:
         while self.connected and self.pending_alerts:
             try:
-                self._publish(self.alerts_topic, self.pending_alerts[0], 1)
+                self._publish("alerts", self.pending_alerts[0], 1)
             except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
                 return self._drop(e)
             self.pending_alerts.pop(0)
@@ -436,7 +437,7 @@ class Thermostat:
                 self.heap = heap_headroom()
                 if self.connected:
                     try:
-                        self._publish(self.data_topic, self.telemetry(), 0)
+                        self._publish("data", self.telemetry(), 0)
                     except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
                         self._drop(e)
                     if self.registered and "fwboot" in sys.modules:  # this version is on trial (main.py's mark)
