@@ -236,6 +236,7 @@ def test_an_update_whose_app_crashes_at_boot_is_rolled_back(gateway, boards, bun
     back, _ = board.expect(rf"^registered {name}\\setPoint$", after=fourth, timeout=30)
     data = telemetry_while(peer, name, lambda d: d["fw"] == OLD and (d.get("update") or {}).get("state") == "rolled_back")[-1]
     assert data["update"]["version"] == "0.3.0-crash"
+    print("heap after the rollback (update record read):", data["mem_free"], data["mem_largest"])
     assert data["mem_free"] >= 16 * 1024 and data["mem_largest"] >= 4 * 1024, data
     assert board.pointer() == "- - - 0.3.0-crash - -"  # the deployed version, and it will not fetch 0.3.0-crash again
     assert board.boots == 4  # into the updater, the switch, the crash's reset, nothing more: no boot loop
