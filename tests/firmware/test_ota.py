@@ -351,23 +351,25 @@ def test_a_fleet_of_20_updates_while_set_points_keep_being_applied(gateway, boar
 
 
 def test_a_version_the_gateway_does_not_have_is_reported_and_the_thermostat_keeps_working(gateway, boards, paho_peer):
-    board = boards("t-unknown")
+    name = longest_name("t-unknown")  # the name is in strings kept for the run: the heap bound holds with the longest
+    board = boards(name)
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/t-unknown/messages/events/data", 0)
+    peer.subscribe(f"devices/{name}/messages/events/data", 0)
     with StateStoreClient(gateway.host, gateway.port, client_id="op-unknown", timeout=10) as store:
-        assert store.set("t-unknown\\desiredFirmware", b"9.9.9").applied
+        assert store.set(name + "\\desiredFirmware", b"9.9.9").applied
         board.expect(r"^update: waiting 9\.9\.9: gateway: .*unknown version 9\.9\.9$", timeout=30)
-        data = telemetry_while(peer, "t-unknown", lambda d: d["registered"] and (d.get("update") or {}).get("state") == "waiting")[-1]
+        data = telemetry_while(peer, name, lambda d: d["registered"] and (d.get("update") or {}).get("state") == "waiting")[-1]
         assert (data["fw"], data["faults"], data["update"]["version"]) == (OLD, 0, "9.9.9"), data
         mark = len(board.lines)
-        assert store.set("t-unknown\\setPoint", b"23").applied
+        assert store.set(name + "\\setPoint", b"23").applied
         board.expect(r"^set point 23.0 from notify$", after=mark)
-        assert store.set("t-unknown\\desiredFirmware", OLD).applied  # nothing wanted any more: ota.py unloads
+        assert store.set(name + "\\desiredFirmware", OLD).applied  # nothing wanted any more: ota.py unloads
         board.expect(r"^update: none wanted now$", after=mark)
-    data = telemetry_while(peer, "t-unknown", lambda d: d["update"] is None)[-1]
+    data = telemetry_while(peer, name, lambda d: d["update"] is None)[-1]
     # What ota.py interned stays, within the qstr pools the thermostat already has; nothing else does.
     # One name too many allocates a fifth pool (3.5 KB) in the middle of the heap.
-    assert data["mem_free"] >= 16 * 1024 - 512 and data["mem_largest"] >= 4 * 1024, data
+    print("heap after ota.py was called (a version waited for, then none wanted):", data["mem_free"], data["mem_largest"])
+    assert data["mem_free"] >= 16 * 1024 and data["mem_largest"] >= 4 * 1024, data
     assert board.boots == 3 and "Traceback" not in board.output(), board.output()
 
 
