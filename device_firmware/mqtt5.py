@@ -15,10 +15,9 @@ import select
 import socket
 import time
 
+# The codec's constants are read as `codec.X`, not imported: each imported name would be one more
+# entry in this module's globals for the run (about 160 B for these eleven; docs/firmware.md, Memory).
 import mqtt5_codec as codec
-from mqtt5_codec import (CONNACK, DISCONNECT, PUBACK, PUBLISH, SUBACK,
-                         MAXIMUM_PACKET_SIZE, RECEIVE_MAXIMUM, REASON_STRING,
-                         SERVER_KEEP_ALIVE, SESSION_EXPIRY, ASSIGNED_CLIENT_ID)
 
 
 class MQTTException(Exception):
@@ -48,7 +47,6 @@ class MQTTClient:
         self.sock = None
         self.poller = None
         self.cb = None
-        self.connack_props = {}
         self.packer = codec.Packer(buf_size)
         self.framer = codec.Framer(recv_size)
         self.pid = 0
@@ -94,25 +92,24 @@ class MQTTClient:
         self.acks = {}
         self.ping_sent = None
         self.last_rx = time.ticks_ms()
-        cprops = {SESSION_EXPIRY: self.session_expiry, RECEIVE_MAXIMUM: self.receive_maximum}
+        cprops = {codec.SESSION_EXPIRY: self.session_expiry, codec.RECEIVE_MAXIMUM: self.receive_maximum}
         if props:
             cprops.update(props)
         try:
             self._send(self.packer.connect(self.client_id, self.keepalive, clean_session, cprops,
                                            self.user, self.password))
             packet = self._wait_packet(timeout_ms)
-            if packet is None or packet[0] != CONNACK:
+            if packet is None or packet[0] != codec.CONNACK:
                 raise OSError(errno.ETIMEDOUT) if packet is None else codec.MQTTProtocolError(0x82)
             present, reason, cprops = codec.decode_packet(*packet)
             if reason >= 0x80:
-                raise MQTTException(reason, "CONNECT", cprops.get(REASON_STRING))
+                raise MQTTException(reason, "CONNECT", cprops.get(codec.REASON_STRING))
         except Exception:
             self.close()
             raise
-        self.connack_props = cprops
-        self.keepalive = cprops.get(SERVER_KEEP_ALIVE, self.keepalive)
-        self.client_id = cprops.get(ASSIGNED_CLIENT_ID, self.client_id)
-        self.max_send = cprops.get(MAXIMUM_PACKET_SIZE, len(self.packer.buf))
+        self.keepalive = cprops.get(codec.SERVER_KEEP_ALIVE, self.keepalive)
+        self.client_id = cprops.get(codec.ASSIGNED_CLIENT_ID, self.client_id)
+        self.max_send = cprops.get(codec.MAXIMUM_PACKET_SIZE, len(self.packer.buf))
         return present
 
     def close(self) -> None:
@@ -146,7 +143,7 @@ class MQTTClient:
         if qos:
             codes, aprops = self._wait_ack(pid, timeout_ms)
             if codes[0] >= 0x80:
-                raise MQTTException(codes[0], "PUBLISH", aprops.get(REASON_STRING))
+                raise MQTTException(codes[0], "PUBLISH", aprops.get(codec.REASON_STRING))
         return pid
 
     def subscribe(self, topic, qos=0, props=None, timeout_ms=None) -> int:
@@ -155,7 +152,7 @@ class MQTTClient:
         self._send(self.packer.subscribe(pid, topic, qos, props))
         codes, aprops = self._wait_ack(pid, timeout_ms)
         if codes[0] >= 0x80:
-            raise MQTTException(codes[0], "SUBSCRIBE", aprops.get(REASON_STRING))
+            raise MQTTException(codes[0], "SUBSCRIBE", aprops.get(codec.REASON_STRING))
         return codes[0]
 
     def wait_msg(self, timeout_ms=None):
@@ -253,7 +250,7 @@ class MQTTClient:
     def _handle(self, packet) -> None:
         kind = packet[0]
         fields = codec.decode_packet(*packet)  # every check of what arrived is there
-        if kind == PUBLISH:
+        if kind == codec.PUBLISH:
             topic, payload, qos, pid, retain, props = fields
             if self.cb:
                 self.cb(topic, payload, props)
@@ -262,16 +259,16 @@ class MQTTClient:
             elif qos == 2:
                 # We never subscribe with QoS 2, so a QoS 2 PUBLISH is a broker error.
                 raise codec.MQTTProtocolError(0x82)
-        elif kind == PUBACK:
+        elif kind == codec.PUBACK:
             pid, reason, props = fields
             self.acks[pid] = ([reason], props)
-        elif kind == SUBACK:
+        elif kind == codec.SUBACK:
             pid, reasons, props = fields
             self.acks[pid] = (reasons, props)
-        elif kind == DISCONNECT:
+        elif kind == codec.DISCONNECT:
             reason, props = fields
             self.close()
-            raise MQTTException(reason, "connection", props.get(REASON_STRING))
-        elif kind == CONNACK:
+            raise MQTTException(reason, "connection", props.get(codec.REASON_STRING))
+        elif kind == codec.CONNACK:
             raise codec.MQTTProtocolError(0x82)
         # PINGRESP: nothing to do, _wait_packet already cleared the outstanding ping.

@@ -204,8 +204,6 @@ class Thermostat:
         # update that ota.py could not make (it restarts into the updater otherwise).
         self.keys = (self.key, (self.name + "\\desiredFirmware").encode())
         self.update = None
-        self.data_topic = "devices/%s/messages/events/data" % self.name
-        self.alerts_topic = "devices/%s/messages/events/alerts" % self.name
         self.connected = False
         self.registered = False
         self.backoff_ms = timing["backoff_min_ms"]
@@ -214,17 +212,16 @@ class Thermostat:
         self.heater = False
         self.active_alerts = ()
         self.pending_alerts = []  # alerts raised while offline, sent on reconnect
-        self.mem_peak = 0
-        self.heap = (0, 0)  # (gc.mem_free(), largest free block) measured at the last telemetry
-        self.seq = 0
         self.control_now = True
-        self.faults = 0  # unexpected exceptions the main loop survived, since boot
-        self.last_fault = None
         self.fault_run = (0, 0)  # (faults each within _FAULT_WINDOW_MS of the previous, ticks_ms of the last)
         self.doc = {"device": self.name, "fw": VERSION, "ts_ms": 0, "seq": 0, "temperature": None, "set_point": None,
                     "set_point_source": None, "set_point_rejected": None, "heater": False, "registered": False,
                     "mem_peak": 0, "mem_free": 0, "mem_largest": 0, "faults": 0, "last_fault": None, "wifi": None,
                     "update": None}  # telemetry's, filled in by telemetry()
+        # The counters telemetry reports live in it, not in attributes of their own as well: each
+        # attribute is a slot in this object's table for the run (docs/firmware.md, Memory). `seq`,
+        # `mem_peak` (gc.mem_alloc(), highest seen), `mem_free`/`mem_largest` (heap_headroom() at the
+        # last telemetry), `faults` (unexpected exceptions the main loop survived, since boot), `last_fault`.
 
     # --- state store ----------------------------------------------------------------------------
 
@@ -315,8 +312,11 @@ class Thermostat:
         self.connected = self.registered = False
         self._backoff()
 
-    def _publish(self, topic: str, doc: dict, qos: int) -> None:
-        self.mqtt.publish(topic, json.dumps(doc), qos=qos, props={CONTENT_TYPE: "application/json"})
+    def _publish(self, kind: str, doc: dict, qos: int) -> None:
+        """Publish doc to `devices/<thermostat>/messages/events/<kind>` (data, alerts). The topic is
+        built per message: kept for the run, the two cost a name's length each (docs/firmware.md, Memory)."""
+        self.mqtt.publish("devices/%s/messages/events/%s" % (self.name, kind), json.dumps(doc), qos=qos,
+                          props={CONTENT_TYPE: "application/json"})
 
     # --- control and telemetry ------------------------------------------------------------------
 
@@ -351,7 +351,7 @@ class Thermostat:
     def _flush_alerts(self) -> None:
         while self.connected and self.pending_alerts:
             try:
-                self._publish(self.alerts_topic, self.pending_alerts[0], 1)
+                self._publish("alerts", self.pending_alerts[0], 1)
             except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
                 return self._drop(e)
             self.pending_alerts.pop(0)
@@ -361,21 +361,16 @@ class Thermostat:
         message (300 bytes) landed wherever the heap had room, and a stale reference to the last one
         (the main loop's frame keeps the slot it was passed in) could keep it alive in the middle of
         the largest free block: whether 4 KB stayed in one piece depended on where it fell."""
-        self.seq += 1
-        self.mem_peak = max(self.mem_peak, gc.mem_alloc())
         doc = self.doc
+        doc["seq"] += 1
+        self._peak()
         doc["ts_ms"] = hlc.wall_ms()
-        doc["seq"] = self.seq
         doc["temperature"] = None if self.temperature is None else round(self.temperature, 2)
         doc["set_point"] = self.set_point.value
         doc["set_point_source"] = self.set_point.source
         doc["set_point_rejected"] = self.set_point.rejected
         doc["heater"] = self.heater
         doc["registered"] = self.registered
-        doc["mem_peak"] = self.mem_peak
-        doc["mem_free"], doc["mem_largest"] = self.heap
-        doc["faults"] = self.faults
-        doc["last_fault"] = self.last_fault
         doc["wifi"] = self.link.status() if self.link else None
         doc["update"] = self.update
         return doc
@@ -400,10 +395,11 @@ class Thermostat:
         if run and time.ticks_diff(now, last) > _FAULT_WINDOW_MS:
             run = 0
         self.fault_run = (run + 1, now)
-        self.faults += 1
+        doc = self.doc
+        doc["faults"] += 1
         gc.collect()  # a MemoryError leaves garbage behind; reporting it needs a little heap
-        self.last_fault = ("%s: %s" % (type(e).__name__, e))[:80]
-        print("fault %d: %s" % (self.faults, self.last_fault))
+        doc["last_fault"] = ("%s: %s" % (type(e).__name__, e))[:80]
+        print("fault %d: %s" % (doc["faults"], doc["last_fault"]))
         sys.print_exception(e)
         if self.fault_run[0] > _MAX_FAULTS:
             print("too many faults, restarting")
@@ -432,16 +428,16 @@ class Thermostat:
             now = time.ticks_ms()
             if time.ticks_diff(now, next_telemetry) >= 0:
                 next_telemetry = time.ticks_add(now, self.timing["telemetry_ms"])
-                self.mem_peak = max(self.mem_peak, gc.mem_alloc())
-                self.heap = heap_headroom()
+                self._peak()
+                self.doc["mem_free"], self.doc["mem_largest"] = heap_headroom()
                 if self.connected:
                     try:
-                        self._publish(self.data_topic, self.telemetry(), 0)
+                        self._publish("data", self.telemetry(), 0)
                     except (OSError, mqtt5.MQTTException, MQTTProtocolError) as e:
                         self._drop(e)
                     if self.registered and "fwboot" in sys.modules:  # this version is on trial (main.py's mark)
                         self.accept()  # and reached its first telemetry: it stays
-            self.mem_peak = max(self.mem_peak, gc.mem_alloc())
+            self._peak()
             gc.collect()
             now = time.ticks_ms()
             wait = min(time.ticks_diff(next_control, now), time.ticks_diff(next_telemetry, now))
@@ -449,6 +445,10 @@ class Thermostat:
                 wait = min(wait, time.ticks_diff(self.retry_at, now))
             self._idle(wait)
             now = time.ticks_ms()
+
+    def _peak(self) -> None:
+        """Telemetry's `mem_peak`: the most the heap held, as sampled around each turn's collection."""
+        self.doc["mem_peak"] = max(self.doc["mem_peak"], gc.mem_alloc())
 
     def accept(self) -> None:
         """Tell fwboot this version passed its trial. fwboot is not loaded during the trial (its heap is

@@ -55,7 +55,11 @@ POINTER = ("firmware.txt", "main.py.trial")
 # An over-the-air update asked for (boots into the updater instead of the thermostat) and the record of
 # the last one: the deployed version starts with neither.
 UPDATE_FILES = ("update.pending", "update.json")
-NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # MQTT client id and key prefix: no topic wildcards or '/'
+# The thermostat's name: MQTT client id and key prefix, so no topic wildcards or '/'. At most NAME_MAX
+# characters: the name is in strings the firmware keeps for the run, and its heap figures (16 KB free
+# after registration on a 64 KB heap, docs/firmware.md, Memory) are measured with names this long.
+NAME_MAX = 64
+NAME = re.compile(rf"^[A-Za-z0-9._-]{{1,{NAME_MAX}}}$")
 
 
 class DeployError(Exception):

@@ -9,7 +9,7 @@ import zipfile
 import pytest
 
 from tests.firmware.conftest import FIRMWARE, MICROPYTHON, ROOT
-from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
+from tests.firmware.thermostat_rig import longest_name, start_thermostat, thermostat_config
 from tests.support.processes import GatewayProcess
 
 BUILD = ROOT / "images" / "firmware" / "build.py"
@@ -73,21 +73,23 @@ def unpacked(bundle, into):
     return into
 
 
-def test_after_registration_16k_of_the_64k_heap_stay_free_with_a_4k_block(bundle, tmp_path, micropython, paho_peer):
+@pytest.mark.parametrize("name", ["t-heap", longest_name("t-heap")], ids=["short-name", "longest-name"])
+def test_after_registration_16k_of_the_64k_heap_stay_free_with_a_4k_block(bundle, tmp_path, micropython, paho_peer, name):
+    """Issue 15's bound, with the longest name deploy.py accepts too: the name is in strings kept for the run."""
     code = unpacked(bundle, tmp_path / "flash")
     with GatewayProcess(tmp_path / "gateway") as gateway:
         peer = paho_peer(gateway.host, gateway.port)
-        peer.subscribe("devices/t-heap/messages/events/data")
-        fw = start_thermostat(micropython, code, thermostat_config("t-heap", gateway.host, gateway.port),
+        peer.subscribe(f"devices/{name}/messages/events/data")
+        fw = start_thermostat(micropython, code, thermostat_config(name, gateway.host, gateway.port),
                               code_dir=code, heap="64K")
-        fw.expect(r"^registered t-heap\\setPoint$")
+        fw.expect(rf"^registered {name}\\setPoint$")
         samples = []
         while len(samples) < 5:
             data = peer.next_json("/data")
             if data["registered"]:
                 samples.append((data["mem_free"], data["mem_largest"]))
     assert "MemoryError" not in fw.output(), fw.output()
-    print("heap after registration (free, largest block):", samples)
+    print(f"heap after registration ({len(name)}-character name; free, largest block):", samples)
     assert min(free for free, _ in samples) >= 16 * 1024, samples
     assert min(largest for _, largest in samples) >= 4 * 1024, samples
 

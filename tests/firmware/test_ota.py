@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from appliance.statestore.client import StateStoreClient
 from tests.firmware.conftest import FIRMWARE, ROOT
 from tests.firmware.ota_rig import ResettingBoard, build_variant, publish
+from tests.firmware.thermostat_rig import longest_name
 from tests.support.processes import GatewayProcess
 from tests.support.waiting import wait_until
 
@@ -62,6 +63,14 @@ def boards(tmp_path, gateway, bundles):
     yield start
     for board in started:
         board.stop()
+
+
+def publish_for(gateway, bundles, version: str, name: str) -> None:
+    """Publish a bundle and want it on thermostat `name`, as `publish --target` does, but for any name
+    deploy.py accepts: the CLI checks targets by its version-name rule (1-32 characters)."""
+    publish(gateway, str(bundles[version]))
+    with StateStoreClient(gateway.host, gateway.port, client_id="op-" + name[:16], timeout=10) as store:
+        assert store.set(name + "\\desiredFirmware", version.encode()).applied
 
 
 def telemetry_while(peer, name: str, until, timeout: float = 60.0) -> list[dict]:
@@ -112,17 +121,19 @@ def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards,
 
 def test_an_updated_board_updates_again_within_the_64k_heap(gateway, boards, bundles, paho_peer):
     """The second update runs on an updated board, and the board it leaves keeps the heap of a fresh one:
-    16 KB free and a 4 KB block after registration (issue 15), with the modules in fw/b and the accepted
-    form of main.py (docs/firmware.md, OTA, Heap)."""
-    board = boards("t-twice")
+    16 KB free and a 4 KB block after registration (issue 15) on every boot, its trial boot too, with the
+    modules in fw/b and the accepted form of main.py (docs/firmware.md, OTA, Heap). The board has the
+    longest name deploy.py accepts: the name is in strings kept for the run."""
+    name = longest_name("t-twice")
+    board = boards(name)
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/t-twice/messages/events/data", 0)
-    publish(gateway, str(bundles["0.2.0"]), "--target", "t-twice")
+    peer.subscribe(f"devices/{name}/messages/events/data", 0)
+    publish_for(gateway, bundles, "0.2.0", name)
     board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
-    publish(gateway, str(bundles["0.3.0"]), "--target", "t-twice")
-    trial = telemetry_while(peer, "t-twice", lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
+    publish_for(gateway, bundles, "0.3.0", name)
+    trial = telemetry_while(peer, name, lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
     board.expect(r"^firmware 0\.3\.0 accepted$", timeout=60)
-    accepted = telemetry_while(peer, "t-twice", lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
+    accepted = telemetry_while(peer, name, lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
     assert board.pointer() == "0.3.0 0.2.0 - - fw/b fw/a"  # 0.2.0 in fw/a is the way back now
     assert sorted(p.name for p in (board.flash / "fw").iterdir()) == ["a", "b"]
     # thermostat, updater, 0.2.0 on trial, 0.2.0 accepted, updater, 0.3.0 on trial, 0.3.0 accepted
@@ -131,17 +142,15 @@ def test_an_updated_board_updates_again_within_the_64k_heap(gateway, boards, bun
     # And as the board boots from now on.
     board.power_cycle()
     mark, _ = board.expect(r"^<boot 8>$")
-    board.expect(r"^registered t-twice\\setPoint$", after=mark, timeout=30)
-    later = telemetry_while(peer, "t-twice", lambda d: d["registered"] and d["ts_ms"] > accepted["ts_ms"] + 2000)
+    board.expect(rf"^registered {name}\\setPoint$", after=mark, timeout=30)
+    later = telemetry_while(peer, name, lambda d: d["registered"] and d["ts_ms"] > accepted["ts_ms"] + 2000)
     steady = [accepted] + [d for d in later if d["registered"] and d["ts_ms"] > accepted["ts_ms"]]
     print("heap on an updated board after registration (on trial; accepted, then after a power cut):",
           trial["mem_free"], trial["mem_largest"], [(d["mem_free"], d["mem_largest"]) for d in steady])
-    # Measured 16,480-16,544 B / 6.3 KB (a fresh deploy 16,544-16,608 B); 15,392-15,904 B before the
-    # boot of an accepted version became main.py's plain form (fwboot.py).
     assert min(d["mem_free"] for d in steady) >= 16 * 1024 and min(d["mem_largest"] for d in steady) >= 4 * 1024
     # The trial boot lasts until its first telemetry (then the board resets into the accepted form):
-    # its main.py's rename, mark and handler cost about 350 B (16,128 B measured).
-    assert trial["mem_free"] >= 15.5 * 1024 and trial["mem_largest"] >= 4 * 1024, trial
+    # its main.py's rename, mark and handler cost about 350 B more. Figures: docs/firmware.md, OTA, Heap.
+    assert trial["mem_free"] >= 16 * 1024 and trial["mem_largest"] >= 4 * 1024, trial
     assert "MemoryError" not in board.output() and "Traceback" not in board.output(), board.output()
 
 
@@ -215,16 +224,20 @@ def test_a_file_that_does_not_match_its_sha256_is_refused_and_the_old_version_ke
 
 
 def test_an_update_whose_app_crashes_at_boot_is_rolled_back(gateway, boards, bundles, paho_peer):
-    board = boards("t-crash")
+    """The board it rolls back to keeps issue 15's heap, with the update record read and the longest name."""
+    name = longest_name("t-crash")
+    board = boards(name)
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/t-crash/messages/events/data", 0)
-    publish(gateway, str(bundles["0.3.0-crash"]), "--target", "t-crash")
+    peer.subscribe(f"devices/{name}/messages/events/data", 0)
+    publish_for(gateway, bundles, "0.3.0-crash", name)
     board.expect(r"^update: 0\.3\.0-crash verified")
     board.expect(r"^firmware 0\.3\.0-crash rolled back: RuntimeError: broken at boot$", timeout=30)
     fourth, _ = board.expect(r"^<boot 4>$", timeout=30)
-    back, _ = board.expect(r"^registered t-crash\\setPoint$", after=fourth, timeout=30)
-    data = telemetry_while(peer, "t-crash", lambda d: d["fw"] == OLD and (d.get("update") or {}).get("state") == "rolled_back")[-1]
+    back, _ = board.expect(rf"^registered {name}\\setPoint$", after=fourth, timeout=30)
+    data = telemetry_while(peer, name, lambda d: d["fw"] == OLD and (d.get("update") or {}).get("state") == "rolled_back")[-1]
     assert data["update"]["version"] == "0.3.0-crash"
+    print("heap after the rollback (update record read):", data["mem_free"], data["mem_largest"])
+    assert data["mem_free"] >= 16 * 1024 and data["mem_largest"] >= 4 * 1024, data
     assert board.pointer() == "- - - 0.3.0-crash - -"  # the deployed version, and it will not fetch 0.3.0-crash again
     assert board.boots == 4  # into the updater, the switch, the crash's reset, nothing more: no boot loop
     assert "update: fetching 0.3.0-crash" not in "\n".join(board.lines[back:])
@@ -260,8 +273,10 @@ def test_a_transfer_cut_by_a_gateway_restart_resumes_where_it_stopped(gateway, b
     gateway.start()
     board.expect(r"^update: connected$", after=mark)  # the same updater, again: not a reboot into it
     board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
-    # It went on where it was: one run of the updater, files done before the cut not fetched again.
-    assert board.output().count("update: fetching 0.2.0") == 1 and board.boots == 3, board.output()
+    board.expect(r"^<boot 4>$")  # accepting resets into the accepted boot: counted after it, not racing it
+    # It went on where it was: one run of the updater, files done before the cut not fetched again
+    # (thermostat, updater, 0.2.0 on trial, 0.2.0 accepted).
+    assert board.output().count("update: fetching 0.2.0") == 1 and board.boots == 4, board.output()
     assert first.stat().st_mtime_ns == before
 
 
@@ -338,23 +353,25 @@ def test_a_fleet_of_20_updates_while_set_points_keep_being_applied(gateway, boar
 
 
 def test_a_version_the_gateway_does_not_have_is_reported_and_the_thermostat_keeps_working(gateway, boards, paho_peer):
-    board = boards("t-unknown")
+    name = longest_name("t-unknown")  # the name is in strings kept for the run: the heap bound holds with the longest
+    board = boards(name)
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/t-unknown/messages/events/data", 0)
+    peer.subscribe(f"devices/{name}/messages/events/data", 0)
     with StateStoreClient(gateway.host, gateway.port, client_id="op-unknown", timeout=10) as store:
-        assert store.set("t-unknown\\desiredFirmware", b"9.9.9").applied
+        assert store.set(name + "\\desiredFirmware", b"9.9.9").applied
         board.expect(r"^update: waiting 9\.9\.9: gateway: .*unknown version 9\.9\.9$", timeout=30)
-        data = telemetry_while(peer, "t-unknown", lambda d: d["registered"] and (d.get("update") or {}).get("state") == "waiting")[-1]
+        data = telemetry_while(peer, name, lambda d: d["registered"] and (d.get("update") or {}).get("state") == "waiting")[-1]
         assert (data["fw"], data["faults"], data["update"]["version"]) == (OLD, 0, "9.9.9"), data
         mark = len(board.lines)
-        assert store.set("t-unknown\\setPoint", b"23").applied
+        assert store.set(name + "\\setPoint", b"23").applied
         board.expect(r"^set point 23.0 from notify$", after=mark)
-        assert store.set("t-unknown\\desiredFirmware", OLD).applied  # nothing wanted any more: ota.py unloads
+        assert store.set(name + "\\desiredFirmware", OLD).applied  # nothing wanted any more: ota.py unloads
         board.expect(r"^update: none wanted now$", after=mark)
-    data = telemetry_while(peer, "t-unknown", lambda d: d["update"] is None)[-1]
+    data = telemetry_while(peer, name, lambda d: d["update"] is None)[-1]
     # What ota.py interned stays, within the qstr pools the thermostat already has; nothing else does.
     # One name too many allocates a fifth pool (3.5 KB) in the middle of the heap.
-    assert data["mem_free"] >= 16 * 1024 - 512 and data["mem_largest"] >= 4 * 1024, data
+    print("heap after ota.py was called (a version waited for, then none wanted):", data["mem_free"], data["mem_largest"])
+    assert data["mem_free"] >= 16 * 1024 and data["mem_largest"] >= 4 * 1024, data
     assert board.boots == 3 and "Traceback" not in board.output(), board.output()
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from images.firmware.deploy import NAME_MAX
 from tests.firmware.conftest import FIRMWARE
+
+
+def longest_name(prefix: str) -> str:
+    """prefix padded to the longest thermostat name deploy.py accepts: the name is in strings kept for
+    the whole run, so the heap bounds are checked with it (docs/firmware.md, Memory)."""
+    return (prefix + "-" + "x" * NAME_MAX)[:NAME_MAX]
 
 
 def thermostat_config(name: str, host: str, port: int, **overrides) -> dict:
