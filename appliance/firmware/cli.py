@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.cli_args import add_config_arguments, config_from_args
-from appliance.firmware.protocol import NAME, desired_key, group_key, group_members
+from appliance.firmware.protocol import THERMOSTAT_NAME, desired_key, group_key, group_members
 from appliance.firmware.repository import (
     BundleError,
     Repository,
@@ -100,8 +100,8 @@ def store_client(args: argparse.Namespace) -> StateStoreClient:
 def cmd_publish(args: argparse.Namespace) -> int:
     repo = repository(args)
     for name in args.target + args.group:
-        if not NAME.fullmatch(name):
-            return fail(f"{name!r} is not a thermostat or group name (1-32 of A-Za-z0-9._-)")
+        if not THERMOSTAT_NAME.fullmatch(name):
+            return fail(f"{name!r} is not a thermostat or group name (1-64 of A-Za-z0-9._-)")
     try:
         if args.bundle is not None:
             bundle = read_bundle(args.bundle)

@@ -24,6 +24,9 @@ REQUEST_TOPIC = "firmware/v1/command/chunk"
 MAX_CHUNK = 4096
 #: A version or file name: one path component, 1-32 of [A-Za-z0-9._-], not starting with a dot.
 NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,31}")
+#: A thermostat's name (its MQTT client id and key prefix) or a group's: what images/firmware/deploy.py
+#: accepts for a thermostat, 1-64 of [A-Za-z0-9._-]. Wider than ``NAME``: it never names a file.
+THERMOSTAT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MANIFEST = "manifest.txt"
 SIGNATURE = "manifest.sig"
 
@@ -44,7 +47,7 @@ def group_members(value: bytes) -> list[str]:
     """The thermostat names in a group key's value; ValueError naming one that is not a name."""
     names = value.decode("utf-8", "replace").replace(",", " ").split()
     for name in names:
-        if not NAME.fullmatch(name):
+        if not THERMOSTAT_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not a thermostat name")
     return names
 

@@ -59,7 +59,7 @@ UPDATE_FILES = ("update.pending", "update.json")
 # characters: the name is in strings the firmware keeps for the run, and its heap figures (16 KB free
 # after registration on a 64 KB heap, docs/firmware.md, Memory) are measured with names this long.
 NAME_MAX = 64
-NAME = re.compile(rf"^[A-Za-z0-9._-]{{1,{NAME_MAX}}}$")
+NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{NAME_MAX}}}")
 
 
 class DeployError(Exception):
@@ -78,7 +78,7 @@ def config_errors(config: dict) -> list[str]:
     name = config.get("thermostat")
     if not isinstance(name, str) or not name or _placeholder(name):
         errors.append("thermostat: set this device's name (see the bundle's config template)")
-    elif not NAME.match(name):
+    elif not NAME.fullmatch(name):
         errors.append(f"thermostat: {name!r} must be 1-64 of A-Z a-z 0-9 . _ - (it is an MQTT client id)")
     broker = config.get("broker") or {}
     host = broker.get("host")

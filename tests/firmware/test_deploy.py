@@ -12,7 +12,10 @@ import sys
 import zipfile
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
+from appliance.firmware.protocol import THERMOSTAT_NAME
 from images.firmware import deploy
 from tests.firmware.conftest import ROOT
 from tests.firmware.thermostat_rig import thermostat_config
@@ -206,3 +209,13 @@ def test_the_command_refuses_a_tampered_bundle_and_the_unfilled_template(bundle,
     proc = run_deploy(bundle, "--port", "/dev/null", "--config", tmp_path / "template.json", "--dry-run")
     assert proc.returncode == 1
     assert "thermostat: set this device's name" in proc.stderr and "broker.host: set the gateway's address" in proc.stderr
+
+
+@given(st.text(alphabet=st.characters(codec="ascii"), max_size=70) | st.sampled_from(["t" * 64, "t" * 65, "a.b_c-d"]))
+@example("t-01\n")  # deploy.py's `^...$` matched before a final newline
+def test_the_gateway_takes_as_a_thermostat_name_exactly_what_deploy_accepts(template, name):
+    """`appliance firmware publish --target` and group keys name thermostats that deploy.py set up; a name one
+    side accepts and the other refuses is a thermostat that can never be updated."""
+    errors = deploy.config_errors(board_config(template, thermostat=name))
+    deploy_accepts = not any(error.startswith("thermostat:") for error in errors)
+    assert bool(THERMOSTAT_NAME.fullmatch(name)) == deploy_accepts

@@ -65,14 +65,6 @@ def boards(tmp_path, gateway, bundles):
         board.stop()
 
 
-def publish_for(gateway, bundles, version: str, name: str) -> None:
-    """Publish a bundle and want it on thermostat `name`, as `publish --target` does, but for any name
-    deploy.py accepts: the CLI checks targets by its version-name rule (1-32 characters)."""
-    publish(gateway, str(bundles[version]))
-    with StateStoreClient(gateway.host, gateway.port, client_id="op-" + name[:16], timeout=10) as store:
-        assert store.set(name + "\\desiredFirmware", version.encode()).applied
-
-
 def telemetry_while(peer, name: str, until, timeout: float = 60.0) -> list[dict]:
     """Telemetry of one thermostat until `until(data)` is true."""
     seen = []
@@ -128,9 +120,9 @@ def test_an_updated_board_updates_again_within_the_64k_heap(gateway, boards, bun
     board = boards(name)
     peer = paho_peer(gateway.host, gateway.port)
     peer.subscribe(f"devices/{name}/messages/events/data", 0)
-    publish_for(gateway, bundles, "0.2.0", name)
+    publish(gateway, str(bundles["0.2.0"]), "--target", name)
     board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
-    publish_for(gateway, bundles, "0.3.0", name)
+    publish(gateway, str(bundles["0.3.0"]), "--target", name)
     trial = telemetry_while(peer, name, lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
     board.expect(r"^firmware 0\.3\.0 accepted$", timeout=60)
     accepted = telemetry_while(peer, name, lambda d: d["fw"] == "0.3.0" and d["registered"])[-1]
@@ -229,7 +221,7 @@ def test_an_update_whose_app_crashes_at_boot_is_rolled_back(gateway, boards, bun
     board = boards(name)
     peer = paho_peer(gateway.host, gateway.port)
     peer.subscribe(f"devices/{name}/messages/events/data", 0)
-    publish_for(gateway, bundles, "0.3.0-crash", name)
+    publish(gateway, str(bundles["0.3.0-crash"]), "--target", name)
     board.expect(r"^update: 0\.3\.0-crash verified")
     board.expect(r"^firmware 0\.3\.0-crash rolled back: RuntimeError: broken at boot$", timeout=30)
     fourth, _ = board.expect(r"^<boot 4>$", timeout=30)
