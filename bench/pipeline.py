@@ -255,6 +255,9 @@ def main(argv=None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--workdir", help="keep data and outputs here (default: a temporary folder, removed)")
     parser.add_argument("--reuse-data", action="store_true", help="keep the landing zone already in --workdir")
+    parser.add_argument("--bronze-exists", action="store_true",
+                        help="keep the bronze table already in --workdir (a 'pipeline compact' over its landing zone) "
+                             "and skip the fresh compact + batch run")
     parser.add_argument("--engine", choices=["duckdb-json", "duckdb-bronze"], help=argparse.SUPPRESS)  # child mode
     args = parser.parse_args(argv)
 
@@ -271,9 +274,11 @@ def main(argv=None) -> int:
             size = generate(work / "landing", args.records, args.gateways, args.devices)
             print(f"generated {args.records:,} records ({size / 1e6:,.0f} MB of JSON lines) "
                   f"in {time.monotonic() - started:.0f}s", flush=True)
-        shutil.rmtree(work / "landing" / "_bronze", ignore_errors=True)  # fresh: nothing compacted yet
+        if not args.bronze_exists:
+            shutil.rmtree(work / "landing" / "_bronze", ignore_errors=True)  # fresh: nothing compacted yet
+        fresh = [] if args.bronze_exists else [("spark: compact + batch, fresh", spark_command(work, args.master))]
         for name, command in [
-            ("spark: compact + batch, fresh", spark_command(work, args.master)),
+            *fresh,
             ("spark: batch, bronze exists", [*spark_command(work, args.master), "--no-compact"]),
             ("duckdb: JSON landing files", [sys.executable, __file__, "--workdir", str(work), "--engine", "duckdb-json"]),
             ("duckdb: bronze Parquet", [sys.executable, __file__, "--workdir", str(work), "--engine", "duckdb-bronze"]),
