@@ -159,4 +159,5 @@ def test_a_local_master_gets_four_shuffle_partitions_per_core_and_adaptive_coale
     assert settings["spark.sql.adaptive.enabled"] == "true"
     assert settings["spark.driver.memory"] == "4g"  # 1g ran out of memory deduplicating 10M events
     assert settings["spark.sql.adaptive.coalescePartitions.parallelismFirst"] == "false"  # merge the small ones
+    assert settings["spark.sql.inMemoryColumnarStorage.compressed"] == "false"  # a third of filling the cache
     assert local_cores("local[*]") == os.cpu_count()
