@@ -19,10 +19,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipeline.jobs import bronze, delivery, hil, rollups, setpoints, telemetry
-from pipeline.jobs.dedup import first_rejects, mark_first_copies
+from pipeline.jobs.dedup import COPY_ORDER, first_rejects, mark_first_copies
 from pipeline.jobs.output import write_output
 from pipeline.jobs.settings import JobSettings
-from pipeline.jobs.source import bad_lines, read_hil, records
+from pipeline.jobs.source import bad_lines, read_hil, records, with_times
 from pipeline.records import EVENTS, METRICS, QUARANTINE
 
 
@@ -43,9 +43,10 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
     dates = settings.read_dates() if settings.ranged else None
     lines = {kind: bronze.read(spark, settings.bronze_path, kind, dates=dates) for kind in (EVENTS, METRICS, QUARANTINE)}
     events = first_events(lines[EVENTS])
-    readings = telemetry.readings(events.where(F.col(READING)))
+    readings = telemetry.readings(events.where(F.col(READING)), copy_order=False)
     ingest_rejects = first_rejects(records(lines[QUARANTINE]))
-    latency = delivery.latency(events.where(F.col(EVENT)), settings.window).persist(StorageLevel.MEMORY_AND_DISK)
+    latency = delivery.latency(with_times(events.where(F.col(EVENT))), settings.window).persist(
+        StorageLevel.MEMORY_AND_DISK)
     counters = delivery.queue_counters(
         delivery.queue_samples(records(lines[METRICS])), settings.window
     ).persist(StorageLevel.MEMORY_AND_DISK)
@@ -76,6 +77,8 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
 # Which deduplicated copy an event row is (``first_events``).
 EVENT, READING, REJECT = "_first_event", "_first_reading", "_first_reject"
 _REJECT_COLUMNS = ("topic", "payload", "payload_base64")
+_READING_COLUMNS = ("t_temperature", "t_set_point", "t_heater", "t_ts_ms")
+COPY_ORDER_ONLY = tuple(name for name in COPY_ORDER if name != "received_ms")  # read by no output
 
 
 def first_events(lines: DataFrame) -> DataFrame:
@@ -85,21 +88,25 @@ def first_events(lines: DataFrame) -> DataFrame:
     Three outputs deduplicate the events, each among its own rows (``dedup.first_copies``): delivery
     latency among all events, rollups and the change log among the valid readings, the quarantine among
     the telemetry rejects. ``mark_first_copies`` answers all three from one window by message id, so the
-    events cross the shuffle once, not three times, and the cache keeps only the rows some output takes
-    (plus the lines that are not records, for the quarantine), without the raw payload of a reading.
+    events cross the shuffle once, not three times.
+
+    What crosses the shuffle and what the cache keeps are the columns some output reads, no more (the
+    shuffle, the sort and building the cache cost per byte): the raw ``topic`` / ``payload`` only on the
+    rows the quarantine takes (a reading's is never read again), the copy order's ``landing_file`` and
+    ``sent_ms`` only up to the window that uses them, no ``received_at`` (a function of ``received_ms``).
     """
-    parsed = lines
     record = F.col("landing_error").isNull()
     telemetry_row = record & (F.col("output") == telemetry.TELEMETRY_OUTPUT)
     reading, reject = telemetry_row & F.col("reason").isNull(), telemetry_row & F.col("reason").isNotNull()
-    slim = parsed.select(
-        "message_id", "gateway_id", "device_id", "priority", "enqueued_ms", "received_ms", "received_at",
-        "sent_ms", "landing_file", "landing_error", "reason", *[c for c in parsed.columns if c.startswith("t_")],
-        *[F.when(reject | ~record, F.col(name)).alias(name) for name in _REJECT_COLUMNS],
+    quarantined = reject | ~record
+    slim = lines.select(
+        "message_id", "gateway_id", "device_id", "priority", "enqueued_ms", "received_ms", *COPY_ORDER_ONLY,
+        "landing_error", F.when(quarantined, F.col("reason")).alias("reason"), *_READING_COLUMNS,
+        *[F.when(quarantined, F.col(name)).alias(name) for name in _REJECT_COLUMNS],
         F.coalesce(reading, F.lit(False)).alias(READING), F.coalesce(reject, F.lit(False)).alias(REJECT),
     )
     marked = mark_first_copies(slim, {EVENT: record, READING: F.col(READING), REJECT: F.col(REJECT)})
-    kept = marked.where(F.col(EVENT) | F.col(READING) | F.col(REJECT) | ~record)
+    kept = marked.where(F.col(EVENT) | F.col(READING) | F.col(REJECT) | ~record).drop(*COPY_ORDER_ONLY)
     return kept.persist(StorageLevel.MEMORY_AND_DISK)
 
 

@@ -4,35 +4,34 @@ Spark writes nothing but ``_SUCCESS`` for an empty DataFrame partitioned by ``da
 infers the schema then fails (``UNABLE_TO_INFER_SCHEMA``) - a clean landing zone, with nothing in
 quarantine, crashed ``batch`` that way. So an output with no rows at all gets one Parquet file with no
 rows and the full schema (``date`` included, as a column) at its root, which Spark, pyarrow and DuckDB
-all read as an empty table; the file goes as soon as the output has partitions. Everything the jobs read
-back, they read with the schema they wrote (``read_output``), never inferred.
+all read as an empty table; the file goes as soon as the output has partitions. The jobs never read an
+output back: its row count is counted on the way to the files.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import types as T
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
 
 PARTITION = "date"
 
 
 def write_output(spark: SparkSession, frame: DataFrame, path: str, dynamic: bool = False) -> int:
-    """Overwrite ``path`` with ``frame`` (partitioned by ``date`` if it has one); returns its row count.
+    """Overwrite ``path`` with ``frame`` (partitioned by ``date`` if it has one); returns the number of
+    rows written, counted as they pass on their way to the files (an ``Observation``) rather than by
+    reading the output again, which cost a job and a listing of every written file per output.
 
     ``dynamic``: replace only the ``date`` partitions ``frame`` has rows for and leave the others as they
     are, files and all (a batch over a date range)."""
-    writer = frame.write.mode("overwrite")
+    written = Observation()
+    writer = frame.observe(written, F.count(F.lit(1)).alias("rows")).write.mode("overwrite")
     partitioned = PARTITION in frame.columns
     if partitioned:
         writer = writer.partitionBy(PARTITION).option("partitionOverwriteMode", "dynamic" if dynamic else "static")
     writer.parquet(path)
     if partitioned:
         _keep_schema_when_empty(spark, frame, path)
-    return read_output(spark, frame.schema, path).count()
-
-
-def read_output(spark: SparkSession, schema: T.StructType, path: str) -> DataFrame:
-    return spark.read.schema(schema).parquet(path)
+    return int(written.get["rows"])
 
 
 def _keep_schema_when_empty(spark: SparkSession, frame: DataFrame, path: str) -> None:

@@ -60,9 +60,12 @@ def _reason(t: Column) -> Column:
     )
 
 
-def readings(parsed: DataFrame) -> DataFrame:
+def readings(parsed: DataFrame, copy_order: bool = True) -> DataFrame:
+    """Valid readings. ``copy_order``: with the columns that say which copy of a message comes first
+    (``dedup.COPY_ORDER``), which streaming needs; batch passes rows deduplicated already."""
     return parsed.where(F.col("reason").isNull()).select(
-        "message_id", "gateway_id", "device_id", "priority", "enqueued_ms", "received_ms", "sent_ms", "landing_file",
+        "message_id", "gateway_id", "device_id", "priority", "enqueued_ms", "received_ms",
+        *(("sent_ms", "landing_file") if copy_order else ()),
         F.col("t_ts_ms").alias("reading_ms"),
         F.timestamp_millis("t_ts_ms").alias("reading_at"),
         F.col("t_temperature").alias("temperature"),

@@ -174,3 +174,16 @@ def test_any_cut_of_a_line_and_any_garbage_line_is_quarantined_never_lost_never_
     assert len(landing_rejects) == len(cuts) + len(junk)
     assert spark_rollups(spark, settings)["readings"].sum() == 10
     assert_matches_duckdb(spark, settings)
+
+
+def test_an_output_counts_the_rows_it_wrote_without_reading_them_back(spark, tmp_path):
+    """A ranged run replaces some ``date`` partitions and keeps the others: its count is what it wrote."""
+    from pyspark.sql import functions as F
+
+    from pipeline.jobs.output import write_output
+
+    rows = spark.range(10).withColumn("date", F.when(F.col("id") < 7, "2026-01-01").otherwise("2026-01-02"))
+    assert write_output(spark, rows, str(tmp_path / "out")) == 10
+    assert write_output(spark, rows.where("id >= 7"), str(tmp_path / "out"), dynamic=True) == 3
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 10  # 01-01 kept as it was
+    assert write_output(spark, rows.limit(0), str(tmp_path / "empty")) == 0

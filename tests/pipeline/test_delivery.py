@@ -45,3 +45,31 @@ def test_latency_percentiles_per_gateway_priority_and_receive_window(spark):
     assert (odd.delivered, even.delivered) == (100, 100)
     assert (odd.latency_p50_ms, odd.latency_p95_ms, odd.latency_p99_ms, odd.latency_max_ms) == (9900, 18900, 19700, 19900)
     assert (even.latency_p50_ms, even.latency_max_ms) == (10000, 20000)
+
+
+def test_latency_percentiles_are_exact_in_a_window_of_any_size(spark):
+    """Past 10,000 messages in a window, percentile_approx (accuracy 10000) may answer a neighbour of the
+    percentile; batch computes it exactly, as DuckDB's ``quantile_disc`` and the streaming step do."""
+    import duckdb
+    from pyspark.sql import functions as F
+
+    count = 40_000
+    received = F.lit(at(0)) + F.col("id") % 1000
+    rows = spark.range(count).select(
+        F.lit("gw1").alias("gateway_id"), (F.col("id") % 2).cast("int").alias("priority"), received.alias("received_ms"),
+        (received - (F.col("id") * 7919) % 30_011).alias("enqueued_ms"),  # latencies spread, some repeated
+    )
+    got = delivery.latency(rows.withColumn("received_at", F.timestamp_millis("received_ms")), "5 minutes")
+    got = sorted(tuple(r) for r in got.select("priority", "delivered", "latency_p50_ms", "latency_p95_ms",
+                                              "latency_p99_ms", "latency_max_ms").collect())
+
+    frame = rows.toPandas()  # noqa: F841 - DuckDB reads it by name
+    expected = duckdb.sql("""
+        SELECT priority, count(*), quantile_disc(received_ms - enqueued_ms, 0.5),
+               quantile_disc(received_ms - enqueued_ms, 0.95), quantile_disc(received_ms - enqueued_ms, 0.99),
+               max(received_ms - enqueued_ms)
+        FROM frame GROUP BY priority ORDER BY priority""").fetchall()
+    assert got == [tuple(row) for row in expected]
+    step, _ = delivery.latency_step(5 * MINUTE)(("gw1",), None, frame)
+    assert sorted(tuple(r) for r in step[["priority", "delivered", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms",
+                                          "latency_max_ms"]].itertuples(index=False)) == got
