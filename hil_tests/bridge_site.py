@@ -12,8 +12,9 @@ runs the very code path it runs on hardware and never learns that the cable is v
                                       10.203.0.3/24 (the rig's delay relay)
 ```
 
-The gateway namespace's default route points at the uplink namespace, as a gateway's points at its modem,
-so the gateway reaches the cloud broker's address through the rig whatever that address is. The host
+The gateway namespace's network stack is set as the gateway image sets the box's (its ``sysctl.d``: the
+uplink's retransmission floor). The gateway namespace's default route points at the uplink namespace, as
+a gateway's points at its modem, so the gateway reaches the cloud broker's address through the rig whatever that address is. The host
 reaches the gateway and the cloud broker over unshaped host links (`netns_site.HostLinks`), as a bench PC
 sits on the site LAN and reaches the cloud over the lab network. The rig namespace has a default route
 too, so its relay reaches the same cloud address. `close()` deletes the three namespaces, and with them
@@ -42,6 +43,7 @@ RIG_ADDRESS = "10.203.0.3"
 PREFIX_LENGTH = 24
 CLOUD_PORT = 1883  # both fresh namespaces: the well-known ports are free
 GATEWAY_PORT = 1883
+IMAGE_SYSCTL_DIR = REPO_ROOT / "images" / "gateway" / "rootfs" / "etc" / "sysctl.d"
 
 
 def _run(*argv: str) -> str:
@@ -80,6 +82,7 @@ class BridgeSite:
                 _run("ip", "netns", "add", namespace)
                 self._created.append(namespace)
                 _run("ip", "-n", namespace, "link", "set", "lo", "up")
+            apply_image_sysctls(self.gateway_ns)
             self._cable(self.gateway_ns, "uplink0", GATEWAY_PORT_NAME, "a")
             self._cable(self.uplink_ns, "wan0", UPLINK_PORT_NAME, "b")
             for namespace, device, address in (
@@ -123,6 +126,24 @@ class BridgeSite:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def image_sysctls() -> list[tuple[str, str]]:
+    """The ``key = value`` settings the gateway image puts in ``/etc/sysctl.d`` (its uplink's retransmission
+    floor, appliance/tcp_floor.py), in file order."""
+    settings = []
+    for path in sorted(IMAGE_SYSCTL_DIR.glob("*.conf")):
+        for line in path.read_text().splitlines():
+            if line.strip() and not line.lstrip().startswith(("#", ";")):
+                key, _, value = line.partition("=")
+                settings.append((key.strip(), value.strip()))
+    return settings
+
+
+def apply_image_sysctls(namespace: str) -> None:
+    """Configure ``namespace``'s network stack as the gateway image configures the gateway's box."""
+    for key, value in image_sysctls():
+        _run("ip", "netns", "exec", namespace, "sysctl", "-q", "-w", f"{key}={value}")
 
 
 def list_namespaces() -> set[str]:

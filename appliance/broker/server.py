@@ -40,6 +40,7 @@ from appliance.broker.certificates import CertificateFileError, date_problems
 from appliance.broker.config import ListenerConfig
 from appliance.broker.session import AWAITING_CONNECT, Connection
 from appliance.broker.websocket import WebSocketServer
+from appliance.tcp_floor import keep_kernel_floor
 
 log = logging.getLogger("appliance.broker.server")
 
@@ -276,6 +277,10 @@ async def start_listener(broker: Broker, listener: ListenerConfig) -> tuple[asyn
         # A TLS client gets as long for its handshake as a plain one gets to send CONNECT (asyncio: 60 s).
         ssl_handshake_timeout=CONNECT_TIMEOUT if context is not None else None,
     )
+    for sock in server.sockets:
+        # The image raises the namespace's retransmission floor for the slow uplink; clients on the LAN keep
+        # the kernel's own (appliance/tcp_floor.py).
+        keep_kernel_floor(sock)
     sockname = server.sockets[0].getsockname()
     scheme = ("wss" if secure else "ws") if websocket else ("tls" if secure else "tcp")
     host = sockname[0] if ":" not in sockname[0] else f"[{sockname[0]}]"

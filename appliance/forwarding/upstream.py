@@ -62,6 +62,7 @@ from appliance.forwarding.metrics import LinkStats
 from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.routes import UPSTREAM
 from appliance.forwarding.window import LinkEstimate, Window
+from appliance.tcp_floor import retransmission_floor_s
 
 log = logging.getLogger(__name__)
 
@@ -434,7 +435,10 @@ class UpstreamSender:
         self._set_ready(True)  # a new connection for the estimate: the round trip below belongs to it
         self.estimate.note_round_trip(self._loop.time() - self._connect_started)
         self._max_packet = getattr(properties, "MaximumPacketSize", None)
-        log.info("upstream connected to %s:%s", self.settings.host, self.settings.port)
+        floor = retransmission_floor_s(self._socket) if self._socket is not None else None
+        # The floor TCP retransmits above: the image sizes it for the slowest uplink (appliance/tcp_floor.py).
+        log.info("upstream connected to %s:%s (retransmission floor %s)", self.settings.host, self.settings.port,
+                 "unknown" if floor is None else f"{floor:.2f} s")
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         log.info("upstream disconnected: %s", reason)
