@@ -123,10 +123,17 @@ def spark_command(work: Path, master: str) -> list[str]:
             str(work / "spark"), "--master", master]
 
 
+SPARK_COMPACTION = re.compile(r"\[bronze\] (\d+) new landing lines .* in ([\d.]+)s")
+
+
 def spark_result(output: str) -> dict:
-    """Row counts and seconds per output from the command's progress lines."""
+    """Row counts and seconds per output from the command's progress lines, and the compaction's seconds."""
     found = SPARK_PROGRESS.findall(output)
-    return {"counts": {name: int(rows) for name, rows, _ in found}, "seconds": {name: float(s) for name, _, s in found}}
+    seconds = {name: float(s) for name, _, s in found}
+    compacted = SPARK_COMPACTION.search(output)
+    if compacted:
+        seconds = {"compaction": float(compacted.group(2)), **seconds}
+    return {"counts": {name: int(rows) for name, rows, _ in found}, "seconds": seconds}
 
 
 DUCKDB_SQL = """

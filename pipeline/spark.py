@@ -28,6 +28,7 @@ def session(master: str | None = None, app_name: str = "pipeline", shuffle_parti
     builder = SparkSession.builder.appName(app_name)
     settings = {
         "spark.sql.session.timeZone": "UTC",
+        "spark.sql.files.openCostInBytes": FILE_OPEN_COST,
         "spark.executorEnv.PYTHONWARNINGS": f"ignore:{_PANDAS_WARNING}:FutureWarning",
     }
     if master is not None:
@@ -45,6 +46,13 @@ def session(master: str | None = None, app_name: str = "pipeline", shuffle_parti
 
 
 LOCAL_DRIVER_MEMORY = "4g"
+
+# What opening a file costs, in bytes of reading, when Spark packs files into read tasks. Spark's 4 MiB
+# made each of many small sealed landing files (the ingest seals one a minute) weigh as much as 4 MiB of
+# data: a compaction over 2,000 files of a few KiB was 60 tasks, and every task writes a Parquet file per
+# date it holds, so the bronze table got thousands of tiny files. At 256 KiB such files fill tasks of
+# Spark's 128 MiB, still split over the cores (docs/pipeline.md "Small files").
+FILE_OPEN_COST = "256k"
 
 
 def local_cores(master: str) -> int:

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -74,6 +75,51 @@ def test_batch_reads_the_bronze_table_not_the_landing_files(spark, tmp_path):
     again = JobSettings(str(landing), str(tmp_path / "again"))
     assert run_batch(spark, again, progress=lambda _: None) == counts
     assert counts["rollups"] == 3 and counts["queue_counters"] == 1
+
+
+def test_many_small_landing_files_make_a_few_parquet_files(spark, tmp_path):
+    """The ingest seals a file a minute per kind: a compaction over hundreds of small files packs them into
+    a few read tasks, and so writes a few Parquet files per date, not one per landing file or handful."""
+    landing, table = tmp_path / "landing", tmp_path / "bronze"
+    small_files = 400
+    for index in range(small_files):
+        write_batch(landing, minutes(1, first_seq=1 + index), index)
+    assert len(sealed_files(landing, EVENTS)) == small_files
+    bronze.compact(spark, str(landing), str(table))
+
+    events = bronze.read(spark, str(table), EVENTS)
+    assert events.count() == small_files
+    written = events.inputFiles()  # the table's files, through the sink's log
+    assert 1 <= len(written) <= 4, f"{len(written)} Parquet files"  # two cores: two tasks, or a few more
+
+
+def test_a_record_with_bytes_that_are_not_utf8_is_kept_as_readable_text(spark, tmp_path):
+    """Invalid UTF-8 inside a record's fields is decoded as U+FFFD by the parser: the
+    record is kept as a record, and every reader of the table can decode its text."""
+    landing, table = tmp_path / "landing", tmp_path / "bronze"
+    write_batch(landing, minutes(1), 0)
+    (events_file,) = sealed_files(landing, EVENTS)
+    record = json.loads(events_file.read_text())
+    record["message_id"] = "gw1:bad-BYTE"
+    events_file.with_name("part-bytes.jsonl").write_bytes(json.dumps(record).encode().replace(b"BYTE", b"\xff") + b"\n")
+    bronze.compact(spark, str(landing), str(table))
+
+    rows = bronze_rows(spark, table)  # through Arrow: any invalid UTF-8 would fail here
+    assert rows["landing_error"].isna().all()
+    assert sorted(rows["message_id"]) == ["gw1:1", "gw1:bad-\ufffd"]
+
+
+def test_the_table_keeps_no_statistics_of_raw_payloads(spark, tmp_path):
+    """The raw payload is written without min/max statistics, which cost a comparison per row and serve no
+    filter; the typed columns keep theirs."""
+    landing, table = tmp_path / "landing", tmp_path / "bronze"
+    write_batch(landing, minutes(5), 0)
+    bronze.compact(spark, str(landing), str(table))
+    (written,) = bronze.read(spark, str(table), EVENTS).inputFiles()
+    metadata = pq.ParquetFile(written.removeprefix("file://")).metadata.row_group(0)
+    columns = {metadata.column(n).path_in_schema: metadata.column(n) for n in range(metadata.num_columns)}
+    assert columns["payload"].statistics is None or not columns["payload"].statistics.has_min_max
+    assert columns["received_ms"].statistics.has_min_max
 
 
 # A landing line as anything a file can hold: any text or bytes but the line breaks (a "\r" is one for
