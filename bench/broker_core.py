@@ -3,6 +3,7 @@
     .venv/bin/python bench/broker_core.py                  # QoS 1 4->1, window 64
     .venv/bin/python bench/broker_core.py --durable        # the same to a durable subscriber (broker.db)
     .venv/bin/python bench/broker_core.py --opcodes        # bytecodes per message, per function
+    .venv/bin/python bench/broker_core.py --fanout --opcodes   # QoS 0 1->100: bytecodes per delivery
 
 Why it exists: ``bench/broker.py`` is the figure that counts, but on the shared 2-core machine one run's
 throughput swings 2-3x from round to round, so a 10 % regression of the per-message path cannot be seen
@@ -12,7 +13,9 @@ PUBLISHes each per turn (a publisher held back by the broker sends nothing), the
 everything it got, and only the broker's calls are timed (thread CPU time, so other processes' load
 counts less). ``min block`` is the cheapest of the 100-turn blocks, the figure least touched by the
 machine's load. ``--opcodes`` counts the bytecodes the broker executes per message instead (slow, but
-exact and independent of the load: compare two trees with it). No syscalls are measured: the socket
+exact and independent of the load: compare two trees with it). ``--fanout`` measures issue 13's other
+shape instead: one publisher, QoS 0, ``FANOUT_SUBSCRIBERS`` subscribers of the topic, figures per
+delivery (one message to one subscriber). No syscalls are measured: the socket
 writes and SQLite's own work below Python are not in these figures.
 """
 
@@ -48,6 +51,7 @@ PUBLISHERS = 4
 WINDOW = 64
 TOPIC = "bench/core"
 BLOCK_TURNS = 100
+FANOUT_SUBSCRIBERS = 100
 
 
 class MemoryLink:
@@ -170,6 +174,56 @@ async def run(turns: int, per_publisher: int, durable: bool, opcodes: OpcodeCoun
     return delivered, blocks
 
 
+async def run_fanout(turns: int, per_turn: int, opcodes: OpcodeCounter | None) -> tuple[int, list[float]]:
+    """QoS 0 1->``FANOUT_SUBSCRIBERS``: returns the deliveries and the CPU microseconds per delivery of each block."""
+    with tempfile.TemporaryDirectory(prefix="bench-core-") as tmp:
+        store = BrokerStore.open(Path(tmp) / "broker.db")
+        broker = Broker(BrokerConfig((ListenerConfig("tcp", "memory", 0),)), store, Authenticator(None, True), None)
+        await broker.start()
+        gc.freeze()
+
+        def client(client_id: str, *packets: Any) -> MemoryLink:
+            link = MemoryLink(broker)
+            broker.connection_made(link)
+            data = encode(pk.Connect(pk.MQTT_5, client_id, True, 60), pk.MQTT_5)
+            broker.data_received(link, data + b"".join(encode(packet, pk.MQTT_5) for packet in packets))
+            return link
+
+        subscribers = [client(f"sub{index}", pk.Subscribe(1, [pk.SubscribeRequest(TOPIC, 0)]))
+                       for index in range(FANOUT_SUBSCRIBERS)]
+        publisher = client("pub")
+        await asyncio.sleep(0)
+        broker.flush()
+        for link in (publisher, *subscribers):
+            link.take()
+        reader = PacketReader(1 << 20)
+        reader.protocol_level = pk.MQTT_5
+        burst = encode(pk.Publish(TOPIC, b"x" * 64, 0), pk.MQTT_5) * per_turn
+        delivered = 0
+        blocks: list[float] = []
+        block_seconds = 0.0
+        block_deliveries = 0
+        for turn in range(1, turns + 1):
+            started = time.thread_time()
+            with opcodes or _nothing():
+                if not publisher.holds:
+                    broker.data_received(publisher, burst)
+                broker.flush()
+            block_seconds += time.thread_time() - started
+            publisher.take()
+            deliveries = sum(isinstance(packet, pk.Publish) for link in subscribers for packet in reader.feed(link.take()))
+            delivered += deliveries
+            block_deliveries += deliveries
+            if turn % BLOCK_TURNS == 0 and block_deliveries:
+                blocks.append(block_seconds / block_deliveries * 1e6)
+                block_seconds = 0.0
+                block_deliveries = 0
+            await asyncio.sleep(0)
+        await broker.stop()
+        store.close()
+    return delivered, blocks
+
+
 class _nothing:
     def __enter__(self) -> None:
         pass
@@ -181,6 +235,8 @@ class _nothing:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--durable", action="store_true", help="the subscriber's session outlives it (broker.db)")
+    parser.add_argument("--fanout", action="store_true",
+                        help=f"QoS 0 from one publisher to {FANOUT_SUBSCRIBERS} subscribers, figures per delivery")
     parser.add_argument("--per-publisher", type=int, default=32,
                         help="PUBLISHes per publisher and turn (32: the queue behind the window is used, as in bench/broker.py)")
     parser.add_argument("--turns", type=int, help="turns (default 3,000; with --opcodes 300)")
@@ -189,15 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     turns = args.turns or (300 if args.opcodes else 3000)
     counter = OpcodeCounter() if args.opcodes else None
-    delivered, blocks = uvloop.run(run(turns, args.per_publisher, args.durable, counter))
-    kind = "durable" if args.durable else "qos1"
+    if args.fanout:
+        delivered, blocks = uvloop.run(run_fanout(turns, args.per_publisher, counter))
+    else:
+        delivered, blocks = uvloop.run(run(turns, args.per_publisher, args.durable, counter))
+    kind = "fanout" if args.fanout else "durable" if args.durable else "qos1"
+    unit, units = ("delivery", "deliveries") if args.fanout else ("message", "messages")
     if counter is not None:
-        print(f"{kind}: {delivered:,} messages, {sum(counter.counts.values()) / delivered:.1f} bytecodes per message")
+        print(f"{kind}: {delivered:,} {units}, {sum(counter.counts.values()) / delivered:.1f} bytecodes per {unit}")
         for (file, function), count in counter.counts.most_common(args.top):
             print(f"  {count / delivered:7.2f}  {file}:{function}")
         return 0
     ordered = sorted(blocks)
-    print(f"{kind}: {delivered:,} messages, broker CPU per message: min block {ordered[0]:.2f} us, "
+    print(f"{kind}: {delivered:,} {units}, broker CPU per {unit}: min block {ordered[0]:.2f} us, "
           f"median {ordered[len(ordered) // 2]:.2f} us")
     return 0
 
