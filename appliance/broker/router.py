@@ -117,7 +117,12 @@ class Router:
             if connection.out and not connection.flush_pending:
                 connection.flush_pending = True
                 touched.append(connection)
-            if connection.congested or len(session.queue) >= QUEUE_HIGH_WATER or session.queued_bytes >= MEMORY_QUEUE_BYTES:
+            # An empty queue holds no bytes (``queued_bytes`` is its payloads' sum): one test per delivery
+            # for the common case, the two bounds only behind it.
+            queue = session.queue
+            if connection.congested or queue and (
+                len(queue) >= QUEUE_HIGH_WATER or session.queued_bytes >= MEMORY_QUEUE_BYTES
+            ):
                 congested.append(connection)
         return 1
 
