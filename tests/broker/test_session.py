@@ -5,6 +5,8 @@ with our reader, the way h11's tests pair two state machines."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
@@ -249,3 +251,24 @@ def test_v311_deliveries_carry_no_properties() -> None:
     session.deliver(Delivery(message, 1, False, [5]), NOW)
     raw = bytes(connection.out)
     assert raw == b"\x32\x06\x00\x01t\x00\x01x"
+
+
+@given(st.lists(st.tuples(st.sampled_from(["deliver", "puback", "detach", "resume"]), st.integers(0, 2),
+                          st.integers(0, 40)), max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_queued_bytes_is_always_the_sum_of_the_queued_payloads(steps: list[tuple[str, int, int]]) -> None:
+    """The router tests the memory bounds (QUEUE_HIGH_WATER, MEMORY_QUEUE_BYTES) only behind a non-empty
+    queue, once per delivery: that is right only if an empty queue never holds bytes."""
+    session, connection = connected(receive_maximum=2)
+    for action, qos, size in steps:
+        if action == "deliver":
+            session.deliver(delivery(b"x" * size, qos=qos), NOW)
+        elif action == "puback" and session.inflight:
+            session.on_puback(next(iter(session.inflight)), NOW)
+        elif action == "detach" and session.connection is not None:
+            session.detach(NOW)
+        elif action == "resume" and session.connection is None:
+            connection = Connection(1 << 20, 10, "test")
+            connection.accept_connect(pk.Connect(5, "c", properties={pr.RECEIVE_MAXIMUM: 2}), "c", 60)
+            session.resume(connection, NOW)
+        assert session.queued_bytes == sum(len(queued.message.payload) for queued in session.queue)
