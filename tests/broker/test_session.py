@@ -5,7 +5,7 @@ with our reader, the way h11's tests pair two state machines."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
@@ -15,6 +15,7 @@ from appliance.broker.codec.reader import PacketReader
 from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.message import Message
 from appliance.broker.session import Connection, Delivery, Session
+from tests.support.campaigns import campaign
 
 NOW = 1_000_000.0
 
@@ -255,7 +256,7 @@ def test_v311_deliveries_carry_no_properties() -> None:
 
 @given(st.lists(st.tuples(st.sampled_from(["deliver", "puback", "detach", "resume"]), st.integers(0, 2),
                           st.integers(0, 40)), max_size=60))
-@settings(max_examples=200, deadline=None)
+@campaign(200, deadline=None)
 def test_queued_bytes_is_always_the_sum_of_the_queued_payloads(steps: list[tuple[str, int, int]]) -> None:
     """The router tests the memory bounds (QUEUE_HIGH_WATER, MEMORY_QUEUE_BYTES) only behind a non-empty
     queue, once per delivery: that is right only if an empty queue never holds bytes."""
