@@ -162,6 +162,8 @@ def test_a_batch_the_cloud_refuses_goes_to_the_dead_letters_whole(make_rig, tmp_
 def test_ttl_expiry_during_an_outage_never_sends(make_rig) -> None:
     rig = make_rig({"short": {"route": ALERTS, "priority": 0, "timeToLiveSecs": 1},
                     "long": {"route": DATA, "priority": 5, "timeToLiveSecs": 600}})
+    # The outage cuts a link that is up: a cut before the first CONNACK would leave no disconnect to wait for.
+    rig.gateway.wait_for_log(r"upstream connected", timeout=10)
     rig.relay.cut()
     rig.relay.set(up=False)
     device = rig.device("t1")
