@@ -21,12 +21,9 @@ because a set point lost on Wi-Fi must not wait seconds for its retransmission.
 from __future__ import annotations
 
 import errno
-import logging
 import socket
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 #: ``TCP_RTO_MIN_US`` from linux/tcp.h (Python's socket module does not name it yet).
 TCP_RTO_MIN_US = getattr(socket, "TCP_RTO_MIN_US", 45)

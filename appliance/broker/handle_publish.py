@@ -119,8 +119,7 @@ def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Pub
         if session.journal is not None and store is not None:
             store.add_inbound_qos2(session.client_id, packet_id)
     out += encode_ack(pk.PUBREC, packet_id, connection.protocol_level, code, properties_out)
-    if store is not None and store.revision != revision:
-        broker.commits.hold(connection, revision, start)
+    broker.commits.hold(connection, revision, start)
 
 
 def services_for(broker: Broker, topic: str) -> tuple[BrokerService, ...]:

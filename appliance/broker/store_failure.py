@@ -7,11 +7,12 @@ depends on the failed commit is held back, and it is answered instead of waiting
 
 * **Acknowledgements written in the failing turn** (``HeldAck``: the broker notes where in the
   connection's buffer each one starts whose handling buffered a change, by the store's ``revision``;
-  only an offset per acknowledgement, read back into a ``HeldAck`` if the commit fails): an MQTT 5 PUBACK/PUBREC is rewritten in
-  place to the failure code (the rest of the buffer, other acknowledgements included, leaves as it
-  was); anything else - a CONNACK, SUBACK, UNSUBACK, PUBCOMP, or any acknowledgement to a 3.1.1 client,
-  which has no way to say no - is cut off with everything after it and the connection is closed (a
-  CONNACK becomes the failure CONNACK, other MQTT 5 packets get DISCONNECT with the code first).
+  only an offset per acknowledgement, read back into a ``HeldAck`` if the commit fails): an MQTT 5
+  PUBACK/PUBREC is rewritten in place to the failure code (the rest of the buffer, other
+  acknowledgements included, leaves as it was); anything else - a CONNACK, SUBACK, UNSUBACK, PUBCOMP,
+  or any acknowledgement to a 3.1.1 client, which has no way to say no - is cut off with everything
+  after it and the connection is closed (a CONNACK becomes the failure CONNACK, other MQTT 5 packets
+  get DISCONNECT with the code first).
   The client sends its unacknowledged packets again after reconnecting. What those packets changed is
   *kept* and committed with the next successful commit (``BrokerStore`` retries the failed batch), so
   their messages may still reach subscribers: at least once, never lost.
