@@ -24,11 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import gc
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -106,25 +107,38 @@ class OpcodeCounter:
         sys.settrace(None)
 
 
-async def run(turns: int, per_publisher: int, durable: bool, opcodes: OpcodeCounter | None) -> tuple[int, list[float]]:
-    """Returns the messages delivered and the CPU microseconds per message of each block of turns."""
+@contextlib.asynccontextmanager
+async def started_broker(limits: LimitsConfig | None = None) -> AsyncIterator[Broker]:
+    """A broker on a throwaway broker.db, its start-up heap frozen as the gateway does."""
     with tempfile.TemporaryDirectory(prefix="bench-core-") as tmp:
         store = BrokerStore.open(Path(tmp) / "broker.db")
-        config = BrokerConfig((ListenerConfig("tcp", "memory", 0),), limits=LimitsConfig(max_inflight_messages=WINDOW))
+        config = BrokerConfig((ListenerConfig("tcp", "memory", 0),), limits=limits or LimitsConfig())
         broker = Broker(config, store, Authenticator(None, True), None)
         await broker.start()
-        gc.freeze()  # as the gateway does after start-up
+        gc.freeze()
+        try:
+            yield broker
+        finally:
+            await broker.stop()
+            store.close()
 
-        def client(client_id: str, properties: dict[int, Any], *packets: Any) -> MemoryLink:
-            link = MemoryLink(broker)
-            broker.connection_made(link)
-            data = encode(pk.Connect(pk.MQTT_5, client_id, True, 60, properties=properties), pk.MQTT_5)
-            broker.data_received(link, data + b"".join(encode(packet, pk.MQTT_5) for packet in packets))
-            return link
 
+def connect(broker: Broker, client_id: str, *packets: Any, properties: dict[int, Any] | None = None) -> MemoryLink:
+    """An MQTT 5 client connected in memory, with ``packets`` sent right after its CONNECT."""
+    link = MemoryLink(broker)
+    broker.connection_made(link)
+    data = encode(pk.Connect(pk.MQTT_5, client_id, True, 60, properties=properties or {}), pk.MQTT_5)
+    broker.data_received(link, data + b"".join(encode(packet, pk.MQTT_5) for packet in packets))
+    return link
+
+
+async def run(turns: int, per_publisher: int, durable: bool, opcodes: OpcodeCounter | None) -> tuple[int, list[float]]:
+    """Returns the messages delivered and the CPU microseconds per message of each block of turns."""
+    async with started_broker(LimitsConfig(max_inflight_messages=WINDOW)) as broker:
         subscriber_properties = {0x21: WINDOW, **({0x11: 3600} if durable else {})}
-        subscriber = client("sub", subscriber_properties, pk.Subscribe(1, [pk.SubscribeRequest(TOPIC, 1)]))
-        publishers = [client(f"pub{index}", {}) for index in range(PUBLISHERS)]
+        subscriber = connect(broker, "sub", pk.Subscribe(1, [pk.SubscribeRequest(TOPIC, 1)]),
+                             properties=subscriber_properties)
+        publishers = [connect(broker, f"pub{index}") for index in range(PUBLISHERS)]
         await asyncio.sleep(0)
         broker.flush()
         for link in (subscriber, *publishers):
@@ -169,29 +183,15 @@ async def run(turns: int, per_publisher: int, durable: bool, opcodes: OpcodeCoun
                 block_seconds = 0.0
                 block_messages = 0
             await asyncio.sleep(0)  # what the broker scheduled (backlogs, its own flush) runs, untimed
-        await broker.stop()
-        store.close()
     return delivered, blocks
 
 
 async def run_fanout(turns: int, per_turn: int, opcodes: OpcodeCounter | None) -> tuple[int, list[float]]:
     """QoS 0 1->``FANOUT_SUBSCRIBERS``: returns the deliveries and the CPU microseconds per delivery of each block."""
-    with tempfile.TemporaryDirectory(prefix="bench-core-") as tmp:
-        store = BrokerStore.open(Path(tmp) / "broker.db")
-        broker = Broker(BrokerConfig((ListenerConfig("tcp", "memory", 0),)), store, Authenticator(None, True), None)
-        await broker.start()
-        gc.freeze()
-
-        def client(client_id: str, *packets: Any) -> MemoryLink:
-            link = MemoryLink(broker)
-            broker.connection_made(link)
-            data = encode(pk.Connect(pk.MQTT_5, client_id, True, 60), pk.MQTT_5)
-            broker.data_received(link, data + b"".join(encode(packet, pk.MQTT_5) for packet in packets))
-            return link
-
-        subscribers = [client(f"sub{index}", pk.Subscribe(1, [pk.SubscribeRequest(TOPIC, 0)]))
+    async with started_broker() as broker:
+        subscribers = [connect(broker, f"sub{index}", pk.Subscribe(1, [pk.SubscribeRequest(TOPIC, 0)]))
                        for index in range(FANOUT_SUBSCRIBERS)]
-        publisher = client("pub")
+        publisher = connect(broker, "pub")
         await asyncio.sleep(0)
         broker.flush()
         for link in (publisher, *subscribers):
@@ -219,8 +219,6 @@ async def run_fanout(turns: int, per_turn: int, opcodes: OpcodeCounter | None) -
                 block_seconds = 0.0
                 block_deliveries = 0
             await asyncio.sleep(0)
-        await broker.stop()
-        store.close()
     return delivered, blocks
 
 
