@@ -13,12 +13,13 @@ runs the very code path it runs on hardware and never learns that the cable is v
 ```
 
 The gateway namespace's network stack is set as the gateway image sets the box's (its ``sysctl.d``: the
-uplink's retransmission floor). The gateway namespace's default route points at the uplink namespace, as
-a gateway's points at its modem, so the gateway reaches the cloud broker's address through the rig whatever that address is. The host
-reaches the gateway and the cloud broker over unshaped host links (`netns_site.HostLinks`), as a bench PC
-sits on the site LAN and reaches the cloud over the lab network. The rig namespace has a default route
-too, so its relay reaches the same cloud address. `close()` deletes the three namespaces, and with them
-every veth, bridge, qdisc and nftables table, whatever state a failed test left them in.
+uplink's retransmission floor). The gateway namespace's default route points at the uplink namespace, as a
+gateway's points at its modem, so the gateway reaches the cloud broker's address through the rig whatever
+that address is. The host reaches the gateway and the cloud broker over unshaped host links
+(`netns_site.HostLinks`), as a bench PC sits on the site LAN and reaches the cloud over the lab network. The
+rig namespace has a default route too, so its relay reaches the same cloud address. `close()` deletes the
+three namespaces, and with them every veth, bridge, qdisc and nftables table, whatever state a failed test
+left them in.
 """
 
 from __future__ import annotations
