@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipeline.jobs import bronze, delivery, hil, rollups, setpoints, telemetry
-from pipeline.jobs.dedup import COPY_ORDER, first_rejects, mark_first_copies
+from pipeline.jobs.dedup import COPY_ORDER, CandidateKey, first_rejects, hashed_key, mark_repeated_copies
 from pipeline.jobs.output import write_output
 from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import bad_lines, read_hil, records, with_times
@@ -81,14 +81,16 @@ _READING_COLUMNS = ("t_temperature", "t_set_point", "t_heater", "t_ts_ms")
 COPY_ORDER_ONLY = tuple(name for name in COPY_ORDER if name != "received_ms")  # read by no output
 
 
-def first_events(lines: DataFrame) -> DataFrame:
+def first_events(lines: DataFrame, candidate_key: CandidateKey = hashed_key) -> DataFrame:
     """The event rows of the bronze table (payloads parsed by compaction, ``telemetry.annotate``),
-    deduplicated in one shuffle for every output, cached.
+    deduplicated once for every output, cached.
 
     Three outputs deduplicate the events, each among its own rows (``dedup.first_copies``): delivery
     latency among all events, rollups and the change log among the valid readings, the quarantine among
-    the telemetry rejects. ``mark_first_copies`` answers all three from one window by message id, so the
-    events cross the shuffle once, not three times.
+    the telemetry rejects. ``mark_first_copies`` answers all three from one window by message id, and
+    ``mark_repeated_copies`` sends to that window only the rows whose message id may have copies (about
+    1 % at-least-once): the others are first copies already, and only their ``candidate_key`` (a hash of
+    the id; injectable, so that a test can make every id collide) crosses a shuffle.
 
     What crosses the shuffle and what the cache keeps are the columns some output reads, no more (the
     shuffle, the sort and building the cache cost per byte): the raw ``topic`` / ``payload`` only on the
@@ -105,7 +107,8 @@ def first_events(lines: DataFrame) -> DataFrame:
         *[F.when(quarantined, F.col(name)).alias(name) for name in _REJECT_COLUMNS],
         F.coalesce(reading, F.lit(False)).alias(READING), F.coalesce(reject, F.lit(False)).alias(REJECT),
     )
-    marked = mark_first_copies(slim, {EVENT: record, READING: F.col(READING), REJECT: F.col(REJECT)})
+    marked = mark_repeated_copies(slim, {EVENT: record, READING: F.col(READING), REJECT: F.col(REJECT)}, record,
+                                  candidate_key=candidate_key)
     kept = marked.where(F.col(EVENT) | F.col(READING) | F.col(REJECT) | ~record).drop(*COPY_ORDER_ONLY)
     return kept.persist(StorageLevel.MEMORY_AND_DISK)
 

@@ -12,6 +12,8 @@ properties), which a redelivery repeats exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -40,6 +42,38 @@ def mark_first_copies(frame: DataFrame, groups: dict[str, Column], key: str = KE
         member = F.coalesce(condition, F.lit(False))
         flags[name] = member & (F.count_if(member).over(so_far) == 1)
     return frame.withColumns(flags)
+
+
+CandidateKey = Callable[[Column], Column]
+_CANDIDATE = "_candidate_key"
+
+
+def hashed_key(key: Column) -> Column:
+    """The default candidate key of ``mark_repeated_copies``: 64 bits of hash, computed on the fly."""
+    return F.xxhash64(key)
+
+
+def mark_repeated_copies(frame: DataFrame, groups: dict[str, Column], keyed: Column, key: str = KEY,
+                         candidate_key: CandidateKey = hashed_key) -> DataFrame:
+    """``mark_first_copies(frame, groups, key)``, with only the rows whose key may have copies through its
+    window. ``keyed`` is the condition of the rows the groups are made of (each group's condition implies
+    it); the other rows pass with every flag false.
+
+    At-least-once delivery makes copies of a few messages, not of most: shuffling and sorting every row
+    by ``key`` to find them was most of the batch job's time. Here the rows' ``candidate_key`` (a long
+    computed from ``key``) crosses a hash aggregate instead, a shuffle of longs; a candidate key counted
+    more than once names the candidates, and only the rows holding one (few, unless the data is mostly
+    copies) are broadcast-joined out to the exact window. A row whose candidate key is its own holds the
+    only copy of its ``key`` among the keyed rows, so it is the first copy of every group it is in. Two
+    keys with one candidate key (a collision) only send both to the window. Broadcast whatever its size:
+    a zone of mostly copies makes the candidates large and the join slower, never wrong."""
+    hashed = frame.withColumn(_CANDIDATE, F.when(keyed, F.coalesce(candidate_key(F.col(key)), F.lit(0).cast("long"))))
+    counts = hashed.where(F.col(_CANDIDATE).isNotNull()).groupBy(_CANDIDATE).agg(F.count(F.lit(1)).alias("_copies"))
+    candidates = F.broadcast(counts.where(F.col("_copies") > 1).select(_CANDIDATE))
+    single = hashed.join(candidates, _CANDIDATE, "left_anti").withColumns(
+        {name: F.coalesce(condition, F.lit(False)) for name, condition in groups.items()})
+    repeated = mark_first_copies(hashed.join(candidates, _CANDIDATE, "left_semi"), groups, key)
+    return single.unionByName(repeated).drop(_CANDIDATE)
 
 
 def reject_key() -> Column:

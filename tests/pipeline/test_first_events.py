@@ -1,0 +1,102 @@
+"""The batch job's deduplication of the events (``batch.first_events``): only the rows whose message id may
+have copies go through the exact window, and the rows and flags it keeps are those of the first-copy rule
+(``dedup.first_copies``: earliest received, then landing file, then send time) applied to each group.
+
+Held to a plain Python statement of the rule on small zones of many copies: copies in one millisecond, one
+file, one send time; readings and rejects sharing an id; null ids; lines that are not records; and the
+candidate key forced to collide (every id one key, or two keys for all ids), so the exact step is what
+decides wherever a collision sends rows to it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given
+from hypothesis import strategies as st
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipeline.jobs import bronze
+from pipeline.jobs.batch import EVENT, READING, REJECT, first_events
+from pipeline.jobs.dedup import hashed_key
+from pipeline.jobs.schemas import LANDING
+from pipeline.jobs.source import with_times
+from pipeline.records import EVENTS
+from tests.support.campaigns import campaign
+
+ROWS = T.StructType(LANDING.fields + [T.StructField("landing_error", T.StringType()),
+                                      T.StructField("landing_file", T.StringType())])
+READING_PAYLOAD = json.dumps({"temperature": 20.5, "set_point": 21.0, "heater": True, "device": "t1", "ts_ms": 1})
+KINDS = ("reading", "reject", "alert", "unreadable")
+CANDIDATE_KEYS = {
+    "xxhash64": hashed_key,
+    "one key for every id": lambda key: F.lit(7).cast("long"),
+    "two keys": lambda key: F.xxhash64(key) % 2,
+}
+
+rows_strategy = st.lists(
+    st.tuples(st.sampled_from(["m0", "m1", "m2", "m3", None]), st.sampled_from(KINDS), st.integers(0, 2),
+              st.sampled_from(["a.jsonl", "b.jsonl"]), st.sampled_from([None, 0, 1])),
+    max_size=30,
+)
+
+
+def landing_row(tag: int, message_id: str | None, kind: str, received_ms: int, landing_file: str,
+                sent_ms: int | None) -> dict:
+    """A bronze events row; ``tag`` (its ``enqueued_ms``, read by no rule) names it in the output."""
+    return {
+        "message_id": None if kind == "unreadable" else message_id, "gateway_id": "gw1", "device_id": "t1",
+        "output": "alerts" if kind == "alert" else "data", "priority": 0, "enqueued_ms": tag,
+        "sent_ms": sent_ms, "received_ms": received_ms, "topic": "t",
+        "payload": "{not json" if kind == "reject" else READING_PAYLOAD,
+        "landing_error": "landing line is not a JSON record (cut short?)" if kind == "unreadable" else None,
+        "landing_file": landing_file,
+    }
+
+
+def expected(rows: list[dict]) -> set[tuple[int, bool, bool, bool]]:
+    """(tag, first event, first reading, first reject) of each row the rule keeps: the first copy of its
+    id in each group it is in; every line that is not a record."""
+    def order(row):
+        return (row["received_ms"], row["landing_file"], row["sent_ms"] is None, row["sent_ms"] or 0)
+
+    groups = {
+        EVENT: lambda row: row["landing_error"] is None,
+        READING: lambda row: row["landing_error"] is None and row["payload"] == READING_PAYLOAD
+        and row["output"] == "data",
+        REJECT: lambda row: row["landing_error"] is None and row["payload"] != READING_PAYLOAD
+        and row["output"] == "data",
+    }
+    firsts = {}
+    for name, member in groups.items():
+        earliest: dict[str | None, dict] = {}
+        for row in filter(member, rows):
+            if row["message_id"] not in earliest or order(row) < order(earliest[row["message_id"]]):
+                earliest[row["message_id"]] = row
+        firsts[name] = {row["enqueued_ms"] for row in earliest.values()}
+    flagged = {(row["enqueued_ms"], *(row["enqueued_ms"] in firsts[name] for name in groups)) for row in rows}
+    return {row for row in flagged if any(row[1:])} | {
+        (row["enqueued_ms"], False, False, False) for row in rows if row["landing_error"] is not None}
+
+
+@given(rows_strategy)
+@campaign(10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_first_events_keeps_the_rows_and_flags_of_the_first_copy_rule(spark, drawn):
+    rows, orders = [], set()
+    for tag, (message_id, kind, received_ms, landing_file, sent_ms) in enumerate(drawn):
+        row = landing_row(tag, message_id, kind, received_ms, landing_file, sent_ms)
+        order = (row["message_id"], received_ms, landing_file, sent_ms)
+        if kind != "unreadable" and order in orders:
+            continue  # copies equal in the whole copy order: which one is kept is up to the engine
+        orders.add(order)
+        rows.append(row)
+    frame = spark.createDataFrame([tuple(row.get(f.name) for f in ROWS.fields) for row in rows], ROWS)
+    lines = with_times(bronze.parse_payloads(frame.withColumn("kind", F.lit(EVENTS))))
+    want = expected(rows)
+    for name, candidate_key in CANDIDATE_KEYS.items():
+        events = first_events(lines, candidate_key)
+        kept = events.select("enqueued_ms", EVENT, READING, REJECT).collect()
+        events.unpersist()
+        assert len(kept) == len(want), name
+        assert {tuple(row) for row in kept} == want, name
