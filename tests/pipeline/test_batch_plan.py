@@ -126,6 +126,25 @@ def test_the_cached_events_hold_only_what_the_outputs_read(plans):
     assert "payload" in scan  # for the quarantine's rejects: nulled for the rest before the shuffle
 
 
+def test_the_change_log_shuffles_no_reading_that_cannot_be_a_change(plans):
+    """The set-point change log orders only the readings that can be changes (``setpoints._changes_batch``):
+    each shuffle in its plan is fed by an aggregate, which shrinks the readings before it, or by the
+    semi-join against the broadcast few buckets that picks those readings; none by the cached readings
+    themselves (``lag`` over all of them shuffled and sorted every reading for ~1 change in 200)."""
+    plan = plans["setpoint_changes"]
+    lines = outside_caches(plan)
+    feeds = []
+    for number, line in enumerate(lines):
+        if re.search(r"\bExchange hashpartitioning", line):
+            feeds.append(next(text.lstrip(" +-:") for text in lines[number + 1:]
+                              if not re.match(r"[ +\-:]*(Project|Filter) ", text)))
+    assert len(feeds) >= 2, plan
+    assert all(feed.startswith("HashAggregate(") or feed.startswith("BroadcastHashJoin") and "LeftSemi" in feed
+               for feed in feeds), "\n".join(feeds)
+    assert any(feed.startswith("BroadcastHashJoin") for feed in feeds), "\n".join(feeds)
+    assert "SortAggregate" not in plan  # the summary is a hash aggregate, partial before its shuffle
+
+
 def random_queue_samples(rng: random.Random, queues: int) -> list[dict]:
     rows = []
     for queue in range(queues):
