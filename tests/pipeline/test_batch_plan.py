@@ -161,3 +161,11 @@ def test_a_local_master_gets_four_shuffle_partitions_per_core_and_adaptive_coale
     assert settings["spark.sql.adaptive.coalescePartitions.parallelismFirst"] == "false"  # merge the small ones
     assert settings["spark.sql.inMemoryColumnarStorage.compressed"] == "false"  # a third of filling the cache
     assert local_cores("local[*]") == os.cpu_count()
+
+
+def test_windowed_outputs_group_by_a_long_window_start_not_a_timestamp_struct(plans):
+    """``F.window`` builds a struct of two timestamps per input row (``precisetimestampconversion``) and
+    filters the rows against it; the windowed outputs compute their window's start by arithmetic
+    (``windows.window_start_ms``) and its timestamps once per output row."""
+    for name in ("rollups", "delivery_latency", "queue_counters", "sla"):
+        assert "precisetimestampconversion" not in plans[name].lower(), f"{name}:\n{plans[name]}"
