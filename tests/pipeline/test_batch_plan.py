@@ -170,3 +170,12 @@ def test_windowed_outputs_group_by_a_long_window_start_not_a_timestamp_struct(pl
     (``windows.window_start_ms``) and its timestamps once per output row."""
     for name in ("rollups", "delivery_latency", "queue_counters", "sla"):
         assert "precisetimestampconversion" not in plans[name].lower(), f"{name}:\n{plans[name]}"
+
+
+def test_rollups_shuffle_the_readings_by_thermostat_once_before_aggregating(plans):
+    """The cached events are partitioned by message id, where a partial aggregate per (thermostat, window)
+    reduced next to nothing; the rollups move the readings by thermostat, then aggregate without another
+    shuffle (``rollups.rollups``)."""
+    exchanges = [line.strip(" +-:") for line in outside_caches(plans["rollups"]) if "Exchange" in line]
+    assert len(exchanges) == 1, "\n".join(exchanges)
+    assert re.match(r"Exchange hashpartitioning\(gateway_id#\d+, device_id#\d+, \d+\)", exchanges[0]), exchanges
