@@ -22,16 +22,10 @@ from pyspark.sql import functions as F
 
 from pipeline.jobs.bronze import METRICS_DOC
 from pipeline.jobs.ordered import OrderedFold
+from pipeline.jobs.windows import parse_duration_ms, window_columns, window_start_ms
 
 COUNTERS = ("sent", "expired", "dropped", "retries", "dead_lettered")
 GAUGES = ("depth", "oldest_age_s")
-
-
-def parse_duration_ms(text: str) -> int:
-    """'5 minutes' -> 300000 (the subset of Spark interval strings the CLI accepts)."""
-    number, unit = text.split()
-    scale = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
-    return int(float(number) * scale[unit.lower().rstrip("s")])
 
 
 QUANTILES = (0.5, 0.95, 0.99)
@@ -44,20 +38,22 @@ def latency(events: DataFrame, window: str) -> DataFrame:
     latencies collected and sorted, the one at rank ceil(q * n) taken. ``percentile_approx`` at accuracy
     10000 gave the same below 10,000 messages per window, a neighbour of it above, and cost more: its
     digests are built, serialised and merged per window and task."""
-    measured = events.withColumn("latency_ms", F.col("received_ms") - F.col("enqueued_ms"))
+    window_ms = parse_duration_ms(window)
+    measured = events.select(
+        window_start_ms("received_ms", window_ms).alias("window_start_ms"), "gateway_id", "priority",
+        (F.col("received_ms") - F.col("enqueued_ms")).alias("latency_ms"),
+    )
     ordered = F.col("_latencies")
+    start, end, date = window_columns("window_start_ms", window_ms)
     return (
-        measured.groupBy(F.window("received_at", window).alias("window"), "gateway_id", "priority")
+        measured.groupBy("window_start_ms", "gateway_id", "priority")
         .agg(F.count(F.lit(1)).alias("delivered"), F.array_sort(F.collect_list("latency_ms")).alias("_latencies"),
              F.max("latency_ms").alias("latency_max_ms"))
         .select(
-            "gateway_id", "priority",
-            F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
-            "delivered",
+            "gateway_id", "priority", start, end, "delivered",
             *[F.try_element_at(ordered, F.greatest(F.ceil(F.lit(q) * F.size(ordered)), F.lit(1)).cast("int")).alias(name)
               for q, name in zip(QUANTILES, ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms"), strict=True)],
-            "latency_max_ms",
-            F.date_format("window.start", "yyyy-MM-dd").alias("date"),
+            "latency_max_ms", date,
         )
     )
 
@@ -100,12 +96,10 @@ def latency_stream(events: DataFrame, window: str, lateness_ms: int, remember_ms
         ready_at=lambda times: times - times % window_ms + window_ms, dedup=True, remember_ms=remember_ms,
     )
     folded = fold.stream(events.where(F.col("gateway_id").isNotNull()), lateness_ms)
-    start = F.timestamp_millis("window_start_ms")
+    start, end, date = window_columns("window_start_ms", window_ms)
     return folded.select(
-        "gateway_id", "priority", start.alias("window_start"),
-        F.timestamp_millis(F.col("window_start_ms") + window_ms).alias("window_end"), "delivered",
-        "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms",
-        F.date_format(start, "yyyy-MM-dd").alias("date"),
+        "gateway_id", "priority", start, end, "delivered", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms",
+        "latency_max_ms", date,
     )
 
 
@@ -174,13 +168,8 @@ def queue_counters(samples: DataFrame, window: str, lateness_ms: int | None = No
         folded = counters_fold(window_ms).stream(samples, lateness_ms)
     else:
         folded = _queue_counters_batch(samples, window_ms)
-    return folded.withColumns(
-        {
-            "window_start": F.timestamp_millis("window_start_ms"),
-            "window_end": F.timestamp_millis("window_end_ms"),
-            "date": F.date_format(F.timestamp_millis("window_start_ms"), "yyyy-MM-dd"),
-        }
-    ).drop("window_start_ms", "window_end_ms")
+    start, end, date = window_columns("window_start_ms", window_ms)
+    return folded.select("*", start, end, date).drop("window_start_ms", "window_end_ms")
 
 
 def _queue_counters_batch(samples: DataFrame, window_ms: int) -> DataFrame:
@@ -201,7 +190,7 @@ def _queue_counters_batch(samples: DataFrame, window_ms: int) -> DataFrame:
         before = F.coalesce(F.lag(value).over(order), F.lit(0))
         increases[f"_{name}"] = F.when(value < before, value).otherwise(value - before)  # below before: a reset
     stepped = first_of_time.withColumns(
-        {**increases, "_window_start_ms": F.col("sample_ms") - F.pmod(F.col("sample_ms"), F.lit(window_ms))}
+        {**increases, "_window_start_ms": window_start_ms("sample_ms", window_ms)}
     )
     return stepped.groupBy(*queue, F.col("_window_start_ms").alias("window_start_ms")).agg(
         F.count(F.lit(1)).alias("samples"),

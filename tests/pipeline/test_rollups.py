@@ -31,3 +31,22 @@ def test_windows_are_half_open_and_epoch_aligned_and_aggregate_as_documented(spa
 def _ts(ms):
     """Spark returns naive datetimes in the session time zone, which is UTC."""
     return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
+
+
+def test_window_arithmetic_puts_every_time_where_spark_window_does(spark):
+    """The windowed outputs group by ``windows.window_start_ms`` (a long), not by ``F.window``'s struct; both
+    agree on every time, window boundaries and times before 1970 included (``pmod``, not ``%``)."""
+    from pyspark.sql import functions as F
+
+    from pipeline.jobs.windows import window_columns, window_start_ms
+
+    window_ms = 5 * 60_000
+    times = [t + d for t in (-2 * window_ms, -window_ms, 0, window_ms, at(0), 1_764_000_000_000) for d in (-1, 0, 1)]
+    frame = spark.createDataFrame([(t,) for t in times], "t long").select(
+        "t", window_start_ms("t", window_ms).alias("start_ms"), F.window(F.timestamp_millis("t"), "5 minutes").alias("w"))
+    rows = frame.select("t", "start_ms", *window_columns("start_ms", window_ms), "w.start", "w.end").collect()
+    assert len(rows) == len(times)
+    for t, start_ms, start, end, date, expected_start, expected_end in rows:
+        assert start_ms <= t < start_ms + window_ms and start_ms % window_ms == 0, t
+        assert (start, end) == (expected_start, expected_end), t
+        assert date == expected_start.strftime("%Y-%m-%d"), t
