@@ -116,8 +116,11 @@ def landing_lines(text: DataFrame, kind: str) -> DataFrame:
         F.from_json("value", LANDING_READ, {"columnNameOfCorruptRecord": CORRUPT_LINE}).alias("record"),
         F.col("value").alias("line"), F.col("_metadata.file_path").alias("landing_file"),
     )
-    # from_json reads a line of whitespace other than spaces as no field at all: only "{" opens a record
-    not_a_record = F.col(f"record.{CORRUPT_LINE}").isNotNull() | ~F.col("line").rlike(r"^[ \t]*\{")
+    # from_json reads a line of whitespace other than spaces as no field at all: only "{" opens a record.
+    # A record's line starts with it (the ingest writes no space before), and that test looks at one byte;
+    # the regular expression, which decodes the whole line to a Java string first, only sees the others.
+    opens_an_object = F.col("line").startswith("{") | F.col("line").rlike(r"^[ \t]*\{")
+    not_a_record = F.col(f"record.{CORRUPT_LINE}").isNotNull() | ~opens_an_object
     error = F.when(not_a_record, F.lit(NOT_A_RECORD)).when(F.col("record.received_ms").isNull(), F.lit(NO_RECEIVE_TIME))
     path = F.col("landing_file")
     hour_start = F.unix_millis(F.to_timestamp(F.concat(

@@ -109,6 +109,28 @@ def test_a_record_with_bytes_that_are_not_utf8_is_kept_as_readable_text(spark, t
     assert sorted(rows["message_id"]) == ["gw1:1", "gw1:bad-\ufffd"]
 
 
+def test_a_record_after_leading_whitespace_is_a_record_and_an_array_of_records_is_not(spark, tmp_path):
+    """Only "{" opens a record: most lines start with it (a one-byte test), a record indented by spaces or
+    tabs is still one (the regular expression the other lines go through), an array of records is a bad line."""
+    landing, table = tmp_path / "landing", tmp_path / "bronze"
+    write_batch(landing, minutes(1), 0)
+    (events_file,) = sealed_files(landing, EVENTS)
+    record = json.loads(events_file.read_text())
+    lines = {}
+    for number, indent in enumerate([" ", "\t", " \t "]):
+        record["message_id"] = f"gw1:indented-{number}"
+        lines[record["message_id"]] = indent + json.dumps(record)
+    array = "[" + json.dumps(record) + "]"
+    events_file.with_name("part-indented.jsonl").write_text("\n".join([*lines.values(), array]) + "\n")
+    bronze.compact(spark, str(landing), str(table))
+
+    rows = bronze_rows(spark, table)
+    records = rows[rows["landing_error"].isna()]
+    assert sorted(records["message_id"]) == sorted(["gw1:1", *lines])
+    (bad,) = rows[rows["landing_error"].notna()].itertuples()
+    assert (bad.landing_error, bad.payload) == (bronze.NOT_A_RECORD, array)
+
+
 def test_the_table_keeps_no_statistics_of_raw_payloads(spark, tmp_path):
     """The raw payload is written without min/max statistics, which cost a comparison per row and serve no
     filter; the typed columns keep theirs."""
