@@ -26,16 +26,15 @@ def rollups(readings: DataFrame, window: str) -> DataFrame:
     built once per window after the aggregate: ``F.window`` grouped by a struct of two timestamps, which it
     computed per reading (``windows.py``).
 
-    The readings come partitioned by message id (deduplication), so a thermostat's few readings per window
-    are spread over every partition and Spark's partial aggregation before its shuffle reduced almost
-    nothing: each reading went through two hash aggregations and crossed the shuffle as a wide
-    aggregation buffer. Partitioned by thermostat first, the narrow readings cross it and one aggregation
-    per partition finds every window whole (3M records: ~30 % less JVM CPU for this output)."""
+    The readings reach the aggregate in the order the table was read (only the few ids with copies cross
+    the deduplication's shuffle), so a thermostat's readings of a window are mostly in one partition and
+    the partial aggregate before the shuffle shrinks them there. Repartitioning by thermostat first, which
+    paid while every event came out of a shuffle by message id, now costs a shuffle more: 3M records,
+    11.6-14.3 CPU-s without it against 12.9-18.7 with it (bench/RESULTS-pipeline.md)."""
     window_ms = parse_duration_ms(window)
     start, end, date = window_columns("window_start_ms", window_ms)
     return (
-        readings.repartition("gateway_id", "device_id")
-        .groupBy(window_start_ms("reading_ms", window_ms).alias("window_start_ms"), "gateway_id", "device_id")
+        readings.groupBy(window_start_ms("reading_ms", window_ms).alias("window_start_ms"), "gateway_id", "device_id")
         .agg(
             F.count(F.lit(1)).alias("readings"),
             F.min("temperature").alias("temperature_min"),
