@@ -63,9 +63,8 @@ def changes(readings: DataFrame, lateness_ms: int | None = None) -> DataFrame:
 
 
 # The tumbling time bucket of ``_changes_batch`` (chosen by measurement, bench/RESULTS-pipeline.md): long
-# enough that a partial aggregate shrinks the readings before its shuffle although the cached readings
-# are spread over partitions by message id, short enough that a set point rarely returns to an earlier
-# value inside one bucket.
+# enough that a partial aggregate shrinks the readings before its shuffle, short enough that a set point
+# rarely returns to an earlier value inside one bucket.
 BUCKET_MS = 60 * 60_000
 
 
