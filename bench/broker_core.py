@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -132,6 +133,34 @@ def connect(broker: Broker, client_id: str, *packets: Any, properties: dict[int,
     return link
 
 
+async def settled(broker: Broker, *links: MemoryLink) -> PacketReader:
+    """Lets the broker answer the CONNECTs and SUBSCRIBEs, drops what it sent, and returns the MQTT 5
+    reader that decodes what the subscribers get from then on."""
+    await asyncio.sleep(0)
+    broker.flush()
+    for link in links:
+        link.take()
+    reader = PacketReader(1 << 20)
+    reader.protocol_level = pk.MQTT_5
+    return reader
+
+
+@dataclass
+class Blocks:
+    """The broker's CPU time per message (or delivery) over each block of ``BLOCK_TURNS`` turns: the
+    median of blocks, not one average, so a block that a collection or the load slowed stands apart."""
+
+    seconds: float = 0.0  # of the block so far
+    units: int = 0
+    per_unit: list[float] = field(default_factory=list)  # microseconds, one per finished block
+
+    def count(self, turn: int, units: int) -> None:
+        self.units += units
+        if turn % BLOCK_TURNS == 0 and self.units:
+            self.per_unit.append(self.seconds / self.units * 1e6)
+            self.seconds, self.units = 0.0, 0
+
+
 async def run(turns: int, per_publisher: int, durable: bool, opcodes: OpcodeCounter | None) -> tuple[int, list[float]]:
     """Returns the messages delivered and the CPU microseconds per message of each block of turns."""
     async with started_broker(LimitsConfig(max_inflight_messages=WINDOW)) as broker:
@@ -139,18 +168,11 @@ async def run(turns: int, per_publisher: int, durable: bool, opcodes: OpcodeCoun
         subscriber = connect(broker, "sub", pk.Subscribe(1, [pk.SubscribeRequest(TOPIC, 1)]),
                              properties=subscriber_properties)
         publishers = [connect(broker, f"pub{index}") for index in range(PUBLISHERS)]
-        await asyncio.sleep(0)
-        broker.flush()
-        for link in (subscriber, *publishers):
-            link.take()
-        reader = PacketReader(1 << 20)
-        reader.protocol_level = pk.MQTT_5
+        reader = await settled(broker, subscriber, *publishers)
         payload = b"x" * 64
         packet_id = 0
         delivered = 0
-        blocks: list[float] = []
-        block_seconds = 0.0
-        block_messages = 0
+        blocks = Blocks()
         for turn in range(1, turns + 1):
             reads = []
             for link in publishers:
@@ -160,30 +182,26 @@ async def run(turns: int, per_publisher: int, durable: bool, opcodes: OpcodeCoun
                     data += encode(pk.Publish(TOPIC, payload, 1, packet_id=packet_id), pk.MQTT_5)
                 reads.append((link, bytes(data)))
             started = time.thread_time()
-            with opcodes or _nothing():
-                for link, data in reads:
-                    if data:
-                        broker.data_received(link, data)
+            with opcodes or contextlib.nullcontext():
+                for link, chunk in reads:
+                    if chunk:
+                        broker.data_received(link, chunk)
                 broker.flush()
-            block_seconds += time.thread_time() - started
+            blocks.seconds += time.thread_time() - started
             for link in publishers:
                 link.take()
             ids = [p.packet_id for p in reader.feed(subscriber.take()) if isinstance(p, pk.Publish)]
             acks = b"".join(encode(pk.PubAck(packet_id or 0), pk.MQTT_5) for packet_id in ids)
             started = time.thread_time()
-            with opcodes or _nothing():
+            with opcodes or contextlib.nullcontext():
                 if acks:
                     broker.data_received(subscriber, acks)
                 broker.flush()
-            block_seconds += time.thread_time() - started
+            blocks.seconds += time.thread_time() - started
             delivered += len(ids)
-            block_messages += len(ids)
-            if turn % BLOCK_TURNS == 0 and block_messages:
-                blocks.append(block_seconds / block_messages * 1e6)
-                block_seconds = 0.0
-                block_messages = 0
+            blocks.count(turn, len(ids))
             await asyncio.sleep(0)  # what the broker scheduled (backlogs, its own flush) runs, untimed
-    return delivered, blocks
+    return delivered, blocks.per_unit
 
 
 async def run_fanout(turns: int, per_turn: int, opcodes: OpcodeCounter | None) -> tuple[int, list[float]]:
@@ -192,42 +210,23 @@ async def run_fanout(turns: int, per_turn: int, opcodes: OpcodeCounter | None) -
         subscribers = [connect(broker, f"sub{index}", pk.Subscribe(1, [pk.SubscribeRequest(TOPIC, 0)]))
                        for index in range(FANOUT_SUBSCRIBERS)]
         publisher = connect(broker, "pub")
-        await asyncio.sleep(0)
-        broker.flush()
-        for link in (publisher, *subscribers):
-            link.take()
-        reader = PacketReader(1 << 20)
-        reader.protocol_level = pk.MQTT_5
+        reader = await settled(broker, publisher, *subscribers)
         burst = encode(pk.Publish(TOPIC, b"x" * 64, 0), pk.MQTT_5) * per_turn
         delivered = 0
-        blocks: list[float] = []
-        block_seconds = 0.0
-        block_deliveries = 0
+        blocks = Blocks()
         for turn in range(1, turns + 1):
             started = time.thread_time()
-            with opcodes or _nothing():
+            with opcodes or contextlib.nullcontext():
                 if not publisher.holds:
                     broker.data_received(publisher, burst)
                 broker.flush()
-            block_seconds += time.thread_time() - started
+            blocks.seconds += time.thread_time() - started
             publisher.take()
             deliveries = sum(isinstance(packet, pk.Publish) for link in subscribers for packet in reader.feed(link.take()))
             delivered += deliveries
-            block_deliveries += deliveries
-            if turn % BLOCK_TURNS == 0 and block_deliveries:
-                blocks.append(block_seconds / block_deliveries * 1e6)
-                block_seconds = 0.0
-                block_deliveries = 0
+            blocks.count(turn, deliveries)
             await asyncio.sleep(0)
-    return delivered, blocks
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exc: object) -> None:
-        pass
+    return delivered, blocks.per_unit
 
 
 def main(argv: list[str] | None = None) -> int:
