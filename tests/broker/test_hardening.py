@@ -129,6 +129,15 @@ def login(name: str) -> dict[str, object]:
     return {"username": name, "password": name.encode()}
 
 
+def park_alice(pair: BrokerPair, level: int) -> None:
+    """alice's durable session (client id ``dev``) subscribed to ``t/#`` and disconnected: what is published
+    to it now waits in the store for her return."""
+    alice = pair.client(level)
+    alice.connect("dev", **durable(level), **login("alice"))  # type: ignore[arg-type]
+    alice.subscribe("t/#", 1)
+    alice.drop()
+
+
 @pytest.fixture
 def users_pair(tmp_path: Path) -> Iterator[BrokerPair]:
     pair = BrokerPair(tmp_path, authenticator=users("alice", "bob", "mallory"), acl=Acl.parse(ACL_BEFORE))
@@ -139,10 +148,7 @@ def users_pair(tmp_path: Path) -> Iterator[BrokerPair]:
 @pytest.mark.parametrize("level", LEVELS)
 def test_another_user_cannot_resume_a_durable_session(users_pair: BrokerPair, level: int) -> None:
     pair = users_pair
-    alice = pair.client(level)
-    alice.connect("dev", **durable(level), **login("alice"))  # type: ignore[arg-type]
-    alice.subscribe("t/#", 1)
-    alice.drop()
+    park_alice(pair, level)
     bob = pair.client(level)
     bob.connect("bob", **login("bob"))  # type: ignore[arg-type]
     bob.send(pk.Publish("t/a", b"for alice", qos=1, packet_id=1))
@@ -172,10 +178,7 @@ def test_another_user_cannot_take_over_a_connected_client_id(users_pair: BrokerP
 @pytest.mark.parametrize("level", LEVELS)
 def test_queued_messages_are_checked_against_the_acl_when_sent(users_pair: BrokerPair, level: int) -> None:
     pair = users_pair
-    alice = pair.client(level)
-    alice.connect("dev", **durable(level), **login("alice"))  # type: ignore[arg-type]
-    alice.subscribe("t/#", 1)
-    alice.drop()
+    park_alice(pair, level)
     bob = pair.client(level)
     bob.connect("bob", **login("bob"))  # type: ignore[arg-type]
     bob.send(pk.Publish("t/secret", b"no longer yours", qos=1, packet_id=1),
@@ -193,10 +196,7 @@ def test_the_first_acl_a_reload_brings_checks_what_was_queued_before_it(tmp_path
     messages wait in the store, and a connected one whose messages wait behind its window."""
     pair = BrokerPair(tmp_path, authenticator=users("alice", "bob", "carol"), max_inflight_messages=1)
     try:
-        alice = pair.client(level)
-        alice.connect("dev", **durable(level), **login("alice"))  # type: ignore[arg-type]
-        alice.subscribe("t/#", 1)
-        alice.drop()
+        park_alice(pair, level)
         carol = pair.client(level)
         carol.connect("carol", **login("carol"))  # type: ignore[arg-type]
         carol.subscribe("t/#", 1)
