@@ -21,6 +21,7 @@ from pipeline.jobs import bronze, delivery, rollups, setpoints, telemetry
 from pipeline.jobs.dedup import QUARANTINE_COLUMNS, REJECT_KEY, first_rejects_stream, reject_key
 from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import StreamOptions, bad_lines, records
+from pipeline.jobs.windows import parse_duration_ms
 from pipeline.records import EVENTS, METRICS, QUARANTINE
 
 #: The default stream options, one shared value (StreamOptions is frozen).
@@ -30,7 +31,7 @@ DAY_MS = 86_400_000
 
 
 def build(spark: SparkSession, settings: JobSettings, options: StreamOptions) -> dict[str, DataFrame]:
-    lateness_ms = delivery.parse_duration_ms(settings.lateness)
+    lateness_ms = parse_duration_ms(settings.lateness)
     remember_ms = max(settings.late_days * DAY_MS, lateness_ms)
 
     def rows(kind: str) -> DataFrame:
