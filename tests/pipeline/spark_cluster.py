@@ -149,8 +149,13 @@ class StandaloneCluster:
             for process, log in self.daemons:
                 if process.poll() is not None:
                     raise RuntimeError(f"{log.stem} exited:\n{log.read_text(errors='replace')}")
-            seen.update(self.state())
-            return sum(worker["state"] == "ALIVE" for worker in seen["workers"]) == self.worker_count
+            try:
+                seen.update(self.state())
+                seen.pop("not json", None)
+            except json.JSONDecodeError as error:  # seen once: an HTML page from the UI just after it bound
+                seen["not json"] = error.doc[:200]
+                return False
+            return sum(worker["state"] == "ALIVE" for worker in seen.get("workers", [])) == self.worker_count
 
         wait_until(all_alive, timeout, what=lambda: f"{self.worker_count} ALIVE workers, master says {seen}")
         return seen
