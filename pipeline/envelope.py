@@ -49,8 +49,8 @@ GATEWAY_PROPERTIES = {
     "gw-ttl-s": ("ttl_s", int, True),
 }
 # The device's own user properties that the gateway turns into system properties ($contentEncoding,
-# $messageId). A batch carries them (the one-message format does not); they land in ``properties``
-# under these, their original names.
+# $messageId). Both formats carry them (the one-message format as user properties of these names, after
+# the application properties); they land in ``properties`` under these, their original names.
 CONTENT_ENCODING_PROPERTY = "content-encoding"
 DEVICE_MESSAGE_ID_PROPERTY = "message-id"
 
@@ -125,8 +125,8 @@ def as_messages(message: Incoming, batch: Batch) -> list[Incoming]:
     """The one-message PUBLISHes (docs/message-format.md, "Upstream") that ``batch`` stands for.
 
     Topic, receive time and DUP flag are the batch PUBLISH's; the ``gw-*`` properties, content type and
-    payload are each message's; the device's ``content-encoding`` and ``message-id``, which only a batch
-    carries, follow its application properties.
+    payload are each message's; the device's ``content-encoding`` and ``message-id`` follow its application
+    properties, where the one-message format puts them.
     """
     from appliance.forwarding.batch import record_properties  # see land_batch
 

@@ -58,12 +58,23 @@ def message_id(item: QueuedMessage, gateway_id: str) -> str:
     return f"{gateway_id}:{item.seq}"
 
 
+#: The device's system properties the one-message format forwards after its application properties, by the
+#: user property names a device uses for them (``message-id``, ``content-encoding``; docs/message-format.md).
+FORWARDED_SYSTEM_PROPERTIES = (
+    ("content-encoding", "contentEncoding"),
+    ("message-id", "messageId"),
+    ("correlation-id", "correlationId"),
+)
+
+
 def identity_properties(item: QueuedMessage, gateway_id: str, sent_ms: int) -> list[tuple[str, str]]:
-    """The ``gw-*`` user properties of docs/message-format.md, then the device's own."""
+    """The ``gw-*`` user properties of docs/message-format.md, then the device's own, then the device's
+    ``$.ce``, ``$.mid`` and ``$.cid`` (which the cloud needs to decode, deduplicate and correlate)."""
     m = item.message
+    system = m.system_properties()
     return gateway_properties(
         message_id(item, gateway_id), gateway_id, m.device_id, m.module_id, m.output, item.priority, item.enqueued_ms, sent_ms, item.ttl_s
-    ) + list(m.properties)
+    ) + list(m.properties) + [(name, system[key.lower()]) for name, key in FORWARDED_SYSTEM_PROPERTIES if key.lower() in system]
 
 
 class BrokeredSender:

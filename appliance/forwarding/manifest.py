@@ -6,7 +6,8 @@ A manifest is a whole IoT Edge deployment file (``{"modulesContent": {"$edgeHub"
 all-or-nothing: the first bad field raises ``ManifestError`` naming its JSON path
 (``$.routes.alerts.priority``) - and for a route, the column in the route string - so the caller keeps the
 routes it is running. The schema is the spec's ``routes`` schema plus the fields of schemaVersion 1.1.0 that
-this gateway reads.
+this gateway reads; schemaVersion 1.0 to 1.3 are accepted, as Edge Hub accepts them (its own sample
+deployments use 1.2), and the sections routes do not use (``mqttBroker``) are left alone.
 """
 
 from __future__ import annotations
@@ -27,12 +28,17 @@ from appliance.forwarding.routes import (
     parse_route,
 )
 
+#: 1.0, 1.1, 1.2, 1.3, each also with a build and revision number (``1.2.0``).
+SCHEMA_VERSION_PATTERN = r"^1\.[0-3](\.[0-9]+){0,2}$"
+
 SCHEMA: dict[str, Any] = {
     "$schema": "http://json-schema.org/draft-07/schema#",
     "type": "object",
     "required": ["schemaVersion", "routes"],
     "properties": {
-        "schemaVersion": {"type": "string", "enum": ["1.0", "1.1", "1.1.0"]},
+        # Edge Hub parses the version as .NET's System.Version and reads major 1, minors 0 to 3
+        # (EdgeHubConfigParser); 1.2 adds the mqttBroker section, 1.3 nothing routes read.
+        "schemaVersion": {"type": "string", "pattern": SCHEMA_VERSION_PATTERN},
         "routes": {
             "type": "object",
             "patternProperties": {

@@ -41,15 +41,18 @@ class Endpoint:
 class Route:
     name: str
     text: str
-    source: str  # e.g. "/messages/*", matched as a case-insensitive prefix
+    source: str  # e.g. "/messages/*", matched by whole path segments, case-insensitively
     condition: Condition | None
     endpoint: Endpoint
     priority: int = DEFAULT_PRIORITY
     ttl_s: int = 0  # 0 = the global TTL
 
     def source_matches(self, message_source: str) -> bool:
-        prefix = self.source[:-1] if self.source.endswith("*") else self.source
-        return message_source.lower().startswith(prefix.lower())
+        """Edge Hub's ``BaseMessageSource.Match``: both paths end in exactly one ``/`` (the route's after its
+        trailing ``*`` is dropped) and the route's is a case-insensitive prefix of the message's, so a prefix
+        only ever ends between two segments: ``/messages/modules/m1`` does not take module ``m10``, and
+        ``/messages/modules/m1/*`` takes ``m1``'s messages sent without an output name."""
+        return _segment_form(message_source).startswith(_segment_form(self.source.rstrip("*")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,10 @@ class RouteResult:
     endpoint: Endpoint
     priority: int
     ttl_s: int  # effective: the route's TTL, or the global TTL when the route has none
+
+
+def _segment_form(path: str) -> str:
+    return path.strip().rstrip("/").lower() + "/"
 
 
 class RoutedMessage(MessageView, Protocol):

@@ -39,6 +39,7 @@ from appliance import atomic_file
 from appliance.broker.api import (
     ACCEPTED,
     QUOTA_EXCEEDED,
+    TOPIC_NAME_INVALID,
     UNSPECIFIED_ERROR,
     BrokerHandle,
     InboundPublish,
@@ -59,6 +60,7 @@ from appliance.forwarding.routes import (
     Route,
     RouteResult,
 )
+from appliance.forwarding.topics import PropertyBagError
 from appliance.forwarding.upstream import UpstreamSender
 from appliance.prometheus import Family
 from appliance.store_health import StoreHealth
@@ -173,7 +175,12 @@ class ForwardingService(ServiceDefaults):
     # -- ingest
 
     async def on_publish(self, message: InboundPublish) -> PublishVerdict:
-        parsed = message_from_publish(message.topic, message.payload, message.user_properties, message.content_type)
+        try:
+            parsed = message_from_publish(message.topic, message.payload, message.user_properties, message.content_type)
+        except PropertyBagError as exc:  # as Edge Hub: the publish fails, nothing is routed or stored
+            log.warning("forwarding: refused a message from %s on %r (%s): %s", message.client_id, message.topic,
+                        exc.reason, exc)
+            return PublishVerdict(TOPIC_NAME_INVALID, str(exc)[:200])
         if parsed is None or self.store is None:
             return ACCEPTED
         results = self.evaluator.evaluate(parsed)

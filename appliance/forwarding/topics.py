@@ -8,6 +8,13 @@ properties in the topic: ``devices/{deviceId}/messages/events/{property_bag}``, 
 are system properties, mapped to their names as Edge Hub's ``SystemProperties.IncomingSystemPropertiesMap``
 does; every other key is an application property.
 
+A bag is read as Edge Hub reads it: a repeated key keeps its last value (the protocol gateway's URL
+decoder assigns into a dictionary), and a bag naming one application property in two cases
+(``Alert=true&alert=false``) is refused - Edge Hub copies the properties into a case-insensitive
+dictionary (``EdgeMessage``), which throws, so the device's publish fails; routing on whichever copy a
+lookup met first would decide the route by position. A refused bag raises ``PropertyBagError`` with a
+short ``reason``; the caller answers the device with a reason code.
+
 This gateway's own forms stay: ``devices/{d}/messages/events/{output}`` (a last segment without ``=`` is
 an output name, as the thermostat firmware publishes ``.../events/alerts``), optionally followed by a
 bag (``.../events/alerts/alert=true``), and ``devices/{d}/modules/{m}/outputs/{o}``.
@@ -34,11 +41,25 @@ SYSTEM_PROPERTIES_ON_THE_WIRE = {
     "$.schema": "messageSchema",
     "iothub-operation": "operation",
     "$.ctime": "creationTime",
+    "$.ifid": "iothub-interface-id",
+    "$.sub": "dt-subject",
 }
 
 
 class PropertyBagError(ValueError):
-    """A bag that is not ``key=value&...`` URL-encoding (an empty key, a repeated key)."""
+    """A bag the gateway refuses rather than guess at; ``reason`` names the kind (the key of the
+    forwarding ``refused`` counter), the message the case."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+#: ``PropertyBagError.reason`` values.
+BAG_EMPTY_NAME = "bag_empty_name"
+BAG_NOT_UTF8 = "bag_not_utf8"
+BAG_CASE_DUPLICATE = "bag_case_duplicate"
+BAG_TWO_OUTPUTS = "bag_two_output_names"
 
 
 @dataclass(slots=True)
@@ -63,23 +84,32 @@ def parse_property_bag(bag: str) -> list[tuple[str, str]]:
     """``a=1&b=x%20y`` -> ``[("a", "1"), ("b", "x y")]``; a key without ``=`` has the empty value.
 
     Percent-decoding only (``+`` stays a plus, as in the SDKs' encoders, which write a space as ``%20``);
-    empty pieces (``a=1&&b=2``, a trailing ``&``) are skipped. A repeated key or an empty key is an error:
-    which one IoT Hub would keep is not specified, and guessing would route the message by chance.
+    empty pieces (``a=1&&b=2``, a trailing ``&``) are skipped; a repeated key keeps its first place and
+    its last value, as Edge Hub's decoder does. An empty key or a name that is not UTF-8 after decoding
+    raises ``PropertyBagError``.
     """
-    pairs: list[tuple[str, str]] = []
-    seen: set[str] = set()
+    pairs: dict[str, str] = {}
     for piece in bag.split("&"):
         if not piece:
             continue
         raw_key, _, raw_value = piece.partition("=")
-        key, value = unquote(raw_key, errors="strict"), unquote(raw_value, errors="strict")
+        try:
+            key, value = unquote(raw_key, errors="strict"), unquote(raw_value, errors="strict")
+        except UnicodeDecodeError as exc:
+            raise PropertyBagError(BAG_NOT_UTF8, f"{piece!r} is not UTF-8 after percent-decoding") from exc
         if not key:
-            raise PropertyBagError(f"empty property name in {piece!r}")
-        if key in seen:
-            raise PropertyBagError(f"property {key!r} given twice")
-        seen.add(key)
-        pairs.append((key, value))
-    return pairs
+            raise PropertyBagError(BAG_EMPTY_NAME, f"empty property name in {piece!r}")
+        pairs[key] = value
+    return list(pairs.items())
+
+
+def _refuse_case_duplicates(application: list[tuple[str, str]]) -> None:
+    seen: dict[str, str] = {}
+    for key, _ in application:
+        first = seen.setdefault(key.lower(), key)
+        if first != key:
+            raise PropertyBagError(BAG_CASE_DUPLICATE, f"property {first!r} given twice, also as {key!r}: "
+                                   "names are case-insensitive, so which value routes would be a guess")
 
 
 def _is_bag(segment: str) -> bool:
@@ -87,8 +117,8 @@ def _is_bag(segment: str) -> bool:
 
 
 def parse_telemetry_topic(topic: str) -> TelemetryTopic | None:
-    """The sender and properties a telemetry topic carries; None for topics that are not telemetry
-    (among them a topic whose bag does not decode: dropped as Edge Hub drops an unparsable message)."""
+    """The sender and properties a telemetry topic carries; None for topics that are not telemetry.
+    A telemetry topic whose bag the gateway refuses raises ``PropertyBagError``."""
     parts = topic.split("/")
     if len(parts) < 4 or parts[0] != "devices" or not parts[1]:
         return None
@@ -111,19 +141,17 @@ def parse_telemetry_topic(topic: str) -> TelemetryTopic | None:
     bag = "/".join(rest)
     if rest and not _is_bag(bag):
         return None
-    try:
-        pairs = parse_property_bag(bag)
-    except (PropertyBagError, UnicodeDecodeError):
-        return None
     parsed = TelemetryTopic(device, module, output)
-    for key, value in pairs:
+    for key, value in parse_property_bag(bag):
         system = SYSTEM_PROPERTIES_ON_THE_WIRE.get(key)
         if system is None:
             parsed.application.append((key, value))
         else:
             parsed.system[system] = value
+    _refuse_case_duplicates(parsed.application)
     if "outputName" in parsed.system:
         if output is not None and parsed.system["outputName"] != output:
-            return None  # two different output names: which route source would be a guess
+            raise PropertyBagError(BAG_TWO_OUTPUTS, f"output {output!r} in the topic but $.on={parsed.system['outputName']!r} "
+                                   "in the bag: which route source applies would be a guess")
         parsed.output = parsed.system.pop("outputName")
     return parsed

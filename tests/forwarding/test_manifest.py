@@ -71,6 +71,22 @@ def test_bad_manifests_name_the_json_path(document: dict, path: str) -> None:
     assert info.value.path == path, info.value
 
 
+@pytest.mark.parametrize("version", ["1.0", "1.1", "1.1.0", "1.2", "1.2.0", "1.3", "1.3.0.0"])
+def test_every_schema_version_edge_hub_reads_is_accepted(version: str) -> None:
+    """EdgeHubConfigParser: System.Version, major 1, minor 0 to 3 (Azure/iotedge's samples use 1.2, with a
+    mqttBroker section next to the routes)."""
+    document = {"schemaVersion": version, "routes": {"r": "FROM /messages/* INTO $upstream"},
+                "mqttBroker": {"authorizations": []}}
+    assert [r.name for r in parse_manifest(document).routes] == ["r"]
+
+
+@pytest.mark.parametrize("version", ["2.0", "1.4", "1", "1.2.x", " 1.2", "1.2.0.0.0", ""])
+def test_other_schema_versions_are_refused(version: str) -> None:
+    with pytest.raises(ManifestError) as info:
+        parse_manifest({"schemaVersion": version, "routes": {}})
+    assert info.value.path == "$.schemaVersion"
+
+
 def test_route_errors_carry_the_column(tmp_path: Path) -> None:
     file = tmp_path / "m.json"
     file.write_text(json.dumps(_desired(r1="FROM /messages/* WHERE key1 = INTO $upstream")))

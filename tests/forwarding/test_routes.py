@@ -61,9 +61,19 @@ def test_route_errors_point_at_the_column_of_the_whole_route(text: str, column: 
         ("/messages/modules/m1/outputs/o1", "/messages/modules/m1/outputs/o1", True),
         ("/messages/modules/m1/outputs/o1", "/messages/modules/m1/outputs/o2", False),
         ("/twinChangeNotifications", "/messages/events", False),
+        # Whole segments, as Edge Hub's BaseMessageSource.Match (a "/" appended to both sides):
+        ("/messages/modules/m1/outputs/o1", "/messages/modules/m1/outputs/o10", False),
+        ("/messages/modules/sender1", "/messages/modules/sender10/outputs/o1", False),
+        ("/messages/modules/sender1", "/messages/modules/sender1/outputs/o1", True),
+        ("/messages/modules/sender1/*", "/messages/modules/sender10", False),
+        ("/messages/events", "/messages/eventsX", False),
+        # A module message sent without $.on has the source /messages/modules/{m}: "{m}/*" takes it.
+        ("/messages/modules/sens/*", "/messages/modules/sens", True),
+        ("/messages/modules/sens/*", "/messages/modules/SENS/outputs/o", True),
+        ("/messages/modules/sens/outputs/*", "/messages/modules/sens", False),
     ],
 )
-def test_from_matches_by_case_insensitive_prefix(source: str, message_source: str, matches: bool) -> None:
+def test_from_matches_whole_segments_case_insensitively(source: str, message_source: str, matches: bool) -> None:
     assert parse_route("r", f"FROM {source} INTO $upstream").source_matches(message_source) is matches
 
 
