@@ -5,23 +5,27 @@ finding with a verdict (``ok``, ``PROBLEM``, ``unknown``), and the exit status i
 problem. "unknown" is not a problem: a machine without ``timedatectl`` cannot prove its clock is wrong.
 
 Each check is a plain function returning findings, so tests run them against real sockets, directories
-and serial ptys. The modem check only opens the serial port with ``--probe-modem``: while the gateway
-runs it owns the port (opened exclusively), and a second reader would steal its replies.
+and serial ptys. Store-and-forward is judged from the files the gateway keeps in its data directory
+(``appliance.forwarding.doctor``): the link down longer than ``--link-down-after``, no routes or a
+rejected manifest, a pump not running or stalled, a queue past half its TTL, a failing store, dead
+letters. Every store's health also comes from the Prometheus page when the gateway serves one. The
+modem check only opens the serial port with ``--probe-modem``: while the gateway runs it owns the port
+(opened exclusively), and a second reader would steal its replies.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import enum
 import os
+import re
 import shutil
 import socket
 import stat
 import subprocess
+import time
 import urllib.request
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,6 +37,9 @@ from appliance.broker.certificates import (
 )
 from appliance.broker.config import ListenerConfig
 from appliance.cli_args import add_config_arguments, config_from_args
+from appliance.findings import Finding, Verdict
+from appliance.forwarding import doctor as forwarding_doctor
+from appliance.forwarding.doctor import DEFAULT_THRESHOLDS, Thresholds
 from appliance.gateway_config import GatewayConfig
 from appliance.hardware.config import ModemConfig
 from appliance.hardware.factory_reset import DATABASE_FILES
@@ -41,19 +48,6 @@ from appliance.sqlite_files import DatabaseFileError, integrity_problems, refuse
 
 MIN_FREE_BYTES = 200 * 1024 * 1024
 MIN_FREE_FRACTION = 0.05
-
-
-class Verdict(enum.Enum):
-    OK = "ok"
-    PROBLEM = "PROBLEM"
-    UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    check: str
-    verdict: Verdict
-    message: str
 
 
 def check_ports(listeners: Iterable[ListenerConfig], timeout: float = 1.0) -> list[Finding]:
@@ -206,7 +200,7 @@ async def _probe_modem(config: ModemConfig) -> Finding:
 
 def check_metrics(data_dir: Path, metrics_port: int | None, timeout: float = 2.0) -> list[Finding]:
     """Whether the running gateway's Prometheus page answers, where it says it serves it (``gateway.json``:
-    a ``metrics_port`` of 0 is chosen at start)."""
+    a ``metrics_port`` of 0 is chosen at start), and whether every store it reports commits."""
     if metrics_port is None:
         return []
     running = run_state.running(data_dir)
@@ -215,15 +209,48 @@ def check_metrics(data_dir: Path, metrics_port: int | None, timeout: float = 2.0
     url = running.metrics_url
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            response.read()
+            page = response.read().decode("utf-8", "replace")
     except OSError as exc:
         return [Finding("metrics", Verdict.PROBLEM, f"metrics on {url} do not answer ({exc})")]
-    return [Finding("metrics", Verdict.OK, f"metrics on {url}")]
+    return [Finding("metrics", Verdict.OK, f"metrics on {url}"), *check_store_health(page)]
 
 
-def run_checks(config: GatewayConfig, probe_modem: bool = False) -> list[Finding]:
+_STORE_HEALTHY = re.compile(r'^appliance_store_healthy\{store="([^"]*)"\} (\S+)$', re.MULTILINE)
+
+
+def check_store_health(page: str) -> list[Finding]:
+    """``appliance_store_healthy`` of each store on the gateway's Prometheus page: 0 while its commits fail."""
+    findings = []
+    for store, value in _STORE_HEALTHY.findall(page):
+        if value == "1":
+            findings.append(Finding("stores", Verdict.OK, f"the {store} store commits"))
+        else:
+            findings.append(Finding("stores", Verdict.PROBLEM, f"the {store} store cannot commit (a full or failing "
+                                                               "disk?): the gateway refuses what it cannot store"))
+    return findings
+
+
+def check_forwarding(config: GatewayConfig, thresholds: Thresholds, now_ms: int | None = None) -> list[Finding]:
+    """Store-and-forward, when enabled: the manifest, the running routes, the link, the queues, the pumps, the
+    store and the dead letters (``appliance.forwarding.doctor``)."""
+    if not config.forwarding.enabled:
+        return []
+    running = run_state.running(config.data_dir)
+    pid = running.pid if running is not None else None
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    return [
+        *forwarding_doctor.check_manifest(config.forwarding),
+        *forwarding_doctor.check_running_routes(config.data_dir, pid),
+        *forwarding_doctor.check_metrics_document(config.data_dir, now_ms, pid, config.forwarding.metrics_interval_s,
+                                                  thresholds),
+        *forwarding_doctor.check_dead_letters(config.data_dir),
+    ]
+
+
+def run_checks(config: GatewayConfig, probe_modem: bool = False, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[Finding]:
     return [
         *check_metrics(config.data_dir, config.metrics_port),
+        *check_forwarding(config, thresholds),
         *check_ports(config.broker.listeners),
         *check_certificates(config.broker.listeners),
         *check_data_dir(config.data_dir),
@@ -240,7 +267,8 @@ def format_findings(findings: Iterable[Finding]) -> str:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    findings = run_checks(config, probe_modem=args.probe_modem)
+    thresholds = Thresholds(link_down_s=args.link_down_after, stalled_s=args.stalled_after)
+    findings = run_checks(config, probe_modem=args.probe_modem, thresholds=thresholds)
     print(format_findings(findings))
     problems = sum(finding.verdict is Verdict.PROBLEM for finding in findings)
     print(f"\n{problems} problem(s) found" if problems else "\nno problems found")
@@ -251,4 +279,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser("doctor", help="check this machine for what would stop the gateway working")
     add_config_arguments(parser)
     parser.add_argument("--probe-modem", action="store_true", help="send AT commands to the modem (stop the gateway first)")
+    parser.add_argument("--link-down-after", type=float, default=Thresholds.link_down_s, metavar="SECONDS",
+                        help="a cloud link down longer than this is a problem (default %(default)s)")
+    parser.add_argument("--stalled-after", type=float, default=Thresholds.stalled_s, metavar="SECONDS",
+                        help="a pump whose head has not moved this long while its link is up is a problem "
+                             "(default %(default)s)")
     parser.set_defaults(handler=cmd_doctor)

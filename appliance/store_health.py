@@ -41,14 +41,18 @@ class StoreHealth:
     _unlogged_changes: int = 0
 
     def families(self, component: str) -> list[Family]:
-        """``gateway_<component>_store_*`` for the gateway's Prometheus page."""
+        """``appliance_store_*{store="<component>"}`` for the gateway's Prometheus page: one name per figure
+        with the store as a label, so one alert rule and one graph cover every store of every gateway."""
         return [
-            gauge(f"gateway_{component}_store_healthy", f"1 while {self.what} commits, 0 while its commits fail",
-                  int(self.healthy)),
-            counter(f"gateway_{component}_store_failed_commits_total", f"commits of {self.what} that failed",
-                    self.failed_commits),
-            counter(f"gateway_{component}_store_refused_total",
-                    f"requests refused or answered with an error because {self.what} could not commit", self.refused),
+            gauge("appliance_store_healthy", "1 while the store's commits succeed, 0 while they fail",
+                  int(self.healthy), store=component),
+            gauge("appliance_store_disk_full", "1 while the store's latest failure is SQLite's disk full",
+                  int(self.disk_full and not self.healthy), store=component),
+            counter("appliance_store_failed_commits_total", "commits of the store that failed", self.failed_commits,
+                    store=component),
+            counter("appliance_store_refused_total",
+                    "requests refused or answered with an error because the store could not commit", self.refused,
+                    store=component),
         ]
 
     def failed(self, error: str, disk_full: bool, now: float) -> bool:

@@ -28,10 +28,12 @@ def test_one_page_for_the_broker_and_every_service_even_without_forwarding(tmp_p
             text = response.read().decode()
         names = [family.name for family in text_string_to_metric_families(text)]
         assert len(names) == len(set(names)), "a family was rendered twice"
-        samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
-        assert samples["gateway_broker_store_healthy"] == 1 and samples["gateway_statestore_store_healthy"] == 1
-        assert samples["gateway_broker_messages_dropped_total"] == 0
-        assert not any(name.startswith("gateway_forwarding_") for name in samples)
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in text_string_to_metric_families(text) for s in f.samples}
+        assert samples[("appliance_store_healthy", (("store", "broker"),))] == 1
+        assert samples[("appliance_store_healthy", (("store", "statestore"),))] == 1
+        assert samples[("appliance_broker_messages_dropped_total", ())] == 0
+        assert not any(name.startswith("appliance_forwarding_") for name, _ in samples)
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(running.metrics_url.replace("/metrics", "/other"), timeout=5)
         assert info.value.code == 404

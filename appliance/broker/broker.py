@@ -312,9 +312,10 @@ class Broker:
     # -- the store's health ---------------------------------------------------------------------------
 
     def metrics(self) -> list[Family]:
-        """The broker's figures for the gateway's Prometheus page: drops and the store's health."""
+        """The broker's figures for the gateway's Prometheus page: clients, messages, drops and the store's
+        health."""
         lifecycle.count_drops(self)
-        return [*self.stats.families(), *self.store_health.families("broker")]
+        return [*self.stats.families(self.router.sent_by_qos), *self.store_health.families("broker")]
 
     # -- the periodic tick ----------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ def handle_publish(broker: Broker, link: Link, publish: pk.Publish, now: float) 
     session = connection.session
     assert session is not None
     qos = publish.qos
+    broker.stats.received_by_qos[qos] += 1
     packet_id = publish.packet_id
     level = connection.protocol_level
     if qos == 2 and packet_id in session.inbound_qos2:

@@ -148,6 +148,7 @@ class RetainedFeeds:
             delivery = Delivery(message, min(message.qos, options.qos), True, ids)
             if session.deliver(delivery, now):
                 broker.stats.messages_sent += 1
+                broker.router.sent_by_qos[delivery.qos] += 1
                 if delivery.qos and session.durable:
                     storage.store_deliveries(broker, message, [(session, delivery)], now)
             broker.mark(connection)

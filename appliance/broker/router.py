@@ -37,6 +37,9 @@ class Router:
         #: QoS 1/2 deliveries dropped because the receiver's queue was at its bound (``Session.deliver``);
         #: the caller compares it around ``route`` to answer the publisher 0x97 Quota exceeded.
         self.queue_full = 0
+        #: Deliveries handed to sessions, by the QoS they are delivered with (0, 1, 2): the Prometheus page's
+        #: messages out per QoS (``retained_feed`` adds its deliveries here too).
+        self.sent_by_qos = [0, 0, 0]
         #: Client id -> the topics of live deliveries to it while retained messages are still being fed to
         #: it (``retained_feed``): their retained messages are older and are skipped.
         self.live_topics: dict[str, set[str]] = {}
@@ -106,6 +109,7 @@ class Router:
             if delivery.qos:
                 self.queue_full += 1
             return 0
+        self.sent_by_qos[delivery.qos] += 1
         if self.live_topics:
             topics = self.live_topics.get(session.client_id)
             if topics is not None:

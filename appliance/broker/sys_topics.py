@@ -6,9 +6,9 @@ pairs that the broker publishes as retained messages every ``interval`` seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from appliance.prometheus import Family, counter
+from appliance.prometheus import Family, counter, gauge
 from appliance.store_health import StoreHealth
 
 
@@ -19,6 +19,8 @@ class BrokerStats:
     clients_total: int = 0
     messages_received: int = 0
     messages_sent: int = 0
+    #: PUBLISH packets received, by their QoS (0, 1, 2).
+    received_by_qos: list[int] = field(default_factory=lambda: [0, 0, 0])
     bytes_received: int = 0
     bytes_sent: int = 0
     publish_dropped: int = 0
@@ -55,12 +57,23 @@ class BrokerStats:
         }
         return [(topic, str(value).encode("ascii")) for topic, value in values.items()]
 
-    def families(self) -> list[Family]:
-        """The drop counters for the gateway's Prometheus page (the store's health comes from
-        ``StoreHealth.families``; the rest is in ``$SYS``)."""
+    def families(self, sent_by_qos: list[int]) -> list[Family]:
+        """The broker's part of the gateway's Prometheus page (the store's health comes from
+        ``StoreHealth.families``): clients, messages in and out per QoS (``sent_by_qos``: the router's
+        deliveries by delivered QoS), bytes, retained messages and drops."""
         return [
-            counter("gateway_broker_messages_dropped_total", "deliveries dropped (queue bounds, slow consumers)",
+            gauge("appliance_broker_clients_connected", "clients with an open MQTT connection", self.clients_connected),
+            counter("appliance_broker_connections_total", "CONNECTs accepted", self.clients_total),
+            Family("appliance_broker_messages_received_total", "counter", "PUBLISH packets received from clients, by QoS",
+                   [({"qos": str(qos)}, n) for qos, n in enumerate(self.received_by_qos)]),
+            Family("appliance_broker_messages_sent_total", "counter",
+                   "messages delivered to subscribers, by the QoS they are delivered with",
+                   [({"qos": str(qos)}, n) for qos, n in enumerate(sent_by_qos)]),
+            counter("appliance_broker_received_bytes_total", "bytes read from client connections", self.bytes_received),
+            counter("appliance_broker_sent_bytes_total", "bytes written to client connections", self.bytes_sent),
+            gauge("appliance_broker_retained_messages", "retained messages held", self.retained_count),
+            counter("appliance_broker_messages_dropped_total", "deliveries dropped (queue bounds, slow consumers)",
                     self.publish_dropped),
-            counter("gateway_broker_messages_queue_full_total", "QoS 1/2 deliveries dropped at a full queue",
+            counter("appliance_broker_messages_queue_full_total", "QoS 1/2 deliveries dropped at a full queue",
                     self.queue_full),
         ]

@@ -4,7 +4,7 @@
 takes). ``reload`` asks the running gateway - found through ``gateway.json`` in its data dir - to reload
 its manifest (SIGHUP) and reports the outcome the gateway writes to ``forwarding-routes.json``; ``show``
 prints that file: the routes actually running. ``dead-letters`` lists, one JSON object a line, the messages
-an endpoint kept refusing (docs/forwarding.md), newest last.
+an endpoint kept refusing (docs/forwarding.md), newest last; ``--clear`` removes them.
 """
 
 from __future__ import annotations
@@ -98,6 +98,9 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
         return 1
     store = MessageStore(path)
     try:
+        if args.clear:
+            print(f"removed {store.clear_dead_letters()} dead letters", file=sys.stderr)
+            return 0
         for letter in store.dead_letters(args.limit):
             m = letter.message
             print(json.dumps({
@@ -159,4 +162,6 @@ def register(subparsers: Any) -> None:
             command.add_argument("--timeout", type=float, default=10.0)
         if name == "dead-letters":
             command.add_argument("--limit", type=int, default=100, help="the newest N (default 100)")
+            command.add_argument("--clear", action="store_true", help="remove them all (once handled; "
+                                 "`appliance doctor` reports dead letters until then)")
         command.set_defaults(handler=handler)

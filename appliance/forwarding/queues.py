@@ -125,6 +125,8 @@ class QueueDepth:
     priority: int
     depth: int
     oldest_enqueued_ms: int | None
+    #: The TTL the oldest entry was stored with: its age over this is how near the queue is to expiring.
+    oldest_ttl_s: int | None = None
 
 
 def _envelope(message: Message) -> str:
@@ -363,6 +365,11 @@ class MessageStore:
         row = self.db.execute("SELECT count FROM refusals WHERE queue = ? AND seq = ?", (queue_name(endpoint, priority), seq)).fetchone()
         return 0 if row is None else int(row[0])
 
+    def clear_dead_letters(self) -> int:
+        """Remove every dead letter (once an operator has handled them); returns how many there were."""
+        with self._transaction():
+            return self.db.execute("DELETE FROM dead_letters").rowcount
+
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The newest ``limit`` dead letters, oldest first."""
         rows = self.db.execute(
@@ -417,7 +424,9 @@ class MessageStore:
 
     def depths(self) -> list[QueueDepth]:
         rows = self.db.execute(
-            "SELECT endpoint, priority, COUNT(*), MIN(enqueued_ms) FROM entries GROUP BY endpoint, priority ORDER BY endpoint, priority"
+            # With one MIN() SQLite takes the bare ttl_s from the row holding the minimum: the oldest entry's.
+            "SELECT endpoint, priority, COUNT(*), MIN(enqueued_ms), ttl_s FROM entries GROUP BY endpoint, priority "
+            "ORDER BY endpoint, priority"
         )
         return [QueueDepth(*row) for row in rows]
 

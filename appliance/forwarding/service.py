@@ -70,6 +70,8 @@ log = logging.getLogger("appliance.forwarding")
 
 STORE_FILE = "forwarding.db"
 STATUS_FILE = "forwarding-routes.json"
+#: The latest metrics document (docs/message-format.md), rewritten every ``metrics_interval_s``.
+METRICS_FILE = "forwarding-metrics.json"
 #: The backlog LED is a glance indicator: a quarter second behind the queue is soon enough.
 BACKLOG_REFRESH_S = 0.25
 
@@ -349,16 +351,23 @@ class ForwardingService(ServiceDefaults):
     async def metrics_document(self) -> bytes:
         assert self.store is not None
         depths = await self.thread.call(self.store.depths)
-        return self.figures.to_json(self.gateway_id, depths, int(time.time() * 1000))
+        return self.figures.to_json(self.gateway_id, depths, int(time.time() * 1000), self.health)
 
     async def _metrics_loop(self) -> None:
+        """Every ``metrics_interval_s`` from the start: the document retained on ``$SYS``, sent upstream, and
+        written to ``forwarding-metrics.json`` in the data dir, where ``appliance doctor`` reads it."""
         while True:
-            await asyncio.sleep(self.config.metrics_interval_s)
             document = await self.metrics_document()
             assert self._broker is not None
             self._broker.publish("$SYS/gateway/forwarding/metrics", document, qos=0, retain=True)
             if self.upstream is not None:
                 self.upstream.publish_direct(f"gateways/{self.gateway_id}/metrics", document)
+            try:
+                # Off the loop: the fsync of a rename can take a while on flash, and the broker shares the loop.
+                await asyncio.to_thread(atomic_file.write_bytes, self.data_dir / METRICS_FILE, document + b"\n")
+            except OSError as exc:  # a full disk: the store's health says so; the next round tries again
+                log.debug("forwarding: cannot write %s: %s", METRICS_FILE, exc)
+            await asyncio.sleep(self.config.metrics_interval_s)
 
     async def metrics(self) -> list[Family]:
         """The queues and links, and whether ``forwarding.db`` commits, for the gateway's Prometheus page."""

@@ -580,6 +580,6 @@ class UpstreamSender:
         self.estimate.record(sizes, ack_times, sent_at, filled and finished)  # a preempted batch did not fill it
         messages = sum(completes) + (expired_run if finished else 0)
         self.stats.bytes_sent += sum(item.size for items in published for item in items)
-        self.stats.rate_bps = self.estimate.rate_bps
+        self.stats.rate_bytes_per_s = self.estimate.rate_bytes_per_s
         self.stats.rtt_s = self.estimate.rtt_s
         return messages

@@ -102,7 +102,7 @@ class LinkEstimate:
         self._measured_on_this_connection = False
 
     @property
-    def rate_bps(self) -> float | None:
+    def rate_bytes_per_s(self) -> float | None:
         """Bottleneck rate in bytes per second, or None before the first measurement."""
         return 1 / self.seconds_per_byte if self.seconds_per_byte else None
 
@@ -234,7 +234,7 @@ class LinkEstimate:
     def packed_window(self, max_chunk_bytes: int, chunk_seconds: float = 0.5, initial_chunk_bytes: int = 512) -> Window:
         """The window of a packing sender: PUBLISHes of at most ``max_chunk_bytes`` and ``chunk_seconds`` of
         the measured rate (``initial_chunk_bytes`` before a measurement), at least two per batch."""
-        rate = self.rate_bps
+        rate = self.rate_bytes_per_s
         target = self.target_bytes()
         if rate is None or target is None or self.last_batch_bytes is None:
             chunk = min(max_chunk_bytes, initial_chunk_bytes)

@@ -31,7 +31,7 @@ from appliance.hardware.config import HardwareConfig
 from appliance.hardware.gpio import StatusPanel
 from appliance.hardware.modem import LinkListener, ModemMonitor
 from appliance.hardware.modem_status import ModemStatus
-from appliance.prometheus import Family, gauge
+from appliance.prometheus import Family, counter, gauge
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,8 @@ class HardwareService(ServiceDefaults):
             self.panel.show_backlog(queued)
 
     async def metrics(self) -> list[Family]:
-        """The modem's readings (``gateway_modem_*``): numbers and flags as gauges, the text readings as
-        labels of ``gateway_modem_info``. No modem: none."""
+        """The modem's readings (``appliance_modem_*``): flags and numbers as gauges, its power cycles as a
+        counter, the text readings as labels of ``appliance_modem_info``. No modem: none."""
         if self.modem is None:
             return []
         families: list[Family] = []
@@ -119,9 +119,14 @@ class HardwareService(ServiceDefaults):
         for name, value in self.modem.status.as_metrics().items():
             if isinstance(value, str):
                 labels[name] = value
-            elif value is not None:  # unknown: no sample rather than a made-up number
-                families.append(gauge(f"gateway_modem_{name}", f"the modem's {name.replace('_', ' ')}", int(value)))
-        families.append(Family("gateway_modem_info", "gauge", "the modem's text readings, as labels", [(labels, 1)]))
+            elif value is None:  # unknown: no sample rather than a made-up number
+                continue
+            elif name == "power_cycles":
+                families.append(counter("appliance_modem_power_cycles_total", "times the modem was power-cycled to "
+                                        "recover it", int(value)))
+            else:
+                families.append(gauge(f"appliance_modem_{name}", f"the modem's {name.replace('_', ' ')}", int(value)))
+        families.append(Family("appliance_modem_info", "gauge", "the modem's text readings, as labels", [(labels, 1)]))
         return families
 
     def log_status(self) -> None:

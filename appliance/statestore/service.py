@@ -197,7 +197,7 @@ class StateStoreService(ServiceDefaults):
         self.store = None
 
     async def metrics(self) -> list[Family]:
-        """Whether ``statestore.db`` commits (``gateway_statestore_store_*``)."""
+        """Whether ``statestore.db`` commits (``appliance_store_*{store="statestore"}``)."""
         return self.health.families("statestore")
 
     def on_client_disconnected(self, client_id: str) -> None:

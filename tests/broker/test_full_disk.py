@@ -110,7 +110,7 @@ def test_a_full_disk_is_answered_served_logged_once_and_recovered_from(small_dis
             body = b"before-%d" % n
             assert code_of(pub5.publish("stored/before", body + PAYLOAD, 1)) == 0
             acknowledged.add(body)
-        assert "gateway_broker_store_healthy 1" in metrics(data_dir)
+        assert 'appliance_store_healthy{store="broker"} 1' in metrics(data_dir)
 
         filler = fill(small_disk)
         filled_at = time.monotonic()
@@ -160,8 +160,8 @@ def test_a_full_disk_is_answered_served_logged_once_and_recovered_from(small_dis
 
         await_sys_value(sys_watch, b"0")
         scrape = metrics(data_dir)
-        assert "gateway_broker_store_healthy 0" in scrape
-        refused_count = next(line for line in scrape.splitlines() if line.startswith("gateway_broker_store_refused_total"))
+        assert 'appliance_store_healthy{store="broker"} 0' in scrape
+        refused_count = next(line for line in scrape.splitlines() if line.startswith('appliance_store_refused_total{store="broker"}'))
         assert int(refused_count.split()[1]) > 10
 
         # Logged once per store, not once per attempt or request (before: ~2,000 tracebacks a second).
@@ -183,7 +183,7 @@ def test_a_full_disk_is_answered_served_logged_once_and_recovered_from(small_dis
         acknowledged.add(b"v3")
         assert statestore.set(b"kept", b"after").applied
         await_sys_value(sys_watch, b"1")
-        assert "gateway_broker_store_healthy 1" in metrics(data_dir)
+        assert 'appliance_store_healthy{store="broker"} 1' in metrics(data_dir)
         print(f"recovered {recovery * 1000:.0f} ms after the filler was removed")
         for client in (pub5, pub3):
             client.disconnect()

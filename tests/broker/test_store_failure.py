@@ -190,7 +190,7 @@ def test_sys_topics_and_prometheus_show_the_store_state(tmp_path: Path) -> None:
         watcher = pair.client()
         watcher.connect("watcher")
         watcher.subscribe("$SYS/broker/store/#")
-        assert "gateway_broker_store_healthy 1" in render(pair.broker.metrics())
+        assert 'appliance_store_healthy{store="broker"} 1' in render(pair.broker.metrics())
 
         def state() -> dict[str, bytes]:
             return {m.topic.removeprefix("$SYS/broker/store/"): m.payload for m in publishes(watcher.received())}
@@ -206,11 +206,11 @@ def test_sys_topics_and_prometheus_show_the_store_state(tmp_path: Path) -> None:
         seen = state()
         assert seen["healthy"] == b"0" and int(seen["commits/failed"]) >= 1 and int(seen["refused"]) >= 1
         text = render(pair.broker.metrics())
-        assert "gateway_broker_store_healthy 0" in text and "# TYPE gateway_broker_store_failed_commits_total counter" in text
+        assert 'appliance_store_healthy{store="broker"} 0' in text and "# TYPE appliance_store_failed_commits_total counter" in text
         locked.release()
         pair.advance(1.0)
         assert state()["healthy"] == b"1"
-        assert "gateway_broker_store_healthy 1" in render(pair.broker.metrics())
+        assert 'appliance_store_healthy{store="broker"} 1' in render(pair.broker.metrics())
     finally:
         pair.stop()
 

@@ -129,10 +129,10 @@ def test_messages_the_cloud_keeps_refusing_go_to_the_dead_letters_and_the_queue_
     received = delivered(rig.cloud, 1, timeout=20)
     assert [r.n for r in received] == [2]
     rig.gateway.wait_for_log(r"1 messages of priority 2 refused 3 times \(Not authorized \(0x87\)\)")
-    assert 'gateway_forwarding_dead_lettered_total{endpoint="upstream",priority="2"} 1' in rig.prometheus()
+    assert 'appliance_forwarding_dead_lettered_total{endpoint="upstream",priority="2"} 1' in rig.prometheus()
     # The good message may have reached the cloud in the refused batch, before its own checkpoint: the
     # queue is empty once its (deduplicated) resend is acknowledged.
-    wait_until(lambda: 'gateway_forwarding_depth{endpoint="upstream",priority="2"} 0' in rig.prometheus(), 10,
+    wait_until(lambda: 'appliance_forwarding_queue_messages{endpoint="upstream",priority="2"} 0' in rig.prometheus(), 10,
                "the priority 2 queue empty after the dead letter")
     listing = rig.cli("routes", "dead-letters", "--data-dir", str(rig.gateway.data_dir))
     assert listing.returncode == 0, listing.stderr
@@ -172,7 +172,7 @@ def test_ttl_expiry_during_an_outage_never_sends(make_rig) -> None:
         device.publish("data", b"d", {"n": str(100 + n)})
     rig.gateway.wait_for_log(r"upstream disconnected", timeout=10)
     rig.wait_for_log_total(r"cleanup removed \d+ expired messages: .*upstream_Pri0=(\d+)", 3)
-    assert 'gateway_forwarding_expired_total{endpoint="upstream",priority="0"} 3' in rig.prometheus()
+    assert 'appliance_forwarding_expired_total{endpoint="upstream",priority="0"} 3' in rig.prometheus()
     rig.relay.set(up=True)
     received = rig.cloud.wait_for(3, timeout=30)
     assert sorted(r.n for r in received) == [100, 101, 102]
@@ -260,9 +260,10 @@ def test_disk_full_drops_lowest_priority_and_never_an_alert(make_rig) -> None:
     # Full of alerts now: more data is refused (MQTT 5 PUBACK 0x97 quota exceeded), nothing else dropped.
     assert device.publish("data", b"d" * 400, {"n": "999"}) == 0x97
     metrics = rig.prometheus()
-    assert 'gateway_forwarding_dropped_total{endpoint="upstream",priority="9"} 31' in metrics
+    assert 'appliance_forwarding_dropped_total{endpoint="upstream",priority="9"} 31' in metrics
     rig.relay.set(up=True)
-    kept_alerts = [line for line in metrics.splitlines() if line.startswith('gateway_forwarding_depth{endpoint="upstream",priority="0"}')]
+    alert_queue = 'appliance_forwarding_queue_messages{endpoint="upstream",priority="0"}'
+    kept_alerts = [line for line in metrics.splitlines() if line.startswith(alert_queue)]
     depth = int(float(kept_alerts[0].rsplit(" ", 1)[1]))
     received = rig.cloud.wait_for(depth, timeout=30)
     assert all(r.n >= 100 for r in received)
@@ -282,8 +283,8 @@ def test_metrics_on_sys_topic_prometheus_and_upstream(make_rig) -> None:
     upstream_doc = json.loads(rig.cloud.wait_for_topic("gateways/gw1/metrics").payload)
     assert set(upstream_doc) >= {"gateway_id", "ts_ms", "endpoints"}
     text = rig.prometheus()
-    assert 'gateway_forwarding_sent_total{endpoint="upstream",priority="6"} 1' in text
-    assert 'gateway_link_connected{endpoint="upstream"} 1' in text
+    assert 'appliance_forwarding_forwarded_total{endpoint="upstream",priority="6"} 1' in text
+    assert 'appliance_link_connected{endpoint="upstream"} 1' in text
 
 
 @pytest.mark.parametrize("upstream_format", ["message", "batch"])
@@ -367,7 +368,7 @@ def test_the_metrics_endpoint_counts_the_brokers_queue_full_drops(make_rig) -> N
     counted on the gateway's Prometheus endpoint (and the MQTT 5 publisher got 0x97)."""
     rig = make_rig({"data": {"route": "FROM /messages/* INTO $upstream", "priority": 0}},
                    extra_upstream="[broker.limits]\nmax_queued_bytes = 100\n")
-    assert "gateway_broker_messages_queue_full_total 0\n" in rig.prometheus()
+    assert "appliance_broker_messages_queue_full_total 0\n" in rig.prometheus()
     away = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="metrics-away", protocol=mqtt.MQTTv311,
                        clean_session=False)
     away.connect(rig.gateway.host, rig.gateway.port)
@@ -389,4 +390,4 @@ def test_the_metrics_endpoint_counts_the_brokers_queue_full_drops(make_rig) -> N
         publisher.loop_stop()
     assert codes == [0, 0x97, 0x97]
     text = rig.prometheus()
-    assert "gateway_broker_messages_queue_full_total 2\n" in text and "# TYPE gateway_broker_messages_queue_full_total counter" in text
+    assert "appliance_broker_messages_queue_full_total 2\n" in text and "# TYPE appliance_broker_messages_queue_full_total counter" in text

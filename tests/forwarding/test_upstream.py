@@ -152,17 +152,17 @@ def test_window_follows_the_measured_link(tmp_path: Path, mosquitto: MosquittoPr
         return scenario
 
     slow, _ = run_bridge(tmp_path, relay.port, "5", backlog(20))
-    assert slow.estimate.rate_bps is not None
+    assert slow.estimate.rate_bytes_per_s is not None
     # 9.6 kbit/s is 1200 B/s on the wire, TCP/IP headers included; the token bucket's burst allowance
     # makes the first batches look faster, which the smoothing must have mostly forgotten.
-    assert 600 < slow.estimate.rate_bps < 1800, slow.estimate.rate_bps
+    assert 600 < slow.estimate.rate_bytes_per_s < 1800, slow.estimate.rate_bytes_per_s
     assert slow.estimate.window().messages <= 3, "a couple of messages per batch on a satellite link"
 
     relay.set(rate_bps=0)  # same round trip, no rate limit: the window must cover the round trip
     (tmp_path / "fast").mkdir()
     fast, _ = run_bridge(tmp_path / "fast", relay.port, "5", backlog(300))
     assert slow.estimate.target_messages() <= 2, "nine bandwidth-delay products are at most two messages"
-    assert fast.estimate.target_messages() > 20, (fast.estimate.rate_bps, fast.estimate.rtt_s)
+    assert fast.estimate.target_messages() > 20, (fast.estimate.rate_bytes_per_s, fast.estimate.rtt_s)
 
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
@@ -245,10 +245,10 @@ def test_batch_window_follows_the_measured_link(tmp_path: Path, mosquitto: Mosqu
         await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 60)
 
     slow, _ = run_bridge(tmp_path, relay.port, "5", scenario, format="batch")
-    assert slow.estimate.rate_bps is not None and 600 < slow.estimate.rate_bps < 1800, slow.estimate.rate_bps
+    assert slow.estimate.rate_bytes_per_s is not None and 600 < slow.estimate.rate_bytes_per_s < 1800, slow.estimate.rate_bytes_per_s
     window = slow.window()
     assert window.chunk_bytes is not None and window.bytes is not None
-    assert abs(window.chunk_bytes - slow.estimate.rate_bps / 2) <= 1
+    assert abs(window.chunk_bytes - slow.estimate.rate_bytes_per_s / 2) <= 1
     assert window.bytes >= 2 * window.chunk_bytes
 
 

@@ -25,7 +25,7 @@ def test_slow_link_gets_the_minimum_window() -> None:
     estimate = LinkEstimate()
     feed(estimate, rate=1200, fixed=0.05, size=300, batches=10)
     assert estimate.window().messages == 2
-    assert abs(estimate.rate_bps - 1200) < 1 and abs(estimate.rtt_s - 0.05) < 1e-6
+    assert abs(estimate.rate_bytes_per_s - 1200) < 1 and abs(estimate.rtt_s - 0.05) < 1e-6
 
 
 def test_fast_link_grows_by_doubling_to_nine_bdp() -> None:
@@ -61,7 +61,7 @@ def test_reset_forgets_the_link() -> None:
     estimate = LinkEstimate()
     feed(estimate, rate=1_000_000, fixed=0.01, size=300, batches=10)
     estimate.reset()
-    assert estimate.window().messages == 2 and estimate.rate_bps is None
+    assert estimate.window().messages == 2 and estimate.rate_bytes_per_s is None
 
 
 def feed_packed(estimate: LinkEstimate, rate: float, fixed: float, batches: int, max_chunk: int = 2048) -> None:
@@ -102,7 +102,7 @@ def test_acks_that_come_back_in_one_burst_do_not_make_a_slow_link_look_fast() ->
         estimate.record([600] * n, [burst + i * 0.001 for i in range(n)], now)
         now = burst + 0.01
     assert estimate.window().messages == 2
-    assert estimate.rate_bps is not None and estimate.rate_bps < 1300
+    assert estimate.rate_bytes_per_s is not None and estimate.rate_bytes_per_s < 1300
 
 
 def test_packed_window_on_a_fast_link_uses_full_publishes_and_nine_bdp() -> None:

@@ -186,7 +186,7 @@ def test_modem_link_gates_the_bridge_and_the_leds_follow_bridge_and_backlog(
             assert before + 1 <= attempts() <= before + 2
             metrics_url = re.search(r"metrics on (http://\S+)", caplog.text).group(1)  # type: ignore[union-attr]
             metrics = await loop.run_in_executor(None, lambda: urllib.request.urlopen(metrics_url, timeout=5).read().decode())
-            assert "gateway_modem_registered 1\n" in metrics and 'gateway_link_connected{endpoint="upstream"} 1' in metrics
+            assert "appliance_modem_registered 1\n" in metrics and 'appliance_link_connected{endpoint="upstream"} 1' in metrics
             await until(lambda: backlog.state is False)
             backlog.clear_states()
             polls = emulator.commands.count("AT+CSQ")

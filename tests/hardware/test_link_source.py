@@ -36,8 +36,8 @@ def test_listeners_from_before_start_hear_the_modem_and_the_bridge_owns_the_upli
             await until(lambda: changes == [True])
             await until(lambda: service.modem is not None and service.modem.status.operator is not None)
             text = render(await service.metrics())
-            assert "gateway_modem_registered 1\n" in text and "gateway_modem_rssi_dbm -71\n" in text
-            assert 'gateway_modem_info{registration="CEREG=home,CREG=home",operator="Emu Mobile",technology="LTE"} 1' in text
+            assert "appliance_modem_registered 1\n" in text and "appliance_modem_rssi_dbm -71\n" in text
+            assert 'appliance_modem_info{registration="CEREG=home,CREG=home",operator="Emu Mobile",technology="LTE"} 1' in text
             assert factory.pin(UPLINK).state is False  # registered, but the bridge has not connected
             service.show_uplink(True)
             assert factory.pin(UPLINK).state is True
