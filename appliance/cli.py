@@ -13,9 +13,10 @@ from collections.abc import Sequence
 
 from appliance import doctor
 from appliance.broker import passwd_cli
-from appliance.cli_args import add_config_arguments, config_from_args
+from appliance.cli_args import add_config_arguments, config_from_args, overrides_from_args
 from appliance.config import ConfigError
 from appliance.config.reference import reference_table
+from appliance.config_check import check_config
 from appliance.firmware import cli as firmware_cli
 from appliance.forwarding import cli as forwarding_cli
 from appliance.gateway_config import ConfigFile
@@ -33,7 +34,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if args.schema:
         sys.stdout.write(reference_table(ConfigFile))
         return 0
-    config = config_from_args(args)
+    config, problems = check_config(args.config, overrides_from_args(args))
+    if config is None:
+        for problem in problems:
+            print(f"appliance: configuration error: {problem}", file=sys.stderr)
+        print(f"appliance: {len(problems)} configuration error(s)", file=sys.stderr)
+        return 2
     json.dump(config.to_dict(), sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
@@ -47,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(run)
     run.set_defaults(handler=cmd_run)
 
-    check = sub.add_parser("check-config", help="validate a configuration file and print the result")
+    check = sub.add_parser("check-config", help="validate a configuration file and every file it names; print the "
+                           "result, or every error")
     add_config_arguments(check)
     check.add_argument(
         "--schema", action="store_true", help="print every setting (type, default, bounds) as docs/configuration.md lists them"

@@ -103,19 +103,23 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     Relative paths in the file resolve against the file's folder; for the embedded default they resolve
     against the current directory, which is what ``make run`` from a checkout expects (``./var``).
     """
+    return build(*read_raw(path, overrides))
+
+
+def read_raw(path: str | Path | None, overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], str, Path]:
+    """The file's tables with ``overrides`` merged in, its name and the folder its relative paths start from."""
     if path is None:
         text, source, base_dir = default_config_text(), "<embedded default>", Path.cwd()
     else:
         file = Path(path)
         try:
             text = file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError("", f"cannot read {file}: {exc.strerror}") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else f"not UTF-8 ({exc.reason})"
+            raise ConfigError("", f"cannot read {file}: {reason}") from exc
         source, base_dir = str(file), file.resolve().parent
     raw = parse_text(text, source)
-    if overrides:
-        raw = merge(raw, overrides)
-    return build(raw, source, base_dir)
+    return (merge(raw, overrides) if overrides else raw), source, base_dir
 
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

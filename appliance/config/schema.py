@@ -19,16 +19,23 @@ parsed; it raises ``ConfigError`` naming a field, or returns the section (or a r
 that depends on another field). ``appliance.config.reference`` walks the same fields for the generated
 settings reference (``appliance check-config --schema``, docs/configuration.md).
 
+Errors: by default the first bad field raises. Inside ``collecting_errors()`` (``appliance check-config``)
+every bad field, unknown key and failed rule is recorded instead and parsing goes on with the next field, so
+one run names them all; a section with an error then raises ``SectionRejected`` (already recorded) to its
+parent, which goes on with its own next field.
+
 Why not msgspec: see docs/architecture.md ("Configuration").
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -39,6 +46,33 @@ S = TypeVar("S")
 
 #: The key of a field's ``metadata`` that holds its ``Setting``.
 SETTING = "appliance.setting"
+
+#: Where ``collecting_errors`` records errors; None: raise the first.
+_COLLECTED: ContextVar[list[ConfigError] | None] = ContextVar("config_errors", default=None)
+
+
+class SectionRejected(ConfigError):
+    """A section with errors that are already recorded (``collecting_errors``)."""
+
+
+@contextlib.contextmanager
+def collecting_errors() -> Iterator[list[ConfigError]]:
+    """Within: every error is appended to the yielded list rather than raised, as far as parsing can go on."""
+    errors: list[ConfigError] = []
+    token = _COLLECTED.set(errors)
+    try:
+        yield errors
+    finally:
+        _COLLECTED.reset(token)
+
+
+def _record(exc: ConfigError) -> None:
+    """Record ``exc`` while collecting (a ``SectionRejected`` is recorded already), else raise it."""
+    collected = _COLLECTED.get()
+    if collected is None:
+        raise exc
+    if not isinstance(exc, SectionRejected):
+        collected.append(exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,23 +106,38 @@ def parse_section(cls: type[S], raw: Any, path: str, base_dir: Path) -> S:
     """Build ``cls`` from ``raw`` (a table), every error naming its field path under ``path``."""
     table = require_table(raw, path)
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    reject_unknown(table, path, (field.name for field in fields))
+    failed = False
+    for unknown in unknown_keys(table, (field.name for field in fields)):
+        _record(unknown_setting(path, unknown, (field.name for field in fields)))
+        failed = True
     types_of = field_types(cls)
     values: dict[str, Any] = {}
     for field in fields:
         field_path = join(path, field.name)
         meta = field.metadata.get(SETTING, Setting())
-        if field.name in table:
-            values[field.name] = _convert(types_of[field.name], table[field.name], field_path, meta, base_dir)
-        elif field.default is not MISSING:
-            values[field.name] = _resolve(field.default, base_dir) if isinstance(field.default, Path) else field.default
-        elif field.default_factory is not MISSING:
-            values[field.name] = field.default_factory()
-        else:
-            raise ConfigError(field_path, f"required: expected {describe_type(types_of[field.name])}")
+        try:
+            if field.name in table:
+                values[field.name] = _convert(types_of[field.name], table[field.name], field_path, meta, base_dir)
+            elif field.default is not MISSING:
+                values[field.name] = _resolve(field.default, base_dir) if isinstance(field.default, Path) else field.default
+            elif field.default_factory is not MISSING:
+                values[field.name] = field.default_factory()
+            else:
+                raise ConfigError(field_path, f"required: expected {describe_type(types_of[field.name])}")
+        except ConfigError as exc:
+            _record(exc)
+            failed = True
+    if failed:
+        raise SectionRejected(path, "rejected")
     section = cls(**values)
     checked = getattr(section, "checked", None)
-    return checked(table, path) if checked is not None else section
+    if checked is None:
+        return section
+    try:
+        return typing.cast(S, checked(table, path))
+    except ConfigError as exc:
+        _record(exc)
+        raise SectionRejected(path, "rejected") from None
 
 
 def field_types(cls: type) -> dict[str, Any]:
@@ -109,12 +158,14 @@ def require_table(raw: Any, path: str) -> Mapping[str, Any]:
     return raw
 
 
-def reject_unknown(raw: Mapping[str, Any], path: str, known: Iterable[str]) -> None:
+def unknown_keys(raw: Mapping[str, Any], known: Iterable[str]) -> list[str]:
     """Unknown keys are almost always typos; refusing them beats silently ignoring a setting."""
     allowed = set(known)
-    for key in raw:
-        if key not in allowed:
-            raise ConfigError(join(path, key), f"unknown setting (expected one of: {', '.join(sorted(allowed))})")
+    return [key for key in raw if key not in allowed]
+
+
+def unknown_setting(path: str, key: str, known: Iterable[str]) -> ConfigError:
+    return ConfigError(join(path, key), f"unknown setting (expected one of: {', '.join(sorted(set(known)))})")
 
 
 def _convert(hint: Any, value: Any, path: str, meta: Setting, base_dir: Path) -> Any:
@@ -161,7 +212,16 @@ def _convert_list(item: Any, value: Any, path: str, meta: Setting, base_dir: Pat
     if meta.maximum is not None and len(value) > meta.maximum:
         raise ConfigError(path, f"expected at most {meta.maximum} items, got {len(value)}")
     if section_type(item) is not None:
-        return tuple(parse_section(item, element, join(path, index), base_dir) for index, element in enumerate(value))
+        sections, failed = [], False
+        for index, element in enumerate(value):
+            try:
+                sections.append(parse_section(item, element, join(path, index), base_dir))
+            except ConfigError as exc:  # each table of the list is checked, also after a bad one
+                _record(exc)
+                failed = True
+        if failed:
+            raise SectionRejected(path, "rejected")
+        return tuple(sections)
     return tuple(_list_item(item, element, path, index, base_dir) for index, element in enumerate(value))
 
 

@@ -114,46 +114,69 @@ def _deepest_error(error: jsonschema.ValidationError) -> jsonschema.ValidationEr
 
 def parse_manifest(document: Any, source: str = "<manifest>") -> Manifest:
     """Validate and compile; raises ``ManifestError`` and changes nothing on the first problem."""
+    manifest, problems = _compile(document, source)
+    if problems:
+        raise problems[0]
+    assert manifest is not None
+    return manifest
+
+
+def manifest_problems(document: Any, source: str = "<manifest>") -> list[ManifestError]:
+    """Every problem of the manifest, not only the first (``appliance check-config``)."""
+    return _compile(document, source)[1]
+
+
+def _compile(document: Any, source: str) -> tuple[Manifest | None, list[ManifestError]]:
     prefix: list[str] = []
     desired = document
     if isinstance(document, dict) and "modulesContent" in document:
         modules = document["modulesContent"]
         if not isinstance(modules, dict) or not isinstance(modules.get("$edgeHub"), dict):
-            raise ManifestError("$.modulesContent", "this is a deployment file without an $edgeHub section; "
-                                "the $edgeHub section is at modulesContent.$edgeHub.properties.desired")
+            return None, [ManifestError("$.modulesContent", "this is a deployment file without an $edgeHub section; "
+                                        "the $edgeHub section is at modulesContent.$edgeHub.properties.desired")]
         prefix, document = ["modulesContent"], modules
     if isinstance(document, dict) and "$edgeHub" in document:
         prefix += ["$edgeHub", "properties.desired"]
         desired = document.get("$edgeHub", {}).get("properties.desired") if isinstance(document["$edgeHub"], dict) else None
         if desired is None:
-            raise ManifestError(_json_path(prefix[:-1]), "missing 'properties.desired'")
-    errors = sorted(_VALIDATOR.iter_errors(desired), key=lambda e: list(map(str, e.absolute_path)))
-    if errors:
-        error = _deepest_error(errors[0])
-        raise ManifestError(_json_path(prefix + list(error.absolute_path)), error.message)
+            return None, [ManifestError(_json_path(prefix[:-1]), "missing 'properties.desired'")]
+    problems = [
+        ManifestError(_json_path(prefix + list(error.absolute_path)), error.message)
+        for error in map(_deepest_error, sorted(_VALIDATOR.iter_errors(desired), key=lambda e: list(map(str, e.absolute_path))))
+    ]
     routes: list[Route] = []
-    for name, spec in desired["routes"].items():
-        text, priority, ttl = (spec, DEFAULT_PRIORITY, 0) if isinstance(spec, str) else (
-            spec["route"],
-            spec.get("priority", DEFAULT_PRIORITY),
-            spec.get("timeToLiveSecs", 0),
-        )
-        path = prefix + ["routes", name] + ([] if isinstance(spec, str) else ["route"])
+    specs = desired.get("routes") if isinstance(desired, dict) else None
+    for name, spec in (specs.items() if isinstance(specs, dict) else ()):
+        if isinstance(spec, str):
+            text, priority, ttl, path = spec, DEFAULT_PRIORITY, 0, prefix + ["routes", name]
+        elif isinstance(spec, dict) and isinstance(spec.get("route"), str):
+            text, path = spec["route"], prefix + ["routes", name, "route"]
+            priority, ttl = spec.get("priority", DEFAULT_PRIORITY), spec.get("timeToLiveSecs", 0)
+        else:
+            continue  # its shape is a schema problem, reported above
         try:
             routes.append(parse_route(name, text, priority, ttl))
         except RouteSyntaxError as exc:
-            raise ManifestError(_json_path(path), f"{exc} in {text!r}") from exc
+            problems.append(ManifestError(_json_path(path), f"{exc} in {text!r}"))
+    if problems:
+        return None, problems
     configured = desired.get("storeAndForwardConfiguration", {}).get("timeToLiveSecs")
-    return Manifest(tuple(routes), DEFAULT_TTL_S if configured is None else configured, source, configured is not None)
+    ttl_s = DEFAULT_TTL_S if configured is None else configured
+    return Manifest(tuple(routes), ttl_s, source, configured is not None), []
+
+
+def read_manifest_document(path: Path) -> Any:
+    """The JSON document in ``path``; ``ManifestError`` naming the file, line and column if there is none."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else f"not UTF-8 ({exc.reason})"
+        raise ManifestError("$", f"cannot read {path}: {reason}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError("$", f"{path}: not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
 
 
 def load_manifest(path: Path) -> Manifest:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ManifestError("$", f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ManifestError("$", f"{path}: not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
-    return parse_manifest(document, str(path))
+    return parse_manifest(read_manifest_document(path), str(path))
