@@ -120,9 +120,12 @@ def check_metrics_document(data_dir: Path, now_ms: int, gateway_pid: int | None,
     links = document.get("links") or {}
     endpoints = document.get("endpoints") or {}
     started_ms = document.get("started_ms") if isinstance(document.get("started_ms"), int) else written_ms
-    return [*_links(links, now_ms, thresholds), *_queues(endpoints, (now_ms - written_ms) / 1000, thresholds),
-            *_store(document.get("store")),
-            *_pumps(document.get("pump"), links, endpoints, now_ms, started_ms, thresholds)]
+    try:
+        return [*_links(links, now_ms, thresholds), *_queues(endpoints, (now_ms - written_ms) / 1000, thresholds),
+                *_store(document.get("store")),
+                *_pumps(document.get("pump"), links, endpoints, now_ms, started_ms, thresholds)]
+    except (TypeError, ValueError, AttributeError) as exc:  # a damaged file, not what the gateway writes
+        return [Finding(CHECK, Verdict.PROBLEM, f"{path} is damaged ({exc!r}): is the disk failing?")]
 
 
 def _links(links: dict[str, Any], now_ms: int, thresholds: Thresholds) -> list[Finding]:

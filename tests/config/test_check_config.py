@@ -10,7 +10,10 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from appliance.broker.acl import Acl
 from appliance.broker.auth import hash_password
 from appliance.cli import main
 from appliance.config_check import check_config
@@ -138,3 +141,28 @@ def test_forwarding_enabled_without_a_manifest(tmp_path: Path) -> None:
 def test_an_unreadable_or_broken_config_file_is_one_problem(tmp_path: Path) -> None:
     assert check_config(tmp_path / "none.toml")[1][0].startswith("cannot read")
     assert "not valid TOML" in check_config(write_config(tmp_path, "[broker\n"))[1][0]
+
+
+acl_lines = st.lists(st.one_of(
+    st.sampled_from(["user alice", "topic read a/#", "pattern write %c/x", "topic sometimes x", "topik a", "user",
+                     "# comment", "", "topic", "topic read a/#/b", "  topic write +/y"]),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20).map(lambda t: t.replace("\n", " "))),
+    max_size=12)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(acl_lines)
+def test_every_bad_acl_line_is_named_and_a_good_file_has_none(tmp_path: Path, lines: list[str]) -> None:
+    """Hostile ACL files: the check ends, names each bad line once, and says nothing about a file that
+    parses - the same verdict as the gateway's own parser."""
+    (tmp_path / "acl").write_text("\n".join(lines), encoding="utf-8")
+    _, problems = check_config(write_config(tmp_path, '[broker.auth]\nacl_file = "acl"\n'))
+    try:
+        Acl.parse((tmp_path / "acl").read_text(encoding="utf-8"), str(tmp_path / "acl"))
+    except ValueError:
+        assert problems
+    else:
+        assert problems == []
+    numbers = [int(p.split(f"{tmp_path / 'acl'}:")[1].split(":")[0]) for p in problems]
+    count = len("\n".join(lines).splitlines())  # as the parser counts: \x1e, \u2028 ... end a line too
+    assert len(numbers) == len(set(numbers)) and all(1 <= n <= count for n in numbers)

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from appliance.cli import main
 from appliance.doctor import check_forwarding, check_store_health
@@ -238,3 +240,16 @@ def test_thresholds_are_seconds(tmp_path: Path) -> None:
     write_document(tmp_path, links={"upstream": {"connected": False, "since_ms": NOW - 200_000}})
     assert document_problems(tmp_path) == []  # 200 s < 300 s
     assert "upstream link down for 3 min" in document_problems(tmp_path, Thresholds(link_down_s=100))[0]
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                           max_leaves=12)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.sampled_from(["endpoints", "links", "store", "pump", "started_ms", "ts_ms"]), json_values))
+def test_a_damaged_document_is_a_finding_not_a_crash(tmp_path: Path, changes: dict) -> None:
+    write_document(tmp_path, **changes)
+    findings = check_metrics_document(tmp_path, NOW, PID, 60.0)
+    assert findings and all(isinstance(f, Finding) for f in findings)
