@@ -10,9 +10,11 @@ route evaluator; the last runs the real gateway with paho devices and mosquitto 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
 
 from appliance.broker.codec.reasons import TOPIC_NAME_INVALID
@@ -21,6 +23,7 @@ from appliance.forwarding.manifest import parse_manifest
 from appliance.forwarding.messages import message_from_publish
 from appliance.forwarding.queues import QueuedMessage
 from tests.forwarding.rig import ForwardingRig
+from tests.support import paho_clients
 
 #: The routes of Azure/iotedge's sample deployments and docs, as a deployment file carries them (1.2).
 EDGE_HUB_DEPLOYMENT = {
@@ -115,3 +118,23 @@ def test_a_gateway_running_an_edge_hub_deployment(rig: ForwardingRig) -> None:
         "message-id": "m-2", "correlation-id": "c-2", "content-encoding": "utf-8"}
     assert by_n[3].user_properties["gw-priority"] == "1" and by_n[3].user_properties["gw-module-id"] == "sens"
     assert "refused a message from d1" in rig.gateway.output() and "bag_case_duplicate" in rig.gateway.output()
+
+
+def test_a_3_1_1_device_gets_its_puback_and_the_refused_bag_goes_nowhere(rig: ForwardingRig) -> None:
+    """MQTT 3.1.1 has no negative PUBACK: the refusal is the log line (and nothing stored or forwarded)."""
+    acked = threading.Event()
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="old1", protocol=mqtt.MQTTv311)
+    client.on_publish = lambda *args: acked.set()
+    client.connect(rig.gateway.host, rig.gateway.port)
+    client.loop_start()
+    try:
+        client.publish("devices/old1/messages/events/Zone=a&zone=b&n=1", b"{}", qos=1)
+        assert acked.wait(10)
+        acked.clear()
+        client.publish("devices/old1/messages/events/n=2", b"{}", qos=1)
+        assert acked.wait(10)
+        [received] = rig.cloud.wait_for(1)
+        assert received.n == 2 and received.user_properties["gw-device-id"] == "old1"
+        rig.wait_for_log_count(r"refused a message from old1 .*bag_case_duplicate.*'Zone' given twice, also as 'zone'", 1)
+    finally:
+        paho_clients.close(client)
