@@ -56,10 +56,10 @@ class PropertyBagError(ValueError):
 
 
 #: ``PropertyBagError.reason`` values.
-BAG_EMPTY_NAME = "bag_empty_name"
+BAG_EMPTY_NAME = "empty_property_name"
 BAG_NOT_UTF8 = "bag_not_utf8"
-BAG_CASE_DUPLICATE = "bag_case_duplicate"
-BAG_TWO_OUTPUTS = "bag_two_output_names"
+BAG_CASE_DUPLICATE = "property_in_two_cases"
+BAG_TWO_OUTPUTS = "output_conflict"
 
 
 @dataclass(slots=True)

@@ -117,7 +117,7 @@ def test_a_gateway_running_an_edge_hub_deployment(rig: ForwardingRig) -> None:
     assert {k: by_n[2].user_properties[k] for k in ("message-id", "correlation-id", "content-encoding")} == {
         "message-id": "m-2", "correlation-id": "c-2", "content-encoding": "utf-8"}
     assert by_n[3].user_properties["gw-priority"] == "1" and by_n[3].user_properties["gw-module-id"] == "sens"
-    assert "refused a message from d1" in rig.gateway.output() and "bag_case_duplicate" in rig.gateway.output()
+    assert "refused a message from d1" in rig.gateway.output() and "property_in_two_cases" in rig.gateway.output()
 
 
 def test_a_3_1_1_device_gets_its_puback_and_the_refused_bag_goes_nowhere(rig: ForwardingRig) -> None:
@@ -135,6 +135,6 @@ def test_a_3_1_1_device_gets_its_puback_and_the_refused_bag_goes_nowhere(rig: Fo
         assert acked.wait(10)
         [received] = rig.cloud.wait_for(1)
         assert received.n == 2 and received.user_properties["gw-device-id"] == "old1"
-        rig.wait_for_log_count(r"refused a message from old1 .*bag_case_duplicate.*'Zone' given twice, also as 'zone'", 1)
+        rig.wait_for_log_count(r"refused a message from old1 .*property_in_two_cases.*'Zone' given twice, also as 'zone'", 1)
     finally:
         paho_clients.close(client)
