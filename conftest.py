@@ -42,6 +42,7 @@ UNIT_MODULES = frozenset(
         "tests/broker/test_imports.py",
         "tests/broker/test_limits.py",
         "tests/broker/test_login_gate.py",
+        "tests/broker/test_request_envelope.py",
         "tests/broker/test_offline_queue.py",
         "tests/broker/test_pair_fuzz.py",
         "tests/broker/test_retain.py",

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.broker.api import InboundPublish, PublishVerdict
+from appliance.broker.request_envelope import Request
 from appliance.firmware.protocol import (
     MAX_CHUNK,
     REQUEST_TOPIC,
@@ -90,7 +91,7 @@ def test_the_queue_holds_one_request_per_client_and_never_more_than_its_limit(op
             else:
                 assert item is None
             continue
-        accepted = queue.offer(client, PendingChunk("clients/x/r", b"c", str(serial).encode()))
+        accepted = queue.offer(client, PendingChunk(Request(client, None, "clients/x/r", b"c"), str(serial).encode()))
         assert accepted == (client in model or len(model) < 8)
         if accepted:
             model[client] = serial
@@ -160,6 +161,9 @@ class RecordingBroker:
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         raise AssertionError("the firmware service disconnects nobody")
 
+    def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True  # no acl_file (the deputy tests, tests/broker/test_request_envelope.py, have one)
+
 
 def inbound(client: str, payload: bytes, response_topic: str | None = "clients/c/r", correlation: bytes | None = b"1",
             qos: int = 1, level: int = 5) -> InboundPublish:
@@ -171,6 +175,7 @@ def inbound(client: str, payload: bytes, response_topic: str | None = "clients/c
 def test_envelopes_are_checked_like_the_state_stores(tmp_path):
     async def scenario() -> list[PublishVerdict]:
         service = FirmwareService(tmp_path, queue_limit=1)
+        await service.start(RecordingBroker())
         good = request(b"CHUNK", b"0.2.0", b"app.mpy", b"0", b"8")
         return [await service.on_publish(message) for message in (
             inbound("a", good, response_topic="clients/a/#"), inbound("a", good, level=4), inbound("a", good, qos=0),
