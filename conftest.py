@@ -73,6 +73,7 @@ UNIT_MODULES = frozenset(
         "tests/test_backoff.py",
         "tests/test_campaigns.py",
         "tests/test_prometheus.py",
+        "tests/test_tool_connection.py",
         "tests/test_worker_groups.py",
         "tests/hardware/test_config.py",
         "tests/hardware/test_factory_reset.py",

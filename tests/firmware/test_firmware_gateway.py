@@ -33,9 +33,9 @@ from appliance.firmware.repository import (
     Repository,
     device_manifest,
     read_bundle,
-    sign,
 )
 from appliance.firmware.service import FirmwareService
+from appliance.firmware.signing import sign
 from appliance.statestore import resp3
 from tests.support.campaigns import campaign
 

@@ -183,8 +183,15 @@ def test_a_signed_manifest_is_verified_on_the_device_and_one_signed_by_another_k
     assert out[0]["signed"] is True
     forged.expect(r"^update: refused 0\.2\.0: manifest signature does not verify$", timeout=30)
     assert forged.pointer() is None
-    # The same version signed with our key (a stored version may be signed again), for the other one.
-    publish(gateway, str(bundles["0.2.0"]), "--key", str(ours), "--target", "t-signed")
+    # Publishing it again with our key is refused: a version's signature never changes through publish.
+    again = subprocess.run([sys.executable, "-m", "appliance", "firmware", "publish", str(bundles["0.2.0"]), "--key",
+                            str(ours), "--data-dir", str(gateway.data_dir), "--port", str(gateway.port)],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert again.returncode == 1 and "never changes" in again.stderr
+    # Replacing it is a deliberate command of its own; then the other thermostat is pointed at it.
+    subprocess.run([sys.executable, "-m", "appliance", "firmware", "sign", "0.2.0", "--key", str(ours),
+                    "--data-dir", str(gateway.data_dir)], check=True, capture_output=True, timeout=60, cwd=ROOT)
+    publish(gateway, "--version", "0.2.0", "--target", "t-signed")
     signed.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
     status = subprocess.run([sys.executable, "-m", "appliance", "firmware", "status", "--wait", "1.5",
                              "--data-dir", str(gateway.data_dir), "--host", gateway.host, "--port", str(gateway.port)],
