@@ -196,3 +196,10 @@ def test_a_publish_that_cannot_reach_the_state_store_changes_nothing(site: Site,
                     config=elsewhere)
     assert proc.returncode == 3 and "cannot set the desired version" in proc.stderr
     assert Repository(tmp_path / "data" / "firmware").versions() == []
+
+
+def test_public_key_help_names_the_config_fields_that_take_its_output() -> None:
+    proc = subprocess.run([sys.executable, "-m", "appliance", "firmware", "public-key", "--help"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    text = " ".join(proc.stdout.split())  # argparse wraps lines
+    assert "update.key" in text and "[firmware] keys" in text
