@@ -280,13 +280,15 @@ def test_a_transfer_cut_by_a_gateway_restart_resumes_where_it_stopped(gateway, b
     assert first.stat().st_mtime_ns == before
 
 
-def test_a_transfer_cut_by_a_power_cut_resumes_from_what_is_on_flash(gateway, boards, bundles, paho_peer):
+@pytest.mark.parametrize("cut_after", ["app.mpy", "hlc.mpy"], ids=["first-file", "eighth-file"])
+def test_a_transfer_cut_by_a_power_cut_resumes_from_what_is_on_flash(gateway, boards, bundles, paho_peer, cut_after):
     board = boards("t-power")
     peer = paho_peer(gateway.host, gateway.port)
     peer.subscribe("devices/t-power/messages/events/data", 0)
     publish(gateway, str(bundles["0.2.0"]), "--target", "t-power")
     first = board.flash / "fw" / "a" / "app.mpy"  # the manifest's first file
-    wait_until(lambda: first.exists(), timeout=30, what="the first file on flash")
+    cut = board.flash / "fw" / "a" / cut_after  # in the manifest's order (sorted names): the files before it are whole
+    wait_until(lambda: cut.exists(), timeout=30, what=f"{cut_after} on flash")
     board.power_cycle()
     board.expect(r"^<boot 3>$")
     # After the reboot the updater runs again: the manifest on flash is the one it verified (its sha256 is in
@@ -297,18 +299,20 @@ def test_a_transfer_cut_by_a_power_cut_resumes_from_what_is_on_flash(gateway, bo
     assert board.output().count("update: fetching 0.2.0") == 2 and first.stat().st_mtime_ns == before
     # The resumed updater (files hashed on flash, the manifest taken from it) keeps the documented floor.
     seen = telemetry_while(peer, "t-power", lambda d: d["fw"] == "0.2.0" and d["registered"])
-    resumed = [d for d in seen if (d.get("update") or {}).get("state") == "downloading"]
+    resumed = [d for d in seen if (d.get("update") or {}).get("state") == "downloading"]  # both runs
     print("heap of the resumed updater:", [(d["mem_free"], d["mem_largest"]) for d in resumed])
     assert resumed and min(d["mem_largest"] for d in resumed) >= 4 * 1024, resumed
 
 
+@pytest.mark.parametrize("name", ["t-busy", longest_name("t-busy")], ids=["short-name", "longest-name"])
 def test_the_first_telemetry_after_a_boot_that_receives_set_points_during_registration_keeps_a_4k_block(
-        gateway, boards, paho_peer):
+        gateway, boards, paho_peer, name):
     """Set points keep arriving while the thermostat boots and registers (KEYNOTIFY, GET): the handling of
     each leaves garbage in the heap; the first telemetry documents after it must still show the floor."""
-    board = boards("t-busy")
+    board = boards(name)
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/t-busy/messages/events/data", 0)
+    topic = f"devices/{name}/messages/events/data"
+    peer.subscribe(topic, 0)
     stop = threading.Event()
 
     def write_set_points() -> None:
@@ -316,31 +320,30 @@ def test_the_first_telemetry_after_a_boot_that_receives_set_points_during_regist
             value = 20.0
             while not stop.is_set():
                 value = 41.0 - value
-                store.set("t-busy\\setPoint", str(value))
+                store.set(name + "\\setPoint", str(value))
                 stop.wait(0.02)
 
-    topic = "devices/t-busy/messages/events/data"
-    for boot in (2, 3):
+    for boot in (2, 3, 4):
         last = peer.next_json(topic, timeout=10)["seq"]  # the running boot's numbering
         writer = threading.Thread(target=write_set_points, daemon=True)
         writer.start()
+        registered: list[dict] = []
         try:
             board.power_cycle()
             mark, _ = board.expect(rf"^<boot {boot}>$")
-            board.expect(r"^registered t-busy\\setPoint$", after=mark, timeout=30)
+            board.expect(rf"^registered {name}\\setPoint$", after=mark, timeout=30)
             board.expect(r"^set point .* from notify$", after=mark, timeout=30)
+            rebooted = False
+            while len(registered) < 3:  # the new boot's first three documents once registered (seq starts again)
+                data = peer.next_json(topic, timeout=30)
+                rebooted = rebooted or data["seq"] <= last
+                last = data["seq"]
+                if rebooted and data["registered"]:
+                    registered.append(data)
         finally:
             stop.set()
             writer.join(10)
             stop.clear()
-        registered: list[dict] = []
-        rebooted = False
-        while len(registered) < 3:  # the new boot's first three documents once registered (seq starts again)
-            data = peer.next_json(topic, timeout=30)
-            rebooted = rebooted or data["seq"] <= last
-            last = data["seq"]
-            if rebooted and data["registered"]:
-                registered.append(data)
         heaps = [(d["seq"], d["mem_free"], d["mem_largest"]) for d in registered]
         print(f"boot {boot}: first telemetry after registration with set points arriving:", heaps)
         assert all(largest >= 4 * 1024 for _, _, largest in heaps), heaps
