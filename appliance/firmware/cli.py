@@ -234,6 +234,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
         return fail(f"{unverifiable} (--force publishes it anyway)")
     if unverifiable is not None:
         print(f"appliance firmware: --force: {unverifiable}", file=sys.stderr)
+    elif not config.firmware.keys:
+        print(f"appliance firmware: {config.source} names no [firmware] keys: whether the thermostats accept"
+              f" version {release.version} ({'signed' if release.signature else 'unsigned'}) is not checked here",
+              file=sys.stderr)
     try:
         return publish(args, config, repo, release, signer)
     except PublishFailed as exc:

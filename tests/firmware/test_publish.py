@@ -173,6 +173,7 @@ def test_an_unsigned_version_is_not_signed_by_a_later_publish(tmp_path: Path) ->
     bundle = bundle_file(tmp_path / "b.zip", {"app.mpy": b"M\x06app"}, version="2.0.0")
     first = tool(config, "firmware", "publish", str(bundle))
     assert first.returncode == 0 and json.loads(first.stdout)["verified"] is None
+    assert "names no [firmware] keys" in first.stderr  # not accepted without a word
     second = tool(config, "firmware", "publish", str(bundle), "--key", str(key))
     assert second.returncode == 1 and "published unsigned" in second.stderr
     assert Repository(tmp_path / "data" / "firmware").signature("2.0.0") is None
