@@ -19,7 +19,7 @@ from typing import Any
 
 from appliance.config.errors import ConfigError
 from appliance.config.schema import join, setting
-from appliance.firmware.signing import SigningError, public_key_from_hex
+from appliance.firmware.signing import SigningError, point_from_hex
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,7 @@ class FirmwareConfig:
     def checked(self, given: Mapping[str, Any], path: str) -> FirmwareConfig:
         for index, key in enumerate(self.keys):
             try:
-                public_key_from_hex(key)
+                point_from_hex(key)
             except SigningError as exc:
                 raise ConfigError(f"{join(path, 'keys')}[{index}]", str(exc)) from None
         return self
