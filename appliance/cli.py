@@ -20,7 +20,6 @@ from appliance.firmware import cli as firmware_cli
 from appliance.forwarding import cli as forwarding_cli
 from appliance.gateway_config import ConfigFile
 from appliance.statestore import cli as statestore_cli
-from appliance.tool_connection import ConnectionSettingsError
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -69,9 +68,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except ConfigError as exc:
         print(f"appliance: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except ConnectionSettingsError as exc:
-        print(f"appliance: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

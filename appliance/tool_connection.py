@@ -35,6 +35,7 @@ from typing import Any
 from appliance import run_state
 from appliance.broker.config import ListenerConfig
 from appliance.cli_args import add_config_arguments, config_from_args
+from appliance.config.errors import ConfigError
 from appliance.gateway_config import GatewayConfig
 
 CREDENTIALS_ENV = "APPLIANCE_CREDENTIALS"
@@ -44,8 +45,12 @@ CREDENTIAL_FIELDS = ("username", "password", "cafile", "certfile", "keyfile")
 WILDCARD_HOSTS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
-class ConnectionSettingsError(Exception):
-    """Settings a tool cannot connect with (the message says which and why)."""
+class ConnectionSettingsError(ConfigError):
+    """Settings a tool cannot connect with (the message says which and why); ``appliance.cli`` reports it
+    as any configuration error (exit status 2)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("", message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +155,7 @@ def tls_context(listener: ListenerConfig | None, cafile: Path | None, certfile: 
 
 def connection_from_args(args: argparse.Namespace) -> Connection:
     """Resolve the arguments, environment, credentials file and gateway config into one ``Connection``
-    (raises ``ConnectionSettingsError`` or ``ConfigError``: ``appliance.cli`` prints either, exit 2)."""
+    (raises ``ConfigError``, ``ConnectionSettingsError`` among them: ``appliance.cli`` prints it, exit 2)."""
     config = config_from_args(args)
     index, listener = tool_listener(config)
     credentials_path = args.credentials or (Path(os.environ[CREDENTIALS_ENV]) if os.environ.get(CREDENTIALS_ENV) else None)
