@@ -127,7 +127,13 @@ class Repository:
             files[SIGNATURE] = signature
         for name, data in files.items():
             (staging / name).write_bytes(data)
-        os.rename(staging, target)
+        try:
+            os.rename(staging, target)
+        except OSError:  # another publish of this version renamed its copy first: judged as a stored one
+            shutil.rmtree(staging, ignore_errors=True)
+            if not target.exists():
+                raise
+            return self.store(bundle, signature)
         return True
 
     def path(self, version: str) -> Path:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import shutil
 import zipfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,6 +128,24 @@ def test_a_bundle_is_stored_once_served_by_name_and_refused_if_it_lies(tmp_path)
         read_bundle(bundle_file(tmp_path / "d.zip", modules, lie="thermostat.mpy"))
     with pytest.raises(BundleError, match="is not 1-32"):
         read_bundle(bundle_file(tmp_path / "e.zip", modules, version="../x"))
+
+
+def test_a_version_another_publish_stored_meanwhile_is_judged_as_a_stored_one(tmp_path, monkeypatch):
+    """Two publishes of one new version at once: the second rename finds the first's directory there."""
+    bundle = read_bundle(bundle_file(tmp_path / "b.zip", {"app.mpy": b"M\x06app"}))
+    other = read_bundle(bundle_file(tmp_path / "c.zip", {"app.mpy": b"M\x06other"}))
+    real_rename = os.rename
+
+    def another_publish_first(source, target):
+        if not Path(target).exists():
+            shutil.copytree(source, target)  # the other process's whole copy, renamed into place first
+        real_rename(source, target)
+
+    monkeypatch.setattr(os, "rename", another_publish_first)
+    assert Repository(tmp_path / "firmware").store(bundle, None) is False  # the same files: already stored
+    with pytest.raises(BundleError, match="already published with other contents"):
+        Repository(tmp_path / "other").store(bundle, None) or Repository(tmp_path / "other").store(other, None)
+    assert [p.name for p in (tmp_path / "firmware").iterdir()] == ["0.2.0"]  # no staging copy left behind
 
 
 def test_the_signature_is_ecdsa_p256_over_the_manifest_as_r_and_s():
