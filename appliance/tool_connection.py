@@ -95,6 +95,8 @@ def read_credentials(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConnectionSettingsError(f"credentials file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConnectionSettingsError(f"credentials file {path}: not UTF-8 ({exc.reason})") from exc
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConnectionSettingsError(f"credentials file {path}: others may read it (mode {stat.S_IMODE(mode):o});"
                                       f" chmod 600 {path}")

@@ -4,14 +4,18 @@ secret. (Over real sockets: ``tests/statestore/test_cli_credentials.py``, ``test
 
 from __future__ import annotations
 
+import json
 import ssl
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import strategies as st
 
 from appliance import run_state
 from appliance.cli import build_parser
 from appliance.tool_connection import Connection, ConnectionSettingsError, connection_from_args
+from tests.support.campaigns import campaign
 from tests.support.certificates import valid_for
 
 
@@ -81,6 +85,12 @@ def test_a_credentials_file_others_cannot_read(tmp_path: Path, monkeypatch: pyte
     credentials.write_text('password = 5\n')
     with pytest.raises(ConnectionSettingsError, match="must be a string"):
         resolve("--config", str(config))
+    for garbage, why in ((b"password = \"unterminated\n", "not valid TOML"), (b"\xff\xfe = 1\n", "not UTF-8")):
+        credentials.write_bytes(garbage)
+        with pytest.raises(ConnectionSettingsError, match=why):
+            resolve("--config", str(config))
+    with pytest.raises(ConnectionSettingsError, match="No such file"):
+        resolve("--config", str(config), "--credentials", str(tmp_path / "missing.toml"))
 
 
 def test_a_tls_listener_is_spoken_to_with_tls_and_a_client_certificate(tmp_path: Path) -> None:
@@ -105,3 +115,21 @@ def test_a_config_without_a_tcp_or_tls_listener(tmp_path: Path) -> None:
     config = config_file(tmp_path, '[[broker.listeners]]\ntype = "websocket"\nport = 9001\n')
     with pytest.raises(ConnectionSettingsError, match="no tcp or tls listener"):
         resolve("--config", str(config))
+
+
+@given(content=st.one_of(st.binary(max_size=200),
+                         st.dictionaries(st.sampled_from(["username", "password", "certfile", "cafile", "x"]),
+                                         st.one_of(st.text(max_size=20), st.integers(), st.booleans()), max_size=4)
+                         .map(lambda d: "".join(f"{k} = {json.dumps(v)}\n" for k, v in d.items()).encode())))
+@campaign(100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_credentials_file_gives_a_connection_or_a_clear_error(tmp_path: Path, content: bytes) -> None:
+    config = config_file(tmp_path, TCP)
+    credentials = tmp_path / "creds.toml"
+    credentials.write_bytes(content)
+    credentials.chmod(0o600)
+    try:
+        connection = resolve("--config", str(config), "--credentials", str(credentials))
+    except ConnectionSettingsError as exc:
+        assert str(exc).startswith(f"credentials file {credentials}") or "client certificate" in str(exc)
+    else:
+        assert connection.port == 18830
