@@ -172,7 +172,7 @@ async def serve(config: GatewayConfig) -> int:
         if config.metrics_port is not None:
             await metrics.start(config.metrics_host, config.metrics_port)
             metrics_url = f"http://{config.metrics_host}:{metrics.port}/metrics"
-        run_state.write(config.data_dir, metrics_url)
+        run_state.write(config.data_dir, metrics_url, urls)
         log.info("appliance ready: gateway %s listening on %s, data in %s%s", config.gateway_id, " ".join(urls),
                  config.data_dir, f"; metrics on {metrics_url}" if metrics_url else "")
         notifier.ready(f"listening on {' '.join(urls)}")

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from appliance.broker import config as broker_config
 from appliance.config.errors import ConfigError
 from appliance.config.schema import parse_section, require_table, setting
+from appliance.firmware import config as firmware_config
 from appliance.forwarding import config as forwarding_config
 from appliance.hardware import config as hardware_config
 from appliance.statestore import config as statestore_config
@@ -45,6 +46,7 @@ class ConfigFile:
     statestore: statestore_config.StateStoreConfig = setting(factory=statestore_config.StateStoreConfig)
     forwarding: forwarding_config.ForwardingConfig = setting(factory=forwarding_config.ForwardingConfig)
     hardware: hardware_config.HardwareConfig = setting(factory=hardware_config.HardwareConfig)
+    firmware: firmware_config.FirmwareConfig = setting(factory=firmware_config.FirmwareConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,7 @@ class GatewayConfig:
     statestore: statestore_config.StateStoreConfig
     forwarding: forwarding_config.ForwardingConfig
     hardware: hardware_config.HardwareConfig
+    firmware: firmware_config.FirmwareConfig
     source: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,6 +96,7 @@ def build(raw: dict[str, Any], source: str, base_dir: Path) -> GatewayConfig:
         statestore=file.statestore,
         forwarding=file.forwarding,
         hardware=file.hardware,
+        firmware=file.firmware,
         source=source,
     )
 

@@ -1,6 +1,8 @@
 """``gateway.json`` in the data directory: how the command-line tools find the gateway running on a data
-directory - its pid (``appliance routes reload`` signals it) and the address of its Prometheus page
-(``appliance doctor`` scrapes it; with ``metrics_port = 0`` only the running gateway knows the port).
+directory - its pid (``appliance routes reload`` signals it), the address of its Prometheus page
+(``appliance doctor`` scrapes it; with ``metrics_port = 0`` only the running gateway knows the port) and
+its listeners' URLs in config order, with the ports they bound (``appliance state``/``firmware`` connect
+there: ``appliance/tool_connection.py``).
 The gateway writes it once it is ready and removes it when it stops; a file left by a killed gateway
 names a process that is gone, which ``running`` reports as no gateway rather than signalling a stranger.
 """
@@ -21,10 +23,11 @@ FILE_NAME = "gateway.json"
 class RunState:
     pid: int
     metrics_url: str | None
+    listeners: tuple[str, ...] = ()
 
 
-def write(data_dir: Path, metrics_url: str | None) -> None:
-    document = {"pid": os.getpid(), "metrics_url": metrics_url}
+def write(data_dir: Path, metrics_url: str | None, listeners: list[str] | None = None) -> None:
+    document = {"pid": os.getpid(), "metrics_url": metrics_url, "listeners": listeners or []}
     atomic_file.write_bytes(data_dir / FILE_NAME, (json.dumps(document) + "\n").encode())
 
 
@@ -37,7 +40,8 @@ def running(data_dir: Path) -> RunState | None:
     gone)."""
     try:
         document = json.loads((data_dir / FILE_NAME).read_text())
-        state = RunState(int(document["pid"]), document.get("metrics_url"))
+        state = RunState(int(document["pid"]), document.get("metrics_url"),
+                         tuple(str(url) for url in document.get("listeners", ())))
         os.kill(state.pid, 0)
     except (OSError, ValueError, KeyError, TypeError):
         return None

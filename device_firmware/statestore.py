@@ -16,6 +16,7 @@ the buffer) becomes `resp3.TooLong(size)`. So no value, however large, costs mor
 """
 
 import binascii
+import gc
 import os
 import time
 
@@ -128,6 +129,11 @@ class StateStoreClient:
 
     def _on_message(self, topic, payload, props) -> None:
         # payload is a view into the receive buffer, valid only now: decode it here, keep little.
+        # What is kept (a set point's value and version, the clock) is allocated after a collection: the
+        # garbage of the messages before (a burst of set points during registration) is gone, so it
+        # lands in the lowest hole instead of above that garbage, in the middle of the largest free
+        # block once the garbage is collected (3.9-4.4 KB instead of 7 KB, measured).
+        gc.collect()
         if topic == self.resp_topic.encode():
             if props.get(CORRELATION_DATA) == self._waiting:
                 if self._merge_clock:

@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -38,6 +39,10 @@ from appliance.forwarding.config import DEFAULT_BATCH_TOPIC
 from hil_tests.timeline import Timeline
 from tests.support import paho_clients
 from tests.support.processes import GatewayProcess
+
+RUN_UNIX = Path(__file__).resolve().parents[1] / "images" / "firmware" / "run_unix.py"
+#: The heap the bench's thermostats run with: they run the sources (see ``Thermostat.start``).
+SOURCE_HEAP = "2M"
 
 GATEWAY_ID = "gw-hil"
 TELEMETRY_TOPICS = "devices/+/messages/events/+"
@@ -411,11 +416,14 @@ class Thermostat:
         return self.name + SET_POINT_SUFFIX
 
     def start(self) -> Thermostat:
-        """Boot (again): flash, that is the folder with its ``setpoint.json``, is kept."""
-        env = dict(os.environ, MICROPYPATH=str(self.firmware_dir))
+        """Boot (again): flash, that is the folder with its ``setpoint.json``, is kept. The launcher users
+        run (``images/firmware/run_unix.py``: restarts on a reset, as a board does) runs the sources
+        from ``firmware_dir``; they compile on the device, so the heap is the unix port's usual 2 MB, not
+        the 64 KB the .mpy bundle keeps to. Its own process group: pause and power cut reach both."""
         self.process = subprocess.Popen(
-            [str(self.micropython), "-m", "main"], cwd=self.folder, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [sys.executable, str(RUN_UNIX), str(self.folder), "--micropython", str(self.micropython),
+             "--path", str(self.firmware_dir), "--heap", SOURCE_HEAP],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
         threading.Thread(target=self._pump, args=(self.process,), daemon=True).start()
         return self
@@ -468,17 +476,17 @@ class Thermostat:
 
     def pause(self) -> None:
         assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
+        os.killpg(self.process.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
         assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
+        os.killpg(self.process.pid, signal.SIGCONT)
 
     def kill9(self) -> None:
-        """Power cut: no goodbye on the wire, flash as it was."""
+        """Power cut: no goodbye on the wire, flash as it was (the launcher and the firmware both go)."""
         if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)  # a stopped process dies only once it runs again
-            self.process.kill()
+            os.killpg(self.process.pid, signal.SIGCONT)  # a stopped process dies only once it runs again
+            os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
 
 

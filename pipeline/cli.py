@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -27,7 +28,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         metrics_filter=args.metrics_topic,
         batch_filter=args.batch_topic,
         username=args.username,
-        password=args.password,
+        password=args.password or os.environ.get("PIPELINE_MQTT_PASSWORD"),
+        tls=args.tls,
+        cafile=args.cafile,
+        certfile=args.cert,
+        keyfile=args.key,
         session_expiry_s=args.session_expiry,
         max_batch=args.max_batch,
         max_delay_s=args.max_delay_ms / 1000,
@@ -163,8 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="topic filter (repeatable; default events, metrics and batches)")
     ingest.add_argument("--metrics-topic", default=DEFAULT_METRICS_FILTER, help="filter that marks metrics")
     ingest.add_argument("--batch-topic", default=DEFAULT_BATCH_FILTER, help="filter that marks upstream batches")
-    ingest.add_argument("--username")
-    ingest.add_argument("--password")
+    ingest.add_argument("--username", "-u")
+    ingest.add_argument("--password", "-P", help="visible to every user through ps: prefer $PIPELINE_MQTT_PASSWORD")
+    ingest.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's CAs")
+    ingest.add_argument("--cafile", help="CA file the broker's certificate must chain to (turns TLS on)")
+    ingest.add_argument("--cert", help="client certificate (PEM), for a broker that requires one (turns TLS on)")
+    ingest.add_argument("--key", help="the client certificate's private key (PEM)")
     ingest.add_argument("--session-expiry", type=int, default=3600, help="seconds the broker keeps our session")
     ingest.add_argument("--max-batch", type=int, default=500, help="PUBLISHes per commit at most (a batch counts once)")
     ingest.add_argument("--max-delay-ms", type=float, default=50, help="longest wait before a commit")

@@ -55,6 +55,12 @@ class IngestConfig:
     batch_filter: str = DEFAULT_BATCH_FILTER
     username: str | None = None
     password: str | None = None
+    #: TLS to the cloud broker, as mosquitto_sub's --cafile/--cert/--key: a CA file, or a client
+    #: certificate, turns it on; ``tls`` alone uses the system's CAs.
+    tls: bool = False
+    cafile: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
     session_expiry_s: int = 3600
     keepalive_s: int = 30
     max_batch: int = 500
@@ -90,6 +96,8 @@ class Ingest:
         )
         if config.username is not None:
             self.client.username_pw_set(config.username, config.password)
+        if config.tls or config.cafile or config.certfile:
+            self.client.tls_set(ca_certs=config.cafile, certfile=config.certfile, keyfile=config.keyfile)
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = self._on_subscribe
         self.client.on_disconnect = self._on_disconnect

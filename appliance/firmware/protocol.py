@@ -17,6 +17,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from appliance.broker.request_envelope import Request
 from appliance.statestore import resp3
 
 REQUEST_TOPIC = "firmware/v1/command/chunk"
@@ -116,10 +117,9 @@ def error_reply(message: str) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class PendingChunk:
-    """A request waiting for its turn: where the answer goes and what it answers."""
+    """A request waiting for its turn: who asked and where the answer goes, and what it answers."""
 
-    response_topic: str
-    correlation_data: bytes
+    request: Request
     payload: bytes
 
 

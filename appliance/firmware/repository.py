@@ -8,12 +8,15 @@ facts in lines a 64 KB device reads one at a time without a JSON parser's alloca
     app.mpy 526 3f1a...(sha256 hex)
 
 and, when published with ``--key``, ``manifest.sig``: the ECDSA P-256 signature of ``manifest.txt`` (its
-sha256), as the 64 bytes r||s the device's ``p256.py`` takes. Only the modules travel; the config template
-stays on the gateway.
+sha256), as the 64 bytes r||s the device's ``p256.py`` takes (``signing.py``). Only the modules travel;
+the config template stays on the gateway.
 
 Each version is a directory ``<data_dir>/firmware/<version>/`` holding exactly the files a thermostat may
 ask for; it is written beside the others and renamed into place, and never changed afterwards (devices may
-hold half of it): publishing a version again with other bytes is refused.
+hold half of it): publishing a version again with other bytes is refused, and so is another signature -
+or one where there was none, or none where there was one - since a thermostat holding the first key
+refuses what a second one signed. The signature is part of what a version is; replacing it is a separate,
+deliberate act (``replace_signature``, ``appliance firmware sign``).
 """
 
 from __future__ import annotations
@@ -27,11 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
-from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
+from appliance import atomic_file
 from appliance.firmware.protocol import MANIFEST, NAME, SIGNATURE
 
 #: Files of recently served versions kept in memory, so a fleet update reads each file from disk once.
@@ -89,44 +88,23 @@ def device_manifest(bundle: Bundle) -> bytes:
     return ("\n".join(lines) + "\n").encode("ascii")
 
 
-def load_signing_key(path: Path) -> ec.EllipticCurvePrivateKey:
-    """An EC P-256 private key from a PEM file (e.g. ``openssl ecparam -name prime256v1 -genkey -noout``)."""
-    try:
-        key = load_pem_private_key(path.read_bytes(), password=None)
-    except (OSError, ValueError, TypeError) as exc:
-        raise BundleError(f"{path}: not a PEM private key without a password ({exc})") from exc
-    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
-        raise BundleError(f"{path}: not an ECDSA P-256 (prime256v1) key")
-    return key
-
-
-def sign(data: bytes, key: ec.EllipticCurvePrivateKey) -> bytes:
-    """ECDSA P-256 over sha256(data), as r||s (32 bytes each, big-endian)."""
-    r, s = decode_dss_signature(key.sign(data, ec.ECDSA(hashes.SHA256())))
-    return r.to_bytes(32, "big") + s.to_bytes(32, "big")
-
-
-def public_key_hex(key: ec.EllipticCurvePrivateKey) -> str:
-    """The device config's ``ota.key``: X||Y of the public key, hex."""
-    numbers = key.public_key().public_numbers()
-    return (numbers.x.to_bytes(32, "big") + numbers.y.to_bytes(32, "big")).hex()
-
-
 class Repository:
     """The versions under ``<data_dir>/firmware``; file reads go through a small in-memory cache."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self._cache: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        #: Keyed by the version directory's inode too: a version a failed publish stored and took back
+        #: may be published again with other bytes, and must not be served from the first one's files.
+        self._cache: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
 
     def versions(self) -> list[str]:
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and NAME.fullmatch(p.name))
 
-    def store(self, bundle: Bundle, signature: bytes | None) -> Path:
-        """Write a version (atomically: a directory renamed into place). The same bytes again is a no-op;
-        other bytes under a stored version are refused."""
+    def store(self, bundle: Bundle, signature: bytes | None) -> bool:
+        """Write a version (atomically: a directory renamed into place); True if it was new. The same
+        files and signature again is a no-op; anything else under a stored version is refused."""
         files = dict(bundle.modules)
         files[MANIFEST] = device_manifest(bundle)
         files["manifest.json"] = bundle.manifest_json
@@ -136,9 +114,11 @@ class Repository:
             if stored != files:
                 raise BundleError(f"version {bundle.version} is already published with other contents;"
                                   " a version never changes (thermostats may hold part of it): build a new version")
-            if signature is not None:
-                self._write_atomically(target / SIGNATURE, signature)
-            return target
+            if signature != self.signature(bundle.version):
+                raise BundleError(f"version {bundle.version} is already published with another signature (or"
+                                  " none); a version never changes: build a new version, or replace its signature"
+                                  " deliberately with `appliance firmware sign`")
+            return False
         self.root.mkdir(parents=True, exist_ok=True)
         staging = self.root / f".{bundle.version}.{os.getpid()}.new"
         shutil.rmtree(staging, ignore_errors=True)
@@ -147,14 +127,35 @@ class Repository:
             files[SIGNATURE] = signature
         for name, data in files.items():
             (staging / name).write_bytes(data)
-        os.rename(staging, target)
-        return target
+        try:
+            os.rename(staging, target)
+        except OSError:  # another publish of this version renamed its copy first: judged as a stored one
+            shutil.rmtree(staging, ignore_errors=True)
+            if not target.exists():
+                raise
+            return self.store(bundle, signature)
+        return True
 
-    @staticmethod
-    def _write_atomically(path: Path, data: bytes) -> None:
-        tmp = path.with_name(path.name + ".new")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+    def path(self, version: str) -> Path:
+        return self.root / version
+
+    def signature(self, version: str) -> bytes | None:
+        """The stored ``manifest.sig`` of a version (read from disk: ``replace_signature`` may change it)."""
+        try:
+            return (self.root / version / SIGNATURE).read_bytes()
+        except OSError:
+            return None
+
+    def replace_signature(self, version: str, signature: bytes) -> None:
+        """Give a stored version a new signature, atomically (``appliance firmware sign``: deliberate)."""
+        atomic_file.write_bytes(self.root / version / SIGNATURE, signature)
+
+    def remove(self, version: str) -> None:
+        """Take back a version a failed publish stored (no thermostat was pointed at it)."""
+        target = self.root / version
+        doomed = self.root / f".{version}.{os.getpid()}.gone"
+        os.rename(target, doomed)  # one step: a reader sees the version whole or not at all
+        shutil.rmtree(doomed)
 
     def manifest(self, version: str) -> bytes | None:
         return self.read(version, MANIFEST)
@@ -163,7 +164,10 @@ class Repository:
         """A stored file's bytes, None if there is no such version or file (names are checked first)."""
         if not NAME.fullmatch(version) or not NAME.fullmatch(name):
             return None
-        key = (version, name)
+        try:
+            key = (version, name, (self.root / version).stat().st_ino)
+        except OSError:
+            return None
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -172,7 +176,7 @@ class Repository:
             data = (self.root / version / name).read_bytes()
         except OSError:
             return None  # not cached: the version may be published while the gateway runs
-        if name != SIGNATURE:  # the one file a later publish may replace (signing a stored version)
+        if name != SIGNATURE:  # the one file that may be replaced (``appliance firmware sign``)
             self._cache[key] = data
             if len(self._cache) > CACHED_FILES:
                 self._cache.popitem(last=False)

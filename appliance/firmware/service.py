@@ -8,9 +8,12 @@ outstanding: it asks for the next only after the last arrived, so a fleet update
 thermostat in the broker's queues, ahead of a set point notification to that same thermostat. A full queue
 refuses the request with PUBACK 0x97 (quota exceeded); the thermostat tries again later.
 
-Envelope rules are the state store's: MQTT 5, QoS 1, a Response Topic that is a topic name and not the
-request topic, Correlation Data; otherwise PUBACK 0x83 (or 0x90 for a forbidden response topic) and no
-reply. Anything about the payload is answered on the response topic (``-ERR``), never by silence.
+The envelope is every in-process service's (``appliance.broker.request_envelope``): MQTT 5, QoS 1, a
+Response Topic that is a topic name, not the request topic and one the requester may itself publish to
+under the broker's ACL, Correlation Data; otherwise PUBACK 0x83 (0x90 or 0x87 and a DISCONNECT for a
+forbidden response topic) and no reply. The ACL is asked again when the queued reply is sent. No
+``__protVer``: the thermostats do not speak the SDKs' RPC convention, and a user property costs their heap.
+Anything about the payload is answered on the response topic (``-ERR``), never by silence.
 """
 
 from __future__ import annotations
@@ -21,14 +24,13 @@ import logging
 from pathlib import Path
 
 from appliance.broker.api import (
-    IMPLEMENTATION_SPECIFIC_ERROR,
     QUOTA_EXCEEDED,
-    TOPIC_NAME_INVALID,
     BrokerHandle,
     InboundPublish,
     PublishVerdict,
     ServiceDefaults,
 )
+from appliance.broker.request_envelope import CONSUMED, EnvelopeRules, open_request, refused, respond
 from appliance.firmware.protocol import (
     REQUEST_TOPIC,
     ChunkQueue,
@@ -44,11 +46,7 @@ log = logging.getLogger(__name__)
 
 #: Thermostats whose chunk requests may wait at once; more are refused (0x97) and retry.
 QUEUE_LIMIT = 256
-CONSUMED = PublishVerdict(route=False)
-
-
-def refused(reason: str, code: int = IMPLEMENTATION_SPECIFIC_ERROR) -> PublishVerdict:
-    return PublishVerdict(reason_code=code, reason_string=reason, route=False)
+ENVELOPE = EnvelopeRules(service="the firmware service", requests="firmware requests", request_topic=REQUEST_TOPIC)
 
 
 class FirmwareService(ServiceDefaults):
@@ -77,19 +75,12 @@ class FirmwareService(ServiceDefaults):
         self.queue.discard(client_id)  # nobody to answer; the thermostat asks again after reconnecting
 
     async def on_publish(self, message: InboundPublish) -> PublishVerdict:
-        topic = message.response_topic
-        if topic is not None and (topic == REQUEST_TOPIC or "+" in topic or "#" in topic or "\x00" in topic):
-            return PublishVerdict(reason_code=TOPIC_NAME_INVALID, reason_string="invalid response topic",
-                                  disconnect=TOPIC_NAME_INVALID, route=False)
-        if message.protocol_level != 5:
-            return refused("firmware requests need MQTT 5")
-        if message.qos != 1:
-            return refused("firmware requests must be QoS 1")
-        if not topic:
-            return refused("missing response topic")
-        if message.correlation_data is None:
-            return refused("missing correlation data")
-        if not self.queue.offer(message.client_id, PendingChunk(topic, message.correlation_data, message.payload)):
+        if self._broker is None:
+            raise RuntimeError("the firmware service has not been started")
+        request = open_request(ENVELOPE, self._broker, message)
+        if isinstance(request, PublishVerdict):
+            return request
+        if not self.queue.offer(message.client_id, PendingChunk(request, message.payload)):
             return refused("the firmware queue is full, try again later", QUOTA_EXCEEDED)
         self._wake.set()
         return CONSUMED
@@ -122,5 +113,5 @@ class FirmwareService(ServiceDefaults):
             except Exception:
                 log.exception("firmware: failed to answer %s", client_id)
                 reply = error_reply("internal error, see the gateway log")
-            self._broker.publish(pending.response_topic, reply, qos=1, correlation_data=pending.correlation_data)
-            self.served += 1
+            if respond(ENVELOPE, self._broker, pending.request, reply):
+                self.served += 1

@@ -3,7 +3,10 @@
 Output is for scripts: one JSON object per line on stdout (``value`` as text when it is UTF-8, else
 ``value_base64``; ``version`` as the HLC string), errors on stderr. Exit status: 0 done, 1 "did not happen"
 (GET miss, SET refused by NX/NEX, DEL of a missing key, VDEL mismatch, lock held by someone else), 2 the
-state store answered ``-ERR`` or a failure status (the text is printed), 3 no connection or no answer in time.
+state store answered ``-ERR`` or a failure status (the text is printed) - or the connection settings are
+wrong -, 3 no connection or no answer in time. Where the gateway is and how to log in come from its config,
+the environment or a credentials file (``appliance/tool_connection.py``), so no password needs to be typed
+where ``ps`` shows it.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import argparse
 import base64
 import json
 import queue
-import ssl
 import sys
 import time
 from typing import Any
@@ -27,6 +29,7 @@ from appliance.statestore.client import (
 )
 from appliance.statestore.commands import Condition
 from appliance.statestore.hlc import Hlc, HlcFormatError
+from appliance.tool_connection import Connection, add_connection_arguments, connection_from_args
 
 EXIT_OK, EXIT_NOT_DONE, EXIT_SERVICE_ERROR, EXIT_CONNECTION = 0, 1, 2, 3
 
@@ -68,18 +71,6 @@ def register(subparsers: Any) -> None:
     locker.set_defaults(handler=cmd_lock)
 
 
-def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=1883)
-    parser.add_argument("--client-id", help="MQTT client id (default: random)")
-    parser.add_argument("--username")
-    parser.add_argument("--password")
-    parser.add_argument("--tls", action="store_true", help="connect with TLS")
-    parser.add_argument("--cafile", help="CA bundle for TLS (default: the system's)")
-    parser.add_argument("--insecure", action="store_true", help="TLS without verifying the server")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="S")
-
-
 def add_fencing_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fencing-token", type=parse_hlc, metavar="HLC", help="__ft, e.g. a lock's version")
 
@@ -89,16 +80,6 @@ def parse_hlc(text: str) -> Hlc:
         return Hlc.parse(text)
     except HlcFormatError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
-    if not args.tls:
-        return None
-    context = ssl.create_default_context(cafile=args.cafile)
-    if args.insecure:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
 
 
 def emit(**fields: Any) -> None:
@@ -117,16 +98,19 @@ def emit(**fields: Any) -> None:
     sys.stdout.flush()
 
 
+def store_client(connection: Connection) -> StateStoreClient:
+    return StateStoreClient(connection.host, connection.port, connection.client_id, username=connection.username,
+                            password=connection.password, tls=connection.tls, timeout=connection.timeout)
+
+
 def run(args: argparse.Namespace) -> int:
     """Connect, run the verb's handler, map client errors to exit statuses."""
-    client = StateStoreClient(
-        args.host, args.port, args.client_id, username=args.username, password=args.password,
-        tls=tls_context(args), timeout=args.timeout,
-    )
+    connection = connection_from_args(args)
+    client = store_client(connection)
     try:
         client.connect()
     except (StateStoreClientError, OSError) as exc:
-        print(f"appliance state: cannot connect to {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"appliance state: cannot connect to {connection.describe()}: {exc}", file=sys.stderr)
         return EXIT_CONNECTION
     try:
         return int(args.verb_handler(client, args))

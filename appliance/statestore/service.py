@@ -1,12 +1,14 @@
 """The state store as a broker service: MQTT 5 request/response in, store changes and notifications out.
 
-This is the only part of the state store that knows about MQTT. It checks the envelope (MQTT 5, QoS 1,
-Response Topic, Correlation Data) before anything else and answers a bad envelope through the PUBACK -
-there is no valid place to send a payload answer to - and everything about the *payload* through a
-response message, as the protocol requires. The order of checks for a request is:
+This is the only part of the state store that knows about MQTT. The envelope (MQTT 5, QoS 1, Response
+Topic, Correlation Data, ``__protVer``, the ACL check of the response topic) is checked before anything
+else by the one module every in-process service shares, ``appliance.broker.request_envelope``, which
+answers a bad envelope through the PUBACK - there is no valid place to send a payload answer to -; the
+state store answers everything about the *payload* through a response message, as the protocol requires.
+The order of checks for a request is:
 
-1. envelope (response topic first: a forbidden one, or one the client may not itself publish to under
-   the broker's ACL, disconnects the client whatever else is wrong);
+1. envelope (``request_envelope.open_request``: response topic first: a forbidden one, or one the client
+   may not itself publish to under the broker's ACL, disconnects the client whatever else is wrong);
 2. payload -> command (``commands.parse_command``);
 3. authorization of the user for the key;
 4. ``__ts`` (SET requires it; any command may carry it) and ``__ft``: syntax, then clock skew;
@@ -14,8 +16,8 @@ response message, as the protocol requires. The order of checks for a request is
 
 Every response carries ``__stat`` (the SDK command invokers require a status), ``__protVer`` (what the SDK
 executors send) and, where there is a version to report, ``__ts``. Before the payload is looked at, the
-request's ``__protVer`` is checked the way the SDK executors do it: absent means 1.0, any 1.x is served,
-anything else gets status 505 with ``__supProtMajVer`` and ``__requestProtVer``.
+envelope checks the request's ``__protVer`` the way the SDK executors do it: absent means 1.0, any 1.x is
+served, anything else gets status 505 with ``__supProtMajVer`` and ``__requestProtVer``.
 
 The SQLite store lives on one worker thread (``StoreThread``) that opened its connection and is the only
 thread to touch it, so a commit's fsync (``sync = "full"``) stalls nobody but the requests queued behind it.
@@ -60,6 +62,7 @@ from appliance.broker.api import (
     PublishVerdict,
     ServiceDefaults,
 )
+from appliance.broker.request_envelope import EnvelopeRules, Request, open_request, respond
 from appliance.prometheus import Family
 from appliance.statestore import errors, resp3
 from appliance.statestore.acl import KeyAuthorizer
@@ -104,14 +107,7 @@ MAX_CLOCK_SKEW_MS = 60_000
 # Response statuses (``__stat``), HTTP-like as in the SDKs.
 STATUS_OK = "200"
 STATUS_INTERNAL_ERROR = "500"
-STATUS_VERSION_NOT_SUPPORTED = "505"
 STORE_FAILURE_MESSAGE = "the state store could not complete the request (storage failure); see the gateway log"
-
-# MQTT 5 reason codes for envelope failures (PUBACK/PUBREC and DISCONNECT).
-IMPLEMENTATION_SPECIFIC_ERROR = 0x83
-NOT_AUTHORIZED = 0x87
-TOPIC_NAME_INVALID = 0x90
-
 
 # Accepted requests are consumed: ordinary subscribers of the system topic never see them.
 CONSUMED = PublishVerdict(route=False)
@@ -121,17 +117,14 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def refused(reason: str) -> PublishVerdict:
-    return PublishVerdict(reason_code=IMPLEMENTATION_SPECIFIC_ERROR, reason_string=reason, route=False)
-
-
-def forbidden_response_topic(topic: str) -> bool:
-    """A response topic the service must not answer on: its own request topic, the notification space,
-    or anything that is not a topic name (a wildcard would reach every subscriber of the filter's range)."""
-    return (topic == REQUEST_TOPIC or topic.startswith(NOTIFY_TOPIC_PREFIX)
-            or "+" in topic or "#" in topic or "\x00" in topic)
-
-
+#: The request/response envelope (``appliance.broker.request_envelope``): the SDKs' RPC convention, and
+#: no response topic in the notification space (a response there would forge a notification).
+ENVELOPE = EnvelopeRules(
+    service="the state store", requests="state store requests",
+    request_topic=REQUEST_TOPIC, reserved_prefixes=(NOTIFY_TOPIC_PREFIX,),
+    protocol_version=PROTOCOL_VERSION, supported_majors=SUPPORTED_MAJOR_VERSIONS,
+    accepts_version=supported_protocol_version,
+)
 
 
 @dataclass(slots=True)
@@ -204,41 +197,9 @@ class StateStoreService(ServiceDefaults):
         self.registry.drop_client(client_id)
 
     async def on_publish(self, message: InboundPublish) -> PublishVerdict:
-        if message.response_topic is not None and forbidden_response_topic(message.response_topic):
-            return PublishVerdict(
-                reason_code=TOPIC_NAME_INVALID,
-                reason_string="invalid response topic for the state store",
-                disconnect=TOPIC_NAME_INVALID,
-                route=False,
-            )
-        if message.response_topic is not None and not self._require_broker().may_publish(
-            message.client_id, message.username, message.response_topic
-        ):
-            log.info("state store: client %r may not publish to its response topic %r; disconnected",
-                     message.client_id, message.response_topic)
-            return PublishVerdict(
-                reason_code=NOT_AUTHORIZED,
-                reason_string="the response topic is not one this client may publish to",
-                disconnect=NOT_AUTHORIZED,
-                route=False,
-            )
-        if message.protocol_level != 5:
-            return refused("the state store requires MQTT 5")
-        if message.qos != 1:
-            return refused("state store requests must be QoS 1")
-        if not message.response_topic:
-            return refused("missing response topic")
-        if message.correlation_data is None:
-            return refused("missing correlation data")
-        requested = next((value for name, value in message.user_properties if name == "__protVer"), None)
-        if not supported_protocol_version(requested):
-            self._respond(message, b"", [
-                ("__stat", STATUS_VERSION_NOT_SUPPORTED),
-                ("__stMsg", f"unsupported protocol version {requested!r}"),
-                ("__supProtMajVer", SUPPORTED_MAJOR_VERSIONS),
-                ("__requestProtVer", requested or ""),
-            ])
-            return CONSUMED
+        request = open_request(ENVELOPE, self._require_broker(), message)
+        if isinstance(request, PublishVerdict):
+            return request
         try:
             reply = await self.handle_request(message)
         except sqlite3.Error as exc:
@@ -246,14 +207,14 @@ class StateStoreService(ServiceDefaults):
             self.health.refused += 1
             log.debug("state store: request from client %r on key %r failed, nothing changed: %s",
                       message.client_id, _key_of(message.payload), exc)
-            self._respond(message, b"", [("__stat", STATUS_INTERNAL_ERROR), ("__stMsg", STORE_FAILURE_MESSAGE)])
+            self._respond(request, b"", [("__stat", STATUS_INTERNAL_ERROR), ("__stMsg", STORE_FAILURE_MESSAGE)])
             return CONSUMED
         if reply.changes:  # a change was committed: writes work (a read proves nothing about them)
             self.health.succeeded(time.monotonic())
         properties = [("__stat", STATUS_OK)]
         if reply.version is not None:
             properties.append(("__ts", str(reply.version)))
-        self._respond(message, reply.payload, properties)
+        self._respond(request, reply.payload, properties)
         self._publish_changes(reply.changes)
         if reply.wake_sweeper:
             self._wake_sweeper.set()
@@ -263,15 +224,8 @@ class StateStoreService(ServiceDefaults):
         disk_full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
         self.health.failed(str(exc), disk_full, time.monotonic())
 
-    def _respond(self, message: InboundPublish, payload: bytes, properties: list[tuple[str, str]]) -> None:
-        assert message.response_topic is not None and message.correlation_data is not None  # envelope checked
-        self._require_broker().publish(
-            message.response_topic,
-            payload,
-            qos=1,
-            correlation_data=message.correlation_data,
-            user_properties=[*properties, ("__protVer", PROTOCOL_VERSION)],
-        )
+    def _respond(self, request: Request, payload: bytes, properties: list[tuple[str, str]]) -> None:
+        respond(ENVELOPE, self._require_broker(), request, payload, properties)
 
     # -- requests ------------------------------------------------------------------------------------
 

@@ -6,7 +6,15 @@ than the 64 KB the running app is allowed). The zip holds the .mpy files, `manif
 (version, mpy version, sha256 of every file, what deploy.py needs) and `config.template.json`,
 the per-device configuration to fill in. The build is reproducible: same sources, same bytes.
 
-Usage: python images/firmware/build.py [--out DIR] [--source DIR]
+Usage: python images/firmware/build.py [--out DIR] [--source DIR] [--version V]
+
+The version is the firmware's own: the `VERSION = "..."` line of `thermostat.py` in the sources, which
+the running firmware reports (telemetry `fw`) and compares with the version the gateway wants. To build
+another version, either edit that line (and commit it: that is a release), or give `--version V`: the
+sources are copied, their VERSION line set to V, and compiled from the copy, so the bundle and the
+firmware in it agree (a bundle named 0.3.0 whose firmware says 0.2.0 would be fetched again and again).
+`--source DIR` builds another tree of sources (another checkout, a patched copy). V is 1-32 of
+A-Za-z0-9._- (it names a directory on the device and on the gateway).
 """
 
 from __future__ import annotations
@@ -67,11 +75,28 @@ class BuildError(Exception):
     pass
 
 
+VERSION_LINE = re.compile(r'^VERSION = "([^"]+)"', re.M)
+VERSION_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,31}")
+
+
 def firmware_version(source: Path = FIRMWARE) -> str:
-    match = re.search(r'^VERSION = "([^"]+)"', (source / "thermostat.py").read_text(), re.M)
+    match = VERSION_LINE.search((source / "thermostat.py").read_text())
     if not match:
         raise BuildError("device_firmware/thermostat.py has no VERSION")
     return match.group(1)
+
+
+def with_version(source: Path, version: str, copy: Path) -> Path:
+    """A copy of the sources whose thermostat.py says ``version``."""
+    if not VERSION_NAME.fullmatch(version):
+        raise BuildError(f"version {version!r} is not 1-32 of A-Za-z0-9._- (not starting with a dot)")
+    firmware_version(source)  # the line exists
+    for module in source.glob("*.py"):
+        text = module.read_text()
+        if module.name == "thermostat.py":
+            text = VERSION_LINE.sub(f'VERSION = "{version}"', text, count=1)
+        (copy / module.name).write_text(text)
+    return copy
 
 
 def mpy_cross_command() -> list[str]:
@@ -152,9 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "dist", help="output directory (default: dist/)")
     parser.add_argument("--source", type=Path, default=FIRMWARE, help="firmware sources (default: device_firmware/)")
+    parser.add_argument("--version", help="build this version: the sources' VERSION line is set to it in a copy"
+                        " (default: the VERSION line of thermostat.py)")
     args = parser.parse_args(argv)
     try:
-        print(build(args.out, args.source))
+        if args.version is None:
+            print(build(args.out, args.source))
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                print(build(args.out, with_version(args.source, args.version, Path(tmp))))
     except BuildError as exc:
         print(f"build: {exc}", file=sys.stderr)
         return 1

@@ -1,15 +1,17 @@
 """A thermostat board on the MicroPython unix port that resets: for the over-the-air update tests.
 
-`micropython -m main` runs in a flash directory (the bundle's .mpy files and config.json); when it exits
-with status 3 (what `machine.reset()` is on a board: fwboot.reset, board_sim.restart) it is started again
-in the same directory, as a board boots again. Lines of every run are kept in one list, each run's first
-line preceded by `<boot N>`, so a test waits for what happens across reboots. `power_cycle()` is a power cut.
+`images/firmware/run_unix.py` runs `micropython -m main` in a flash directory (the bundle's .mpy files and
+config.json); when it exits with status 3 (what `machine.reset()` is on a board: fwboot.reset,
+board_sim.restart) it is started again in the same directory, as a board boots again. Lines of every run
+are kept in one list, each run's first line preceded by `<boot N>`, so a test waits for what happens across
+reboots. `power_cycle()` is a power cut.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +22,7 @@ from tests.firmware.conftest import MICROPYTHON, ROOT, LineLog
 from tests.firmware.thermostat_rig import thermostat_config
 
 BUILD = ROOT / "images" / "firmware" / "build.py"
-RESET_STATUS = 3
+RUN_UNIX = ROOT / "images" / "firmware" / "run_unix.py"
 
 
 def build_variant(source: Path, out: Path, version: str, app_prefix: str = "") -> Path:
@@ -40,6 +42,9 @@ def build_variant(source: Path, out: Path, version: str, app_prefix: str = "") -
 
 
 class ResettingBoard(LineLog):
+    """The bundle and a config on a flash directory, run by the launcher users run
+    (``images/firmware/run_unix.py``): its boot loop restarts the firmware after a reset."""
+
     def __init__(self, flash: Path, bundle: Path, name: str, host: str, port: int, heap: str = "64K", **config):
         self.flash = flash
         flash.mkdir(parents=True, exist_ok=True)
@@ -47,35 +52,25 @@ class ResettingBoard(LineLog):
             archive.extractall(flash)
         (flash / "config.json").write_text(json.dumps(thermostat_config(name, host, port, **config)))
         super().__init__()
-        self.heap = heap
-        self.boots = 0
         self.exit_status: int | None = None
-        self._stopped = False
-        self._power_cut = False
-        self.process: subprocess.Popen[str] | None = None
+        self.process = subprocess.Popen(
+            [sys.executable, str(RUN_UNIX), str(flash), "--heap", heap, "--micropython", str(MICROPYTHON)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
-        while not self._stopped:
-            self.boots += 1
-            self._add(f"<boot {self.boots}>")
-            self.process = subprocess.Popen([str(MICROPYTHON), "-X", f"heapsize={self.heap}", "-m", "main"],
-                                            cwd=self.flash, env={"MICROPYPATH": str(self.flash)},
-                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            assert self.process.stdout is not None
-            for line in self.process.stdout:
-                self._add(line.rstrip("\n"))
-            status = self.process.wait()
-            if self._power_cut:
-                self._power_cut = False
-                continue
-            if status != RESET_STATUS:
-                self.exit_status = status
-                self._add(f"<exit {status}>")
-                return
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._add(line.rstrip("\n"))
+        self.exit_status = self.process.wait()
 
     def _ended(self) -> bool:
         return self.exit_status is not None
+
+    @property
+    def boots(self) -> int:
+        with self._cond:
+            return sum(1 for line in self.lines if line.startswith("<boot "))
 
     def pointer(self) -> str | None:
         try:
@@ -84,15 +79,12 @@ class ResettingBoard(LineLog):
             return None
 
     def power_cycle(self) -> None:
-        """Pull the plug (kill -9): the board boots again with its flash as the cut left it."""
-        self._power_cut = True
-        assert self.process is not None
-        self.process.kill()
+        """Pull the plug (the launcher's SIGUSR1): the board boots again with its flash as the cut left it."""
+        self.process.send_signal(signal.SIGUSR1)
 
     def stop(self) -> None:
-        self._stopped = True
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
+        if self.process.poll() is None:
+            self.process.terminate()
             self.process.wait(5)
 
 

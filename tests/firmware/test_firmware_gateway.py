@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import shutil
 import zipfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.broker.api import InboundPublish, PublishVerdict
+from appliance.broker.request_envelope import Request
 from appliance.firmware.protocol import (
     MAX_CHUNK,
     REQUEST_TOPIC,
@@ -32,9 +36,9 @@ from appliance.firmware.repository import (
     Repository,
     device_manifest,
     read_bundle,
-    sign,
 )
 from appliance.firmware.service import FirmwareService
+from appliance.firmware.signing import sign
 from appliance.statestore import resp3
 from tests.support.campaigns import campaign
 
@@ -90,7 +94,7 @@ def test_the_queue_holds_one_request_per_client_and_never_more_than_its_limit(op
             else:
                 assert item is None
             continue
-        accepted = queue.offer(client, PendingChunk("clients/x/r", b"c", str(serial).encode()))
+        accepted = queue.offer(client, PendingChunk(Request(client, None, "clients/x/r", b"c"), str(serial).encode()))
         assert accepted == (client in model or len(model) < 8)
         if accepted:
             model[client] = serial
@@ -124,6 +128,24 @@ def test_a_bundle_is_stored_once_served_by_name_and_refused_if_it_lies(tmp_path)
         read_bundle(bundle_file(tmp_path / "d.zip", modules, lie="thermostat.mpy"))
     with pytest.raises(BundleError, match="is not 1-32"):
         read_bundle(bundle_file(tmp_path / "e.zip", modules, version="../x"))
+
+
+def test_a_version_another_publish_stored_meanwhile_is_judged_as_a_stored_one(tmp_path, monkeypatch):
+    """Two publishes of one new version at once: the second rename finds the first's directory there."""
+    bundle = read_bundle(bundle_file(tmp_path / "b.zip", {"app.mpy": b"M\x06app"}))
+    other = read_bundle(bundle_file(tmp_path / "c.zip", {"app.mpy": b"M\x06other"}))
+    real_rename = os.rename
+
+    def another_publish_first(source, target):
+        if not Path(target).exists():
+            shutil.copytree(source, target)  # the other process's whole copy, renamed into place first
+        real_rename(source, target)
+
+    monkeypatch.setattr(os, "rename", another_publish_first)
+    assert Repository(tmp_path / "firmware").store(bundle, None) is False  # the same files: already stored
+    with pytest.raises(BundleError, match="already published with other contents"):
+        Repository(tmp_path / "other").store(bundle, None) or Repository(tmp_path / "other").store(other, None)
+    assert [p.name for p in (tmp_path / "firmware").iterdir()] == ["0.2.0"]  # no staging copy left behind
 
 
 def test_the_signature_is_ecdsa_p256_over_the_manifest_as_r_and_s():
@@ -160,6 +182,9 @@ class RecordingBroker:
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         raise AssertionError("the firmware service disconnects nobody")
 
+    def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True  # no acl_file (the deputy tests, tests/broker/test_request_envelope.py, have one)
+
 
 def inbound(client: str, payload: bytes, response_topic: str | None = "clients/c/r", correlation: bytes | None = b"1",
             qos: int = 1, level: int = 5) -> InboundPublish:
@@ -171,6 +196,7 @@ def inbound(client: str, payload: bytes, response_topic: str | None = "clients/c
 def test_envelopes_are_checked_like_the_state_stores(tmp_path):
     async def scenario() -> list[PublishVerdict]:
         service = FirmwareService(tmp_path, queue_limit=1)
+        await service.start(RecordingBroker())
         good = request(b"CHUNK", b"0.2.0", b"app.mpy", b"0", b"8")
         return [await service.on_publish(message) for message in (
             inbound("a", good, response_topic="clients/a/#"), inbound("a", good, level=4), inbound("a", good, qos=0),

@@ -48,6 +48,21 @@ def test_build_is_reproducible(bundle, tmp_path):
     assert (tmp_path / bundle.name).read_bytes() == bundle.read_bytes()
 
 
+def test_another_version_is_built_with_version_and_the_firmware_in_it_says_so(bundle, tmp_path):
+    proc = subprocess.run([sys.executable, str(BUILD), "--out", str(tmp_path), "--version", "9.8.7-rc1"],
+                          capture_output=True, text=True, check=True)
+    built = tmp_path / "thermostat-fw-9.8.7-rc1.zip"
+    assert proc.stdout.strip() == str(built)
+    with zipfile.ZipFile(built) as archive:
+        assert json.loads(archive.read("manifest.json"))["version"] == "9.8.7-rc1"
+        assert b"9.8.7-rc1" in archive.read("thermostat.mpy")  # what the firmware reports as its fw
+    assert 'VERSION = "9.8.7-rc1"' not in (FIRMWARE / "thermostat.py").read_text()  # the sources are untouched
+    refused = subprocess.run([sys.executable, str(BUILD), "--out", str(tmp_path), "--version", "../x"],
+                             capture_output=True, text=True)
+    assert refused.returncode == 1 and "not 1-32" in refused.stderr
+    assert "--version" in subprocess.run([sys.executable, str(BUILD), "--help"], capture_output=True, text=True).stdout
+
+
 def test_bundle_boots_from_mpy_alone_within_64k_of_heap(bundle, tmp_path, mosquitto, micropython, paho_peer):
     code = tmp_path / "flash"
     with zipfile.ZipFile(bundle) as archive:

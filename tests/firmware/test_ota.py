@@ -11,6 +11,7 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -183,8 +184,15 @@ def test_a_signed_manifest_is_verified_on_the_device_and_one_signed_by_another_k
     assert out[0]["signed"] is True
     forged.expect(r"^update: refused 0\.2\.0: manifest signature does not verify$", timeout=30)
     assert forged.pointer() is None
-    # The same version signed with our key (a stored version may be signed again), for the other one.
-    publish(gateway, str(bundles["0.2.0"]), "--key", str(ours), "--target", "t-signed")
+    # Publishing it again with our key is refused: a version's signature never changes through publish.
+    again = subprocess.run([sys.executable, "-m", "appliance", "firmware", "publish", str(bundles["0.2.0"]), "--key",
+                            str(ours), "--data-dir", str(gateway.data_dir), "--port", str(gateway.port)],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert again.returncode == 1 and "never changes" in again.stderr
+    # Replacing it is a deliberate command of its own; then the other thermostat is pointed at it.
+    subprocess.run([sys.executable, "-m", "appliance", "firmware", "sign", "0.2.0", "--key", str(ours),
+                    "--data-dir", str(gateway.data_dir)], check=True, capture_output=True, timeout=60, cwd=ROOT)
+    publish(gateway, "--version", "0.2.0", "--target", "t-signed")
     signed.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
     status = subprocess.run([sys.executable, "-m", "appliance", "firmware", "status", "--wait", "1.5",
                              "--data-dir", str(gateway.data_dir), "--host", gateway.host, "--port", str(gateway.port)],
@@ -272,11 +280,15 @@ def test_a_transfer_cut_by_a_gateway_restart_resumes_where_it_stopped(gateway, b
     assert first.stat().st_mtime_ns == before
 
 
-def test_a_transfer_cut_by_a_power_cut_resumes_from_what_is_on_flash(gateway, boards, bundles):
+@pytest.mark.parametrize("cut_after", ["app.mpy", "hlc.mpy"], ids=["first-file", "eighth-file"])
+def test_a_transfer_cut_by_a_power_cut_resumes_from_what_is_on_flash(gateway, boards, bundles, paho_peer, cut_after):
     board = boards("t-power")
+    peer = paho_peer(gateway.host, gateway.port)
+    peer.subscribe("devices/t-power/messages/events/data", 0)
     publish(gateway, str(bundles["0.2.0"]), "--target", "t-power")
     first = board.flash / "fw" / "a" / "app.mpy"  # the manifest's first file
-    wait_until(lambda: first.exists(), timeout=30, what="the first file on flash")
+    cut = board.flash / "fw" / "a" / cut_after  # in the manifest's order (sorted names): the files before it are whole
+    wait_until(lambda: cut.exists(), timeout=30, what=f"{cut_after} on flash")
     board.power_cycle()
     board.expect(r"^<boot 3>$")
     # After the reboot the updater runs again: the manifest on flash is the one it verified (its sha256 is in
@@ -285,6 +297,56 @@ def test_a_transfer_cut_by_a_power_cut_resumes_from_what_is_on_flash(gateway, bo
     before = first.stat().st_mtime_ns
     board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
     assert board.output().count("update: fetching 0.2.0") == 2 and first.stat().st_mtime_ns == before
+    # The resumed updater (files hashed on flash, the manifest taken from it) keeps the documented floor.
+    seen = telemetry_while(peer, "t-power", lambda d: d["fw"] == "0.2.0" and d["registered"])
+    resumed = [d for d in seen if (d.get("update") or {}).get("state") == "downloading"]  # both runs
+    print("heap of the resumed updater:", [(d["mem_free"], d["mem_largest"]) for d in resumed])
+    assert resumed and min(d["mem_largest"] for d in resumed) >= 4 * 1024, resumed
+
+
+@pytest.mark.parametrize("name", ["t-busy", longest_name("t-busy")], ids=["short-name", "longest-name"])
+def test_the_first_telemetry_after_a_boot_that_receives_set_points_during_registration_keeps_a_4k_block(
+        gateway, boards, paho_peer, name):
+    """Set points keep arriving while the thermostat boots and registers (KEYNOTIFY, GET): the handling of
+    each leaves garbage in the heap; the first telemetry documents after it must still show the floor."""
+    board = boards(name)
+    peer = paho_peer(gateway.host, gateway.port)
+    topic = f"devices/{name}/messages/events/data"
+    peer.subscribe(topic, 0)
+    stop = threading.Event()
+
+    def write_set_points() -> None:
+        with StateStoreClient(gateway.host, gateway.port, client_id="op-busy", timeout=10) as store:
+            value = 20.0
+            while not stop.is_set():
+                value = 41.0 - value
+                store.set(name + "\\setPoint", str(value))
+                stop.wait(0.02)
+
+    for boot in (2, 3, 4):
+        last = peer.next_json(topic, timeout=10)["seq"]  # the running boot's numbering
+        writer = threading.Thread(target=write_set_points, daemon=True)
+        writer.start()
+        registered: list[dict] = []
+        try:
+            board.power_cycle()
+            mark, _ = board.expect(rf"^<boot {boot}>$")
+            board.expect(rf"^registered {name}\\setPoint$", after=mark, timeout=30)
+            board.expect(r"^set point .* from notify$", after=mark, timeout=30)
+            rebooted = False
+            while len(registered) < 3:  # the new boot's first three documents once registered (seq starts again)
+                data = peer.next_json(topic, timeout=30)
+                rebooted = rebooted or data["seq"] <= last
+                last = data["seq"]
+                if rebooted and data["registered"]:
+                    registered.append(data)
+        finally:
+            stop.set()
+            writer.join(10)
+            stop.clear()
+        heaps = [(d["seq"], d["mem_free"], d["mem_largest"]) for d in registered]
+        print(f"boot {boot}: first telemetry after registration with set points arriving:", heaps)
+        assert all(largest >= 4 * 1024 for _, _, largest in heaps), heaps
 
 
 def fleet_update(gateway, boards, bundles, paho_peer, count: int) -> dict:

@@ -1,8 +1,9 @@
-"""The state store is never a confused deputy, end to end: a real gateway with a password file made by
+"""No in-process service is a confused deputy, end to end: a real gateway with a password file made by
 ``appliance passwd`` and a mosquitto-format ACL file, paho clients on real sockets.
 
-A client that may read ``c/#`` but not write it asks the state store to answer on ``c/deputy``: the
-request is refused (PUBACK 0x87, DISCONNECT 0x87) and subscribers of ``c/deputy`` get nothing. A client
+A client that may read ``c/#`` but not write it asks the state store, and the firmware chunk service, to
+answer on ``c/deputy``: the request is refused (PUBACK 0x87, DISCONNECT 0x87) and subscribers of
+``c/deputy`` get nothing. (Every service, on a recording broker: ``tests/broker/test_request_envelope.py``.) A client
 shaped like the SDKs (response topics under ``clients/<id>/`` or ``clients/<HEX(id)>/``, notifications on
 ``clients/statestore/v1/<system id>/<HEX(id)>/command/notify/...``) works under the same ACL file thanks
 to the default ``acl_client_patterns``, with no rule about those topics in the file.
@@ -19,18 +20,21 @@ from collections.abc import Iterator
 
 import pytest
 
+from appliance.firmware.protocol import REQUEST_TOPIC as FIRMWARE_REQUEST_TOPIC
 from appliance.statestore.client import Notification, StateStoreClient
 from appliance.statestore.commands import GetCommand, SetCommand
 from appliance.statestore.hlc import Hlc
 from appliance.statestore.notify import NOTIFY_TOPIC_PREFIX
 from appliance.statestore.protocol import REQUEST_TOPIC
+from appliance.statestore.resp3 import encode_array
 from appliance.statestore.service import wall_clock_ms
 from tests.statestore.raw_mqtt import TIMEOUT, RawClient
 from tests.support.processes import ROOT, GatewayProcess
 
-# Who may use the state store at all is the request topic's write rule; the rest is the point of the test.
+# Who may use a service at all is its request topic's write rule; the rest is the point of the test.
 ACL = """\
 pattern write statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke
+pattern write firmware/v1/command/chunk
 
 user mallory
 topic read c/#
@@ -63,7 +67,15 @@ def login(gateway: GatewayProcess, user: str, client_id: str | None = None) -> R
     return RawClient(gateway.host, gateway.port, client_id=client_id, username=user, password=USERS[user])
 
 
-def test_a_client_cannot_make_the_state_store_write_where_it_may_not(secured: GatewayProcess) -> None:
+SERVICES = {
+    "statestore": (REQUEST_TOPIC, GetCommand(b"k").encode()),
+    # Unknown version: the answer (-ERR unknown version ...) would echo mallory's text to c/ subscribers.
+    "firmware": (FIRMWARE_REQUEST_TOPIC, encode_array([b"CHUNK", b"mallory-says", b"app.mpy", b"0", b"64"])),
+}
+
+
+@pytest.mark.parametrize("service", sorted(SERVICES))
+def test_a_client_cannot_make_a_service_write_where_it_may_not(secured: GatewayProcess, service: str) -> None:
     victim = login(secured, "victim")
     mallory = login(secured, "mallory")
     try:
@@ -72,7 +84,8 @@ def test_a_client_cannot_make_the_state_store_write_where_it_may_not(secured: Ga
         victim.publish(REQUEST_TOPIC, SetCommand(b"k", b"payload of mallory's choosing").encode(),
                        response_topic="c/victim-own", correlation_data=b"v", user_properties=[("__ts", stamp)])
         assert victim.next_message().topic == "c/victim-own"  # victim may write c/#: answered there
-        mid = mallory.publish(REQUEST_TOPIC, GetCommand(b"k").encode(), response_topic="c/deputy", correlation_data=b"1")
+        request_topic, payload = SERVICES[service]
+        mid = mallory.publish(request_topic, payload, response_topic="c/deputy", correlation_data=b"1")
         assert mallory.pubacks.get(timeout=TIMEOUT) == (mid, 0x87)
         assert mallory.disconnects.get(timeout=TIMEOUT) == 0x87
         victim.publish("c/marker", b"marker")  # anything the deputy had sent would arrive before this

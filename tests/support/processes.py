@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-READY_PATTERN = re.compile(r"appliance ready.*?tcp://([0-9.]+):(\d+)")
+READY_PATTERN = re.compile(r"appliance ready.*?(?:tcp|tls)://([0-9.]+):(\d+)")
 ROOT = Path(__file__).resolve().parents[2]
 
 
