@@ -34,13 +34,16 @@ import logging
 import socket
 import ssl
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from appliance.broker.broker import Broker
 from appliance.broker.certificates import CertificateFileError, date_problems
 from appliance.broker.config import ListenerConfig
 from appliance.broker.session import AWAITING_CONNECT, Connection
-from appliance.broker.websocket import WebSocketServer
 from appliance.tcp_floor import keep_kernel_floor
+
+if TYPE_CHECKING:
+    from appliance.broker.websocket import WebSocketServer
 
 log = logging.getLogger("appliance.broker.server")
 
@@ -54,13 +57,16 @@ LINGER_SECONDS = 2.0
 
 
 class ClientProtocol(asyncio.BufferedProtocol):
-    def __init__(self, broker: Broker, websocket: bool = False, read_buffer: memoryview | None = None) -> None:
-        """``read_buffer`` may be shared by every connection of one event loop: each read is copied out
-        in ``buffer_updated`` before the loop starts the next, and 2,000 connections then cost one
-        buffer instead of 8 MB of them."""
+    def __init__(
+        self, broker: Broker, websocket: type[WebSocketServer] | None = None, read_buffer: memoryview | None = None
+    ) -> None:
+        """``websocket`` is the WebSocket adapter's class for a WebSocket listener (passed in, so a gateway
+        without one never imports wsproto). ``read_buffer`` may be shared by every connection of one event
+        loop: each read is copied out in ``buffer_updated`` before the loop starts the next, and 2,000
+        connections then cost one buffer instead of 8 MB of them."""
         self.broker = broker
         limits = broker.limits
-        self._websocket = WebSocketServer() if websocket else None
+        self._websocket = websocket() if websocket is not None else None
         self.connection = Connection(limits.max_packet_size, limits.topic_alias_maximum, "?")
         self.connection.link = self
         self.transport: asyncio.Transport | None = None
@@ -262,6 +268,13 @@ def warn_about_dates(listener: ListenerConfig) -> None:
             log.warning("%s; its validity dates are not checked", exc)
 
 
+def _websocket_adapter() -> type[WebSocketServer]:
+    """Imported on demand: only a gateway that serves WebSocket loads wsproto."""
+    from appliance.broker.websocket import WebSocketServer
+
+    return WebSocketServer
+
+
 async def start_listener(broker: Broker, listener: ListenerConfig) -> tuple[asyncio.Server, str]:
     """Start one listener; returns the server and its URL with the port actually bound.
 
@@ -270,9 +283,10 @@ async def start_listener(broker: Broker, listener: ListenerConfig) -> tuple[asyn
     websocket = listener.type == "websocket"
     secure = listener.type == "tls" or (websocket and listener.certfile is not None)
     context = tls_context(listener) if secure else None
+    adapter = _websocket_adapter() if websocket else None
     read_buffer = memoryview(bytearray(READ_BUFFER_BYTES))
     server = await loop.create_server(
-        lambda: ClientProtocol(broker, websocket, read_buffer), listener.host, listener.port, ssl=context, backlog=4096,
+        lambda: ClientProtocol(broker, adapter, read_buffer), listener.host, listener.port, ssl=context, backlog=4096,
         reuse_address=True,
         # A TLS client gets as long for its handshake as a plain one gets to send CONNECT (asyncio: 60 s).
         ssl_handshake_timeout=CONNECT_TIMEOUT if context is not None else None,

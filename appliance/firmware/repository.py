@@ -26,13 +26,12 @@ import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
-from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from typing import TYPE_CHECKING
 
 from appliance.firmware.protocol import MANIFEST, NAME, SIGNATURE
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 #: Files of recently served versions kept in memory, so a fleet update reads each file from disk once.
 CACHED_FILES = 64
@@ -90,7 +89,14 @@ def device_manifest(bundle: Bundle) -> bytes:
 
 
 def load_signing_key(path: Path) -> ec.EllipticCurvePrivateKey:
-    """An EC P-256 private key from a PEM file (e.g. ``openssl ecparam -name prime256v1 -genkey -noout``)."""
+    """An EC P-256 private key from a PEM file (e.g. ``openssl ecparam -name prime256v1 -genkey -noout``).
+
+    ``cryptography`` is imported by the signing functions only: they run in ``appliance firmware``, never in
+    the gateway, whose firmware service imports this module and would otherwise carry the library's 11 MB
+    of resident memory (bench/RESULTS.md, idle connections)."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
     try:
         key = load_pem_private_key(path.read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as exc:
@@ -102,6 +108,10 @@ def load_signing_key(path: Path) -> ec.EllipticCurvePrivateKey:
 
 def sign(data: bytes, key: ec.EllipticCurvePrivateKey) -> bytes:
     """ECDSA P-256 over sha256(data), as r||s (32 bytes each, big-endian)."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
     r, s = decode_dss_signature(key.sign(data, ec.ECDSA(hashes.SHA256())))
     return r.to_bytes(32, "big") + s.to_bytes(32, "big")
 
