@@ -42,6 +42,21 @@ READ_AHEAD_BYTES = 1024 * 1024
 MEMORY_QUEUE_BYTES = 8 * 1024 * 1024
 
 
+class _NoQueue(deque[Delivery]):
+    """The queue of every session that has never queued anything: a deque costs 760 bytes even empty, and
+    most sessions of a gateway (devices that only publish) never queue. Reading it is reading an empty
+    deque; a write that would add to it raises instead of sharing a delivery between sessions: a session
+    swaps in a deque of its own first (``Session._enqueue``)."""
+
+    def _shared(self, *args: object) -> None:
+        raise AssertionError("NO_QUEUE is shared: a session must give itself a deque before queuing")
+
+    append = appendleft = extend = extendleft = insert = __iadd__ = _shared  # type: ignore[assignment]
+
+
+NO_QUEUE: deque[Delivery] = _NoQueue()
+
+
 class Session:
     """What the broker owes one client id across connections (see the module docstring).
 
@@ -71,7 +86,8 @@ class Session:
         self.username: str | None = None
         self.expiry_interval = 0
         self.inflight: dict[int, Delivery] = {}
-        self.queue: deque[Delivery] = deque()
+        #: NO_QUEUE until something is queued (then a deque of its own for good).
+        self.queue: deque[Delivery] = NO_QUEUE
         self.inbound_qos2: set[int] = set()
         self.connection: Connection | None = None
         self.will: pk.Will | None = None
@@ -142,6 +158,8 @@ class Session:
         if not queue and len(self.inflight) < connection.send_quota:
             self._send_new(connection, delivery, now)
         else:  # ``_enqueue``, inline: every delivery behind a full window comes this way
+            if queue is NO_QUEUE:
+                queue = self.queue = deque()
             queue.append(delivery)
             self.queued_bytes += len(delivery.message.payload)
         return True
@@ -151,7 +169,10 @@ class Session:
         return bool(self.queued_bytes) and self.queued_bytes + len(delivery.message.payload) > MEMORY_QUEUE_BYTES
 
     def _enqueue(self, delivery: Delivery) -> None:
-        self.queue.append(delivery)
+        queue = self.queue
+        if queue is NO_QUEUE:
+            queue = self.queue = deque()
+        queue.append(delivery)
         self.queued_bytes += len(delivery.message.payload)
 
     def on_puback(self, packet_id: int, now: float) -> Delivery | None:
@@ -242,11 +263,11 @@ class Session:
         expired: list[Delivery] = []
         if connection is None:
             return expired
-        queue = self.queue
         inflight = self.inflight
         quota = connection.send_quota
         may_read = self.receive_check
         while True:
+            queue = self.queue  # again after a read ahead: the first one replaces NO_QUEUE
             while queue:
                 delivery = queue[0]
                 if delivery.qos and len(inflight) >= quota:
