@@ -38,6 +38,7 @@ UNIT_MODULES = frozenset(
     {
         "tests/broker/test_certificates.py",
         "tests/broker/test_codec.py",
+        "tests/broker/test_footprint.py",
         "tests/broker/test_hardening.py",
         "tests/broker/test_imports.py",
         "tests/broker/test_limits.py",

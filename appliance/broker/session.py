@@ -74,7 +74,7 @@ class Session:
     """
 
     __slots__ = (
-        "client_id", "username", "expiry_interval", "inflight", "queue", "inbound_qos2", "connection", "will",
+        "client_id", "username", "expiry_interval", "inflight", "queue", "_inbound_qos2", "connection", "will",
         "disconnected_at", "dropped", "queue_limit", "journal", "completed", "receive_check", "_next_packet_id",
         "_queued_qos0", "queued_bytes", "pager", "spilled", "cursor", "stored_bytes", "byte_limit",
     )
@@ -88,7 +88,7 @@ class Session:
         self.inflight: dict[int, Delivery] = {}
         #: NO_QUEUE until something is queued (then a deque of its own for good).
         self.queue: deque[Delivery] = NO_QUEUE
-        self.inbound_qos2: set[int] = set()
+        self._inbound_qos2: set[int] | None = None
         self.connection: Connection | None = None
         self.will: pk.Will | None = None
         self.disconnected_at: float | None = None
@@ -112,6 +112,19 @@ class Session:
         self.cursor = 0
         self.stored_bytes = 0
         self.byte_limit = byte_limit
+
+    @property
+    def inbound_qos2(self) -> set[int]:
+        """Inbound QoS 2 packet ids acknowledged with PUBREC, awaiting their PUBREL. Made on first use: an
+        empty set is 216 bytes, and most clients never publish at QoS 2."""
+        ids = self._inbound_qos2
+        if ids is None:
+            ids = self._inbound_qos2 = set()
+        return ids
+
+    @inbound_qos2.setter
+    def inbound_qos2(self, ids: set[int]) -> None:
+        self._inbound_qos2 = ids
 
     @property
     def durable(self) -> bool:
@@ -326,7 +339,7 @@ class Session:
         """Clean start: forget everything owed (subscriptions live in the topic tree)."""
         self.inflight.clear()
         self.queue.clear()
-        self.inbound_qos2.clear()
+        self._inbound_qos2 = None
         self._queued_qos0 = 0
         self.queued_bytes = 0
         self.spilled = 0
