@@ -41,6 +41,7 @@ UNIT_MODULES = frozenset(
         "tests/broker/test_footprint.py",
         "tests/broker/test_hardening.py",
         "tests/broker/test_imports.py",
+        "tests/broker/test_keepalive.py",
         "tests/broker/test_limits.py",
         "tests/broker/test_login_gate.py",
         "tests/broker/test_offline_queue.py",

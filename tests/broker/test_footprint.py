@@ -4,10 +4,11 @@ allocation added by mistake (a deque, a set, a dict per session) goes over.
 The figure is deterministic for a given Python: the same packets build the same objects. It covers what
 the core allocates for a client that connected (MQTT 5, keep-alive 60 s, no subscription) and then says
 nothing: its ``Connection`` (made by the socket layer in production, here by ``IdleLink``), reader,
-``Session``, the broker's tables, and the keep-alive timer of the fake runtime (a stand-in for uvloop's).
+``Session``, the broker's tables and its keep-alive entry.
 The socket layer's share and the resident memory of a real gateway are measured from outside by
-``bench/idle_connections.py`` (bench/RESULTS.md). Measured on Python 3.11 when the bound was set: 1,502
-bytes per client; 2,478 before sessions stopped making a deque and a set each (issue 30).
+``bench/idle_connections.py`` (bench/RESULTS.md). Measured on Python 3.11 when the bound was set: 1,374
+bytes per client; 1,502 with a runtime timer per connection for its keep-alive, 2,486 while sessions also
+made a deque and a set each (issue 30).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from appliance.broker.session import Connection
 from tests.broker.pair import BrokerPair
 
 #: Bytes the core may keep per idle MQTT 5 client.
-IDLE_CLIENT_BYTES = 1_650
+IDLE_CLIENT_BYTES = 1_550
 CLIENTS = 2_000
 
 
