@@ -1,11 +1,16 @@
 """``keepalive.KeepAlive`` on the fake runtime: each connection closed exactly at its own deadline, traffic
-moving the deadline, one runtime timer for all, and nothing left behind by connections that went."""
+moving the deadline, one runtime timer for all, and nothing left behind by connections that went; and
+any sequence of connections, traffic, departures and time against a model of the rule."""
 
 from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from appliance.broker.connection import Connection
 from appliance.broker.keepalive import REBUILD_FLOOR, KeepAlive
 from tests.broker.pair import FakeRuntime
+from tests.support.campaigns import campaign
 
 
 class Link:
@@ -102,3 +107,51 @@ def test_a_connection_forgotten_while_expiring_others_is_not_expired() -> None:
         keepalive.watch(link, 10.0)  # type: ignore[arg-type]
     runtime.advance(10)
     assert expired == ["c0"] and len(keepalive) == 0
+
+
+OPERATIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("watch"), st.integers(0, 7), st.sampled_from([0.5, 1.5, 15.0, 90.0])),
+        st.tuples(st.just("traffic"), st.integers(0, 7), st.just(0.0)),
+        st.tuples(st.just("forget"), st.integers(0, 7), st.just(0.0)),
+        st.tuples(st.just("advance"), st.just(0), st.one_of(st.sampled_from([0.1, 0.25, 0.4, 0.5, 1.0, 1.4, 14.9, 15.0]),
+                                                              st.floats(0.0, 30.0, allow_nan=False))),
+    ),
+    max_size=60,
+)
+
+
+@campaign(300, deadline=None)
+@given(OPERATIONS)
+def test_any_sequence_expires_exactly_the_silent_connections_at_their_deadlines(
+        operations: list[tuple[str, int, float]]) -> None:
+    """The rule, as a model: a watched connection that has not gone expires at last_received + seconds,
+    not earlier and not later; one that went never expires; the heap stays bounded by what is watched."""
+    runtime = FakeRuntime()
+    expired: list[tuple[Link, float]] = []
+    keepalive = KeepAlive(runtime, lambda link: expired.append((link, runtime.monotonic())))  # type: ignore[arg-type]
+    links: dict[int, Link] = {}
+    watched: dict[int, float] = {}  # index -> seconds, while watched and not expired
+    for action, index, value in operations:
+        if action == "watch":  # a new connection under this index; the one before it went
+            if index in watched:
+                keepalive.forget(links[index].connection)
+            link = links[index] = Link(f"c{index}", runtime)
+            keepalive.watch(link, value)  # type: ignore[arg-type]
+            watched[index] = value
+        elif action == "traffic" and index in watched:
+            links[index].traffic(runtime)
+        elif action == "forget" and index in watched:
+            keepalive.forget(links[index].connection)
+            del watched[index]
+        elif action == "advance":
+            runtime.advance(value)
+        for link, at in expired:
+            index = int(link.connection.peer[1:])
+            assert links.get(index) is link and index in watched, "a connection that went, or expired twice"
+            assert at == link.connection.last_received + watched.pop(index)
+        expired.clear()
+        now = runtime.monotonic()
+        assert all(now < links[index].connection.last_received + seconds for index, seconds in watched.items())
+        assert len(keepalive) == len(watched)
+        assert len(keepalive._heap) <= 2 * len(watched) + REBUILD_FLOOR + 1
