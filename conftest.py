@@ -38,8 +38,10 @@ UNIT_MODULES = frozenset(
     {
         "tests/broker/test_certificates.py",
         "tests/broker/test_codec.py",
+        "tests/broker/test_footprint.py",
         "tests/broker/test_hardening.py",
         "tests/broker/test_imports.py",
+        "tests/broker/test_keepalive.py",
         "tests/broker/test_limits.py",
         "tests/broker/test_login_gate.py",
         "tests/broker/test_request_envelope.py",

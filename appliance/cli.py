@@ -2,6 +2,10 @@
 
 Each subsystem contributes its own subcommands through a ``register(subparsers)`` function so this module
 stays a table of contents rather than a second home for subsystem logic.
+
+``appliance run`` is the gateway, a process that lives for months: it builds only its own subcommand and
+imports none of the others' modules (the doctor, the state store and forwarding tools with jsonschema:
+about 7 MB of resident memory it would carry for nothing; bench/RESULTS.md, issue 30).
 """
 
 from __future__ import annotations
@@ -11,16 +15,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from appliance import doctor
-from appliance.broker import passwd_cli
 from appliance.cli_args import add_config_arguments, config_from_args, overrides_from_args
 from appliance.config import ConfigError
-from appliance.config.reference import reference_table
-from appliance.config_check import check_config
-from appliance.firmware import cli as firmware_cli
-from appliance.forwarding import cli as forwarding_cli
-from appliance.gateway_config import ConfigFile
-from appliance.statestore import cli as statestore_cli
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -31,6 +27,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from appliance.config.reference import reference_table
+    from appliance.config_check import check_config
+    from appliance.gateway_config import ConfigFile
+
     if args.schema:
         sys.stdout.write(reference_table(ConfigFile))
         return 0
@@ -45,13 +45,21 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(gateway_only: bool = False) -> argparse.ArgumentParser:
+    """Every subcommand, or with ``gateway_only`` only ``run`` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="appliance", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the gateway")
     add_config_arguments(run)
     run.set_defaults(handler=cmd_run)
+    if gateway_only:
+        return parser
+    from appliance import doctor
+    from appliance.broker import passwd_cli
+    from appliance.firmware import cli as firmware_cli
+    from appliance.forwarding import cli as forwarding_cli
+    from appliance.statestore import cli as statestore_cli
 
     check = sub.add_parser("check-config", help="validate a configuration file and every file it names; print the "
                            "result, or every error")
@@ -70,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(gateway_only=argv[:1] == ["run"]).parse_args(argv)
     try:
         return int(args.handler(args))
     except ConfigError as exc:

@@ -46,6 +46,7 @@ from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, BrokerConfig
 from appliance.broker.dispatch import HANDLERS, ReadFailure, unexpected
+from appliance.broker.keepalive import KeepAlive
 from appliance.broker.link import Link
 from appliance.broker.login_gate import LoginGate
 from appliance.broker.message import Message
@@ -113,7 +114,7 @@ class Broker:
         self.login_gate = LoginGate()  # survives SIGHUP: slots in use and failure counts are not the file's
         #: Recent session takeovers per client id (``handle_connect.flap_delay``).
         self.takeovers: dict[str, deque[float]] = {}
-        self.keepalive_timers: dict[Connection, Timer] = {}
+        self.keepalive = KeepAlive(self.runtime, lambda link: lifecycle.keepalive_expired(self, link))
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
         self._since_flush = 0
@@ -149,6 +150,7 @@ class Broker:
         forwarding bridge drives the hardware's uplink LED until it stops), commit."""
         if self._tick_timer is not None:
             self._tick_timer.cancel()
+        self.keepalive.stop()
         lifecycle.publish_wills_on_shutdown(self, self.runtime.now())
         for link in list(self.links):
             lifecycle.close(self, link, rc.SERVER_SHUTTING_DOWN, "server shutting down", abnormal=False)
@@ -220,9 +222,7 @@ class Broker:
         self.backpressure.forget(link)
         self.backlogs.forget(connection)
         self.commits.forget(connection)
-        timer = self.keepalive_timers.pop(connection, None)
-        if timer is not None:
-            timer.cancel()
+        self.keepalive.forget(connection)
         was = connection.state
         connection.state = CLOSED
         if was == CONNECTED:

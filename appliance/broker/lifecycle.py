@@ -196,24 +196,15 @@ def count_drops(broker: Broker) -> None:
 
 
 def start_keepalive(broker: Broker, link: Link, seconds: float) -> None:
-    """One timer per connection at 1.5x the keep-alive, which re-arms itself if traffic arrived
-    meanwhile instead of being rescheduled on every read (aiohttp does the same)."""
-    connection = link.connection
-    due = connection.last_received + seconds
-    broker.keepalive_timers[connection] = broker.runtime.call_later(
-        max(0.0, due - broker.runtime.monotonic()), _check_keepalive, broker, link, seconds
-    )
+    """Close the connection once it has sent nothing for ``seconds`` (``keepalive.KeepAlive``: one heap
+    and one timer for every connection)."""
+    broker.keepalive.watch(link, seconds)
 
 
-def _check_keepalive(broker: Broker, link: Link, seconds: float) -> None:
+def keepalive_expired(broker: Broker, link: Link) -> None:
     connection = link.connection
     if connection.state == CLOSED:
-        broker.keepalive_timers.pop(connection, None)
         return
-    if broker.runtime.monotonic() < connection.last_received + seconds:
-        start_keepalive(broker, link, seconds)
-        return
-    broker.keepalive_timers.pop(connection, None)
     log.info("client %s: keep-alive timeout", connection.client_id or connection.peer)
     close(broker, link, rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
     broker.schedule_flush()

@@ -33,14 +33,18 @@ import asyncio
 import logging
 import socket
 import ssl
+from collections import OrderedDict
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from appliance.broker.broker import Broker
 from appliance.broker.certificates import CertificateFileError, date_problems
 from appliance.broker.config import ListenerConfig
 from appliance.broker.session import AWAITING_CONNECT, Connection
-from appliance.broker.websocket import WebSocketServer
 from appliance.tcp_floor import keep_kernel_floor
+
+if TYPE_CHECKING:
+    from appliance.broker.websocket import WebSocketServer
 
 log = logging.getLogger("appliance.broker.server")
 
@@ -54,20 +58,29 @@ LINGER_SECONDS = 2.0
 
 
 class ClientProtocol(asyncio.BufferedProtocol):
-    def __init__(self, broker: Broker, websocket: bool = False, read_buffer: memoryview | None = None) -> None:
-        """``read_buffer`` may be shared by every connection of one event loop: each read is copied out
-        in ``buffer_updated`` before the loop starts the next, and 2,000 connections then cost one
-        buffer instead of 8 MB of them."""
+    # Slots: one of these lives per connection (idle connections' memory, bench/idle_connections.py).
+    __slots__ = ("broker", "_websocket", "connection", "transport", "_loop", "_deadlines", "_lingering", "_holds",
+                 "_reading", "_buffer")
+
+    def __init__(
+        self, broker: Broker, websocket: type[WebSocketServer] | None = None, read_buffer: memoryview | None = None,
+        connect_deadlines: ConnectDeadlines | None = None,
+    ) -> None:
+        """``websocket`` is the WebSocket adapter's class for a WebSocket listener (passed in, so a gateway
+        without one never imports wsproto). ``read_buffer`` and ``connect_deadlines`` are shared by every
+        connection of one listener: each read is copied out in ``buffer_updated`` before the loop starts the
+        next, so 2,000 connections cost one buffer instead of 8 MB of them, and one timer instead of 2,000."""
         self.broker = broker
         limits = broker.limits
-        self._websocket = WebSocketServer() if websocket else None
+        self._websocket = websocket() if websocket is not None else None
         self.connection = Connection(limits.max_packet_size, limits.topic_alias_maximum, "?")
         self.connection.link = self
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadlines = connect_deadlines if connect_deadlines is not None else ConnectDeadlines(self._loop)
         self._lingering: asyncio.TimerHandle | None = None
-        self._holds: set[str] = set()
+        #: Why reading is held; None until the first hold (an empty set is 216 bytes, per connection).
+        self._holds: set[str] | None = None
         self._reading = True
         self._buffer = read_buffer if read_buffer is not None else memoryview(bytearray(READ_BUFFER_BYTES))
 
@@ -79,7 +92,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         self.connection.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         high = self.broker.limits.outbound_buffer_bytes
         transport.set_write_buffer_limits(high=high, low=high // 4)
-        self._timer = self._loop.call_at(self._loop.time() + CONNECT_TIMEOUT, self._check_connect)
+        self._deadlines.add(self)
         self.broker.connection_made(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -114,9 +127,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadlines.discard(self)
         if self._lingering is not None:
             self._lingering.cancel()
         self.broker.connection_lost(self)
@@ -158,7 +169,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
             transport.abort()
             return
         self._lingering = self._loop.call_later(LINGER_SECONDS, transport.close)
-        self._holds.clear()
+        self._holds = None
         self._update_reading()
 
     def peer_closed(self) -> bool:
@@ -181,10 +192,13 @@ class ClientProtocol(asyncio.BufferedProtocol):
 
     def hold_reading(self, reason: str, held: bool) -> None:
         """Stop (or resume) reading for one ``reason``; reading resumes when no reason is left."""
+        holds = self._holds
         if held:
-            self._holds.add(reason)
-        else:
-            self._holds.discard(reason)
+            if holds is None:
+                holds = self._holds = set()
+            holds.add(reason)
+        elif holds is not None:
+            holds.discard(reason)
         self._update_reading()
 
     # -- internals ------------------------------------------------------------------------------------
@@ -201,11 +215,54 @@ class ClientProtocol(asyncio.BufferedProtocol):
             else:
                 transport.pause_reading()
 
-    def _check_connect(self) -> None:
-        self._timer = None
+    def connect_deadline_passed(self) -> None:
+        """``CONNECT_TIMEOUT`` after the connection came (``ConnectDeadlines``)."""
         if self.connection.state == AWAITING_CONNECT:
             log.info("client %s: no CONNECT within %.0fs; closing", self.connection.peer, CONNECT_TIMEOUT)
             self.close()
+
+
+class ConnectDeadlines:
+    """The connections of one listener still inside their ``CONNECT_TIMEOUT``, checked by one timer.
+
+    Every connection gets the same timeout from the moment it came, so arrival order is deadline order:
+    a FIFO (an ``OrderedDict``: a closed connection leaves it at once, and the oldest entry is found
+    without scanning) and one timer armed for its oldest entry do what a timer per connection did, for
+    about a hundred bytes per waiting connection instead of a timer handle's six hundred. An entry stays
+    until its deadline even when CONNECT came (the check then finds nothing to do), so reading packets
+    costs nothing here.
+    """
+
+    __slots__ = ("_loop", "_waiting", "_timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiting: OrderedDict[ClientProtocol, float] = OrderedDict()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def add(self, protocol: ClientProtocol) -> None:
+        deadline = self._loop.time() + CONNECT_TIMEOUT
+        self._waiting[protocol] = deadline
+        if self._timer is None:
+            self._timer = self._loop.call_at(deadline, self._expire)
+
+    def discard(self, protocol: ClientProtocol) -> None:
+        self._waiting.pop(protocol, None)
+
+    def _expire(self) -> None:
+        self._timer = None
+        waiting = self._waiting
+        now = self._loop.time()
+        while waiting:
+            protocol, deadline = next(iter(waiting.items()))
+            if deadline > now:
+                self._timer = self._loop.call_at(deadline, self._expire)
+                return
+            del waiting[protocol]
+            protocol.connect_deadline_passed()
 
 
 
@@ -262,6 +319,13 @@ def warn_about_dates(listener: ListenerConfig) -> None:
             log.warning("%s; its validity dates are not checked", exc)
 
 
+def _websocket_adapter() -> type[WebSocketServer]:
+    """Imported on demand: only a gateway that serves WebSocket loads wsproto."""
+    from appliance.broker.websocket import WebSocketServer
+
+    return WebSocketServer
+
+
 async def start_listener(broker: Broker, listener: ListenerConfig) -> tuple[asyncio.Server, str]:
     """Start one listener; returns the server and its URL with the port actually bound.
 
@@ -270,9 +334,11 @@ async def start_listener(broker: Broker, listener: ListenerConfig) -> tuple[asyn
     websocket = listener.type == "websocket"
     secure = listener.type == "tls" or (websocket and listener.certfile is not None)
     context = tls_context(listener) if secure else None
+    adapter = _websocket_adapter() if websocket else None
     read_buffer = memoryview(bytearray(READ_BUFFER_BYTES))
+    deadlines = ConnectDeadlines(loop)
     server = await loop.create_server(
-        lambda: ClientProtocol(broker, websocket, read_buffer), listener.host, listener.port, ssl=context, backlog=4096,
+        lambda: ClientProtocol(broker, adapter, read_buffer, deadlines), listener.host, listener.port, ssl=context, backlog=4096,
         reuse_address=True,
         # A TLS client gets as long for its handshake as a plain one gets to send CONNECT (asyncio: 60 s).
         ssl_handshake_timeout=CONNECT_TIMEOUT if context is not None else None,

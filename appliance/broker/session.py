@@ -42,6 +42,21 @@ READ_AHEAD_BYTES = 1024 * 1024
 MEMORY_QUEUE_BYTES = 8 * 1024 * 1024
 
 
+class _NoQueue(deque[Delivery]):
+    """The queue of every session that has never queued anything: a deque costs 760 bytes even empty, and
+    most sessions of a gateway (devices that only publish) never queue. Reading it is reading an empty
+    deque; a write that would add to it raises instead of sharing a delivery between sessions: a session
+    swaps in a deque of its own first (``Session._enqueue``)."""
+
+    def _shared(self, *args: object) -> None:
+        raise AssertionError("NO_QUEUE is shared: a session must give itself a deque before queuing")
+
+    append = appendleft = extend = extendleft = insert = __iadd__ = _shared  # type: ignore[assignment]
+
+
+NO_QUEUE: deque[Delivery] = _NoQueue()
+
+
 class Session:
     """What the broker owes one client id across connections (see the module docstring).
 
@@ -59,7 +74,7 @@ class Session:
     """
 
     __slots__ = (
-        "client_id", "username", "expiry_interval", "inflight", "queue", "inbound_qos2", "connection", "will",
+        "client_id", "username", "expiry_interval", "inflight", "queue", "_inbound_qos2", "connection", "will",
         "disconnected_at", "dropped", "queue_limit", "journal", "completed", "receive_check", "_next_packet_id",
         "_queued_qos0", "queued_bytes", "pager", "spilled", "cursor", "stored_bytes", "byte_limit",
     )
@@ -71,8 +86,9 @@ class Session:
         self.username: str | None = None
         self.expiry_interval = 0
         self.inflight: dict[int, Delivery] = {}
-        self.queue: deque[Delivery] = deque()
-        self.inbound_qos2: set[int] = set()
+        #: NO_QUEUE until something is queued (then a deque of its own for good).
+        self.queue: deque[Delivery] = NO_QUEUE
+        self._inbound_qos2: set[int] | None = None
         self.connection: Connection | None = None
         self.will: pk.Will | None = None
         self.disconnected_at: float | None = None
@@ -96,6 +112,19 @@ class Session:
         self.cursor = 0
         self.stored_bytes = 0
         self.byte_limit = byte_limit
+
+    @property
+    def inbound_qos2(self) -> set[int]:
+        """Inbound QoS 2 packet ids acknowledged with PUBREC, awaiting their PUBREL. Made on first use: an
+        empty set is 216 bytes, and most clients never publish at QoS 2."""
+        ids = self._inbound_qos2
+        if ids is None:
+            ids = self._inbound_qos2 = set()
+        return ids
+
+    @inbound_qos2.setter
+    def inbound_qos2(self, ids: set[int]) -> None:
+        self._inbound_qos2 = ids
 
     @property
     def durable(self) -> bool:
@@ -142,6 +171,8 @@ class Session:
         if not queue and len(self.inflight) < connection.send_quota:
             self._send_new(connection, delivery, now)
         else:  # ``_enqueue``, inline: every delivery behind a full window comes this way
+            if queue is NO_QUEUE:
+                queue = self.queue = deque()
             queue.append(delivery)
             self.queued_bytes += len(delivery.message.payload)
         return True
@@ -151,7 +182,10 @@ class Session:
         return bool(self.queued_bytes) and self.queued_bytes + len(delivery.message.payload) > MEMORY_QUEUE_BYTES
 
     def _enqueue(self, delivery: Delivery) -> None:
-        self.queue.append(delivery)
+        queue = self.queue
+        if queue is NO_QUEUE:
+            queue = self.queue = deque()
+        queue.append(delivery)
         self.queued_bytes += len(delivery.message.payload)
 
     def on_puback(self, packet_id: int, now: float) -> Delivery | None:
@@ -242,11 +276,11 @@ class Session:
         expired: list[Delivery] = []
         if connection is None:
             return expired
-        queue = self.queue
         inflight = self.inflight
         quota = connection.send_quota
         may_read = self.receive_check
         while True:
+            queue = self.queue  # again after a read ahead: the first one replaces NO_QUEUE
             while queue:
                 delivery = queue[0]
                 if delivery.qos and len(inflight) >= quota:
@@ -305,7 +339,7 @@ class Session:
         """Clean start: forget everything owed (subscriptions live in the topic tree)."""
         self.inflight.clear()
         self.queue.clear()
-        self.inbound_qos2.clear()
+        self._inbound_qos2 = None
         self._queued_qos0 = 0
         self.queued_bytes = 0
         self.spilled = 0

@@ -1,4 +1,4 @@
-"""Smoke test of the broker benchmark: its quick mode runs end to end against both brokers.
+"""Smoke test of the broker benchmarks: their quick modes run end to end against both brokers.
 
 Not a performance test (the figures depend on what else the machine runs): it checks that the load
 generator connects, publishes, subscribes and acknowledges against our gateway and mosquitto, that every
@@ -55,3 +55,16 @@ def test_quick_bench_reports_positive_figures_and_ratios() -> None:
         ours, mosquitto, ratio, _target = rows[label]
         assert number(ours) > 0 and number(mosquitto) > 0, output
         assert float(ratio) > 0, output
+
+
+def test_idle_connections_bench_reports_both_brokers_and_the_ratio() -> None:
+    completed = subprocess.run(
+        [sys.executable, "bench/idle_connections.py", "--counts", "100", "--rounds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output
+    [row] = [line for line in completed.stdout.splitlines() if line.startswith("| 100 |")]
+    cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+    ours, mosquitto, ratio = number(cells[1]), number(cells[2]), float(cells[3])
+    assert ours > 0 and mosquitto > 0 and ratio > 0, output

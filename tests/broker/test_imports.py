@@ -28,6 +28,7 @@ CLOCK_FREE = (
     "appliance.broker.store_failure",
     "appliance.broker.runtime",
     "appliance.broker.link",
+    "appliance.broker.keepalive",
 )
 #: Sans-I/O cores: no asyncio, time, sockets, TLS, threads or SQLite, directly or through our imports.
 IO_FREE = (

@@ -1,4 +1,5 @@
-"""The socket layer's read fairness (``server.py``), on uvloop as the gateway runs it.
+"""The socket layer (``server.py``), on uvloop as the gateway runs it: read fairness, and the CONNECT
+timeout.
 
 A flooding publisher must not be read faster than one small read per loop iteration: that bound is what
 keeps one client's flood from delaying everyone else's messages. The test counts loop iterations with a
@@ -9,16 +10,19 @@ flooding connection happened in; it asserts the structure, not a time.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import uvloop
 
+from appliance.broker import server
 from appliance.broker.broker import Broker
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.writer import encode
-from appliance.broker.server import READ_BUFFER_BYTES, ClientProtocol
+from appliance.broker.server import READ_BUFFER_BYTES, ClientProtocol, ConnectDeadlines
 from tests.broker.clients import RawClient
 from tests.support.inprocess import InProcessBroker
 
@@ -102,3 +106,82 @@ def test_a_large_publish_spanning_many_reads_arrives_whole(recording: RecordingB
     assert subscriber.expect(pk.Publish).payload == payload
     subscriber.close()
     publisher.close()
+
+
+# -- the CONNECT timeout ---------------------------------------------------------------------------------
+
+
+class FakeLoop:
+    """``time`` and ``call_at``, the part of an event loop ``ConnectDeadlines`` uses; ``advance`` runs the
+    timers that fall due, in order."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[tuple[float, Callable[[], object]]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> Any:
+        self.timers.append((when, callback))
+        self.timers.sort(key=lambda timer: timer[0])
+        return object()  # a handle; ConnectDeadlines never cancels it
+
+    def advance(self, seconds: float) -> None:
+        end = self.now + seconds
+        while self.timers and self.timers[0][0] <= end:
+            when, callback = self.timers.pop(0)
+            self.now = max(self.now, when)
+            callback()
+        self.now = end
+
+
+class Waiting:
+    """A protocol's side of ``ConnectDeadlines``: records when its deadline passed."""
+
+    def __init__(self, loop: FakeLoop, passed: list[tuple[str, float]], name: str) -> None:
+        self.loop, self.passed, self.name = loop, passed, name
+
+    def connect_deadline_passed(self) -> None:
+        self.passed.append((self.name, self.loop.now))
+
+
+def test_connect_deadlines_fire_each_connection_at_its_own_deadline_with_one_timer() -> None:
+    loop = FakeLoop()
+    deadlines = ConnectDeadlines(loop)  # type: ignore[arg-type]
+    passed: list[tuple[str, float]] = []
+    first, second, gone, third = (Waiting(loop, passed, name) for name in ("first", "second", "gone", "third"))
+    deadlines.add(first)  # type: ignore[arg-type]
+    loop.advance(3)
+    deadlines.add(second)  # type: ignore[arg-type]
+    deadlines.add(gone)  # type: ignore[arg-type]
+    loop.advance(2)
+    deadlines.add(third)  # type: ignore[arg-type]
+    deadlines.discard(gone)  # type: ignore[arg-type]  # closed before its deadline
+    assert len(loop.timers) == 1 and len(deadlines) == 3
+    loop.advance(4.9)
+    assert passed == []
+    loop.advance(0.1)
+    assert passed == [("first", 10.0)]
+    loop.advance(10)
+    assert passed == [("first", 10.0), ("second", 13.0), ("third", 15.0)]
+    assert len(deadlines) == 0 and loop.timers == []
+    deadlines.add(first)  # type: ignore[arg-type]  # empty again: the next arrival arms a timer again
+    loop.advance(server.CONNECT_TIMEOUT)
+    assert passed[-1] == ("first", 30.0)
+
+
+def test_a_connection_without_connect_is_closed_at_the_timeout_and_one_with_connect_is_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "CONNECT_TIMEOUT", 0.5)
+    with InProcessBroker(None, loop=uvloop.new_event_loop()) as hosted:
+        connected = RawClient(hosted.port)
+        connected.connect("has-connected", keep_alive=0)
+        started = time.monotonic()
+        silent = RawClient(hosted.port)
+        with pytest.raises(ConnectionError):
+            silent.recv(timeout=10)  # the server closes it: no CONNECT within the timeout
+        assert time.monotonic() - started >= 0.5
+        connected.send(pk.PingReq())
+        assert isinstance(connected.expect(pk.PingResp), pk.PingResp)
+        connected.close()

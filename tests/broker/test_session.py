@@ -14,7 +14,7 @@ from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reader import PacketReader
 from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.message import Message
-from appliance.broker.session import Connection, Delivery, Session
+from appliance.broker.session import NO_QUEUE, Connection, Delivery, Session
 from tests.support.campaigns import campaign
 
 NOW = 1_000_000.0
@@ -65,6 +65,25 @@ def test_qos1_window_follows_receive_maximum_and_refills_on_puback() -> None:
     (third,) = sent(connection)
     assert third.payload == b"2"
     assert session.on_puback(first.packet_id, NOW) is None  # already done: ignored
+
+
+def test_sessions_share_no_queue_until_one_queues_and_then_it_has_its_own() -> None:
+    """NO_QUEUE spares idle sessions a deque each; it must never hold a delivery (issue 30)."""
+    windowed, _ = connected(receive_maximum=1)
+    away = Session("away", queue_limit=3)
+    bystander, _ = connected()
+    assert windowed.queue is NO_QUEUE and away.queue is NO_QUEUE and bystander.queue is NO_QUEUE
+    windowed.deliver(delivery(b"1"), NOW)  # in flight
+    windowed.deliver(delivery(b"2"), NOW)  # behind the window of one
+    away.deliver(delivery(b"3"), NOW)  # no connection
+    away.deliver(delivery(b"4", qos=0), NOW)
+    assert [d.message.payload for d in windowed.queue] == [b"2"]
+    assert [d.message.payload for d in away.queue] == [b"3", b"4"]
+    assert len(NO_QUEUE) == 0 and bystander.queue is NO_QUEUE
+    with pytest.raises(AssertionError):
+        NO_QUEUE.append(delivery())
+    away.clear()
+    assert len(away.queue) == 0 and len(NO_QUEUE) == 0
 
 
 def test_packet_ids_skip_ids_still_in_flight(level: int) -> None:
