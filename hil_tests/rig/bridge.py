@@ -37,9 +37,12 @@ physical NICs and on the veth ends the tests hand it.
   ``ProtectKernelTunables=yes`` leaves exactly that file writable (``ReadWritePaths=``). Where /proc/sys is
   read-only all the same, the rig still starts: it says once that tail loss probes stay on and why, and
   STATUS shows ``tail_loss_probes=on``.
-* IPv6 is off on the bridge and its ports (``addrgenmode none``, their IPv6 addresses flushed, through
-  netlink with CAP_NET_ADMIN alone): with it on, the rig's own bridge sent router solicitations and
-  multicast listener reports onto the shaped link, 13-19 frames in its first 30 s, a second of a 9.6k link.
+* The rig's own interfaces say nothing on the link: IPv6 is off on the bridge and its ports (``addrgenmode
+  none``, their IPv6 addresses flushed, through netlink with CAP_NET_ADMIN alone), and the bridge does no
+  multicast snooping (``mcast_snooping 0``: a snooping bridge joins the all-snoopers groups and reports
+  them by IGMP and MLD; a cable floods multicast anyway). Before, the rig's bridge sent router
+  solicitations and listener reports onto the shaped link, 13-19 frames in its first 30 s, a second of a
+  9.6k link.
 * DOWN drops what tbf's queues hold (the qdiscs are re-created after the drop rules are in): when the host
   reads ``OK DOWN``, nothing more crosses, where before up to the burst and 1 s at RATE drained after it.
 
@@ -155,7 +158,7 @@ class BridgeBackend(KernelShaping):
         except BaseException as error:
             try:
                 await self.close()
-            except BackendError as cleanup:
+            except (BackendError, OSError) as cleanup:
                 error.add_note(f"cleaning up after it: {' '.join(str(cleanup).split())}")
             raise
 
@@ -168,7 +171,12 @@ class BridgeBackend(KernelShaping):
             await self._recover(Journal(self._state_dir, "bridge-" + "-".join(self.ports)))
         if not await _exists(self.bridge):
             self._record(created_bridge=True)
-            await run_command("ip", "link", "add", self.bridge, "type", "bridge", "stp_state", "0")
+            await run_command("ip", "link", "add", self.bridge, "type", "bridge", "stp_state", "0", "mcast_snooping", "0")
+        else:
+            snooping = await _mcast_snooping(self.bridge)
+            if snooping != "0":
+                self._record(mcast_snooping=snooping)
+                await run_command("ip", "link", "set", "dev", self.bridge, "type", "bridge", "mcast_snooping", "0")
         await self._ipv6_off(self.bridge)
         for port in self.ports:
             await self._ipv6_off(port)
@@ -206,8 +214,8 @@ class BridgeBackend(KernelShaping):
             self.restarted = True
             _log(f"a rig on {','.join(self.ports)} did not stop cleanly; undid what it left, the link is unshaped and "
                  f"up (STATUS says restarted=1)" + "".join(f"; {problem}" for problem in problems))
-        self._journal = journal
         journal.save(self._changes)  # a state directory the rig cannot write stops it here, before any change
+        self._journal = journal
 
     def _record(self, **changes: Any) -> None:
         """Write down a change before making it (journal module docstring)."""
@@ -304,7 +312,10 @@ class BridgeBackend(KernelShaping):
         self._applied = LinkSettings()
         self._tail_loss_probes = None
         if self._journal is not None and not errors:
-            self._journal.remove()
+            try:
+                self._journal.remove()
+            except OSError as error:
+                errors.append(f"cannot remove the state file: {error}")
             self._journal = None
         self._claim.release()
         if errors:
@@ -340,7 +351,11 @@ async def _undo(changes: Changes, *, strict: bool) -> list[str]:
     if changes.created_bridge:
         if strict or await _exists(changes.bridge):
             await attempt(run_command("ip", "link", "del", changes.bridge))
-    elif changes.address is not None and (strict or await _exists(changes.bridge)):
+        return errors
+    if changes.mcast_snooping is not None and (strict or await _exists(changes.bridge)):
+        await attempt(run_command("ip", "link", "set", "dev", changes.bridge, "type", "bridge",
+                                  "mcast_snooping", changes.mcast_snooping))
+    if changes.address is not None and (strict or await _exists(changes.bridge)):
         with contextlib.suppress(BackendError):  # a dead rig may have died before adding it
             await run_command("ip", "addr", "del", changes.address, "dev", changes.bridge)
     return errors
@@ -365,6 +380,11 @@ async def _addrgenmode(interface: str) -> str:
     """The kernel's IPv6 address generation mode of ``interface`` (``eui64``, ``none``, ...)."""
     links = json.loads(await run_command("ip", "-d", "-j", "link", "show", "dev", interface))
     return str(links[0].get("inet6_addr_gen_mode", "none"))
+
+
+async def _mcast_snooping(bridge: str) -> str:
+    links = json.loads(await run_command("ip", "-d", "-j", "link", "show", "dev", bridge))
+    return str(links[0].get("linkinfo", {}).get("info_data", {}).get("mcast_snooping", "0"))
 
 
 async def _has_route(route: list[str]) -> bool:

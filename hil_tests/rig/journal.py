@@ -47,6 +47,7 @@ class Changes:
     sysctls: dict[str, str] = field(default_factory=dict)  # /proc/sys path -> its value before the rig
     addrgenmodes: dict[str, str] = field(default_factory=dict)  # interface -> IPv6 address mode before the rig
     routes: list[list[str]] = field(default_factory=list)  # `ip route` arguments of routes the rig added
+    mcast_snooping: str | None = None  # a reused bridge's multicast snooping before the rig ("0" or "1")
     shaped: bool = False  # tbf qdiscs on the ports
 
     @classmethod
@@ -75,7 +76,7 @@ def _check(changes: Changes) -> None:
         and (changes.address is None or isinstance(changes.address, str))
         and string_map(changes.sysctls) and string_map(changes.addrgenmodes)
         and isinstance(changes.routes, list) and all(strings(route) for route in changes.routes)
-        and isinstance(changes.shaped, bool)
+        and isinstance(changes.shaped, bool) and changes.mcast_snooping in (None, "0", "1")
         and all(path.startswith("/proc/sys/net/") and ".." not in path for path in changes.sysctls)
     )  # fmt: skip
     if not valid:
