@@ -7,6 +7,11 @@ latency of each set point (sent -> applied). ``summary.md`` is one page for the 
 pytest outcome and each bound, measured against its limit, pass or fail. The series are computed by pure
 functions (testable without matplotlib); only `plot_scenario` draws.
 
+Every series counts a message as the summary does (`hil_tests.timeline`): in the gateway from its ``sent``
+to its first ``received`` or ``expired``, whichever observer recorded first; a reception recorded before
+its sending (the two observers' threads, not the message) is a stay of zero. Before, `queue_depths` skipped
+such a reception, and the plot ended with a backlog of 4 while the summary said 40 of 40 received.
+
 Bounds: every scenario is held to "nothing lost" (sent, never received, not expired); the latency bounds
 are the scenarios' own constants (`LATENCY_BOUNDS`), so a changed bound is reported as it is enforced.
 """
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hil_tests.timeline import read_timeline, summarize
+from hil_tests.timeline import latency_ms, read_timeline, summarize
 
 RATE_COMMAND = re.compile(r"^RATE\s+(\d+)", re.IGNORECASE)
 MEASURE_WINDOW_MS = 1000.0
@@ -109,25 +114,31 @@ def measured_goodput(records: Iterable[dict[str, Any]], window_ms: float = MEASU
 
 
 def queue_depths(records: Iterable[dict[str, Any]]) -> dict[int, list[tuple[float, int]]]:
-    """Per priority, (t_ms, messages in the gateway not yet at the cloud nor expired) at each change."""
-    events: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    done: set[str] = set()
-    entered: set[str] = set()
-    for record in sorted(records, key=lambda r: r["t_ms"]):
+    """Per priority, (t_ms, messages in the gateway not yet at the cloud nor expired) at each change.
+
+    A message is in from its first ``sent`` until its first ``received`` or ``expired``, never for less
+    than nothing (module docstring); changes at the same instant are one point, so the depth never shows a
+    spike or a dip that is only the order of two records."""
+    entered: dict[str, tuple[int, float]] = {}
+    left: dict[str, float] = {}
+    for record in records:
         priority, message = record["priority"], record["message_id"]
         if priority is None or record["event"] == "rig":
             continue
-        if record["event"] == "sent" and message not in entered:
-            entered.add(message)
-            events[priority].append((record["t_ms"], +1))
-        elif record["event"] in ("received", "expired") and message in entered and message not in done:
-            done.add(message)
-            events[priority].append((record["t_ms"], -1))
+        if record["event"] == "sent":
+            entered.setdefault(message, (priority, record["t_ms"]))
+        elif record["event"] in ("received", "expired"):
+            left[message] = min(left.get(message, record["t_ms"]), record["t_ms"])
+    changes: dict[int, dict[float, int]] = defaultdict(lambda: defaultdict(int))
+    for message, (priority, t_in) in entered.items():
+        changes[priority][t_in] += 1
+        if message in left:
+            changes[priority][t_in + latency_ms(t_in, left[message])] -= 1
     depths = {}
-    for priority, changes in events.items():
+    for priority, by_time in changes.items():
         depth, series = 0, []
-        for t_ms, change in changes:
-            depth += change
+        for t_ms in sorted(by_time):
+            depth += by_time[t_ms]
             series.append((t_ms, depth))
         depths[priority] = series
     return depths
@@ -144,7 +155,7 @@ def latencies(records: Iterable[dict[str, Any]], priority: int | None) -> list[t
             sent.setdefault(record["message_id"], record["t_ms"])
         elif record["event"] == "received":
             first.setdefault(record["message_id"], record["t_ms"])
-    return sorted((sent[m], (first[m] - sent[m]) / 1000) for m in first if m in sent)
+    return sorted((sent[m], latency_ms(sent[m], first[m]) / 1000) for m in first if m in sent)
 
 
 def check_bounds(scenario: str, records: list[dict[str, Any]], bounds: Mapping[str, list[LatencyBound]]) -> list[BoundResult]:
