@@ -10,13 +10,17 @@ summarized in a table at the end of the pytest output.
 
 from __future__ import annotations
 
+import re
+import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from hil_tests.bench import DEFAULT_BENCH, BenchConfig, load_bench
 from hil_tests.harness import Site
+from hil_tests.history import RunInfo
 from hil_tests.netns_site import (
     CLOUD_BROKER_PORT,
     HostLinks,
@@ -168,6 +172,32 @@ def rig(request: pytest.FixtureRequest, bench: BenchConfig, timeline: Timeline, 
         yield client
 
 
+def run_info(run_id: str, bench: BenchConfig) -> RunInfo:
+    """The run as the bench's history records it: when, which bench and rig, which gateway and firmware."""
+    import appliance
+
+    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True, check=False).stdout.strip()
+    firmware = bench.devices.firmware.parent / "thermostat.py"
+    found = re.search(r'^VERSION = "([^"]+)"', firmware.read_text(), re.M) if firmware.exists() else None
+    return RunInfo(
+        run_id=run_id,
+        started=_started(run_id),
+        bench=bench.history.bench,
+        rig=f"{bench.rig.backend} on {bench.rig.serial}" if bench.rig.local else bench.rig.serial,
+        gateway_version=appliance.__version__ + (f"+{commit}" if commit else ""),
+        firmware_version=found.group(1) if found else "unknown",
+    )
+
+
+def _started(run_id: str) -> str:
+    """When the run started: its id begins with the UTC time (`timeline.new_run_id`), else now."""
+    try:
+        return datetime.strptime(run_id[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).isoformat()
+    except ValueError:
+        return datetime.now(UTC).isoformat(timespec="seconds")
+
+
 class RunOutcomes:
     """A plugin that keeps each test's outcome by its name (the timeline's scenario) for summary.md."""
 
@@ -190,7 +220,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_sep("=", f"HIL timelines: {run.folder}")
         terminalreporter.write_line(format_summary(summarize(records)))
         try:
-            summary = write_run_report(run.folder, config.stash[OUTCOMES_KEY].by_name)
+            bench = bench_of(config)
+            summary = write_run_report(run.folder, config.stash[OUTCOMES_KEY].by_name, bench.history.database,
+                                       run_info(run.run_id, bench), bench.history.trend_runs)
         except Exception as error:  # a broken plot must not hide the run's own result; say what broke
             terminalreporter.write_line(f"HIL report not written: {type(error).__name__}: {error}", red=True)
         else:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hil_tests.history import DEFAULT_TREND_RUNS, Measurement, RunInfo, plot_trends, record_run
 from hil_tests.timeline import latency_ms, read_timeline, summarize
 
 RATE_COMMAND = re.compile(r"^RATE\s+(\d+)", re.IGNORECASE)
@@ -60,6 +61,9 @@ class BoundResult:
     measured: str
     limit: str
     passed: bool
+    value: float | None = None  # the measured figure as a number (None: nothing measured), for the history
+    bound: float = 0.0
+    unit: str = ""
 
 
 def rate_steps(records: Iterable[dict[str, Any]]) -> list[tuple[float, int]]:
@@ -161,12 +165,14 @@ def latencies(records: Iterable[dict[str, Any]], priority: int | None) -> list[t
 def check_bounds(scenario: str, records: list[dict[str, Any]], bounds: Mapping[str, list[LatencyBound]]) -> list[BoundResult]:
     results = []
     lost = sum(row.lost for row in summarize(records))
-    results.append(BoundResult("nothing lost (sent, never received, not expired)", str(lost), "0", lost == 0))
+    results.append(BoundResult("nothing lost (sent, never received, not expired)", str(lost), "0", lost == 0,
+                               float(lost), 0.0, "messages"))
     function = scenario.split("[", 1)[0]
     for bound in bounds.get(function, []):
         worst = max((latency for _, latency in latencies(records, bound.priority)), default=None)
         measured = "-" if worst is None else f"{worst:.2f} s"
-        results.append(BoundResult(bound.name, measured, f"{bound.limit_s:g} s", worst is not None and worst <= bound.limit_s))
+        results.append(BoundResult(bound.name, measured, f"{bound.limit_s:g} s", worst is not None and worst <= bound.limit_s,
+                                   worst, bound.limit_s, "s"))
     return results
 
 
@@ -221,10 +227,17 @@ def _finish(axis: Any, name: str, has_data: bool) -> None:
         axis.text(0.5, 0.5, f"no {name} data in this scenario", transform=axis.transAxes, ha="center", color="grey")
 
 
-def write_run_report(folder: Path, outcomes: Mapping[str, str]) -> Path:
-    """Plot every timeline of ``folder`` and write ``folder/summary.md``; returns the summary's path."""
+def write_run_report(
+    folder: Path, outcomes: Mapping[str, str], history: Path | None = None, run: RunInfo | None = None,
+    trend_runs: int = DEFAULT_TREND_RUNS,
+) -> Path:
+    """Plot every timeline of ``folder`` and write ``folder/summary.md``; returns the summary's path.
+
+    With ``history`` and ``run``, the run's bounds are recorded in that database (`hil_tests.history`) and
+    a trend plot per figure over the last ``trend_runs`` runs is drawn into ``folder`` too."""
     bounds = latency_bounds()
     lines = [f"# HIL run {folder.name}", "", "| scenario | pytest | bound | measured | limit | |", "|---|---|---|---|---|---|"]
+    measurements = []
     for timeline in sorted(folder.glob("*.jsonl")):
         records = read_timeline(timeline)
         if not records:
@@ -235,8 +248,15 @@ def write_run_report(folder: Path, outcomes: Mapping[str, str]) -> Path:
         for result in check_bounds(scenario, records, bounds):
             mark = "pass" if result.passed else "FAIL"
             lines.append(f"| {scenario} | {outcome} | {result.name} | {result.measured} | {result.limit} | {mark} |")
+            measurements.append(Measurement(scenario, result.name, result.value, result.bound, result.unit,
+                                            result.passed, outcome))
     lines += ["", "Plots: `<scenario>.png` beside each timeline (rate set vs measured, queue depth per priority,",
               "P0 latency, set point latency). Timelines: `<scenario>.jsonl`."]
+    if history is not None and run is not None:
+        record_run(history, run, measurements)
+        trends = plot_trends(history, folder, trend_runs)
+        lines += ["", f"History: `{history}` (bench {run.bench}); trends over the last {trend_runs} runs, the bound "
+                  "dashed: " + ", ".join(f"`{path.name}`" for path in trends)]
     summary = folder / "summary.md"
     summary.write_text("\n".join(lines) + "\n")
     return summary
