@@ -152,8 +152,13 @@ def rig(request: pytest.FixtureRequest, bench: BenchConfig, timeline: Timeline, 
     if not bench.rig.local:
         with RigClient(bench.rig.serial, baudrate=bench.rig.baud, on_command=timeline.rig) as client:
             client.reset()
+            restarted_before = client.status().get("restarted", "0")
             yield client
+            restarted_after = client.status().get("restarted", "0")
             client.reset()
+            if restarted_after != restarted_before:
+                pytest.fail("the rig box's rig restarted during the scenario (STATUS restarted=1: it was killed or "
+                            "crashed, and its successor set the link back to unshaped and up); see journalctl -u hil-rig")
         return
     args = ["--backend", bench.rig.backend]
     if bench.rig.backend == "userspace":
