@@ -8,12 +8,14 @@ will need undone, then the change is made), and a starting rig that finds a reco
 does anything else, and says so (``restarted=1`` in STATUS). A clean stop undoes the same record and
 removes the file.
 
-The file lives in ``--state-dir`` (default ``/run/hil-rig``, the unit's ``RuntimeDirectory``, kept across
+The file lives in ``--state-dir`` (default ``$RUNTIME_DIRECTORY`` or ``/run/hil-rig``: the unit's
+``RuntimeDirectory``, kept across
 restarts by ``RuntimeDirectoryPreserve``): it describes kernel state, which a reboot clears too, so a
 tmpfs that a reboot empties is the right place. Its name carries the network namespace's cookie (unique per
 boot, never reused), so rigs in different namespaces keep separate records and a record never outlives its
 namespace's meaning. Writes go to a temporary file that is renamed over the record, so a crash mid-write
-leaves the previous record whole.
+leaves the previous record whole. A rig that cannot write there says so in one line and runs without a
+record: it shapes as well, but a crash of it is not undone by the next rig.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_STATE_DIR = Path("/run/hil-rig")
+# systemd names the unit's RuntimeDirectory in $RUNTIME_DIRECTORY; a rig started by hand uses /run/hil-rig.
+DEFAULT_STATE_DIR = Path(os.environ.get("RUNTIME_DIRECTORY", "/run/hil-rig").split(":")[0])
 SO_NETNS_COOKIE = getattr(socket, "SO_NETNS_COOKIE", 71)  # Linux 5.14+; Python has no name for it yet
 
 

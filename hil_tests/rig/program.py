@@ -13,7 +13,7 @@ The serial line is `serial_line.SerialLink`'s: absent at start or hung up later,
 it is and opens the line again when it is back; replies never block the loop.
 
 Everything a technician needs to act on is one line on stderr (`log`): a failed start (a missing port, a
-second rig on the same ports, a state directory it cannot write) ends the rig with one ``rig: ...`` line and
+second rig on the same ports) ends the rig with one ``rig: ...`` line and
 exit status 1, never a traceback, so a unit that restarts it fills the journal with one line per attempt.
 """
 

@@ -251,6 +251,18 @@ def test_a_state_file_that_is_not_the_rigs_is_reported_and_the_rig_starts_clean(
     assert not state.exists()
 
 
+def test_a_state_directory_the_rig_cannot_write_is_one_line_and_the_rig_still_shapes(site, start_rig, tmp_path):
+    """A rig started by hand as an unprivileged user (no RuntimeDirectory) cannot keep its record: it says so
+    once and shapes all the same."""
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    ready, rig = start_rig("--state-dir", str(blocked / "state"))
+    assert rig.rate(64_000) == "RATE 64000"
+    assert _stop(ready["pid"]) == 0
+    text = (tmp_path / "rig1.log").read_text()
+    assert text.count("cannot write the state file") == 1 and "running without it" in text, text
+
+
 def _macs(site: BridgeSite) -> set[bytes]:
     links = json.loads(_in_rig(site, "ip", "-j", "link", "show"))
     return {bytes.fromhex(link["address"].replace(":", "")) for link in links if link.get("address")}
