@@ -34,7 +34,6 @@ from hil_tests.rig.launcher import RigStartError, local_rig
 from hil_tests.rig.namespace_sockets import in_namespace
 from hil_tests.rig.tests.flow import drain, flooding, quiet_for
 from hil_tests.rig.tests.unit_sandbox import NOBODY, sandboxed_command, unit_settings
-from tests.support.waiting import wait_until
 
 SINK_PORT = 7000
 RigFactory = Callable[..., tuple[dict[str, Any], RigClient]]
@@ -108,10 +107,10 @@ def test_a_serial_hang_up_is_logged_once_keeps_the_link_and_the_rig_answers_when
             with local_rig(backend, log, serial_device=str(host.name)) as ready:
                 assert host.command("RATE 9600") == "OK RATE 9600"
                 host.unplug()
-                wait_until(lambda: "hung up" in log.read_text(), timeout=10, what="the hang-up logged")
                 cpu_before = _rig_cpu_seconds(ready["pid"])
                 time.sleep(2.0)  # a measuring window, not a synchronisation: the rig must idle through it
                 cpu_used = _rig_cpu_seconds(ready["pid"]) - cpu_before
+                assert cpu_used < 0.3, f"the rig spun on its hung-up line: {cpu_used:.2f} s of CPU in 2 s"
                 host.plug()
                 status = host.command("STATUS")
                 assert " rate=9600 " in status, status
@@ -120,7 +119,6 @@ def test_a_serial_hang_up_is_logged_once_keeps_the_link_and_the_rig_answers_when
     finally:
         host.close()
     print(f"rig with its serial line gone for 2 s: {cpu_used:.3f} s of CPU; its log: {text!r}")
-    assert cpu_used < 0.3
     assert text.count("hung up") == 1 and "Traceback" not in text and len(text) < 2000
 
 
