@@ -89,6 +89,7 @@ NFT_FAMILY = "bridge"
 NFT_HOOKS = ("forward", "input")
 # The slowest rate the relay's retransmission floor is sized for: the HIL scenarios' slow link.
 RELAY_SLOWEST_RATE_BPS = 9600
+IPV6_CONF = Path("/proc/sys/net/ipv6/conf")  # absent when the kernel runs without IPv6
 EARLY_RETRANS = Path("/proc/sys/net/ipv4/tcp_early_retrans")  # 0: no tail loss probes (module docstring)
 
 
@@ -230,7 +231,10 @@ class BridgeBackend(KernelShaping):
             self._journal.save(self._changes)
 
     async def _ipv6_off(self, interface: str) -> None:
-        """No IPv6 address on ``interface``, now or later: nothing of the rig's own talks on the link."""
+        """No IPv6 address on ``interface``, now or later: nothing of the rig's own talks on the link. A kernel
+        without IPv6 (``ipv6.disable=1``) has nothing to switch off."""
+        if not IPV6_CONF.exists():
+            return
         mode = await _addrgenmode(interface)
         if mode != "none":
             self._record(addrgenmodes={**self._changes.addrgenmodes, interface: mode})
