@@ -86,6 +86,15 @@ class DevicesConfig:
 
 
 @dataclass(frozen=True)
+class HistoryConfig:
+    """Where the bench's runs are recorded (`hil_tests.history`) and under which name."""
+
+    database: Path
+    bench: str  # the bench's name in a lab's shared database
+    trend_runs: int  # how many runs a trend plot shows
+
+
+@dataclass(frozen=True)
 class BenchConfig:
     source: Path
     rig: RigConfig
@@ -93,6 +102,7 @@ class BenchConfig:
     cloud: CloudConfig
     devices: DevicesConfig
     artifacts_dir: Path
+    history: HistoryConfig
 
 
 def load_bench(path: Path = DEFAULT_BENCH) -> BenchConfig:
@@ -120,6 +130,7 @@ def load_bench(path: Path = DEFAULT_BENCH) -> BenchConfig:
             firmware=_path(base, _get(devices, "devices", "firmware", str)),
         ),
         artifacts_dir=_path(base, _get(artifacts, "artifacts", "dir", str)),
+        history=_history(data, base, path),
     )
     if config.rig.local and backend not in LOCAL_BACKENDS:
         raise BenchConfigError(
@@ -128,10 +139,28 @@ def load_bench(path: Path = DEFAULT_BENCH) -> BenchConfig:
         )
     if config.devices.count < 0:
         raise BenchConfigError("devices.count", "must not be negative")
-    unknown = set(data) - {"rig", "gateway", "cloud", "devices", "artifacts"}
+    unknown = set(data) - {"rig", "gateway", "cloud", "devices", "artifacts", "history"}
     if unknown:
         raise BenchConfigError(sorted(unknown)[0], "unknown section")
     return config
+
+
+def _history(data: dict[str, Any], base: Path, source: Path) -> HistoryConfig:
+    """The optional ``[history]`` section: database (default ``<artifacts dir>/history.db``), bench name
+    (default the bench file's name without ``.toml``), trend_runs (default 20)."""
+    table = data.get("history", {})
+    if not isinstance(table, dict):
+        raise BenchConfigError("history", "expected a section")
+    unknown = set(table) - {"database", "bench", "trend_runs"}
+    if unknown:
+        raise BenchConfigError(f"history.{sorted(unknown)[0]}", "unknown key")
+    artifacts = _path(base, _get(_table(data, "artifacts"), "artifacts", "dir", str))
+    database = _path(base, _get(table, "history", "database", str)) if "database" in table else artifacts / "history.db"
+    bench = _get(table, "history", "bench", str) if "bench" in table else source.stem
+    trend_runs = _get(table, "history", "trend_runs", int) if "trend_runs" in table else 20
+    if trend_runs < 1 or not bench:
+        raise BenchConfigError("history", "trend_runs must be at least 1 and bench must not be empty")
+    return HistoryConfig(database, bench, trend_runs)
 
 
 def _path(base: Path, value: str) -> Path:

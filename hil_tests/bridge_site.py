@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 import signal
 import subprocess
@@ -59,9 +60,11 @@ class BridgeSite:
 
     def __init__(self, run_id: str | None = None) -> None:
         self.run_id = run_id or secrets.token_hex(4)
-        self.gateway_ns = f"hilbr-{self.run_id}-gw"
-        self.rig_ns = f"hilbr-{self.run_id}-rig"
-        self.uplink_ns = f"hilbr-{self.run_id}-up"
+        # HIL_NETNS_PREFIX: benches that share a machine tell their namespaces apart at a glance.
+        prefix = os.environ.get("HIL_NETNS_PREFIX", "hilbr")
+        self.gateway_ns = f"{prefix}-{self.run_id}-gw"
+        self.rig_ns = f"{prefix}-{self.run_id}-rig"
+        self.uplink_ns = f"{prefix}-{self.run_id}-up"
         self.ports = (GATEWAY_PORT_NAME, UPLINK_PORT_NAME)
         self.rig_address = f"{RIG_ADDRESS}/{PREFIX_LENGTH}"
         self._created: list[str] = []

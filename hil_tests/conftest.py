@@ -10,13 +10,18 @@ summarized in a table at the end of the pytest output.
 
 from __future__ import annotations
 
+import re
+import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from hil_tests.bench import DEFAULT_BENCH, BenchConfig, load_bench
+from hil_tests.bridge_site import apply_image_sysctls
 from hil_tests.harness import Site
+from hil_tests.history import RunInfo
 from hil_tests.netns_site import (
     CLOUD_BROKER_PORT,
     HostLinks,
@@ -130,6 +135,9 @@ def site(request: pytest.FixtureRequest, bench: BenchConfig, rig: RigClient) -> 
         links: HostLinks = request.getfixturevalue("host_links")
         host, port = status["relay"].rsplit(":", 1)
         namespace, address = links.gateway.namespace, links.gateway.address
+        # The gateway's network stack as the gateway image sets the box's (its retransmission floor for a
+        # slow uplink), as on the bridge bench: without it an alert took 4.52 s against 3 s on this bench.
+        apply_image_sysctls(namespace)
         return Site((host, int(port)), lambda data_dir, config: NamespacedGateway(namespace, address, data_dir, config))
     upstream = bench.cloud.uplink
     if "relay" in status:
@@ -148,8 +156,13 @@ def rig(request: pytest.FixtureRequest, bench: BenchConfig, timeline: Timeline, 
     if not bench.rig.local:
         with RigClient(bench.rig.serial, baudrate=bench.rig.baud, on_command=timeline.rig) as client:
             client.reset()
+            restarted_before = client.status().get("restarted", "0")
             yield client
+            restarted_after = client.status().get("restarted", "0")
             client.reset()
+            if restarted_after != restarted_before:
+                pytest.fail("the rig box's rig restarted during the scenario (STATUS restarted=1: it was killed or "
+                            "crashed, and its successor set the link back to unshaped and up); see journalctl -u hil-rig")
         return
     args = ["--backend", bench.rig.backend]
     if bench.rig.backend == "userspace":
@@ -166,6 +179,32 @@ def rig(request: pytest.FixtureRequest, bench: BenchConfig, timeline: Timeline, 
         RigClient(ready["serial"], baudrate=bench.rig.baud, on_command=timeline.rig) as client,
     ):
         yield client
+
+
+def run_info(run_id: str, bench: BenchConfig) -> RunInfo:
+    """The run as the bench's history records it: when, which bench and rig, which gateway and firmware."""
+    import appliance
+
+    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True, check=False).stdout.strip()
+    firmware = bench.devices.firmware.parent / "thermostat.py"
+    found = re.search(r'^VERSION = "([^"]+)"', firmware.read_text(), re.M) if firmware.exists() else None
+    return RunInfo(
+        run_id=run_id,
+        started=_started(run_id),
+        bench=bench.history.bench,
+        rig=f"{bench.rig.backend} on {bench.rig.serial}" if bench.rig.local else bench.rig.serial,
+        gateway_version=appliance.__version__ + (f"+{commit}" if commit else ""),
+        firmware_version=found.group(1) if found else "unknown",
+    )
+
+
+def _started(run_id: str) -> str:
+    """When the run started: its id begins with the UTC time (`timeline.new_run_id`), else now."""
+    try:
+        return datetime.strptime(run_id[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).isoformat()
+    except ValueError:
+        return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 class RunOutcomes:
@@ -190,7 +229,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_sep("=", f"HIL timelines: {run.folder}")
         terminalreporter.write_line(format_summary(summarize(records)))
         try:
-            summary = write_run_report(run.folder, config.stash[OUTCOMES_KEY].by_name)
+            bench = bench_of(config)
+            summary = write_run_report(run.folder, config.stash[OUTCOMES_KEY].by_name, bench.history.database,
+                                       run_info(run.run_id, bench), bench.history.trend_runs)
         except Exception as error:  # a broken plot must not hide the run's own result; say what broke
             terminalreporter.write_line(f"HIL report not written: {type(error).__name__}: {error}", red=True)
         else:

@@ -7,6 +7,11 @@ latency of each set point (sent -> applied). ``summary.md`` is one page for the 
 pytest outcome and each bound, measured against its limit, pass or fail. The series are computed by pure
 functions (testable without matplotlib); only `plot_scenario` draws.
 
+Every series counts a message as the summary does (`hil_tests.timeline`): in the gateway from its ``sent``
+to its first ``received`` or ``expired``, whichever observer recorded first; a reception recorded before
+its sending (the two observers' threads, not the message) is a stay of zero. Before, `queue_depths` skipped
+such a reception, and the plot ended with a backlog of 4 while the summary said 40 of 40 received.
+
 Bounds: every scenario is held to "nothing lost" (sent, never received, not expired); the latency bounds
 are the scenarios' own constants (`LATENCY_BOUNDS`), so a changed bound is reported as it is enforced.
 """
@@ -20,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hil_tests.timeline import read_timeline, summarize
+from hil_tests.history import DEFAULT_TREND_RUNS, Measurement, RunInfo, plot_trends, record_run
+from hil_tests.timeline import latency_ms, read_timeline, summarize
 
 RATE_COMMAND = re.compile(r"^RATE\s+(\d+)", re.IGNORECASE)
 MEASURE_WINDOW_MS = 1000.0
@@ -55,6 +61,9 @@ class BoundResult:
     measured: str
     limit: str
     passed: bool
+    value: float | None = None  # the measured figure as a number (None: nothing measured), for the history
+    bound: float = 0.0
+    unit: str = ""
 
 
 def rate_steps(records: Iterable[dict[str, Any]]) -> list[tuple[float, int]]:
@@ -109,25 +118,31 @@ def measured_goodput(records: Iterable[dict[str, Any]], window_ms: float = MEASU
 
 
 def queue_depths(records: Iterable[dict[str, Any]]) -> dict[int, list[tuple[float, int]]]:
-    """Per priority, (t_ms, messages in the gateway not yet at the cloud nor expired) at each change."""
-    events: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    done: set[str] = set()
-    entered: set[str] = set()
-    for record in sorted(records, key=lambda r: r["t_ms"]):
+    """Per priority, (t_ms, messages in the gateway not yet at the cloud nor expired) at each change.
+
+    A message is in from its first ``sent`` until its first ``received`` or ``expired``, never for less
+    than nothing (module docstring); changes at the same instant are one point, so the depth never shows a
+    spike or a dip that is only the order of two records."""
+    entered: dict[str, tuple[int, float]] = {}
+    left: dict[str, float] = {}
+    for record in records:
         priority, message = record["priority"], record["message_id"]
         if priority is None or record["event"] == "rig":
             continue
-        if record["event"] == "sent" and message not in entered:
-            entered.add(message)
-            events[priority].append((record["t_ms"], +1))
-        elif record["event"] in ("received", "expired") and message in entered and message not in done:
-            done.add(message)
-            events[priority].append((record["t_ms"], -1))
+        if record["event"] == "sent":
+            entered.setdefault(message, (priority, record["t_ms"]))
+        elif record["event"] in ("received", "expired"):
+            left[message] = min(left.get(message, record["t_ms"]), record["t_ms"])
+    changes: dict[int, dict[float, int]] = defaultdict(lambda: defaultdict(int))
+    for message, (priority, t_in) in entered.items():
+        changes[priority][t_in] += 1
+        if message in left:
+            changes[priority][t_in + latency_ms(t_in, left[message])] -= 1
     depths = {}
-    for priority, changes in events.items():
+    for priority, by_time in changes.items():
         depth, series = 0, []
-        for t_ms, change in changes:
-            depth += change
+        for t_ms in sorted(by_time):
+            depth += by_time[t_ms]
             series.append((t_ms, depth))
         depths[priority] = series
     return depths
@@ -144,18 +159,20 @@ def latencies(records: Iterable[dict[str, Any]], priority: int | None) -> list[t
             sent.setdefault(record["message_id"], record["t_ms"])
         elif record["event"] == "received":
             first.setdefault(record["message_id"], record["t_ms"])
-    return sorted((sent[m], (first[m] - sent[m]) / 1000) for m in first if m in sent)
+    return sorted((sent[m], latency_ms(sent[m], first[m]) / 1000) for m in first if m in sent)
 
 
 def check_bounds(scenario: str, records: list[dict[str, Any]], bounds: Mapping[str, list[LatencyBound]]) -> list[BoundResult]:
     results = []
     lost = sum(row.lost for row in summarize(records))
-    results.append(BoundResult("nothing lost (sent, never received, not expired)", str(lost), "0", lost == 0))
+    results.append(BoundResult("nothing lost (sent, never received, not expired)", str(lost), "0", lost == 0,
+                               float(lost), 0.0, "messages"))
     function = scenario.split("[", 1)[0]
     for bound in bounds.get(function, []):
         worst = max((latency for _, latency in latencies(records, bound.priority)), default=None)
         measured = "-" if worst is None else f"{worst:.2f} s"
-        results.append(BoundResult(bound.name, measured, f"{bound.limit_s:g} s", worst is not None and worst <= bound.limit_s))
+        results.append(BoundResult(bound.name, measured, f"{bound.limit_s:g} s", worst is not None and worst <= bound.limit_s,
+                                   worst, bound.limit_s, "s"))
     return results
 
 
@@ -210,10 +227,17 @@ def _finish(axis: Any, name: str, has_data: bool) -> None:
         axis.text(0.5, 0.5, f"no {name} data in this scenario", transform=axis.transAxes, ha="center", color="grey")
 
 
-def write_run_report(folder: Path, outcomes: Mapping[str, str]) -> Path:
-    """Plot every timeline of ``folder`` and write ``folder/summary.md``; returns the summary's path."""
+def write_run_report(
+    folder: Path, outcomes: Mapping[str, str], history: Path | None = None, run: RunInfo | None = None,
+    trend_runs: int = DEFAULT_TREND_RUNS,
+) -> Path:
+    """Plot every timeline of ``folder`` and write ``folder/summary.md``; returns the summary's path.
+
+    With ``history`` and ``run``, the run's bounds are recorded in that database (`hil_tests.history`) and
+    a trend plot per figure over the last ``trend_runs`` runs is drawn into ``folder`` too."""
     bounds = latency_bounds()
     lines = [f"# HIL run {folder.name}", "", "| scenario | pytest | bound | measured | limit | |", "|---|---|---|---|---|---|"]
+    measurements = []
     for timeline in sorted(folder.glob("*.jsonl")):
         records = read_timeline(timeline)
         if not records:
@@ -224,8 +248,15 @@ def write_run_report(folder: Path, outcomes: Mapping[str, str]) -> Path:
         for result in check_bounds(scenario, records, bounds):
             mark = "pass" if result.passed else "FAIL"
             lines.append(f"| {scenario} | {outcome} | {result.name} | {result.measured} | {result.limit} | {mark} |")
+            measurements.append(Measurement(scenario, result.name, result.value, result.bound, result.unit,
+                                            result.passed, outcome))
     lines += ["", "Plots: `<scenario>.png` beside each timeline (rate set vs measured, queue depth per priority,",
               "P0 latency, set point latency). Timelines: `<scenario>.jsonl`."]
+    if history is not None and run is not None:
+        record_run(history, run, measurements)
+        trends = plot_trends(history, folder, trend_runs)
+        lines += ["", f"History: `{history}` (bench {run.bench}); trends over the last {trend_runs} runs, the bound "
+                  "dashed: " + ", ".join(f"`{path.name}`" for path in trends)]
     summary = folder / "summary.md"
     summary.write_text("\n".join(lines) + "\n")
     return summary

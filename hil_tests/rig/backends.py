@@ -15,6 +15,8 @@ from hil_tests.rig.shaping import LinkSettings
 class Backend(Protocol):
     name: str
     features: frozenset[str]
+    # True once `start` found and undid what a rig that did not stop left (STATUS ``restarted=1``).
+    restarted: bool
 
     async def start(self) -> None: ...
 
@@ -32,6 +34,7 @@ class UserspaceBackend:
 
     name = "userspace"
     features = frozenset({"rate", "delay", "jitter", "loss", "down"})
+    restarted = False  # it changes nothing outside its own process
 
     def __init__(
         self, target_host: str, target_port: int, listen_host: str = "127.0.0.1", listen_port: int = 0

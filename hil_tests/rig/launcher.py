@@ -56,17 +56,21 @@ def _delete_leftover_namespaces(ready: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def local_rig(
-    backend_args: Sequence[str], log_path: Path, serial_device: str = "pty", prefix: Sequence[str] = ()
+    backend_args: Sequence[str], log_path: Path, serial_device: str = "pty", prefix: Sequence[str] = (),
+    command: Sequence[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Run ``python -m hil_tests.rig --serial <serial_device> <backend_args>``; yield its ready line as a dict.
 
     With the default ``pty`` the rig creates the pty pair and ``ready["serial"]`` is the device to open.
     ``prefix`` runs it elsewhere, e.g. ``ip netns exec <rig namespace>`` (which execs, so the process is the rig).
+    ``command`` replaces the whole command line after ``prefix`` (a rig started as its unit starts it).
     """
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    argv = command if command is not None else [sys.executable, "-m", "hil_tests.rig", "--serial", serial_device,
+                                                *backend_args]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "hil_tests.rig", "--serial", serial_device, *backend_args],
+            [*prefix, *argv],
             stdout=subprocess.PIPE,
             stderr=log,
             cwd=REPO_ROOT,

@@ -44,6 +44,7 @@ class NetnsBackend(KernelShaping):
     """Owns the namespace pair of one run; `apply` makes the kernel match a `LinkSettings`."""
 
     name = "netns"
+    restarted = False  # its namespaces are new on every start; the launcher deletes a killed rig's
 
     def __init__(self, run_id: str | None = None, target: tuple[str, int] | None = None, relay_port: int = 0,
                  queue_s: float = DEFAULT_QUEUE_SECONDS) -> None:

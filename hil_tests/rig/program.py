@@ -9,10 +9,12 @@ the slave by name with pyserial exactly as it would open ``/dev/ttyUSB0`` on a r
 ready it prints one JSON line on stdout (serial device, backend, features, endpoints), which is what a bench
 waits for instead of sleeping. SIGTERM or SIGINT stops it and removes everything the backend created.
 
-The loop never blocks on the serial side: replies go out through `ReplyWriter`, non-blocking, and a host
-that writes commands but never reads the answers fills at most ``MAX_UNREAD_REPLY_BYTES``; replies beyond
-that are dropped and counted (``replies_dropped`` in STATUS). Before, one blocking ``os.write`` on a full
-pty stopped the relay in both directions and left SIGTERM's handler unable to run.
+The serial line is `serial_line.SerialLink`'s: absent at start or hung up later, the rig keeps the link as
+it is and opens the line again when it is back; replies never block the loop.
+
+Everything a technician needs to act on is one line on stderr (`log`): a failed start (a missing port, a
+second rig on the same ports) ends the rig with one ``rig: ...`` line and
+exit status 1, never a traceback, so a unit that restarts it fills the journal with one line per attempt.
 """
 
 from __future__ import annotations
@@ -23,15 +25,17 @@ import json
 import os
 import signal
 import sys
-import tty
 from collections.abc import Sequence
-from typing import Protocol, TextIO
+from pathlib import Path
+from typing import TextIO
 
 import serial
 
 from hil_tests.rig.backends import Backend, UserspaceBackend
 from hil_tests.rig.bridge import DEFAULT_BRIDGE, RELAY_SLOWEST_RATE_BPS, BridgeBackend
-from hil_tests.rig.kernel import DEFAULT_QUEUE_SECONDS
+from hil_tests.rig.claim import PortsBusy
+from hil_tests.rig.journal import DEFAULT_STATE_DIR, JournalError
+from hil_tests.rig.kernel import DEFAULT_QUEUE_SECONDS, BackendError
 from hil_tests.rig.netns import NetnsBackend
 from hil_tests.rig.protocol import (
     Apply,
@@ -41,98 +45,34 @@ from hil_tests.rig.protocol import (
     RigState,
     Status,
 )
-
-BAUD = 115200
-
-#: Replies the host has not read yet that the rig keeps; a longer backlog means nobody is reading.
-MAX_UNREAD_REPLY_BYTES = 4096
-
-
-class SerialLine(Protocol):
-    name: str
-
-    def fileno(self) -> int: ...
-
-    def read_available(self) -> bytes | None:
-        """What is buffered now; b"" means the line hung up, None that nothing is there after all."""
-
-    def close(self) -> None: ...
-
-
-class PtyLine:
-    """A pseudo-terminal pair made by the rig: the rig keeps the master, the host opens ``name``.
-
-    The rig also keeps a slave descriptor open, so the host may open and close the device as often as it
-    likes without the master seeing a hang-up; the slave is raw so nothing is echoed or translated.
-    """
-
-    def __init__(self) -> None:
-        self._master, self._slave = os.openpty()
-        tty.setraw(self._slave)
-        os.set_blocking(self._master, False)
-        self.name = os.ttyname(self._slave)
-
-    def fileno(self) -> int:
-        return self._master
-
-    def read_available(self) -> bytes | None:
-        try:
-            return os.read(self._master, 4096)
-        except BlockingIOError:
-            return None
-        except OSError:
-            return b""
-
-    def close(self) -> None:
-        os.close(self._master)
-        os.close(self._slave)
-
-
-class DeviceLine:
-    """A serial device opened with pyserial (a real port, or the slave end of someone else's pty)."""
-
-    def __init__(self, device: str, baudrate: int = BAUD) -> None:
-        self._port = serial.Serial(device, baudrate, timeout=0)
-        self.name = device
-
-    def fileno(self) -> int:
-        return self._port.fileno()
-
-    def read_available(self) -> bytes | None:
-        try:
-            return bytes(self._port.read(self._port.in_waiting or 1))
-        except serial.SerialException:
-            return b""
-
-    def close(self) -> None:
-        self._port.close()
+from hil_tests.rig.serial_line import BAUD, DeviceLine, PtyLine, SerialLine, SerialLink
 
 
 async def serve(line: SerialLine, backend: Backend, ready_out: TextIO, stop: asyncio.Event) -> None:
-    """Start the backend, announce readiness, answer commands until ``stop`` or hang-up, clean up."""
-    loop = asyncio.get_running_loop()
-    state = RigState(backend.name, backend.features)
-    lines: asyncio.Queue[str | CommandError | None] = asyncio.Queue()
-    buffer = LineBuffer()
-    replies = ReplyWriter(line.fileno())
+    """Start the backend, announce readiness, answer commands until ``stop``, clean up.
 
-    def on_readable() -> None:
-        data = line.read_available()
-        if data is None:
-            return
-        if not data:
-            loop.remove_reader(line.fileno())
-            lines.put_nowait(None)
-            return
+    The serial line may be absent at start or hang up later (`SerialLink`): the rig keeps shaping and
+    answers again when the line is back; only SIGTERM/SIGINT end it."""
+    state = RigState(backend.name, backend.features)
+    lines: asyncio.Queue[str | CommandError] = asyncio.Queue()
+    buffer = LineBuffer()
+
+    def on_data(data: bytes) -> None:
         for item in buffer.feed(data):
             lines.put_nowait(item)
 
+    def on_lost() -> None:
+        nonlocal buffer
+        buffer = LineBuffer()  # a line cut by the hang-up is void
+
+    link = SerialLink(line, on_data, on_lost, log)
     await backend.start()
+    state.restarted = backend.restarted
     stopped = asyncio.ensure_future(stop.wait())
     try:
-        loop.add_reader(line.fileno(), on_readable)
+        link.connect()
         ready = {"event": "ready", "pid": os.getpid(), "serial": line.name, "backend": backend.name}
-        ready |= {"features": sorted(backend.features), **backend.details()}
+        ready |= {"features": sorted(backend.features), "restarted": backend.restarted, **backend.details()}
         print(json.dumps(ready), file=ready_out, flush=True)
         while True:
             next_line = asyncio.ensure_future(lines.get())
@@ -140,73 +80,28 @@ async def serve(line: SerialLine, backend: Backend, ready_out: TextIO, stop: asy
             if not next_line.done():
                 next_line.cancel()
                 break
-            item = next_line.result()
-            if item is None:
-                break
-            reply = await _carry_out(state, backend, item, replies)
+            reply = await _carry_out(state, backend, next_line.result(), link)
             if reply is not None:
-                replies.send(reply.encode() + b"\n")
+                link.send(reply.encode() + b"\n")
     finally:
         stopped.cancel()
-        loop.remove_reader(line.fileno())
-        replies.close()
+        link.close()
         await backend.close()
 
 
-class ReplyWriter:
-    """Writes replies to the serial line without ever blocking the loop.
-
-    What the line does not take at once waits in a buffer flushed when the descriptor is writable; while
-    that buffer holds ``MAX_UNREAD_REPLY_BYTES`` or more, a new reply is dropped whole (never cut) and
-    counted, so a host that reads again finds whole lines and can see in STATUS what it missed.
-    """
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        os.set_blocking(fd, False)
-        self._pending = bytearray()
-        self._watching = False
-        self.dropped = 0
-
-    def send(self, data: bytes) -> None:
-        if len(self._pending) >= MAX_UNREAD_REPLY_BYTES:
-            self.dropped += 1
-            return
-        self._pending += data
-        self._flush()
-
-    def _flush(self) -> None:
-        try:
-            while self._pending:
-                written = os.write(self._fd, self._pending)
-                del self._pending[:written]
-        except BlockingIOError:
-            pass
-        except OSError:  # the line went away; the reader sees the hang-up and ends the session
-            self._pending.clear()
-        self._watch(bool(self._pending))
-
-    def _watch(self, wanted: bool) -> None:
-        if wanted != self._watching:
-            loop = asyncio.get_running_loop()
-            if wanted:
-                loop.add_writer(self._fd, self._flush)
-            else:
-                loop.remove_writer(self._fd)
-            self._watching = wanted
-
-    def close(self) -> None:
-        self._watch(False)
+def log(message: str) -> None:
+    """One line on stderr (the journal on a rig box), prefixed so that it reads well among other units'."""
+    print(f"rig: {message}", file=sys.stderr, flush=True)
 
 
-async def _carry_out(state: RigState, backend: Backend, item: str | CommandError, replies: ReplyWriter) -> str | None:
+async def _carry_out(state: RigState, backend: Backend, item: str | CommandError, link: SerialLink) -> str | None:
     action = state.handle(item)
     if action is None:
         return None
     if isinstance(action, Reply):
         return action.line
     if isinstance(action, Status):
-        return state.status_line(backend.details() | {"replies_dropped": str(replies.dropped)})
+        return state.status_line(backend.details() | {"replies_dropped": str(link.replies_dropped)})
     assert isinstance(action, Apply)
     try:
         await backend.apply(action.settings)
@@ -249,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ports", type=_ports, help="bridge: the two interfaces to shape, gateway side first (eth1,eth2)")
     parser.add_argument("--bridge", default=DEFAULT_BRIDGE, help=f"bridge: the bridge to create or reuse ({DEFAULT_BRIDGE})")
     parser.add_argument("--address", help="bridge: an address (CIDR) for the bridge, where the delay relay listens")
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
+                        help="bridge: where the rig records what it changed, to undo it after a crash "
+                        f"(default {DEFAULT_STATE_DIR}; the unit's RuntimeDirectory)")
     parser.add_argument("--run-id", help="netns: suffix of the namespace names (default: random)")
     parser.add_argument("--queue-s", type=float, default=DEFAULT_QUEUE_SECONDS,
                         help="netns, bridge: how many seconds of traffic at the current rate tbf queues (default 1)")
@@ -269,7 +167,8 @@ def make_backend(args: argparse.Namespace) -> Backend:
             raise SystemExit("--backend bridge needs --ports IF1,IF2 (gateway side first)")
         try:
             return BridgeBackend(
-                args.ports, args.bridge, args.address, args.target, relay_port, args.queue_s, args.relay_slowest_rate
+                args.ports, args.bridge, args.address, args.target, relay_port, args.queue_s, args.relay_slowest_rate,
+                state_dir=args.state_dir,
             )
         except ValueError as error:
             raise SystemExit(str(error)) from None
@@ -289,5 +188,15 @@ async def _main(args: argparse.Namespace) -> None:
         line.close()
 
 
+#: What ends a start with one line: the rig's own refusals and the kernel's or the filesystem's answers.
+START_FAILURES = (BackendError, PortsBusy, JournalError, OSError, serial.SerialException)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    asyncio.run(_main(build_parser().parse_args(argv)))
+    args = build_parser().parse_args(argv)
+    try:
+        asyncio.run(_main(args))
+    except START_FAILURES as error:
+        notes = "".join(f"; {note}" for note in getattr(error, "__notes__", ()))
+        log(f"cannot run: {' '.join(str(error).split())}{notes}")
+        raise SystemExit(1) from None

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from hil_tests.rig.shaping import LinkSettings, SettingsError
 
+DEFAULT_BURST_BYTES = LinkSettings().burst_bytes
+
 MAX_LINE_BYTES = 128
 _NUMBER = re.compile(r"^\d+(\.\d+)?$")
 _INTEGER = re.compile(r"^\d+$")
@@ -114,10 +116,10 @@ def _no_args(args: list[str]) -> tuple[float, ...]:
 
 
 def _rate_changes(args: tuple[float, ...]) -> dict[str, object]:
-    changes: dict[str, object] = {"rate_bps": int(args[0])}
-    if len(args) == 2:
-        changes["burst_bytes"] = int(args[1])
-    return changes
+    """``RATE r`` means ``RATE r 1600``: the burst is the default unless given. Keeping the last one made
+    ``RATE 9600`` after ``RATE 64000 16000`` let 13 s of the slow link through at once."""
+    burst = int(args[1]) if len(args) == 2 else DEFAULT_BURST_BYTES
+    return {"rate_bps": int(args[0]), "burst_bytes": burst}
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,9 @@ class RigState:
         self.features = features
         self.defaults = defaults or LinkSettings()
         self.settings = self.defaults
+        # This rig replaced one that did not stop (killed, crashed, power cut) and undid what it left: the
+        # link went back to the defaults behind the host's back. STATUS says so for as long as it runs.
+        self.restarted = False
 
     def handle(self, line: str | CommandError) -> Action | None:
         """The action for one line from the serial port; None for a blank line."""
@@ -197,6 +202,7 @@ class RigState:
             "jitter": _format_number(s.jitter_ms),
             "loss": _format_number(s.loss_pct),
             "features": ",".join(f for f in FEATURES if f in self.features),
+            "restarted": "1" if self.restarted else "0",
             **backend_details,
         }
         return "OK " + " ".join(f"{key}={value}" for key, value in fields.items())

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from hil_tests.report import (
     LatencyBound,
     check_bounds,
@@ -13,7 +16,7 @@ from hil_tests.report import (
     rate_steps,
     write_run_report,
 )
-from hil_tests.timeline import Timeline
+from hil_tests.timeline import Timeline, read_timeline, summarize
 
 SCENARIO = "test_alerts_overtake_a_growing_backlog_that_drains_in_priority_order[message]"
 
@@ -64,3 +67,48 @@ def test_the_run_report_writes_a_png_per_scenario_and_a_summary(tmp_path: Path) 
     text = summary.read_text()
     assert f"| {SCENARIO} | failed | nothing lost (sent, never received, not expired) | 1 | 0 | FAIL |" in text
     assert "| alert latency while the link is slow | 0.30 s | 3 s | pass |" in text
+
+
+def test_a_reception_recorded_before_its_sending_leaves_no_backlog_in_the_plot(tmp_path: Path) -> None:
+    """Issue 26 section 8: the tap (gateway) and the collector (cloud) record on their own threads, and 4 of
+    40 set-point scenario messages had ``received`` 0.5-1.9 ms before ``sent``. The plot ended at a backlog
+    of 4 while the summary said 40 of 40 received; the latency was negative."""
+    ticks = iter([0.0, 0.010, 0.0105, 0.020, 0.030])
+    with Timeline(tmp_path / "s.jsonl", "run-1", "test_x", clock=lambda: next(ticks)) as timeline:
+        timeline.received("d/data/1@1", 1, "t1", bytes=10)  # 10 ms
+        timeline.sent("d/data/1@1", 1, "t1")  # 10.5 ms: the tap's thread came second
+        timeline.sent("d/data/2@1", 1, "t1")  # 20 ms
+        timeline.received("d/data/2@1", 1, "t1", bytes=10)  # 30 ms
+    records = read_timeline(tmp_path / "s.jsonl")
+    assert queue_depths(records)[1][-1][1] == 0
+    assert all(depth >= 0 for _, depth in queue_depths(records)[1])
+    assert latencies(records, 1) == [(10.5, 0.0), (20.0, 0.01)]
+    (row,) = summarize(records)
+    assert (row.received, row.lost, row.p50_ms) == (2, 0, 5.0)  # the median of 0 and 10 ms
+
+
+EVENT_ORDERS = st.lists(
+    st.tuples(st.integers(0, 5), st.sampled_from(["sent", "received", "expired"]), st.integers(0, 2), st.floats(0, 50)),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=EVENT_ORDERS)
+def test_the_plotted_backlog_ends_where_the_summary_says_and_never_goes_below_zero(events) -> None:
+    """Any records, in any order, with any skew between the observers: the queue-depth series ends, per
+    priority, at the number of messages the summary counts as neither received nor expired."""
+    records, now = [], 0.0
+    priority_of = {}
+    for number, event, priority, gap in events:
+        now += gap
+        message = f"m{number}"
+        priority_of.setdefault(message, priority)  # a message keeps its priority, as in a real run
+        records.append({"run_id": "r", "scenario": "s", "message_id": message, "priority": priority_of[message],
+                        "device": "d", "event": event, "t_ms": now, "detail": {}})
+    depths = queue_depths(records)
+    for row in summarize(records):
+        series = depths.get(row.priority, [(0.0, 0)])
+        assert series[-1][1] == row.lost
+        assert all(depth >= 0 for _, depth in series)
+        assert [t for t, _ in series] == sorted({t for t, _ in series})

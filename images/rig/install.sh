@@ -1,8 +1,9 @@
 #!/bin/sh
 # Install the HIL link rig on a rig box (Raspberry Pi OS Lite 12 "bookworm", or any Debian 12), from a
 # checkout of this repository: the rig program (hil_tests/rig, nothing else of the project), its systemd
-# unit and user, the udev rule for its serial line, the kernel modules it needs, and /etc/hil-rig/rig.env.
-# docs/hil.md walks through building a bench with it.
+# unit and user, the udev rule for its serial line, the kernel modules it needs, /etc/hil-rig/rig.env, and
+# a NetworkManager drop-in that leaves the rig's ports and bridge unmanaged. docs/hil.md walks through
+# building a bench with it.
 #
 #   sudo images/rig/install.sh --ports eth0,eth1 [--gadget]
 #   images/rig/install.sh --root DIR [--ports ...] [--gadget]   # lay the files out under DIR only
@@ -12,7 +13,7 @@
 #                  dwc2 and g_serial at boot and adds dtoverlay=dwc2 to the boot config
 # --root DIR       no packages, no users, no systemctl: only the files, under DIR (image builds, checks)
 #
-# Run again to update; an edited /etc/hil-rig/rig.env is kept (unless --ports is given).
+# Run again to update; an edited /etc/hil-rig/rig.env is kept (--ports changes only its RIG_PORTS line).
 set -eu
 
 usage() { sed -n '7,15p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -64,12 +65,34 @@ install -d "$ROOT/etc/systemd/system/multi-user.target.wants"
 ln -sf /usr/lib/systemd/system/hil-rig.service "$ROOT/etc/systemd/system/multi-user.target.wants/hil-rig.service"
 
 ENV_FILE="$ROOT/etc/hil-rig/rig.env"
-if [ ! -e "$ENV_FILE" ] || [ -n "$PORTS" ]; then
+if [ ! -e "$ENV_FILE" ]; then
     install -D -m 0644 "$HERE/rig.env" "$ENV_FILE"
 fi
 if [ -n "$PORTS" ]; then
-    sed -i "s/^RIG_PORTS=.*/RIG_PORTS=$PORTS/" "$ENV_FILE"
+    # Only the ports: RIG_OPTIONS and comments an operator wrote stay as they are.
+    if grep -q '^RIG_PORTS=' "$ENV_FILE"; then
+        sed -i "s/^RIG_PORTS=.*/RIG_PORTS=$PORTS/" "$ENV_FILE"
+    else
+        printf 'RIG_PORTS=%s\n' "$PORTS" >> "$ENV_FILE"
+    fi
 fi
+
+# Raspberry Pi OS bookworm runs NetworkManager, which would run DHCP (and IPv6 autoconfiguration) on the
+# rig's ports: it must leave them, and the bridge, alone. Written from the RIG_PORTS in force and the
+# bridge the unit uses (hilbr0, or --bridge in RIG_OPTIONS); run install.sh again after changing either.
+RIG_PORTS_NOW=$(sed -n 's/^RIG_PORTS=//p' "$ENV_FILE" | tail -n 1)
+RIG_BRIDGE=$(sed -n 's/^RIG_OPTIONS=.*--bridge[ =]\([A-Za-z0-9_.@-]*\).*/\1/p' "$ENV_FILE" | tail -n 1)
+UNMANAGED=""
+for device in $(echo "$RIG_PORTS_NOW" | tr ',' ' ') "${RIG_BRIDGE:-hilbr0}"; do
+    UNMANAGED="${UNMANAGED:+$UNMANAGED;}interface-name:$device"
+done
+install -d "$ROOT/etc/NetworkManager/conf.d"
+cat > "$ROOT/etc/NetworkManager/conf.d/90-hil-rig.conf" <<EOF_NM
+# Written by images/rig/install.sh from /etc/hil-rig/rig.env: NetworkManager leaves the HIL rig's ports and
+# bridge alone (no DHCP, no IPv6 autoconfiguration on them). Run install.sh again after changing RIG_PORTS.
+[keyfile]
+unmanaged-devices=$UNMANAGED
+EOF_NM
 
 if [ "$GADGET" = 1 ]; then
     printf '# The rig box'"'"'s serial line: the USB gadget g_serial (ttyGS0) on the dwc2 controller.\ndwc2\ng_serial\n' \
@@ -88,7 +111,11 @@ if [ -z "$ROOT" ]; then
     systemctl restart systemd-modules-load.service
     udevadm control --reload
     udevadm trigger --subsystem-match=tty
+    if systemctl is-active --quiet NetworkManager.service; then
+        systemctl reload NetworkManager.service
+    fi
     systemctl daemon-reload
     systemctl enable hil-rig.service
-    echo "installed; the rig starts when /dev/hilrig appears (journalctl -u hil-rig shows its ready line)"
+    systemctl restart hil-rig.service
+    echo "installed and started; it opens /dev/hilrig when the line appears (journalctl -u hil-rig shows its ready line)"
 fi

@@ -3,7 +3,8 @@
 ``--root DIR`` writes only files, so the test sees exactly what a rig box gets: the unit verifies with
 ``systemd-analyze verify`` against that root, ``systemd-sysusers --root`` makes its user from the shipped
 file, the copied rig program runs from its folder alone (it must not reach back into the checkout), the
-serial line's udev rule names the device the unit binds to, and a re-run keeps an operator's settings.
+serial line's udev rule names the device the rig opens, a re-run keeps an operator's settings, and
+NetworkManager is told to leave the rig's ports alone.
 """
 
 from __future__ import annotations
@@ -59,13 +60,13 @@ def test_the_unit_runs_the_bridge_rig_on_the_udev_named_line_with_net_admin_only
     unit = read_unit(rig_root / "usr/lib/systemd/system/hil-rig.service")
     service = unit["Service"]
     assert "--backend bridge --ports ${RIG_PORTS}" in service["ExecStart"]
-    assert "--serial /dev/hilrig" in service["ExecStart"] and unit["Unit"]["BindsTo"] == "dev-hilrig.device"
+    assert "--serial /dev/hilrig" in service["ExecStart"]
     assert service["AmbientCapabilities"] == service["CapabilityBoundingSet"] == "CAP_NET_ADMIN"
     assert service["User"] == "hil-rig" and service["NoNewPrivileges"] == "yes" and "AF_NETLINK" in service["RestrictAddressFamilies"]
     assert service["Restart"] == "always" and service["EnvironmentFile"] == "/etc/hil-rig/rig.env"
     rules = (rig_root / "etc/udev/rules.d/99-hil-rig.rules").read_text()
     active = [line for line in rules.splitlines() if line and not line.startswith("#")]
-    assert active == [line for line in active if 'SYMLINK+="hilrig"' in line and "hil-rig.service" in line]
+    assert active == [line for line in active if 'SYMLINK+="hilrig"' in line and "hil-rig.service" not in line]
     assert len(active) == 1 and 'KERNEL=="ttyGS0"' in active[0]
     env = (rig_root / "etc/hil-rig/rig.env").read_text()
     assert "RIG_PORTS=eth1,eth2\n" in env and "RIG_OPTIONS=\n" in env
@@ -110,6 +111,36 @@ def test_a_rerun_keeps_edited_settings_and_the_gadget_option_edits_the_boot_conf
     assert "RIG_OPTIONS=--queue-s 2\n" in env.read_text() and "RIG_PORTS=eth1,eth2\n" in env.read_text()
     assert boot.read_text().count("dtoverlay=dwc2") == 1
     assert (rig_root / "etc/modules-load.d/hil-rig-gadget.conf").read_text().split("\n")[1:3] == ["dwc2", "g_serial"]
+
+
+def test_the_unit_does_not_wait_for_its_serial_line_and_gives_up_on_a_rig_that_cannot_start(rig_root: Path) -> None:
+    """Issue 26 section 7: ``BindsTo=dev-hilrig.device`` held boot up while the USB-serial adapter was absent
+    and stopped the rig, resetting the link, on every unplug; the rig now waits for its line itself. Section
+    6: a rig that cannot start (a missing port) is retried a bounded number of times."""
+    unit = read_unit(rig_root / "usr/lib/systemd/system/hil-rig.service")
+    dependencies = " ".join(unit["Unit"].get(key, "") for key in ("BindsTo", "Requires", "After", "Wants", "PartOf"))
+    assert ".device" not in dependencies
+    assert int(unit["Unit"]["StartLimitBurst"]) > 1 and unit["Unit"]["StartLimitIntervalSec"]
+    service = unit["Service"]
+    # The record of the rig's changes survives a restart (crash recovery) in its own runtime directory.
+    assert service["RuntimeDirectory"] == "hil-rig" and service["RuntimeDirectoryPreserve"] == "yes"
+
+
+def test_ports_given_again_change_only_the_ports_and_networkmanager_leaves_them_alone(rig_root: Path) -> None:
+    """Issue 26 section 7: ``install.sh --ports`` rewrote rig.env and lost RIG_OPTIONS; bookworm's
+    NetworkManager ran DHCP on the rig's ports."""
+    env = rig_root / "etc/hil-rig/rig.env"
+    env.write_text(env.read_text().replace("RIG_OPTIONS=\n", "RIG_OPTIONS=--address 192.168.50.3/24 --target 203.0.113.10:1883\n"))
+    result = install(rig_root, "--ports", "enx001122334455,eth0")
+    assert result.returncode == 0, result.stderr
+    text = env.read_text()
+    assert "RIG_PORTS=enx001122334455,eth0\n" in text
+    assert "RIG_OPTIONS=--address 192.168.50.3/24 --target 203.0.113.10:1883\n" in text
+    nm = configparser.ConfigParser(interpolation=None)
+    nm.read(rig_root / "etc/NetworkManager/conf.d/90-hil-rig.conf")
+    assert nm["keyfile"]["unmanaged-devices"].split(";") == [
+        "interface-name:enx001122334455", "interface-name:eth0", "interface-name:hilbr0"
+    ]
 
 
 @pytest.mark.parametrize("ports", ["eth1", "eth1,eth1", "eth1,", ",eth2", "eth1,eth2,eth3", "eth1, eth2"])

@@ -112,8 +112,25 @@ def test_status_lists_settings_features_in_protocol_order_and_backend_details():
     state.commit(LinkSettings(rate_bps=9600, loss_pct=2.5, up=False))
     assert isinstance(state.handle("status"), Status)
     assert state.status_line({"gateway_ns": "hilrig-x-gw"}) == (
-        "OK backend=netns up=0 rate=9600 burst=1600 delay=0 jitter=0 loss=2.5 features=rate,down gateway_ns=hilrig-x-gw"
+        "OK backend=netns up=0 rate=9600 burst=1600 delay=0 jitter=0 loss=2.5 features=rate,down restarted=0 "
+        "gateway_ns=hilrig-x-gw"
     )
+
+
+def test_status_says_restarted_when_the_rig_undid_what_a_dead_one_left():
+    state = RigState("bridge", ALL)
+    state.restarted = True
+    assert "restarted=1" in state.status_line({}).split()
+
+
+def test_rate_without_a_burst_goes_back_to_the_default_burst():
+    """Issue 26 section 6: ``RATE 9600`` after ``RATE 64000 16000`` kept the 16 kB burst, 13 s of the slow
+    link let through at once; PROTOCOL.md's table says the burst defaults to 1600."""
+    state = RigState("bridge", ALL)
+    action = state.handle("RATE 64000 16000")
+    assert isinstance(action, Apply)
+    state.commit(action.settings)
+    assert state.handle("RATE 9600") == Apply(LinkSettings(rate_bps=9600, burst_bytes=1600), "OK RATE 9600")
 
 
 def test_reset_proposes_the_defaults():
