@@ -2,7 +2,10 @@
 cloud, Prometheus text for a scraper.
 
 Counters live in memory and restart at zero with the process, as Prometheus counters may; depths and
-oldest ages are read from the store when rendered, so they are right after a restart too.
+oldest ages are read from the store when rendered, so they are right after a restart too. Beside the
+queues: each pump's state (running, restarts, when its head last moved), the device messages refused at
+ingress per reason (appliance/forwarding/validity.py) and the messages no route took (``unrouted``) -
+what an operator needs to see that forwarding goes on, and why a device's messages do not arrive.
 """
 
 from __future__ import annotations
@@ -26,9 +29,19 @@ class LinkStats:
 
 
 @dataclass(slots=True)
+class PumpState:
+    running: bool = True
+    restarts: int = 0
+    head_moved_ms: int | None = None  # wall clock of the last checkpoint or dead letter; None: not since start
+
+
+@dataclass(slots=True)
 class ForwardingMetrics:
     counters: dict[str, Counter[QueueKey]] = field(default_factory=lambda: {name: Counter() for name in COUNTERS})
     links: dict[str, LinkStats] = field(default_factory=dict)
+    pumps: dict[str, PumpState] = field(default_factory=dict)
+    refused: Counter[str] = field(default_factory=Counter)  # device messages refused at ingress, per reason
+    unrouted: int = 0  # device messages no route took
 
     def add(self, name: str, counts: Counter[QueueKey] | dict[QueueKey, int]) -> None:
         self.counters[name].update(counts)
@@ -59,7 +72,10 @@ class ForwardingMetrics:
             name: {"bytes_sent": s.bytes_sent, "rate_bps": s.rate_bps, "rtt_s": s.rtt_s, "connected": s.connected}
             for name, s in self.links.items()
         }
-        document = {"gateway_id": gateway_id, "ts_ms": now_ms, "endpoints": self.snapshot(depths, now_ms), "links": links}
+        pumps = {name: {"running": p.running, "restarts": p.restarts, "head_moved_ms": p.head_moved_ms}
+                 for name, p in sorted(self.pumps.items())}
+        document = {"gateway_id": gateway_id, "ts_ms": now_ms, "endpoints": self.snapshot(depths, now_ms), "links": links,
+                    "pump": pumps, "refused": dict(sorted(self.refused.items())), "unrouted": self.unrouted}
         return json.dumps(document, separators=(",", ":")).encode()
 
     def families(self, depths: list[QueueDepth], now_ms: int) -> list[Family]:
@@ -89,4 +105,14 @@ class ForwardingMetrics:
                    [({"endpoint": n}, s.rate_bps or 0) for n, s in links]),
             Family("gateway_link_connected", "gauge", "1 when the endpoint is connected",
                    [({"endpoint": n}, int(s.connected)) for n, s in links]),
+            Family("appliance_forwarding_pump_restarts_total", "counter",
+                   "times the endpoint's pump failed and was started again",
+                   [({"endpoint": n}, p.restarts) for n, p in sorted(self.pumps.items())]),
+            Family("appliance_forwarding_pump_running", "gauge", "1 while the endpoint's pump runs",
+                   [({"endpoint": n}, int(p.running)) for n, p in sorted(self.pumps.items())]),
+            Family("appliance_forwarding_refused_total", "counter",
+                   "device messages refused at ingress (reason code sent), per reason",
+                   [({"reason": r}, n) for r, n in sorted(self.refused.items())]),
+            Family("appliance_forwarding_unrouted_total", "counter", "device messages that matched no route",
+                   [({}, self.unrouted)]),
         ]

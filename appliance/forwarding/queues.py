@@ -16,8 +16,9 @@ Why it looks like this:
 * TTL is checked on read (expired entries are skipped, never returned) and again by ``cleanup``, which
   deletes expired entries for every queue - whether or not its endpoint is up (Edge Hub issue #7509) - and
   frees bodies that no queue references any more.
-* How often an endpoint refused an entry (dead-letter candidates) is kept next to the checkpoints and
-  forgotten with the entry, so a restart does not give a refused message three more tries.
+* How often an endpoint refused an entry, and how often the link dropped while it was in flight
+  (dead-letter candidates), is kept next to the checkpoints and forgotten with the entry, so a restart
+  does not give a refused or poisonous message three more tries.
 * The store is bounded (``max_bytes`` of bodies and headers): to make room it drops whole messages, lowest
   priority first and oldest first within a priority, and never a message of higher priority than the one
   arriving; if that is not enough the new message is refused (``StoreFull``) and nothing is dropped.
@@ -65,6 +66,8 @@ CREATE INDEX IF NOT EXISTS entries_by_seq ON entries (seq);
 CREATE TABLE IF NOT EXISTS checkpoints (queue TEXT PRIMARY KEY, offset INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS refusals (queue TEXT NOT NULL, seq INTEGER NOT NULL, count INTEGER NOT NULL,
                                      PRIMARY KEY (queue, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS link_drops (queue TEXT NOT NULL, seq INTEGER NOT NULL, count INTEGER NOT NULL,
+                                      PRIMARY KEY (queue, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     seq INTEGER NOT NULL,
@@ -297,16 +300,24 @@ class MessageStore:
 
     def checkpoint(self, endpoint: str, priority: int, offset: int, sent: Iterable[int]) -> tuple[int, int]:
         """Everything in the queue up to ``offset`` is done: ``sent`` were delivered, the rest had expired.
+        ``sent`` may also name entries after ``offset`` (delivered after one that was not): those go too.
 
         Deletes those entries, frees bodies nobody references and records the checkpoint, in one
         transaction. Returns (sent, expired) counts.
         """
         queue = queue_name(endpoint, priority)
         sent_set = set(sent)
+        beyond = sorted(seq for seq in sent_set if seq > offset)
         with self._transaction():
             seqs = [r[0] for r in self.db.execute("SELECT seq FROM entries WHERE queue = ? AND seq <= ?", (queue, offset))]
             self.db.execute("DELETE FROM entries WHERE queue = ? AND seq <= ?", (queue, offset))
             self.db.execute("DELETE FROM refusals WHERE queue = ? AND seq <= ?", (queue, offset))
+            self.db.execute("DELETE FROM link_drops WHERE queue = ? AND seq <= ?", (queue, offset))
+            for seq in beyond:
+                if self.db.execute("DELETE FROM entries WHERE queue = ? AND seq = ?", (queue, seq)).rowcount:
+                    seqs.append(seq)
+                self.db.execute("DELETE FROM refusals WHERE queue = ? AND seq = ?", (queue, seq))
+                self.db.execute("DELETE FROM link_drops WHERE queue = ? AND seq = ?", (queue, seq))
             self.db.execute(
                 "INSERT INTO checkpoints (queue, offset) VALUES (?, ?)"
                 " ON CONFLICT(queue) DO UPDATE SET offset = MAX(offset, excluded.offset)",
@@ -339,6 +350,7 @@ class MessageStore:
                 )
                 self.db.execute("DELETE FROM entries WHERE queue = ? AND seq = ?", (queue, seq))
                 self.db.execute("DELETE FROM refusals WHERE queue = ? AND seq = ?", (queue, seq))
+                self.db.execute("DELETE FROM link_drops WHERE queue = ? AND seq = ?", (queue, seq))
                 moved += 1
             self.db.execute(
                 "DELETE FROM dead_letters WHERE id <= (SELECT MAX(id) FROM dead_letters) - ?", (MAX_DEAD_LETTERS,)
@@ -358,6 +370,23 @@ class MessageStore:
                     "ON CONFLICT(queue, seq) DO UPDATE SET count = count + 1", (queue, seq),
                 )
             return {seq: self.refusals(endpoint, priority, seq) for seq in wanted}
+
+    def count_link_drops(self, endpoint: str, priority: int, seqs: Iterable[int]) -> dict[int, int]:
+        """The link dropped once more while the entries ``seqs`` were in flight; returns each one's drops
+        so far."""
+        queue = queue_name(endpoint, priority)
+        wanted = sorted(set(seqs))
+        with self._transaction():
+            for seq in wanted:
+                self.db.execute(
+                    "INSERT INTO link_drops (queue, seq, count) VALUES (?, ?, 1) "
+                    "ON CONFLICT(queue, seq) DO UPDATE SET count = count + 1", (queue, seq),
+                )
+            return {seq: self.link_drops(endpoint, priority, seq) for seq in wanted}
+
+    def link_drops(self, endpoint: str, priority: int, seq: int) -> int:
+        row = self.db.execute("SELECT count FROM link_drops WHERE queue = ? AND seq = ?", (queue_name(endpoint, priority), seq)).fetchone()
+        return 0 if row is None else int(row[0])
 
     def refusals(self, endpoint: str, priority: int, seq: int) -> int:
         row = self.db.execute("SELECT count FROM refusals WHERE queue = ? AND seq = ?", (queue_name(endpoint, priority), seq)).fetchone()
@@ -396,6 +425,7 @@ class MessageStore:
                     ).fetchall()
             self.db.executemany("DELETE FROM entries WHERE queue = ? AND seq = ?", [(q, s) for q, s, _, _ in doomed])
             self.db.executemany("DELETE FROM refusals WHERE queue = ? AND seq = ?", [(q, s) for q, s, _, _ in doomed])
+            self.db.executemany("DELETE FROM link_drops WHERE queue = ? AND seq = ?", [(q, s) for q, s, _, _ in doomed])
             for _, _, endpoint, priority in doomed:
                 expired[(endpoint, priority)] += 1
             freed = self._free_orphans([s for _, s, _, _ in doomed])

@@ -20,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
+from appliance.broker.api import TOPIC_NAME_INVALID
+from appliance.forwarding.validity import InvalidMessage
+
 #: On-the-wire bag key -> system property name (Edge Hub's ``SystemProperties``).
 SYSTEM_PROPERTIES_ON_THE_WIRE = {
     "$.exp": "absolute-expiry-time",
@@ -38,7 +41,11 @@ SYSTEM_PROPERTIES_ON_THE_WIRE = {
 
 
 class PropertyBagError(ValueError):
-    """A bag that is not ``key=value&...`` URL-encoding (an empty key, a repeated key)."""
+    """A bag that is not ``key=value&...`` URL-encoding; ``reason`` names the refusal counter."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
 
 
 @dataclass(slots=True)
@@ -64,7 +71,8 @@ def parse_property_bag(bag: str) -> list[tuple[str, str]]:
 
     Percent-decoding only (``+`` stays a plus, as in the SDKs' encoders, which write a space as ``%20``);
     empty pieces (``a=1&&b=2``, a trailing ``&``) are skipped. A repeated key or an empty key is an error:
-    which one IoT Hub would keep is not specified, and guessing would route the message by chance.
+    which one IoT Hub would keep is not specified, and guessing would route the message by chance. So is
+    a piece whose bytes are not UTF-8 once decoded (``a=%FF%FE``).
     """
     pairs: list[tuple[str, str]] = []
     seen: set[str] = set()
@@ -72,11 +80,14 @@ def parse_property_bag(bag: str) -> list[tuple[str, str]]:
         if not piece:
             continue
         raw_key, _, raw_value = piece.partition("=")
-        key, value = unquote(raw_key, errors="strict"), unquote(raw_value, errors="strict")
+        try:
+            key, value = unquote(raw_key, errors="strict"), unquote(raw_value, errors="strict")
+        except UnicodeDecodeError:
+            raise PropertyBagError("bag_not_utf8", f"{piece[:200]!r} is not UTF-8 once decoded") from None
         if not key:
-            raise PropertyBagError(f"empty property name in {piece!r}")
+            raise PropertyBagError("empty_property_name", f"empty property name in {piece[:200]!r}")
         if key in seen:
-            raise PropertyBagError(f"property {key!r} given twice")
+            raise PropertyBagError("repeated_property", f"property {key[:200]!r} given twice")
         seen.add(key)
         pairs.append((key, value))
     return pairs
@@ -87,8 +98,8 @@ def _is_bag(segment: str) -> bool:
 
 
 def parse_telemetry_topic(topic: str) -> TelemetryTopic | None:
-    """The sender and properties a telemetry topic carries; None for topics that are not telemetry
-    (among them a topic whose bag does not decode: dropped as Edge Hub drops an unparsable message)."""
+    """The sender and properties a telemetry topic carries; None for topics that are not telemetry.
+    A telemetry topic whose bag does not decode raises ``InvalidMessage`` (refused with 0x90, counted)."""
     parts = topic.split("/")
     if len(parts) < 4 or parts[0] != "devices" or not parts[1]:
         return None
@@ -113,8 +124,8 @@ def parse_telemetry_topic(topic: str) -> TelemetryTopic | None:
         return None
     try:
         pairs = parse_property_bag(bag)
-    except (PropertyBagError, UnicodeDecodeError):
-        return None
+    except PropertyBagError as exc:
+        raise InvalidMessage(exc.reason, TOPIC_NAME_INVALID, f"property bag: {exc}") from None
     parsed = TelemetryTopic(device, module, output)
     for key, value in pairs:
         system = SYSTEM_PROPERTIES_ON_THE_WIRE.get(key)
@@ -124,6 +135,8 @@ def parse_telemetry_topic(topic: str) -> TelemetryTopic | None:
             parsed.system[system] = value
     if "outputName" in parsed.system:
         if output is not None and parsed.system["outputName"] != output:
-            return None  # two different output names: which route source would be a guess
+            # Two different output names: which route source it is would be a guess.
+            raise InvalidMessage("output_conflict", TOPIC_NAME_INVALID,
+                                 f"output {output[:200]!r} in the topic and {parsed.system['outputName'][:200]!r} in $.on")
         parsed.output = parsed.system.pop("outputName")
     return parsed

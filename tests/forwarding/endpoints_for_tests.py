@@ -73,8 +73,9 @@ class PreemptibleEndpoint(RecordingEndpoint):
 
 
 class RefusingEndpoint(RecordingEndpoint):
-    """Acknowledges every message but those whose ``n`` is in ``refuse`` - refused ``times`` times each
-    (forever if None), as an MQTT 5 broker refuses with a PUBACK reason code."""
+    """Refuses the messages whose ``n`` is in ``refuse`` - ``times`` times each (forever if None) - and
+    acknowledges the others of the batch, before and after them, as an MQTT 5 broker answers a window of
+    PUBLISHes with a PUBACK each."""
 
     def __init__(self, refuse: set[int], times: int | None = None, batch_size: int = 10) -> None:
         super().__init__(batch_size=batch_size)
@@ -83,13 +84,13 @@ class RefusingEndpoint(RecordingEndpoint):
         self.refused: list[int] = []
 
     async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
-        for index, item in enumerate(batch):
-            n = int(item.message.app_property("n"))
-            if n in self.refuse and (self.times is None or self.refused.count(n) < self.times):
-                self.refused.append(n)
-                acked = [int(i.message.app_property("n")) for i in batch[:index]]
-                if acked:
-                    self.batches.append((batch[0].priority, acked))
-                    self.changed.set()
-                raise Refused("Not authorized (0x87)", [item.seq], index)
-        return await super().send(batch, preempt)
+        refused = [item for item in batch if int(item.message.app_property("n")) in self.refuse
+                   and (self.times is None or self.refused.count(int(item.message.app_property("n"))) < self.times)]
+        if not refused:
+            return await super().send(batch, preempt)
+        self.refused += [int(item.message.app_property("n")) for item in refused]
+        acked = [item for item in batch if item not in refused]
+        if acked:
+            self.batches.append((batch[0].priority, [int(item.message.app_property("n")) for item in acked]))
+            self.changed.set()
+        raise Refused("Not authorized (0x87)", [item.seq for item in refused], [item.seq for item in acked])

@@ -21,6 +21,7 @@ from appliance.forwarding.topics import (
     parse_property_bag,
     parse_telemetry_topic,
 )
+from appliance.forwarding.validity import InvalidMessage
 
 
 def test_device_bag_splits_system_and_application_properties() -> None:
@@ -82,16 +83,27 @@ def test_topic_forms(topic: str, output: str | None, application: list[tuple[str
 @pytest.mark.parametrize("topic", [
     "devices/t1/messages/devicebound",
     "devices/t1/messages/events/a/b",  # two plain segments: neither an output nor a bag
-    "devices/t1/messages/events/x=1&x=2",  # a repeated key
-    "devices/t1/messages/events/=1",  # an empty key
-    "devices/t1/messages/events/alerts/%24.on=data",  # two different output names
     "devices//messages/events",
     "devices/gw/modules/m/inputs/i",  # what the gateway itself delivers to modules
-    "devices/t1/messages/events/a=%ff",  # not UTF-8
 ])
 def test_not_telemetry(topic: str) -> None:
     assert parse_telemetry_topic(topic) is None
     assert message_from_publish(topic, b"", [], None) is None
+
+
+@pytest.mark.parametrize(("topic", "reason"), [
+    ("devices/t1/messages/events/x=1&x=2", "repeated_property"),
+    ("devices/t1/messages/events/=1", "empty_property_name"),
+    ("devices/t1/messages/events/=v", "empty_property_name"),
+    ("devices/t1/messages/events/alerts/%24.on=data", "output_conflict"),
+    ("devices/t1/messages/events/a=%ff", "bag_not_utf8"),
+    ("devices/t1/messages/events/a=%FF%FE", "bag_not_utf8"),
+])
+def test_telemetry_whose_bag_does_not_decode_is_refused_with_its_reason(topic: str, reason: str) -> None:
+    """Once silently not routed (PUBACK 0, no log, no counter): now refused with 0x90 and a reason."""
+    with pytest.raises(InvalidMessage) as refused:
+        message_from_publish(topic, b"", [], None)
+    assert (refused.value.reason, refused.value.reason_code) == (reason, 0x90)
 
 
 def test_property_bag_errors_name_the_problem() -> None:
@@ -131,7 +143,11 @@ def test_any_encoded_bag_decodes_to_what_was_encoded(pairs: list[tuple[str, str]
 
 @given(st.text(alphabet=st.sampled_from("devicesmoduls/=&%$.+24abcfF0"), max_size=80))
 def test_hostile_topics_parse_or_are_refused(topic: str) -> None:
-    parsed = parse_telemetry_topic(topic)
+    try:
+        parsed = parse_telemetry_topic(topic)
+    except InvalidMessage as refused:
+        assert refused.reason and refused.reason_code == 0x90
+        return
     if parsed is not None:
         assert parsed.device_id and "/" not in parsed.device_id
         assert all(key for key, _ in parsed.application)
