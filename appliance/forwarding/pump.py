@@ -119,15 +119,17 @@ class Pump:
             self.task.cancel()
 
     def _ended(self, task: asyncio.Task[None]) -> None:
-        """The pump's task ended. ``run`` never returns and catches what its loop raises, so this is a
-        stop, or something that escaped ``run``: then it starts again after a backoff."""
-        if self._stopped or task.cancelled():
+        """The pump's task ended. ``run`` never returns and catches what its loop raises, so unless the
+        service stopped it, it was cancelled from elsewhere or something escaped ``run``: it starts again
+        after a backoff."""
+        if self._stopped:
             return
         self.state.running = False
         self.state.restarts += 1
         delay = self._restart.next_delay()
-        log.error("endpoint %s: the pump ended (%r); starting it again in %.1f s (restart %d)", self.sender.id,
-                  task.exception(), delay, self.state.restarts)
+        why = "cancelled" if task.cancelled() else repr(task.exception())
+        log.error("endpoint %s: the pump ended (%s); starting it again in %.1f s (restart %d)", self.sender.id,
+                  why, delay, self.state.restarts)
         asyncio.get_running_loop().call_later(delay, lambda: None if self._stopped else self.start())
 
     def notify(self, priority: int) -> None:
@@ -145,6 +147,10 @@ class Pump:
     async def _checkpoint_of(self, priority: int) -> int:
         if priority not in self._checkpoints:
             self._checkpoints[priority] = await self.thread.call(self.store.checkpoint_of, self.sender.id, priority)
+            # Messages in flight at a link drop before a restart are sent one at a time, as before it.
+            suspect = await self.thread.call(self.store.last_link_drop_suspect, self.sender.id, priority)
+            if suspect:
+                self._one_by_one[priority] = max(self._one_by_one.get(priority, 0), suspect)
         return self._checkpoints[priority]
 
     async def run(self) -> None:

@@ -384,6 +384,11 @@ class MessageStore:
                 )
             return {seq: self.link_drops(endpoint, priority, seq) for seq in wanted}
 
+    def last_link_drop_suspect(self, endpoint: str, priority: int) -> int:
+        """The highest sequence number of the queue that was in flight at a link drop (0: none)."""
+        row = self.db.execute("SELECT MAX(seq) FROM link_drops WHERE queue = ?", (queue_name(endpoint, priority),)).fetchone()
+        return int(row[0] or 0)
+
     def link_drops(self, endpoint: str, priority: int, seq: int) -> int:
         row = self.db.execute("SELECT count FROM link_drops WHERE queue = ? AND seq = ?", (queue_name(endpoint, priority), seq)).fetchone()
         return 0 if row is None else int(row[0])

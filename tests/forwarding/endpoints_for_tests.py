@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from appliance.forwarding.endpoints import Refused, SendFailed
 from appliance.forwarding.queues import QueuedMessage
@@ -94,3 +95,63 @@ class RefusingEndpoint(RecordingEndpoint):
             self.batches.append((batch[0].priority, [int(item.message.app_property("n")) for item in acked]))
             self.changed.set()
         raise Refused("Not authorized (0x87)", [item.seq for item in refused], [item.seq for item in acked])
+
+
+def n_of(item: QueuedMessage) -> int:
+    return int(item.message.app_property("n"))
+
+
+class FaultyEndpoint(RecordingEndpoint):
+    """Raises ``ValueError`` - not a ``SendFailed`` - for a batch holding a message whose ``n`` is in
+    ``poison``, before sending anything: as paho's ``publish()`` raised on a ``#`` in a topic."""
+
+    def __init__(self, poison: set[int], batch_size: int = 10) -> None:
+        super().__init__(batch_size=batch_size)
+        self.poison = poison
+
+    async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
+        for item in batch:
+            if n_of(item) in self.poison:
+                raise ValueError(f"Publish topic cannot contain wildcards (message {n_of(item)})")
+        return await super().send(batch, preempt)
+
+
+class DroppingEndpoint(RecordingEndpoint):
+    """A server that closes the connection when a message whose ``n`` is in ``poison`` reaches it, as
+    mosquitto does on a control character or an oversized packet: the messages before it in the batch are
+    acknowledged, it and those after it were in flight when the link dropped."""
+
+    def __init__(self, poison: set[int], batch_size: int = 10) -> None:
+        super().__init__(batch_size=batch_size)
+        self.poison = poison
+        self.drops: list[list[int]] = []  # the messages in flight at each drop
+
+    async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
+        for index, item in enumerate(batch):
+            if n_of(item) in self.poison:
+                acked = batch[:index]
+                if acked:
+                    self.batches.append((batch[0].priority, [n_of(i) for i in acked]))
+                self.drops.append([n_of(i) for i in batch[index:]])
+                self.changed.set()
+                raise SendFailed("upstream connection lost: Unspecified error", [i.seq for i in acked],
+                                 [i.seq for i in batch[index:]], link_dropped=True)
+        return await super().send(batch, preempt)
+
+
+class BrokenWindowEndpoint(RecordingEndpoint):
+    """``window()`` raises for its first ``failures`` calls: a fault outside any one message, which only
+    the supervisor can get over. ``running_seen`` records whether the pump said it ran at each call."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(batch_size=10)
+        self.failures = failures
+        self.running: Callable[[], bool] = lambda: True
+        self.running_seen: list[bool] = []
+
+    def window(self) -> Window:
+        self.running_seen.append(self.running())
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("a bug outside any one message")
+        return super().window()

@@ -58,7 +58,7 @@ def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[...,
             await scenario(add, pump, store, thread)
         finally:
             assert pump.task is not None
-            pump.task.cancel()
+            pump.stop()
             await asyncio.gather(pump.task, return_exceptions=True)
             await sender.stop()
             await thread.call(store.close)
