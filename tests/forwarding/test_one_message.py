@@ -3,15 +3,21 @@ devices over MQTT 5 and 3.1.1, the throttling relay, mosquitto as the cloud."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.forwarding.peers import delivered
+from appliance.forwarding.pump import Pump
+from appliance.forwarding.queues import MessageStore
+from appliance.store_thread import StoreThread
+from tests.forwarding.peers import Collector, delivered
 from tests.forwarding.rig import ForwardingRig
 from tests.forwarding.test_gateway_forwarding import cloud_acl
+from tests.forwarding.test_upstream import _until, run_bridge
+from tests.support.processes import MosquittoProcess
 from tests.support.waiting import wait_until
 
 EVERYTHING = "FROM /messages/* INTO $upstream"
@@ -115,3 +121,51 @@ def make_rig_with_acl(tmp_path: Path) -> Iterator[ForwardingRig]:
                          cloud_config=cloud_acl(tmp_path, "gateways/gw1/devices/good/#", "gateways/gw1/metrics"))
     yield made
     made.close()
+
+
+def test_a_message_above_the_clouds_maximum_packet_size_is_dead_lettered_at_once(tmp_path: Path) -> None:
+    """MQTT 5: mosquitto announces ``max_packet_size`` in its CONNACK. Before, the gateway sent the big
+    message anyway, mosquitto closed the connection, and the gateway reconnected and sent it again until
+    its TTL ran out, with everything behind it waiting."""
+    with MosquittoProcess(tmp_path / "small", extra_config="max_packet_size 1024\n") as small:
+        collector = Collector(small.host, small.port, "gateways/#")
+        try:
+            async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+                await add(0)
+                await add(1, size=2000)
+                await add(2)
+                await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 15)
+                [letter] = await thread.call(store.dead_letters)
+                assert letter.message.app_property("n") == "1"
+                assert "exceeds the server's Maximum Packet Size of 1024" in letter.reason
+
+            sender, metrics = run_bridge(tmp_path, small.port, "5", scenario)
+            received = collector.wait_for(2)
+        finally:
+            collector.close()
+    assert sorted(r.n for r in received) == [0, 2]
+    assert sender.connects == 1, "never disconnected"
+    assert metrics.counters["dead_lettered"][("upstream", 0)] == 1
+
+
+def test_a_message_the_cloud_disconnects_on_is_dead_lettered_after_three_drops(tmp_path: Path) -> None:
+    """MQTT 3.1.1 learns no Maximum Packet Size: mosquitto just closes the connection on the big message.
+    After the third drop with it alone in flight it goes to the dead letters; the next one arrives."""
+    with MosquittoProcess(tmp_path / "small", extra_config="max_packet_size 1024\n") as small:
+        collector = Collector(small.host, small.port, "gateways/#")
+        try:
+            async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+                await add(0)
+                await add(1, size=2000)
+                await add(2)
+                await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 20)
+                [letter] = await thread.call(store.dead_letters)
+                assert letter.message.app_property("n") == "1" and "dropped 3 times" in letter.reason
+
+            sender, metrics = run_bridge(tmp_path, small.port, "3.1.1", scenario,
+                                         topic_template="gateways/{gateway_id}/{message_id}")
+            received = collector.wait_for(2)
+        finally:
+            collector.close()
+    assert sorted(r.topic for r in received) == ["gateways/gw1/gw1:1", "gateways/gw1/gw1:3"]
+    assert sender.connects == 4, "the first connection and one after each of the three drops"
