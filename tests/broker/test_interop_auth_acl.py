@@ -62,6 +62,24 @@ def test_wrong_password_and_anonymous_are_refused(secured: GatewayProcess, level
             client.close()
 
 
+def test_logins_are_logged_with_the_user_and_the_address(secured: GatewayProcess, level: int) -> None:
+    """Refused logins at WARNING name the user and the address; successful ones at INFO (issue 24)."""
+    for username, password in (("mallory", b"x"), ("alice", b"wonderland")):
+        client = RawClient(secured.port, level)
+        try:
+            host, port = client.sock.getsockname()[:2]
+            client_id = unique("logged")
+            client.connect(client_id, username=username, password=password)
+        finally:
+            client.close()
+        peer = f"({host}:{port})"
+        if username == "mallory":
+            line = secured.wait_for_log(rf"WARNING .*{client_id} \({host}:{port}\): connection refused: .*'mallory'")
+        else:
+            line = secured.wait_for_log(rf"INFO .*{client_id} \({host}:{port}\): connected as user 'alice'")
+        assert peer in line.string
+
+
 def test_paho_sees_the_refusal(secured: GatewayProcess, level: int) -> None:
     client = PahoClient(secured.port, v5=level == pk.MQTT_5)
     client.client.username_pw_set("alice", "wrong")
