@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import os
 import random
 import socket
 import ssl
@@ -88,6 +89,15 @@ def pack(batch: list[QueuedMessage], chunk_bytes: int) -> list[list[QueuedMessag
         chunks[-1].append(item)
         size += item.size
     return chunks
+
+
+def connect_failure_reason(exc: BaseException) -> str:
+    """What an operator reads in the log: "Connection refused", not "Connect call failed (...)"."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {CONNECT_TIMEOUT_S:.0f} s"
+    if isinstance(exc, OSError) and exc.errno and not isinstance(exc, ssl.SSLError):
+        return f"{os.strerror(exc.errno)} ({exc})"
+    return str(exc) or type(exc).__name__
 
 
 #: Seconds for the TCP connect and for the TLS handshake, each.
@@ -216,7 +226,7 @@ class UpstreamSender:
                 sock = await self._open_socket()
             except (TimeoutError, OSError, ValueError) as exc:  # ssl.SSLError is an OSError
                 log.warning("upstream %s:%s: connect failed: %s", self.settings.host, self.settings.port,
-                            exc or type(exc).__name__)
+                            connect_failure_reason(exc))
             else:
                 if await self._session(sock):
                     self._backoff.reset()
