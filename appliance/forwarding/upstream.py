@@ -373,9 +373,11 @@ class UpstreamSender:
         Logs ``upstream disconnected`` as paho's callback does, when paho has not said so already. Without
         a ``reason`` the bridge closes it by its own choice (a stop, the link down): nothing is blamed."""
         blames = reason is not None and not self._closing_by_choice()
-        reason = reason or "closed by the bridge"
         if self._client is client and self._ready_flag:
-            self._lost(reason, blames)
+            self._lost(reason or "closed by the bridge", blames)
+        elif self._client is client and blames:  # the connection failed before its CONNACK
+            log.warning("upstream %s:%s: connection failed before the CONNACK: %s", self.settings.host,
+                        self.settings.port, reason)
         sock = self._socket
         if sock is not None and self._client is client:
             assert self._loop is not None
