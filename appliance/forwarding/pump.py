@@ -59,6 +59,8 @@ from appliance.store_thread import StoreThread
 log = logging.getLogger(__name__)
 
 PRIORITIES = tuple(range(DEFAULT_PRIORITY + 1))
+#: Messages in a row that fail with an exception before the pump takes it for its own fault, not theirs.
+MAX_FAULTS_IN_ROW = 3
 
 
 class Pump:
@@ -101,6 +103,8 @@ class Pump:
         self._stopped = False
         #: Store calls that failed in a row (0: the store works).
         self.store_failures = 0
+        #: Messages dead-lettered for an exception since the last batch that went through.
+        self._faults_in_row = 0
         self.state = metrics.pumps.setdefault(sender.id, PumpState())
 
     @property
@@ -169,6 +173,7 @@ class Pump:
                 self.state.running = False
                 self.state.restarts += 1
                 self._checkpoints.clear()  # read again from the store
+                self._faults_in_row = 0
                 delay = self._restart.next_delay()
                 log.exception("endpoint %s: the pump failed; starting it again in %.1f s (restart %d)",
                               self.sender.id, delay, self.state.restarts)
@@ -227,6 +232,7 @@ class Pump:
                 self._sending_priority = None
             self._retry.reset()
             self._restart.reset()
+            self._faults_in_row = 0
             if await self._complete(priority, batch, live, count):
                 last_done = time.monotonic()
 
@@ -280,8 +286,13 @@ class Pump:
 
     async def _faulted(self, priority: int, live: list[QueuedMessage], exc: Exception) -> None:
         """An exception no sender should raise: dead-letter the one message it came from, or send the
-        batch again one message at a time to find it."""
+        batch again one message at a time to find it. When ``MAX_FAULTS_IN_ROW`` messages in a row fail
+        so, the fault is the pump's or the sender's, not theirs: it goes to the supervisor (restart with
+        backoff, the watchdog unfed meanwhile) instead of moving the whole queue to the dead letters."""
         if len(live) == 1:
+            self._faults_in_row += 1
+            if self._faults_in_row > MAX_FAULTS_IN_ROW:
+                raise RuntimeError(f"{self._faults_in_row} messages in a row failed to send") from exc
             log.error("endpoint %s: sending message %d of priority %d failed", self.sender.id, live[0].seq, priority,
                       exc_info=exc)
             await self._dead_letter(priority, [live[0].seq], f"{type(exc).__name__}: {exc}",

@@ -184,6 +184,7 @@ class UpstreamSender:
         # bridge closed it itself: a stop, the modem reporting the link down).
         self._lost_reason = ""
         self._lost_blames = False
+        self._answered = False  # the current connection got its CONNACK (accepting or refusing)
         self._tls: ssl.SSLContext | None = None
         self.connects = 0
 
@@ -321,6 +322,7 @@ class UpstreamSender:
         client = self._new_client()
         client.use_socket(sock)
         self._client = client
+        self._answered = False
         self._closed.clear()
         assert self._loop is not None
         self._liveness = Liveness(self.settings.keepalive_s, self._loop.time())
@@ -375,7 +377,7 @@ class UpstreamSender:
         blames = reason is not None and not self._closing_by_choice()
         if self._client is client and self._ready_flag:
             self._lost(reason or "closed by the bridge", blames)
-        elif self._client is client and blames:  # the connection failed before its CONNACK
+        elif self._client is client and blames and not self._answered:  # failed before its CONNACK
             log.warning("upstream %s:%s: connection failed before the CONNACK: %s", self.settings.host,
                         self.settings.port, reason)
         sock = self._socket
@@ -457,6 +459,7 @@ class UpstreamSender:
         self._pending.clear()
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        self._answered = True
         if reason.is_failure:
             log.warning("upstream %s:%s refused the connection: %s (0x%02X)%s", self.settings.host, self.settings.port,
                         reason, reason.value, "" if self.settings.username is None else f" for user {self.settings.username!r}")

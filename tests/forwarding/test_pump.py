@@ -290,3 +290,19 @@ def test_a_pump_task_that_ends_anyway_is_started_again(tmp_path: Path) -> None:
 
     metrics = asyncio.run(_with_pump(tmp_path, endpoint, scenario, restart_min_s=0.01, restart_max_s=0.02))
     assert metrics.pumps["upstream"].restarts == 1
+
+
+def test_a_sender_that_fails_on_every_message_goes_to_the_supervisor_not_the_dead_letters(tmp_path: Path) -> None:
+    """A fault of the sender, not of the messages: after three messages in a row the pump is restarted
+    (and reported down) rather than moving the whole queue to the dead letters."""
+    endpoint = FaultyEndpoint(set(range(10)), batch_size=1)
+
+    async def scenario(pump: Pump, add, store: MessageStore, thread) -> None:
+        for n in range(10):
+            await add(n, 5)
+        pump.start()
+        await asyncio.wait_for(until(lambda: pump.state.restarts == 1), 5)
+        assert not pump.running
+        assert len(await thread.call(store.dead_letters)) == 3
+
+    asyncio.run(_with_pump(tmp_path, endpoint, scenario, restart_min_s=5, restart_max_s=5))
