@@ -27,11 +27,13 @@ Nothing about one message may stop or stall the pump (issue 24):
   must refuse) goes to the dead letters at once, with the reason.
 * A server that closes the connection on a message (mosquitto does, on a control character in a user
   property or a packet above its ``max_packet_size``) shows as the link dropping while it is in flight.
-  Every such drop is counted, in the store, against each message in flight then; after a drop with
-  several in flight, that stretch of the queue is sent one message at a time, so the next drop names one
-  message. A message alone in flight at its ``max_link_drops``-th drop goes to the dead letters with the
-  reason, and the queue moves on. A delivery, an expiry or a dead letter forgets the count. Drops the
-  gateway caused (a stop, the modem reporting the link down) blame nothing.
+  Every such drop is counted, in the store, against the first message in flight then (those before it
+  were acknowledged; a server reads in order). If others were in flight behind it, it is sent alone next,
+  so that the next drop names it alone - one round trip per drop, not the window sent one by one, which
+  on a flaky satellite link would cost minutes per drop. A message alone in flight at its
+  ``max_link_drops``-th drop goes to the dead letters with the reason, and the queue moves on. A
+  delivery, an expiry or a dead letter forgets the count. Drops the gateway caused (a stop, the modem
+  reporting the link down) blame nothing.
 * Any other exception while messages are handled: a batch of one moves that message to the dead letters
   with the exception as the reason (logged once, counted); a larger batch is sent again one message at a
   time, to find it (what already went out may go twice: at least once).
@@ -323,15 +325,16 @@ class Pump:
         return True
 
     async def _dead_letter_if_dropped_enough(self, priority: int, exc: SendFailed) -> bool:
-        """Count the drop against every message in flight; with several, send that stretch one at a time;
-        a message alone in flight at its ``max_link_drops``-th drop goes to the dead letters."""
-        counts = await self.thread.call(self.store.count_link_drops, self.sender.id, priority, exc.in_flight)
+        """Count the drop against the first message in flight (the messages before it were acknowledged);
+        with others in flight behind it, send it alone next, so that the next drop names it alone. At
+        its ``max_link_drops``-th drop, alone in flight, it goes to the dead letters."""
+        head = min(exc.in_flight)
+        counts = await self.thread.call(self.store.count_link_drops, self.sender.id, priority, [head])
         if len(exc.in_flight) > 1:
-            self._one_by_one[priority] = max(self._one_by_one.get(priority, 0), max(exc.in_flight))
+            self._one_by_one[priority] = max(self._one_by_one.get(priority, 0), head)
             return False
-        [seq] = exc.in_flight
-        if counts.get(seq, 0) < self.max_link_drops:
+        if counts[head] < self.max_link_drops:
             return False
-        reason = f"the link dropped {counts[seq]} times while it was in flight, the last time alone ({exc.reason})"
-        await self._dead_letter(priority, [seq], reason, reason)
+        reason = f"the link dropped {counts[head]} times while it was in flight, the last time alone ({exc.reason})"
+        await self._dead_letter(priority, [head], reason, reason)
         return True

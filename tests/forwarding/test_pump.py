@@ -235,7 +235,7 @@ def test_a_message_the_link_drops_on_is_dead_lettered_and_its_count_survives_a_r
         for n in range(5):
             await add(n, 2)
         pump.start()
-        # Dropped with 2, 3, 4 in flight; then 2 alone.
+        # Dropped with 2, 3, 4 in flight (2 is blamed, the first unacknowledged); then 2 alone.
         await asyncio.wait_for(until(lambda: len(endpoint.drops) == 2), 5)
         await asyncio.wait_for(until(lambda: store.link_drops("upstream", 2, 3) == 2), 5)
 
