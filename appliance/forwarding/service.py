@@ -160,6 +160,8 @@ class ForwardingService(ServiceDefaults):
             self.upstream.start()
         for endpoint_id in await self.thread.call(self.store.endpoints):
             self._pump_for(Endpoint(UPSTREAM) if endpoint_id == UPSTREAM else _brokered_endpoint(endpoint_id))
+        if self.upstream is not None:
+            self._pump_for(Endpoint(UPSTREAM))  # from the start, so its state is in the metrics before a message
         self._tasks += [
             asyncio.create_task(self._cleanup_loop(), name="forwarding-cleanup"),
             asyncio.create_task(self._metrics_loop(), name="forwarding-metrics"),

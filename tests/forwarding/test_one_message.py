@@ -86,6 +86,8 @@ def test_bags_that_do_not_decode_are_refused_and_unrouted_messages_counted(rig: 
     assert v5.publish_topic("devices/d1/messages/events/n=1", b"x") == 0  # no route takes it
     document = rig.metrics_document(lambda d: d["unrouted"] == 1 and d["refused"].get("bag_not_utf8") == 2)
     assert document["refused"] == {"bag_not_utf8": 2, "empty_property_name": 1}
+    # The upstream pump is in the document from the start, before any message was queued for it.
+    assert document["pump"]["upstream"] == {"running": True, "restarts": 0, "head_moved_ms": None}
     page = rig.prometheus()
     assert "appliance_forwarding_unrouted_total 1" in page
     assert 'appliance_forwarding_refused_total{reason="empty_property_name"} 1' in page
