@@ -34,6 +34,7 @@ Nothing about one message may stop or stall the pump (issue 24):
   ``max_link_drops``-th drop goes to the dead letters with the reason, and the queue moves on. A
   delivery, an expiry or a dead letter forgets the count. Drops the gateway caused (a stop, the modem
   reporting the link down) blame nothing.
+* A stored entry that cannot be read back (``UnreadableEntry``) goes to the dead letters with the reason.
 * Any other exception while messages are handled: a batch of one moves that message to the dead letters
   with the exception as the reason (logged once, counted); a larger batch is sent again one message at a
   time, to find it (what already went out may go twice: at least once).
@@ -54,7 +55,7 @@ from collections.abc import Callable, Collection
 from appliance.backoff import Backoff
 from appliance.forwarding.endpoints import EndpointSender, Refused, SendFailed, Unsendable
 from appliance.forwarding.metrics import ForwardingMetrics, PumpState
-from appliance.forwarding.queues import MessageStore, QueuedMessage
+from appliance.forwarding.queues import MessageStore, QueuedMessage, UnreadableEntry
 from appliance.forwarding.routes import DEFAULT_PRIORITY
 from appliance.store_thread import StoreThread
 
@@ -191,7 +192,11 @@ class Pump:
                 limit = 1
             else:
                 self._one_by_one.pop(priority, None)
-            batch = await self.thread.call(self.store.read, self.sender.id, priority, after, limit, window.bytes)
+            try:
+                batch = await self.thread.call(self.store.read, self.sender.id, priority, after, limit, window.bytes)
+            except UnreadableEntry as exc:
+                await self._dead_letter(priority, [exc.seq], exc.reason)
+                return await self._read()
             if batch:
                 return priority, batch
         return -1, []

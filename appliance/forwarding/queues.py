@@ -92,6 +92,16 @@ def queue_name(endpoint: str, priority: int) -> str:
     return f"{endpoint}_Pri{priority}"
 
 
+class UnreadableEntry(Exception):
+    """The stored envelope of entry ``seq`` does not decode (a store written by hand, a bug): the pump
+    moves it to the dead letters instead of failing on it forever."""
+
+    def __init__(self, seq: int, reason: str) -> None:
+        super().__init__(f"entry {seq}: {reason}")
+        self.seq = seq
+        self.reason = reason
+
+
 class StoreFull(Exception):
     """The store is at ``max_bytes`` and only messages of higher priority than the new one are left."""
 
@@ -154,6 +164,15 @@ def _message(envelope: str, payload: bytes) -> Message:
         e["source"], e["topic"], payload, e["device"], e["module"], e["output"],
         [tuple(p) for p in e["props"]], e["ctype"], e["cenc"], e["mid"], e.get("sys", {}),
     )
+
+
+def _readable_message(envelope: str, payload: bytes) -> Message:
+    """The message, or for an envelope that does not decode (an ``UnreadableEntry`` dead letter) a stand-in
+    that keeps the payload and shows the raw envelope as its topic."""
+    try:
+        return _message(envelope, payload)
+    except (ValueError, KeyError, TypeError, IndexError):
+        return Message("?", envelope[:200], payload, "?")
 
 
 class MessageStore:
@@ -285,7 +304,13 @@ class MessageStore:
             if len(batch) >= 2 and max_bytes is not None and total + len(payload) > max_bytes:
                 break
             total += len(payload)
-            batch.append(QueuedMessage(seq, endpoint, priority, enqueued, ttl, expires, _message(envelope, payload)))
+            try:
+                message = _message(envelope, payload)
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                if batch:
+                    break  # the good ones first; it comes first in the next read
+                raise UnreadableEntry(seq, f"stored envelope unreadable: {type(exc).__name__}: {exc}") from exc
+            batch.append(QueuedMessage(seq, endpoint, priority, enqueued, ttl, expires, message))
         return batch
 
     def endpoints(self) -> list[str]:
@@ -403,7 +428,7 @@ class MessageStore:
             "SELECT seq, endpoint, priority, enqueued_ms, dead_ms, reason, envelope, payload FROM dead_letters "
             "ORDER BY id DESC LIMIT ?", (limit,),
         ).fetchall()
-        return [DeadLetter(*row[:6], _message(row[6], row[7])) for row in reversed(rows)]
+        return [DeadLetter(*row[:6], _readable_message(row[6], row[7])) for row in reversed(rows)]
 
     def cleanup(self) -> Counter[QueueKey]:
         """Delete expired entries and the bodies they kept alive; returns expired counts per queue.

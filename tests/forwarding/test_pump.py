@@ -306,3 +306,24 @@ def test_a_sender_that_fails_on_every_message_goes_to_the_supervisor_not_the_dea
         assert len(await thread.call(store.dead_letters)) == 3
 
     asyncio.run(_with_pump(tmp_path, endpoint, scenario, restart_min_s=5, restart_max_s=5))
+
+
+def test_an_entry_that_cannot_be_read_back_goes_to_the_dead_letters(tmp_path: Path) -> None:
+    """A stored envelope that does not decode used to fail every read of its queue: the pump restarted on
+    it forever and nothing behind it left."""
+    endpoint = RecordingEndpoint(batch_size=10)
+
+    async def scenario(pump: Pump, add, store: MessageStore, thread) -> None:
+        for n in range(4):
+            await add(n, 1)
+        await thread.call(store.db.execute, "UPDATE messages SET envelope = '{\"source\": 1' WHERE seq = 2")
+        pump.start()
+        await endpoint.wait_for(3)
+        [letter] = await thread.call(lambda: store.db.execute("SELECT seq, reason FROM dead_letters").fetchall())
+        assert letter[0] == 2 and "unreadable" in letter[1]
+        assert pump.state.restarts == 0
+        [listed] = await thread.call(store.dead_letters)  # what `appliance routes dead-letters` lists
+        assert listed.seq == 2 and listed.message.payload == b"x" * 20
+
+    asyncio.run(_with_pump(tmp_path, endpoint, scenario))
+    assert delivered_ns(endpoint) == [0, 2, 3]
