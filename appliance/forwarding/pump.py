@@ -183,7 +183,8 @@ class Pump:
                 await asyncio.sleep(delay)
 
     async def _read(self) -> tuple[int, list[QueuedMessage]]:
-        """The next batch: of the highest priority that has messages waiting, and its priority."""
+        """The next batch: of the highest priority that has messages waiting, and its priority. An entry
+        that cannot be read back goes to the dead letters on the way."""
         window = self.sender.window()
         for priority in PRIORITIES:
             after = await self._checkpoint_of(priority)
@@ -192,11 +193,12 @@ class Pump:
                 limit = 1
             else:
                 self._one_by_one.pop(priority, None)
-            try:
-                batch = await self.thread.call(self.store.read, self.sender.id, priority, after, limit, window.bytes)
-            except UnreadableEntry as exc:
-                await self._dead_letter(priority, [exc.seq], exc.reason)
-                return await self._read()
+            while True:
+                try:
+                    batch = await self.thread.call(self.store.read, self.sender.id, priority, after, limit, window.bytes)
+                    break
+                except UnreadableEntry as exc:
+                    await self._dead_letter(priority, [exc.seq], exc.reason)
             if batch:
                 return priority, batch
         return -1, []
