@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.broker.api import ACCEPTED, InboundPublish
@@ -20,6 +20,7 @@ from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.service import QUOTA_EXCEEDED, ForwardingService
 from appliance.forwarding.upstream import UpstreamSender
 from appliance.forwarding.validity import upstream_problem
+from tests.support.campaigns import campaign
 
 #: No upstream is configured, so what is stored stays queued and can be counted afterwards.
 ROUTES = '{"schemaVersion": "1.1.0", "routes": {"all": {"route": "FROM /messages/* INTO $upstream", "priority": 9}}}'
@@ -138,7 +139,7 @@ HOSTILE = st.lists(st.sampled_from(["+", "#", "/", "%", "=", "&", "$", ".", "\t"
                                     "%FF", "%EF%BF%BF", "%24.on=", "a", "é", "\ufffe"]), max_size=8).map("".join)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@campaign(25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(HOSTILE, HOSTILE, HOSTILE, st.lists(st.tuples(HOSTILE, HOSTILE), max_size=2),
                           st.booleans()), min_size=1, max_size=8))
 def test_whatever_a_device_publishes_is_refused_with_a_reason_or_can_go_upstream(

@@ -13,7 +13,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -28,6 +28,7 @@ from appliance.forwarding.validity import (
     publish_size,
     upstream_problem,
 )
+from tests.support.campaigns import campaign
 
 TEMPLATE = "gateways/{gateway_id}/devices/{device_id}/modules/{module_id}/outputs/{output}/{message_id}/{priority}"
 #: Characters a hostile device reaches for: wildcards, separators, controls, non-characters, bag syntax.
@@ -55,7 +56,7 @@ def paho_publish_bytes(topic: str, payload: bytes, properties: Properties | None
     return captured[0]
 
 
-@settings(max_examples=300, deadline=None)
+@campaign(300, deadline=None)
 @given(device=VALUES, module=VALUES, output=VALUES,
        bag=st.lists(st.tuples(VALUES, VALUES), max_size=4))
 def test_what_ingress_accepts_any_server_accepts(device: str, module: str, output: str,
@@ -76,7 +77,7 @@ def test_what_ingress_accepts_any_server_accepts(device: str, module: str, outpu
     assert all(len(level) <= MAX_LEVEL_CHARS for level in (device, module, output))
 
 
-@settings(max_examples=200, deadline=None)
+@campaign(200, deadline=None)
 @given(properties=st.lists(st.tuples(VALUES, VALUES), max_size=4), content_type=st.none() | VALUES)
 def test_mqtt5_properties_are_refused_with_0x99_or_forwardable(properties: list[tuple[str, str]],
                                                                content_type: str | None) -> None:
@@ -89,7 +90,7 @@ def test_mqtt5_properties_are_refused_with_0x99_or_forwardable(properties: list[
     assert content_type is None or not FORBIDDEN.search(content_type)
 
 
-@settings(max_examples=200, deadline=None)
+@campaign(200, deadline=None)
 @given(topic=st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="+#\x00"),
                      min_size=1, max_size=60),
        payload=st.binary(max_size=300),
