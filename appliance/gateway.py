@@ -23,7 +23,7 @@ import uvloop
 
 from appliance import run_state
 from appliance.broker.acl import Acl, AclFileError
-from appliance.broker.api import BrokerService
+from appliance.broker.api import BrokerService, ServiceStartError
 from appliance.broker.auth import Authenticator, PasswordFileError
 from appliance.broker.broker import Broker
 from appliance.broker.config import BrokerConfig, queued_bytes_default
@@ -109,7 +109,8 @@ def run_gateway(config: GatewayConfig) -> int:
     )
     try:
         return uvloop.run(serve(config))
-    except (PersistenceError, DatabaseFileError, TlsSetupError, PasswordFileError, AclFileError, OSError) as exc:
+    except (PersistenceError, DatabaseFileError, TlsSetupError, PasswordFileError, AclFileError, ServiceStartError,
+            OSError) as exc:
         log.error("cannot start: %s", exc)
         return 1
 
@@ -177,7 +178,10 @@ async def serve(config: GatewayConfig) -> int:
                  config.data_dir, f"; metrics on {metrics_url}" if metrics_url else "")
         notifier.ready(f"listening on {' '.join(urls)}")
         # Pings come from this loop, so a stuck loop stops them and systemd restarts the gateway.
-        watchdog = asyncio.create_task(notifier.ping_watchdog_forever(), name="systemd-watchdog")
+        # They stop too while a service is not healthy (a forwarding pump down): systemd restarts the gateway.
+        watchdog = asyncio.create_task(
+            notifier.ping_watchdog_forever(lambda: all(service.healthy() for service in broker.services)),
+            name="systemd-watchdog")
         for service in broker.services:
             service.show_ready()
         await stop.wait()

@@ -8,7 +8,8 @@ terminal or a test wants.
 The watchdog pings are sent by a task *on the gateway's event loop*, at half of ``WATCHDOG_USEC`` as
 sd_watchdog_enabled(3) recommends: if the loop stalls (a blocking call, a livelock), the pings stop and
 systemd restarts the service, which is the point of ``WatchdogSec=``. A thread would keep pinging through
-a stuck loop and hide exactly the failure the watchdog is there to catch.
+a stuck loop and hide exactly the failure the watchdog is there to catch. For the same reason the pings
+stop while a service reports itself unhealthy (a forwarding pump that failed and is not running again).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,24 @@ class Notifier:
     def watchdog(self) -> bool:
         return self.notify("WATCHDOG=1")
 
-    async def ping_watchdog_forever(self) -> None:
-        """Run as a task on the gateway's loop; returns at once if no watchdog is configured."""
+    async def ping_watchdog_forever(self, healthy: Callable[[], bool] = lambda: True) -> None:
+        """Run as a task on the gateway's loop; returns at once if no watchdog is configured. No ping while
+        ``healthy()`` says no (a forwarding pump is down): if that lasts, systemd restarts the gateway.
+        The change is logged each way."""
         interval = self._watchdog_interval
         if interval is None or not self.enabled:
             return
+        fed = True
         while True:
-            self.watchdog()
+            if healthy():
+                if not fed:
+                    log.warning("systemd watchdog: the gateway is healthy again; feeding the watchdog again")
+                fed = True
+                self.watchdog()
+            elif fed:
+                fed = False
+                log.error("systemd watchdog: a service is not healthy; the watchdog is no longer fed, systemd "
+                          "restarts the gateway if this lasts")
             await asyncio.sleep(interval)
 
 

@@ -47,7 +47,7 @@ __all__ = [
     "ACCEPTED", "ADMINISTRATIVE_ACTION", "DISCONNECT_REASON_CODES", "IMPLEMENTATION_SPECIFIC_ERROR",
     "NOT_AUTHORIZED", "NO_MATCHING_SUBSCRIBERS", "PAYLOAD_FORMAT_INVALID", "PUBLISH_REASON_CODES", "QUOTA_EXCEEDED",
     "SUCCESS", "TOPIC_NAME_INVALID", "UNSPECIFIED_ERROR", "BrokerHandle", "BrokerService", "InboundPublish",
-    "PublishVerdict", "ServiceDefaults",
+    "PublishVerdict", "ServiceDefaults", "ServiceStartError",
 ]
 
 #: What a PUBACK/PUBREC may carry (MQTT 5 3.4.2.1), and so what a ``PublishVerdict`` may say.
@@ -105,6 +105,10 @@ class PublishVerdict:
 ACCEPTED = PublishVerdict()
 
 
+class ServiceStartError(Exception):
+    """A service cannot start as configured (``appliance run`` refuses to start); the text says what to fix."""
+
+
 class BrokerHandle(Protocol):
     """What a service may ask of the broker."""
 
@@ -159,6 +163,10 @@ class BrokerService(Protocol):
     def show_ready(self) -> None:
         """The gateway is up: listeners accept, systemd was told READY (the hardware lights its LED)."""
 
+    def healthy(self) -> bool:
+        """Whether the service does its work; while any service says no, the gateway stops feeding the
+        systemd watchdog, so one that stays unhealthy has the gateway restarted."""
+
     async def metrics(self) -> Sequence[Family]:
         """The service's figures for the gateway's Prometheus page, read at each scrape."""
 
@@ -174,6 +182,9 @@ class ServiceDefaults:
 
     def show_ready(self) -> None:
         return None
+
+    def healthy(self) -> bool:
+        return True
 
     async def metrics(self) -> Sequence[Family]:
         return ()

@@ -122,9 +122,13 @@ def flap_delay(broker: Broker, client_id: str, now: float) -> float:
     return 0.0 if excess <= 0 else min(FLAP_MAX_DELAY, 0.25 * 2 ** (excess - 1))
 
 
-def refuse(broker: Broker, link: Link, reason: int, why: str, level: int = logging.INFO) -> None:
+def refuse(broker: Broker, link: Link, reason: int, why: str, level: int = logging.INFO,
+           client_id: str | None = None) -> None:
+    """Answer a CONNACK with ``reason`` and close; logged with the client id (``client_id`` before the
+    connection has one) and the address."""
     connection = link.connection
-    log.log(level, "client %s (%s): connection refused: %s", connection.client_id or "?", connection.peer, why)
+    log.log(level, "client %s (%s): connection refused: %s", connection.client_id or client_id or "?", connection.peer,
+            why)
     connection.out += encode(pk.Connack(False, reason, {pr.REASON_STRING: why}), connection.protocol_level)
     connection.state = CLOSED
     broker.mark(connection)
@@ -135,8 +139,14 @@ def complete_connect(broker: Broker, link: Link, connect: pk.Connect, authorized
     connection = link.connection
     v5 = connection.v5
     if not authorized:
-        reason = rc.BAD_USERNAME_OR_PASSWORD if connect.username is not None else rc.NOT_AUTHORIZED
-        refuse(broker, link, reason, "not authorized")
+        # WARNING, naming the user and (in ``refuse``) the address: what an operator needs to tell a
+        # misconfigured device from someone guessing passwords (the login gate bounds the lines per address).
+        if connect.username is not None:
+            refuse(broker, link, rc.BAD_USERNAME_OR_PASSWORD, f"bad user name or password for user {connect.username!r}",
+                   logging.WARNING, connect.client_id)
+        else:
+            refuse(broker, link, rc.NOT_AUTHORIZED, "not authorized: no user name given", logging.WARNING,
+                   connect.client_id)
         return
     owned = broker.sessions.get(connect.client_id) if connect.client_id else None
     if owned is not None and owned.username != connect.username:
@@ -213,6 +223,9 @@ def complete_connect(broker: Broker, link: Link, connect: pk.Connect, authorized
         lifecycle.start_keepalive(broker, link, keep_alive * 1.5)
     session.resume(connection, now)
     broker.mark(connection)
+    log.info("client %s (%s): connected%s over MQTT %s%s", client_id, connection.peer,
+             f" as user {connect.username!r}" if connect.username is not None else "", "5" if v5 else "3.1.1",
+             ", session resumed" if session_present else "")
 
 
 def handle_auth(broker: Broker, link: Link, packet: pk.Auth, now: float) -> None:

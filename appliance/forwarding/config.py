@@ -75,6 +75,10 @@ class ForwardingConfig:
     max_store_bytes: int | None = setting(None, minimum=4096, doc="bound on stored bodies + headers; absent: unbounded")
     check_entire_queue_on_cleanup: bool = setting(True, doc="the cleanup scans whole queues, not only their heads")
     cleanup_interval_s: float = setting(30.0, minimum=0.05, doc="how often expired messages are removed")
+    max_link_drops: int = setting(
+        3, minimum=1, maximum=1000,
+        doc="a message alone in flight when the upstream link drops this many times goes to the dead letters",
+    )
     metrics_interval_s: float = setting(
         60.0, minimum=0.1, doc="$SYS/gateway/forwarding/metrics and gateways/{id}/metrics upstream"
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from appliance.broker.api import BrokerHandle
@@ -24,18 +24,39 @@ from appliance.forwarding.window import LinkEstimate, Window
 
 
 class SendFailed(Exception):
-    """The batch was not (entirely) acknowledged; none of it is taken off the queue."""
+    """The batch was not (entirely) acknowledged. ``acked``: the messages (sequence numbers) that were,
+    wherever they sit in the batch - they are taken off the queue, the rest is sent again. ``in_flight``:
+    the messages handed to the link and not answered when it failed; ``link_dropped``: the connection
+    ended for no reason the gateway knows of (not a stop, not the modem going down) - the pump blames the
+    messages in flight, as a server closes the connection on a message it cannot take."""
+
+    def __init__(self, reason: str, acked: Iterable[int] = (), in_flight: Sequence[int] = (),
+                 link_dropped: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.acked = set(acked)
+        self.in_flight = list(in_flight)
+        self.link_dropped = link_dropped
 
 
 class Refused(SendFailed):
     """The endpoint answered, and refused (an MQTT 5 PUBACK reason code of 0x80 or more): ``seqs`` are the
-    refused messages, the first ``acked`` of the batch were acknowledged before them."""
+    refused messages; ``acked`` those of the batch it acknowledged, before or after them."""
 
-    def __init__(self, reason: str, seqs: Sequence[int] = (), acked: int = 0) -> None:
-        super().__init__(f"refused: {reason}")
+    def __init__(self, reason: str, seqs: Sequence[int] = (), acked: Iterable[int] = ()) -> None:
+        super().__init__(f"refused: {reason}", acked)
         self.reason = reason
         self.seqs = list(seqs)
-        self.acked = acked
+
+
+class Unsendable(SendFailed):
+    """``seqs`` cannot be sent to this endpoint at all (a string or a size its server must refuse, or the
+    client library would not encode them): the pump moves them to the dead letters at once."""
+
+    def __init__(self, reason: str, seqs: Sequence[int], acked: Iterable[int] = ()) -> None:
+        super().__init__(f"cannot be sent: {reason}", acked)
+        self.reason = reason
+        self.seqs = list(seqs)
 
 
 class EndpointSender(Protocol):

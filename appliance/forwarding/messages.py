@@ -17,6 +17,7 @@ from typing import Any
 
 from appliance.forwarding.conditions import UNDEFINED, parse_json_body
 from appliance.forwarding.topics import parse_telemetry_topic
+from appliance.forwarding.validity import check_publish_properties, check_topic_values
 
 
 @dataclass(slots=True)
@@ -75,10 +76,16 @@ def message_from_publish(
     user_properties: list[tuple[str, str]],
     content_type: str | None,
 ) -> Message | None:
-    """Map a local publish onto an Edge Hub message, or None when the topic is not telemetry."""
+    """Map a local publish onto an Edge Hub message, or None when the topic is not telemetry.
+
+    Raises ``InvalidMessage`` for telemetry that cannot be forwarded as it is (appliance/forwarding/validity.py):
+    the device gets the reason code, and nothing is queued that would stop or stall its queue later."""
     parsed = parse_telemetry_topic(topic)
     if parsed is None:
         return None
+    check_topic_values(parsed.device_id, parsed.module_id, parsed.output,
+                       [*parsed.application, *parsed.system.items()])
+    check_publish_properties(user_properties, content_type)
     system = dict(parsed.system)
     encoding = system.pop("contentEncoding", None)
     message_id = system.pop("messageId", None)

@@ -2,7 +2,10 @@
 cloud, Prometheus text for a scraper.
 
 Counters live in memory and restart at zero with the process, as Prometheus counters may; depths and
-oldest ages are read from the store when rendered, so they are right after a restart too.
+oldest ages are read from the store when rendered, so they are right after a restart too. Beside the
+queues: each pump's state (running, restarts, when its head last moved), the device messages refused at
+ingress per reason (appliance/forwarding/validity.py) and the messages no route took (``unrouted``) -
+what an operator needs to see that forwarding goes on, and why a device's messages do not arrive.
 """
 
 from __future__ import annotations
@@ -48,11 +51,21 @@ class LinkStats:
 
 
 @dataclass(slots=True)
+class PumpState:
+    running: bool = True
+    restarts: int = 0
+    head_moved_ms: int | None = None  # wall clock of the last checkpoint or dead letter; None: not since start
+
+
+@dataclass(slots=True)
 class ForwardingMetrics:
     counters: dict[str, Counter[QueueKey]] = field(default_factory=lambda: {name: Counter() for name in COUNTERS})
     links: dict[str, LinkStats] = field(default_factory=dict)
     #: Unix ms the counters started from (the process's start): what "never" means for a pump's head.
     started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    pumps: dict[str, PumpState] = field(default_factory=dict)
+    refused: Counter[str] = field(default_factory=Counter)  # device messages refused at ingress, per reason
+    unrouted: int = 0  # device messages no route took
 
     def add(self, name: str, counts: Counter[QueueKey] | dict[QueueKey, int]) -> None:
         self.counters[name].update(counts)
@@ -88,8 +101,11 @@ class ForwardingMetrics:
                    "connected": s.connected, "since_ms": s.changed_ms}
             for name, s in self.links.items()
         }
+        pumps = {name: {"running": p.running, "restarts": p.restarts, "head_moved_ms": p.head_moved_ms}
+                 for name, p in sorted(self.pumps.items())}
         document: dict[str, object] = {"gateway_id": gateway_id, "ts_ms": now_ms, "started_ms": self.started_ms,
-                                       "endpoints": self.snapshot(depths, now_ms), "links": links}
+                                       "endpoints": self.snapshot(depths, now_ms), "links": links, "pump": pumps,
+                                       "refused": dict(sorted(self.refused.items())), "unrouted": self.unrouted}
         if store is not None:
             document["store"] = {"healthy": store.healthy, "disk_full": store.disk_full,
                                  "failed_commits": store.failed_commits}
@@ -135,4 +151,14 @@ class ForwardingMetrics:
             Family("appliance_link_last_change_timestamp_seconds", "gauge",
                    "Unix time the link last went up or down (its start, if it never changed)",
                    [({"endpoint": n}, s.changed_ms / 1000) for n, s in links]),
+            Family("appliance_forwarding_pump_restarts_total", "counter",
+                   "times the endpoint's pump failed and was started again",
+                   [({"endpoint": n}, p.restarts) for n, p in sorted(self.pumps.items())]),
+            Family("appliance_forwarding_pump_running", "gauge", "1 while the endpoint's pump runs",
+                   [({"endpoint": n}, int(p.running)) for n, p in sorted(self.pumps.items())]),
+            Family("appliance_forwarding_refused_total", "counter",
+                   "device messages refused at ingress (reason code sent), per reason",
+                   [({"reason": r}, n) for r, n in sorted(self.refused.items())]),
+            Family("appliance_forwarding_unrouted_total", "counter", "device messages that matched no route",
+                   [({}, self.unrouted)]),
         ]

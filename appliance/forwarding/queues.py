@@ -16,8 +16,9 @@ Why it looks like this:
 * TTL is checked on read (expired entries are skipped, never returned) and again by ``cleanup``, which
   deletes expired entries for every queue - whether or not its endpoint is up (Edge Hub issue #7509) - and
   frees bodies that no queue references any more.
-* How often an endpoint refused an entry (dead-letter candidates) is kept next to the checkpoints and
-  forgotten with the entry, so a restart does not give a refused message three more tries.
+* How often an endpoint refused an entry, and how often the link dropped while it was in flight
+  (dead-letter candidates), is kept next to the checkpoints and forgotten with the entry, so a restart
+  does not give a refused or poisonous message three more tries.
 * The store is bounded (``max_bytes`` of bodies and headers): to make room it drops whole messages, lowest
   priority first and oldest first within a priority, and never a message of higher priority than the one
   arriving; if that is not enough the new message is refused (``StoreFull``) and nothing is dropped.
@@ -65,6 +66,8 @@ CREATE INDEX IF NOT EXISTS entries_by_seq ON entries (seq);
 CREATE TABLE IF NOT EXISTS checkpoints (queue TEXT PRIMARY KEY, offset INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS refusals (queue TEXT NOT NULL, seq INTEGER NOT NULL, count INTEGER NOT NULL,
                                      PRIMARY KEY (queue, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS link_drops (queue TEXT NOT NULL, seq INTEGER NOT NULL, count INTEGER NOT NULL,
+                                      PRIMARY KEY (queue, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     seq INTEGER NOT NULL,
@@ -87,6 +90,16 @@ MAX_DEAD_LETTERS = 1000
 def queue_name(endpoint: str, priority: int) -> str:
     """Edge Hub's ``MessageQueueIdHelper``: one queue per endpoint per priority."""
     return f"{endpoint}_Pri{priority}"
+
+
+class UnreadableEntry(Exception):
+    """The stored envelope of entry ``seq`` does not decode (a store written by hand, a bug): the pump
+    moves it to the dead letters instead of failing on it forever."""
+
+    def __init__(self, seq: int, reason: str) -> None:
+        super().__init__(f"entry {seq}: {reason}")
+        self.seq = seq
+        self.reason = reason
 
 
 class StoreFull(Exception):
@@ -153,6 +166,15 @@ def _message(envelope: str, payload: bytes) -> Message:
         e["source"], e["topic"], payload, e["device"], e["module"], e["output"],
         [tuple(p) for p in e["props"]], e["ctype"], e["cenc"], e["mid"], e.get("sys", {}),
     )
+
+
+def _readable_message(envelope: str, payload: bytes) -> Message:
+    """The message, or for an envelope that does not decode (an ``UnreadableEntry`` dead letter) a stand-in
+    that keeps the payload and shows the raw envelope as its topic."""
+    try:
+        return _message(envelope, payload)
+    except (ValueError, KeyError, TypeError, IndexError):
+        return Message("?", envelope[:200], payload, "?")
 
 
 class MessageStore:
@@ -284,7 +306,13 @@ class MessageStore:
             if len(batch) >= 2 and max_bytes is not None and total + len(payload) > max_bytes:
                 break
             total += len(payload)
-            batch.append(QueuedMessage(seq, endpoint, priority, enqueued, ttl, expires, _message(envelope, payload)))
+            try:
+                message = _message(envelope, payload)
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                if batch:
+                    break  # the good ones first; it comes first in the next read
+                raise UnreadableEntry(seq, f"stored envelope unreadable: {type(exc).__name__}: {exc}") from exc
+            batch.append(QueuedMessage(seq, endpoint, priority, enqueued, ttl, expires, message))
         return batch
 
     def endpoints(self) -> list[str]:
@@ -299,16 +327,24 @@ class MessageStore:
 
     def checkpoint(self, endpoint: str, priority: int, offset: int, sent: Iterable[int]) -> tuple[int, int]:
         """Everything in the queue up to ``offset`` is done: ``sent`` were delivered, the rest had expired.
+        ``sent`` may also name entries after ``offset`` (delivered after one that was not): those go too.
 
         Deletes those entries, frees bodies nobody references and records the checkpoint, in one
         transaction. Returns (sent, expired) counts.
         """
         queue = queue_name(endpoint, priority)
         sent_set = set(sent)
+        beyond = sorted(seq for seq in sent_set if seq > offset)
         with self._transaction():
             seqs = [r[0] for r in self.db.execute("SELECT seq FROM entries WHERE queue = ? AND seq <= ?", (queue, offset))]
             self.db.execute("DELETE FROM entries WHERE queue = ? AND seq <= ?", (queue, offset))
             self.db.execute("DELETE FROM refusals WHERE queue = ? AND seq <= ?", (queue, offset))
+            self.db.execute("DELETE FROM link_drops WHERE queue = ? AND seq <= ?", (queue, offset))
+            for seq in beyond:
+                if self.db.execute("DELETE FROM entries WHERE queue = ? AND seq = ?", (queue, seq)).rowcount:
+                    seqs.append(seq)
+                self.db.execute("DELETE FROM refusals WHERE queue = ? AND seq = ?", (queue, seq))
+                self.db.execute("DELETE FROM link_drops WHERE queue = ? AND seq = ?", (queue, seq))
             self.db.execute(
                 "INSERT INTO checkpoints (queue, offset) VALUES (?, ?)"
                 " ON CONFLICT(queue) DO UPDATE SET offset = MAX(offset, excluded.offset)",
@@ -341,6 +377,7 @@ class MessageStore:
                 )
                 self.db.execute("DELETE FROM entries WHERE queue = ? AND seq = ?", (queue, seq))
                 self.db.execute("DELETE FROM refusals WHERE queue = ? AND seq = ?", (queue, seq))
+                self.db.execute("DELETE FROM link_drops WHERE queue = ? AND seq = ?", (queue, seq))
                 moved += 1
             self.db.execute(
                 "DELETE FROM dead_letters WHERE id <= (SELECT MAX(id) FROM dead_letters) - ?", (MAX_DEAD_LETTERS,)
@@ -361,6 +398,28 @@ class MessageStore:
                 )
             return {seq: self.refusals(endpoint, priority, seq) for seq in wanted}
 
+    def count_link_drops(self, endpoint: str, priority: int, seqs: Iterable[int]) -> dict[int, int]:
+        """The link dropped once more while the entries ``seqs`` were in flight; returns each one's drops
+        so far."""
+        queue = queue_name(endpoint, priority)
+        wanted = sorted(set(seqs))
+        with self._transaction():
+            for seq in wanted:
+                self.db.execute(
+                    "INSERT INTO link_drops (queue, seq, count) VALUES (?, ?, 1) "
+                    "ON CONFLICT(queue, seq) DO UPDATE SET count = count + 1", (queue, seq),
+                )
+            return {seq: self.link_drops(endpoint, priority, seq) for seq in wanted}
+
+    def last_link_drop_suspect(self, endpoint: str, priority: int) -> int:
+        """The highest sequence number of the queue that was in flight at a link drop (0: none)."""
+        row = self.db.execute("SELECT MAX(seq) FROM link_drops WHERE queue = ?", (queue_name(endpoint, priority),)).fetchone()
+        return int(row[0] or 0)
+
+    def link_drops(self, endpoint: str, priority: int, seq: int) -> int:
+        row = self.db.execute("SELECT count FROM link_drops WHERE queue = ? AND seq = ?", (queue_name(endpoint, priority), seq)).fetchone()
+        return 0 if row is None else int(row[0])
+
     def refusals(self, endpoint: str, priority: int, seq: int) -> int:
         row = self.db.execute("SELECT count FROM refusals WHERE queue = ? AND seq = ?", (queue_name(endpoint, priority), seq)).fetchone()
         return 0 if row is None else int(row[0])
@@ -376,7 +435,7 @@ class MessageStore:
             "SELECT seq, endpoint, priority, enqueued_ms, dead_ms, reason, envelope, payload FROM dead_letters "
             "ORDER BY id DESC LIMIT ?", (limit,),
         ).fetchall()
-        return [DeadLetter(*row[:6], _message(row[6], row[7])) for row in reversed(rows)]
+        return [DeadLetter(*row[:6], _readable_message(row[6], row[7])) for row in reversed(rows)]
 
     def cleanup(self) -> Counter[QueueKey]:
         """Delete expired entries and the bodies they kept alive; returns expired counts per queue.
@@ -403,6 +462,7 @@ class MessageStore:
                     ).fetchall()
             self.db.executemany("DELETE FROM entries WHERE queue = ? AND seq = ?", [(q, s) for q, s, _, _ in doomed])
             self.db.executemany("DELETE FROM refusals WHERE queue = ? AND seq = ?", [(q, s) for q, s, _, _ in doomed])
+            self.db.executemany("DELETE FROM link_drops WHERE queue = ? AND seq = ?", [(q, s) for q, s, _, _ in doomed])
             for _, _, endpoint, priority in doomed:
                 expired[(endpoint, priority)] += 1
             freed = self._free_orphans([s for _, s, _, _ in doomed])

@@ -45,9 +45,11 @@ from appliance.broker.api import (
     InboundPublish,
     PublishVerdict,
     ServiceDefaults,
+    ServiceStartError,
 )
 from appliance.forwarding.config import ForwardingConfig
 from appliance.forwarding.endpoints import BrokeredSender, EndpointSender
+from appliance.forwarding.ingress_log import RefusalLog
 from appliance.forwarding.manifest import Manifest, ManifestError, load_manifest
 from appliance.forwarding.messages import Message, message_from_publish
 from appliance.forwarding.metrics import ForwardingMetrics, LinkStats
@@ -60,8 +62,8 @@ from appliance.forwarding.routes import (
     Route,
     RouteResult,
 )
-from appliance.forwarding.topics import PropertyBagError
 from appliance.forwarding.upstream import UpstreamSender
+from appliance.forwarding.validity import InvalidMessage
 from appliance.prometheus import Family
 from appliance.store_health import StoreHealth
 from appliance.store_thread import StoreThread
@@ -122,15 +124,29 @@ class ForwardingService(ServiceDefaults):
         self._broker: BrokerHandle | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._manifest_mtime: float | None = None
+        self._load_error = ""  # why the last manifest load failed
         #: Whether ``forwarding.db`` commits, logged once per change (a full disk is not a line per publish).
         self.health = StoreHealth(str(self.data_dir / STORE_FILE), log,
                                   "device messages to forward are refused until a commit succeeds")
+        self.refusal_log = RefusalLog(log)
 
     # -- lifecycle
 
     async def start(self, broker: BrokerHandle) -> None:
+        """Load the manifest, open the store, start the bridge and a pump per endpoint with messages.
+
+        A manifest that does not load refuses the start (``ServiceStartError``, naming the file, the JSON
+        path and the line or column): a gateway that acknowledged every device message and routed none
+        would lose them silently. Without a manifest there are no routes; that is logged, and every
+        message is counted as ``unrouted``."""
         self._broker = broker
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.manifest is None:
+            log.warning("forwarding: enabled without a manifest: no routes; device messages are acknowledged, "
+                        "not forwarded, and counted as unrouted")
+            self._write_status()
+        elif not self.reload():
+            raise ServiceStartError(f"forwarding manifest {self.config.manifest} rejected: {self._load_error}")
         self.store = await self.thread.call(
             MessageStore,
             self.data_dir / STORE_FILE,
@@ -145,9 +161,10 @@ class ForwardingService(ServiceDefaults):
                 self.upstream.set_link(self.hardware.link_up)  # before the thread starts: no attempt while down
                 self._unsubscribe_link = self.hardware.on_link_change(self.upstream.set_link)
             self.upstream.start()
-        self.reload()
         for endpoint_id in await self.thread.call(self.store.endpoints):
             self._pump_for(Endpoint(UPSTREAM) if endpoint_id == UPSTREAM else _brokered_endpoint(endpoint_id))
+        if self.upstream is not None:
+            self._pump_for(Endpoint(UPSTREAM))  # from the start, so its state is in the metrics before a message
         self._tasks += [
             asyncio.create_task(self._cleanup_loop(), name="forwarding-cleanup"),
             asyncio.create_task(self._metrics_loop(), name="forwarding-metrics"),
@@ -160,7 +177,9 @@ class ForwardingService(ServiceDefaults):
 
     async def stop(self) -> None:
         self._unsubscribe_link()
-        for task in self._tasks + [p.task for p in self.pumps.values() if p.task is not None]:
+        for pump in self.pumps.values():
+            pump.stop()
+        for task in self._tasks:
             task.cancel()
         for task in self._tasks + [p.task for p in self.pumps.values() if p.task is not None]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -174,19 +193,28 @@ class ForwardingService(ServiceDefaults):
     def on_client_disconnected(self, client_id: str) -> None:
         return None
 
+    def healthy(self) -> bool:
+        """Every pump runs (one that failed is down until it has read its queues again): the gateway
+        feeds the systemd watchdog only while this holds."""
+        return all(pump.running for pump in self.pumps.values())
+
     # -- ingest
 
     async def on_publish(self, message: InboundPublish) -> PublishVerdict:
         try:
             parsed = message_from_publish(message.topic, message.payload, message.user_properties, message.content_type)
-        except PropertyBagError as exc:  # as Edge Hub: the publish fails, nothing is routed or stored
-            log.warning("forwarding: refused a message from %s on %r (%s): %s", message.client_id, message.topic,
-                        exc.reason, exc)
-            return PublishVerdict(TOPIC_NAME_INVALID, str(exc)[:200])
+        except InvalidMessage as exc:
+            # MQTT 5: the reason code says why. MQTT 3.1.1 has none: the PUBACK is sent, nothing is queued
+            # (as mosquitto answers a publish its ACL denies); a disconnect would only have the device send
+            # the same message again, forever. docs/forwarding.md "Refused at ingress".
+            self.figures.refused[exc.reason] += 1
+            self.refusal_log.refused(exc.reason, message.client_id, message.topic, exc.detail, exc.reason_code)
+            return PublishVerdict(exc.reason_code, exc.detail[:200])
         if parsed is None or self.store is None:
             return ACCEPTED
         results = self.evaluator.evaluate(parsed)
         if not results:
+            self.figures.unrouted += 1
             return ACCEPTED
         if message.message_expiry_interval is not None:
             results = with_expiry(results, message.message_expiry_interval)
@@ -264,7 +292,8 @@ class ForwardingService(ServiceDefaults):
                 sender = BrokeredSender(endpoint, self._broker, self.gateway_id)
             if sender is None:
                 return None
-            pump = Pump(sender, self.store, self.thread, self.figures, on_checkpoint=self._backlog_dirty.set)
+            pump = Pump(sender, self.store, self.thread, self.figures, on_checkpoint=self._backlog_dirty.set,
+                        max_link_drops=self.config.max_link_drops)
             self.pumps[endpoint.id] = pump
             pump.start()
         return pump
@@ -282,6 +311,7 @@ class ForwardingService(ServiceDefaults):
         try:
             manifest = load_manifest(path)
         except ManifestError as exc:
+            self._load_error = str(exc)
             log.error("forwarding: manifest %s rejected, keeping %d running routes: %s", path, len(self.evaluator.routes), exc)
             self._write_status(error=str(exc))
             return False

@@ -27,6 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
+from appliance.broker.api import TOPIC_NAME_INVALID
+from appliance.forwarding.validity import InvalidMessage
+
 #: On-the-wire bag key -> system property name (Edge Hub's ``SystemProperties``).
 SYSTEM_PROPERTIES_ON_THE_WIRE = {
     "$.exp": "absolute-expiry-time",
@@ -46,13 +49,13 @@ SYSTEM_PROPERTIES_ON_THE_WIRE = {
 }
 
 
-class PropertyBagError(ValueError):
-    """A bag the gateway refuses rather than guess at; ``reason`` names the kind (the key of the
-    forwarding ``refused`` counter), the message the case."""
+class PropertyBagError(InvalidMessage):
+    """A bag the gateway refuses rather than guess at. Like every value that came in the topic it is
+    refused with 0x90 (Topic Name invalid); ``reason`` names the kind (the key of the forwarding
+    ``refused`` counter), the message the case."""
 
     def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+        super().__init__(reason, TOPIC_NAME_INVALID, message)
 
 
 #: ``PropertyBagError.reason`` values.
@@ -96,9 +99,9 @@ def parse_property_bag(bag: str) -> list[tuple[str, str]]:
         try:
             key, value = unquote(raw_key, errors="strict"), unquote(raw_value, errors="strict")
         except UnicodeDecodeError as exc:
-            raise PropertyBagError(BAG_NOT_UTF8, f"{piece!r} is not UTF-8 after percent-decoding") from exc
+            raise PropertyBagError(BAG_NOT_UTF8, f"{piece[:200]!r} is not UTF-8 after percent-decoding") from exc
         if not key:
-            raise PropertyBagError(BAG_EMPTY_NAME, f"empty property name in {piece!r}")
+            raise PropertyBagError(BAG_EMPTY_NAME, f"empty property name in {piece[:200]!r}")
         pairs[key] = value
     return list(pairs.items())
 
@@ -108,7 +111,7 @@ def _refuse_case_duplicates(application: list[tuple[str, str]]) -> None:
     for key, _ in application:
         first = seen.setdefault(key.lower(), key)
         if first != key:
-            raise PropertyBagError(BAG_CASE_DUPLICATE, f"property {first!r} given twice, also as {key!r}: "
+            raise PropertyBagError(BAG_CASE_DUPLICATE, f"property {first[:200]!r} given twice, also as {key[:200]!r}: "
                                    "names are case-insensitive, so which value routes would be a guess")
 
 
@@ -118,7 +121,8 @@ def _is_bag(segment: str) -> bool:
 
 def parse_telemetry_topic(topic: str) -> TelemetryTopic | None:
     """The sender and properties a telemetry topic carries; None for topics that are not telemetry.
-    A telemetry topic whose bag the gateway refuses raises ``PropertyBagError``."""
+    A telemetry topic whose bag the gateway refuses raises ``PropertyBagError`` (an ``InvalidMessage``:
+    refused with 0x90, counted)."""
     parts = topic.split("/")
     if len(parts) < 4 or parts[0] != "devices" or not parts[1]:
         return None
@@ -151,7 +155,7 @@ def parse_telemetry_topic(topic: str) -> TelemetryTopic | None:
     _refuse_case_duplicates(parsed.application)
     if "outputName" in parsed.system:
         if output is not None and parsed.system["outputName"] != output:
-            raise PropertyBagError(BAG_TWO_OUTPUTS, f"output {output!r} in the topic but $.on={parsed.system['outputName']!r} "
+            raise PropertyBagError(BAG_TWO_OUTPUTS, f"output {output[:200]!r} in the topic but $.on={parsed.system['outputName'][:200]!r} "
                                    "in the bag: which route source applies would be a guess")
         parsed.output = parsed.system.pop("outputName")
     return parsed

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import os
 import random
 import socket
 import ssl
@@ -54,6 +55,7 @@ from appliance.forwarding.config import UpstreamConfig
 from appliance.forwarding.endpoints import (
     Refused,
     SendFailed,
+    Unsendable,
     identity_properties,
     message_id,
 )
@@ -61,6 +63,7 @@ from appliance.forwarding.liveness import Liveness
 from appliance.forwarding.metrics import LinkStats
 from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.routes import UPSTREAM
+from appliance.forwarding.validity import publish_size, upstream_problem
 from appliance.forwarding.window import LinkEstimate, Window
 from appliance.tcp_floor import retransmission_floor_s
 
@@ -86,6 +89,15 @@ def pack(batch: list[QueuedMessage], chunk_bytes: int) -> list[list[QueuedMessag
         chunks[-1].append(item)
         size += item.size
     return chunks
+
+
+def connect_failure_reason(exc: BaseException) -> str:
+    """What an operator reads in the log: "Connection refused", not "Connect call failed (...)"."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {CONNECT_TIMEOUT_S:.0f} s"
+    if isinstance(exc, OSError) and exc.errno and not isinstance(exc, ssl.SSLError):
+        return f"{os.strerror(exc.errno)} ({exc})"
+    return str(exc) or type(exc).__name__
 
 
 #: Seconds for the TCP connect and for the TLS handshake, each.
@@ -168,6 +180,11 @@ class UpstreamSender:
         self._backoff = Backoff(settings.backoff_min_s, settings.backoff_max_s, random.Random())
         self._ready_flag = False
         self._max_packet: int | None = None  # the upstream's Maximum Packet Size (MQTT 5 CONNACK)
+        # Why the last connection ended, and whether that blames the messages in flight (not when the
+        # bridge closed it itself: a stop, the modem reporting the link down).
+        self._lost_reason = ""
+        self._lost_blames = False
+        self._answered = False  # the current connection got its CONNACK (accepting or refusing)
         self._tls: ssl.SSLContext | None = None
         self.connects = 0
 
@@ -209,7 +226,8 @@ class UpstreamSender:
             try:
                 sock = await self._open_socket()
             except (TimeoutError, OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-                log.info("upstream %s:%s: connect failed: %s", self.settings.host, self.settings.port, exc)
+                log.warning("upstream %s:%s: connect failed: %s", self.settings.host, self.settings.port,
+                            connect_failure_reason(exc))
             else:
                 if await self._session(sock):
                     self._backoff.reset()
@@ -304,6 +322,7 @@ class UpstreamSender:
         client = self._new_client()
         client.use_socket(sock)
         self._client = client
+        self._answered = False
         self._closed.clear()
         assert self._loop is not None
         self._liveness = Liveness(self.settings.keepalive_s, self._loop.time())
@@ -351,11 +370,16 @@ class UpstreamSender:
         if not busy and client.loop_misc() != mqtt.MQTT_ERR_SUCCESS:
             self._abandon(client, "keep-alive: no PINGRESP")
 
-    def _abandon(self, client: _ConnectedClient, reason: str = "closed by the bridge") -> None:
+    def _abandon(self, client: _ConnectedClient, reason: str | None = None) -> None:
         """Drop the connection without asking paho: unhook and close its socket; a fresh client comes next.
-        Logs ``upstream disconnected`` as paho's callback does, when paho has not said so already."""
+        Logs ``upstream disconnected`` as paho's callback does, when paho has not said so already. Without
+        a ``reason`` the bridge closes it by its own choice (a stop, the link down): nothing is blamed."""
+        blames = reason is not None and not self._closing_by_choice()
         if self._client is client and self._ready_flag:
-            log.info("upstream disconnected: %s", reason)
+            self._lost(reason or "closed by the bridge", blames)
+        elif self._client is client and blames and not self._answered:  # failed before its CONNACK
+            log.warning("upstream %s:%s: connection failed before the CONNACK: %s", self.settings.host,
+                        self.settings.port, reason)
         sock = self._socket
         if sock is not None and self._client is client:
             assert self._loop is not None
@@ -367,6 +391,14 @@ class UpstreamSender:
             self._client = None
         self._closed.set()
         self._set_ready(False)
+
+    def _closing_by_choice(self) -> bool:
+        return self._stopping or not self._link_up
+
+    def _lost(self, reason: str, blames: bool) -> None:
+        """The connection ended: logged at WARNING unless the bridge ended it (a stop, the link down)."""
+        self._lost_reason, self._lost_blames = reason, blames
+        log.log(logging.WARNING if blames else logging.INFO, "upstream disconnected: %s", reason)
 
     # -- paho's socket hooks and callbacks (all on the event loop)
 
@@ -422,12 +454,15 @@ class UpstreamSender:
         self._ready.clear()
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(SendFailed("upstream connection lost"))
+                future.set_exception(SendFailed(f"upstream connection lost: {self._lost_reason}",
+                                                link_dropped=self._lost_blames))
         self._pending.clear()
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        self._answered = True
         if reason.is_failure:
-            log.warning("upstream refused the connection: %s", reason)
+            log.warning("upstream %s:%s refused the connection: %s (0x%02X)%s", self.settings.host, self.settings.port,
+                        reason, reason.value, "" if self.settings.username is None else f" for user {self.settings.username!r}")
             client.disconnect()
             return
         self.connects += 1
@@ -441,9 +476,12 @@ class UpstreamSender:
                  "unknown" if floor is None else f"{floor:.2f} s")
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
-        log.info("upstream disconnected: %s", reason)
-        if client is self._client:
-            self._set_ready(False)
+        if client is not self._client:
+            return
+        if self._ready_flag:
+            server_says = getattr(properties, "ReasonString", None)
+            self._lost(f"{reason}" + (f" ({server_says})" if server_says else ""), not self._closing_by_choice())
+        self._set_ready(False)
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
         assert self._loop is not None
@@ -510,6 +548,20 @@ class UpstreamSender:
         assert window.bytes is not None
         return max(2, -(-window.bytes // window.chunk_bytes))
 
+    def _check_unit(self, topic: str, payload: bytes, properties: Properties | None) -> None:
+        """Raise ``Unsendable`` for a PUBLISH that a conforming MQTT 5 server must refuse: control
+        characters in its topic or properties, more bytes than the server's Maximum Packet Size (from its
+        CONNACK). Topic aliases are never used, so the server's Topic Alias Maximum cannot be exceeded."""
+        user_properties = list(getattr(properties, "UserProperty", None) or ())
+        content_type = getattr(properties, "ContentType", None)
+        packed = properties.pack() if properties is not None else None
+        if packed is None and self.settings.protocol == "5":
+            packed = b"\0"  # paho sends an empty property block
+        size = publish_size(topic, len(payload), packed)
+        problem = upstream_problem(topic, user_properties, content_type, size, self._max_packet)
+        if problem is not None:
+            raise Unsendable(problem.detail, [])
+
     async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
         """Publish with at most ``_in_flight_limit()`` unacknowledged; stop handing out PUBLISHes once
         ``preempt`` is set. Returns how many messages (a prefix of ``batch``) are done: acknowledged, or
@@ -517,7 +569,12 @@ class UpstreamSender:
 
         Expiry is judged again for every PUBLISH, at the moment it is handed to the link (the moment
         ``gw-sent-ms`` records): on a slow link a batch that was live when the pump read it can outlast
-        a message's TTL while it waits for the window, and an expired message never goes on the wire."""
+        a message's TTL while it waits for the window, and an expired message never goes on the wire.
+
+        A PUBLISH the server refuses, or that cannot be sent at all, stops the handing out; the PUBLISHes
+        already in flight are still waited for, and the failure (``Refused``, ``Unsendable``) names what
+        was acknowledged, wherever it sits, so that only the refused message is sent again. A connection
+        lost names the messages in flight (``SendFailed.in_flight``)."""
         client = self._client
         if client is None or not self._ready.is_set():
             raise SendFailed("upstream not connected")
@@ -530,13 +587,24 @@ class UpstreamSender:
         completes: list[int] = []  # how many messages of ``batch`` each PUBLISH's ack completes
         expired_run = 0  # expired messages skipped since the last PUBLISH handed out
         finished = False
+        acked: list[int] = []
+        acked_set: set[int] = set()
+        refused: list[int] = []
+        refusal = ""
+        unsendable: Unsendable | None = None
 
         async def next_ack() -> None:
+            nonlocal refusal
             index = len(ack_times)
             try:
                 ack_times.append(await futures[index])
-            except Refused as refused:
-                raise Refused(refused.reason, [item.seq for item in published[index]], sum(completes[:index])) from None
+                acked.extend(item.seq for item in published[index])
+                acked_set.update(item.seq for item in published[index])
+            except Refused as exc:
+                assert self._loop is not None
+                ack_times.append(self._loop.time())  # an answer all the same: the link carried it
+                refused.extend(item.seq for item in published[index])
+                refusal = refusal or exc.reason
 
         groups = self._groups(batch)
         filled = len(groups) >= self._in_flight_limit()  # the window, not the queue, bounded this batch
@@ -545,17 +613,25 @@ class UpstreamSender:
                 while len(futures) - len(ack_times) >= self._in_flight_limit():
                     await next_ack()
                     self.estimate.record_progress(sizes[: len(ack_times)], ack_times, sent_at=sent_at)
-                if preempt.is_set():
+                if preempt.is_set() or refused:
                     break
                 if client is not self._client:
-                    raise SendFailed("upstream connection lost")
+                    raise SendFailed(f"upstream connection lost: {self._lost_reason}", link_dropped=self._lost_blames)
                 sent_ms = int(time.time() * 1000)
                 live = [item for item in items if item.expires_ms > sent_ms]
                 if not live:
                     expired_run += len(items)
                     continue
-                topic, payload, properties = self._unit(live, sent_ms)
-                info = client.publish(topic, payload, qos=1, properties=properties)
+                try:
+                    topic, payload, properties = self._unit(live, sent_ms)
+                    self._check_unit(topic, payload, properties)
+                    info = client.publish(topic, payload, qos=1, properties=properties)
+                except Exception as exc:  # this one message cannot go: the others still do
+                    reason = exc.reason if isinstance(exc, Unsendable) else f"{type(exc).__name__}: {exc}"
+                    if len(live) > 1:  # which of the packed messages it is would be a guess: the pump finds it
+                        raise RuntimeError(f"a PUBLISH of {len(live)} messages cannot be sent: {reason}") from exc
+                    unsendable = Unsendable(reason, [item.seq for item in live])
+                    break
                 if info.rc != mqtt.MQTT_ERR_SUCCESS:
                     raise SendFailed(f"publish failed: {mqtt.error_string(info.rc)}")
                 # Registered before the loop can read the PUBACK (paho reads only in _readable, on this thread).
@@ -570,16 +646,26 @@ class UpstreamSender:
                 finished = True
             while len(ack_times) < len(futures):
                 await next_ack()
-        except SendFailed:
+        except SendFailed as exc:
             for f in futures:
                 if not f.done():
                     f.cancel()
                 elif not f.cancelled():
                     f.exception()
+            in_flight = [item.seq for items in published[len(ack_times):] for item in items]
+            raise SendFailed(exc.reason, acked, in_flight, exc.link_dropped) from None
+        except Exception:
+            for f in futures:
+                if not f.done():
+                    f.cancel()
             raise
+        self.stats.bytes_sent += sum(item.size for items in published for item in items if item.seq in acked_set)
+        if refused:
+            raise Refused(refusal, refused, acked)
+        if unsendable is not None:
+            raise Unsendable(unsendable.reason, unsendable.seqs, acked)
         self.estimate.record(sizes, ack_times, sent_at, filled and finished)  # a preempted batch did not fill it
         messages = sum(completes) + (expired_run if finished else 0)
-        self.stats.bytes_sent += sum(item.size for items in published for item in items)
         self.stats.rate_bytes_per_s = self.estimate.rate_bytes_per_s
         self.stats.rtt_s = self.estimate.rtt_s
         return messages

@@ -55,11 +55,20 @@ def test_wrong_password_and_anonymous_are_refused(secured: GatewayProcess, level
     for (username, password), expected in cases:
         client = RawClient(secured.port, level)
         try:
-            connack = client.connect(unique("auth"), username=username, password=password)
+            host, port = client.sock.getsockname()[:2]
+            client_id = unique("auth")
+            connack = client.connect(client_id, username=username, password=password)
             # The codec maps 3.1.1 return codes (4, 5) back to the MQTT 5 reasons for comparison.
             assert connack.reason_code == expected, (username, password)
         finally:
             client.close()
+        # Issue 24: a refused login at WARNING names the user and the address; a good one at INFO.
+        if expected == rc.SUCCESS:
+            secured.wait_for_log(rf"INFO .*{client_id} \({host}:{port}\): connected as user 'alice'")
+        elif username is not None:
+            secured.wait_for_log(rf"WARNING .*{client_id} \({host}:{port}\): connection refused: .*'{username}'")
+        else:
+            secured.wait_for_log(rf"WARNING .*{client_id} \({host}:{port}\): connection refused: .*no user name")
 
 
 def test_paho_sees_the_refusal(secured: GatewayProcess, level: int) -> None:

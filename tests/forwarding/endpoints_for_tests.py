@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from appliance.forwarding.endpoints import Refused, SendFailed
 from appliance.forwarding.queues import QueuedMessage
@@ -73,8 +74,9 @@ class PreemptibleEndpoint(RecordingEndpoint):
 
 
 class RefusingEndpoint(RecordingEndpoint):
-    """Acknowledges every message but those whose ``n`` is in ``refuse`` - refused ``times`` times each
-    (forever if None), as an MQTT 5 broker refuses with a PUBACK reason code."""
+    """Refuses the messages whose ``n`` is in ``refuse`` - ``times`` times each (forever if None) - and
+    acknowledges the others of the batch, before and after them, as an MQTT 5 broker answers a window of
+    PUBLISHes with a PUBACK each."""
 
     def __init__(self, refuse: set[int], times: int | None = None, batch_size: int = 10) -> None:
         super().__init__(batch_size=batch_size)
@@ -83,13 +85,73 @@ class RefusingEndpoint(RecordingEndpoint):
         self.refused: list[int] = []
 
     async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
-        for index, item in enumerate(batch):
-            n = int(item.message.app_property("n"))
-            if n in self.refuse and (self.times is None or self.refused.count(n) < self.times):
-                self.refused.append(n)
-                acked = [int(i.message.app_property("n")) for i in batch[:index]]
-                if acked:
-                    self.batches.append((batch[0].priority, acked))
-                    self.changed.set()
-                raise Refused("Not authorized (0x87)", [item.seq], index)
+        refused = [item for item in batch if int(item.message.app_property("n")) in self.refuse
+                   and (self.times is None or self.refused.count(int(item.message.app_property("n"))) < self.times)]
+        if not refused:
+            return await super().send(batch, preempt)
+        self.refused += [int(item.message.app_property("n")) for item in refused]
+        acked = [item for item in batch if item not in refused]
+        if acked:
+            self.batches.append((batch[0].priority, [int(item.message.app_property("n")) for item in acked]))
+            self.changed.set()
+        raise Refused("Not authorized (0x87)", [item.seq for item in refused], [item.seq for item in acked])
+
+
+def n_of(item: QueuedMessage) -> int:
+    return int(item.message.app_property("n"))
+
+
+class FaultyEndpoint(RecordingEndpoint):
+    """Raises ``ValueError`` - not a ``SendFailed`` - for a batch holding a message whose ``n`` is in
+    ``poison``, before sending anything: as paho's ``publish()`` raised on a ``#`` in a topic."""
+
+    def __init__(self, poison: set[int], batch_size: int = 10) -> None:
+        super().__init__(batch_size=batch_size)
+        self.poison = poison
+
+    async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
+        for item in batch:
+            if n_of(item) in self.poison:
+                raise ValueError(f"Publish topic cannot contain wildcards (message {n_of(item)})")
         return await super().send(batch, preempt)
+
+
+class DroppingEndpoint(RecordingEndpoint):
+    """A server that closes the connection when a message whose ``n`` is in ``poison`` reaches it, as
+    mosquitto does on a control character or an oversized packet: the messages before it in the batch are
+    acknowledged, it and those after it were in flight when the link dropped."""
+
+    def __init__(self, poison: set[int], batch_size: int = 10) -> None:
+        super().__init__(batch_size=batch_size)
+        self.poison = poison
+        self.drops: list[list[int]] = []  # the messages in flight at each drop
+
+    async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
+        for index, item in enumerate(batch):
+            if n_of(item) in self.poison:
+                acked = batch[:index]
+                if acked:
+                    self.batches.append((batch[0].priority, [n_of(i) for i in acked]))
+                self.drops.append([n_of(i) for i in batch[index:]])
+                self.changed.set()
+                raise SendFailed("upstream connection lost: Unspecified error", [i.seq for i in acked],
+                                 [i.seq for i in batch[index:]], link_dropped=True)
+        return await super().send(batch, preempt)
+
+
+class BrokenWindowEndpoint(RecordingEndpoint):
+    """``window()`` raises for its first ``failures`` calls: a fault outside any one message, which only
+    the supervisor can get over. ``running_seen`` records whether the pump said it ran at each call."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(batch_size=10)
+        self.failures = failures
+        self.running: Callable[[], bool] = lambda: True
+        self.running_seen: list[bool] = []
+
+    def window(self) -> Window:
+        self.running_seen.append(self.running())
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("a bug outside any one message")
+        return super().window()

@@ -112,11 +112,11 @@ def batch_records(collector: Collector, count: int, timeout: float = 15.0) -> li
 
 
 class Device:
-    """A device publishing QoS 1 over MQTT 5; ``publish`` returns once the gateway's PUBACK is in."""
+    """A device publishing QoS 1 over MQTT 5 (or 3.1.1); ``publish`` returns once the gateway's PUBACK is in."""
 
-    def __init__(self, host: str, port: int, device_id: str) -> None:
+    def __init__(self, host: str, port: int, device_id: str, protocol: int = mqtt.MQTTv5) -> None:
         self.device_id = device_id
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=device_id, protocol=mqtt.MQTTv5)
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=device_id, protocol=protocol)
         self.acks: dict[int, int] = {}
         self._cond = threading.Condition()
         self.client.on_publish = self._on_publish
@@ -144,6 +144,14 @@ class Device:
         if wait:
             return self.wait_ack(info.mid)
         return info.mid
+
+    def publish_topic(self, topic: str, payload: bytes, props: list[tuple[str, str]] | None = None) -> int:
+        """Publish on any topic (a hostile device's); the PUBACK reason code (always 0 over MQTT 3.1.1)."""
+        properties = None
+        if props and self.client.protocol == mqtt.MQTTv5:
+            properties = Properties(PacketTypes.PUBLISH)
+            properties.UserProperty = props
+        return self.wait_ack(self.client.publish(topic, payload, qos=1, properties=properties).mid)
 
     def wait_ack(self, mid: int, timeout: float = 10.0) -> int:
         """The PUBACK reason code (0 = stored)."""

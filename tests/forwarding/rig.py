@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,9 @@ backoff_max_s = 0.3
                 raise TimeoutError(f"{pattern!r} does not add up to {total}:\n{self.gateway.output()}")
             time.sleep(0.02)
 
-    def device(self, device_id: str) -> Device:
-        device = Device(self.gateway.host, self.gateway.port, device_id)
+    def device(self, device_id: str, protocol: int = 5) -> Device:
+        """A paho device over MQTT 5 (``protocol`` 5) or 3.1.1 (4)."""
+        device = Device(self.gateway.host, self.gateway.port, device_id, protocol)
         self.stack.callback(device.close)
         return device
 
@@ -92,6 +94,17 @@ backoff_max_s = 0.3
         running = run_state.running(self.gateway.data_dir)
         assert running is not None and running.metrics_url is not None
         return running.metrics_url
+
+    def metrics_document(self, condition: Callable[[dict[str, Any]], bool], timeout: float = 15.0) -> dict[str, Any]:
+        """The first forwarding metrics document (``gateways/gw1/metrics``, sent every
+        ``metrics_interval_s``: set it short) that satisfies ``condition``."""
+
+        def documents() -> list[dict[str, Any]]:
+            return [json.loads(m.payload) for m in list(self.cloud.messages) if m.topic == "gateways/gw1/metrics"]
+
+        self.cloud.wait_until(lambda: any(condition(d) for d in documents()), timeout,
+                              lambda: f"no metrics document as expected among {documents()[-3:]}")
+        return next(d for d in documents() if condition(d))
 
     def prometheus(self) -> str:
         with urllib.request.urlopen(self.metrics_url(), timeout=5) as response:

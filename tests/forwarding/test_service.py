@@ -9,11 +9,18 @@ import logging
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import strategies as st
 
 from appliance.broker.api import ACCEPTED, InboundPublish
-from appliance.forwarding.config import ForwardingConfig
+from appliance.forwarding.config import ForwardingConfig, UpstreamConfig
+from appliance.forwarding.endpoints import identity_properties
+from appliance.forwarding.metrics import LinkStats
 from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.service import QUOTA_EXCEEDED, ForwardingService
+from appliance.forwarding.upstream import UpstreamSender
+from appliance.forwarding.validity import upstream_problem
+from tests.support.campaigns import campaign
 
 #: No upstream is configured, so what is stored stays queued and can be counted afterwards.
 ROUTES = '{"schemaVersion": "1.1.0", "routes": {"all": {"route": "FROM /messages/* INTO $upstream", "priority": 9}}}'
@@ -124,3 +131,51 @@ def test_a_store_that_cannot_commit_refuses_with_quota_exceeded_logs_once_and_re
         asyncio.run(body())
     [failing] = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert "forwarding.db: cannot commit" in failing.getMessage() and "full" in failing.getMessage()
+
+
+#: Every device-controlled field of the upstream topic.
+HOSTILE_TEMPLATE = "gateways/{gateway_id}/devices/{device_id}/modules/{module_id}/outputs/{output}/{message_id}"
+HOSTILE = st.lists(st.sampled_from(["+", "#", "/", "%", "=", "&", "$", ".", "\t", "\n", "\x00", "%23", "%2F", "%0A",
+                                    "%FF", "%EF%BF%BF", "%24.on=", "a", "é", "\ufffe"]), max_size=8).map("".join)
+
+
+@campaign(25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(HOSTILE, HOSTILE, HOSTILE, st.lists(st.tuples(HOSTILE, HOSTILE), max_size=2),
+                          st.booleans()), min_size=1, max_size=8))
+def test_whatever_a_device_publishes_is_refused_with_a_reason_or_can_go_upstream(
+        tmp_path_factory: pytest.TempPathFactory, publishes: list) -> None:
+    """Hostile device ids, module ids, bags and user properties, over MQTT 5 and 3.1.1, through the service
+    and a real store: each is refused (a reason code, one count of its reason) or stored, and what is stored
+    makes an upstream PUBLISH that no conforming server must refuse."""
+    tmp_path = tmp_path_factory.mktemp("hostile")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(ROUTES)
+    service = ForwardingService(ForwardingConfig(enabled=True, manifest=manifest), tmp_path, "gw1")
+    upstream = UpstreamSender(UpstreamConfig(host="cloud", topic_template=HOSTILE_TEMPLATE), "gw1", LinkStats())
+
+    async def body() -> None:
+        await service.start(SilentBroker())
+        assert service.store is not None
+        try:
+            stored = 0
+            for device, module, bag, user_properties, v5 in publishes:
+                topic = f"devices/{device}/modules/{module}/messages/events/{bag}"
+                refused_before = sum(service.figures.refused.values())
+                verdict = await service.on_publish(InboundPublish(
+                    "d", None, 5 if v5 else 4, topic, b"{}", 1, False, user_properties if v5 else []))
+                if verdict.reason_code >= 0x80:
+                    assert verdict.reason_code in (0x90, 0x99) and verdict.disconnect is None
+                    assert sum(service.figures.refused.values()) == refused_before + 1
+                elif verdict is ACCEPTED and service.figures.unrouted == 0:
+                    stored += 1
+            queued = await service.thread.call(service.store.read, "upstream", 9, 0, 100)
+            assert len(queued) <= stored
+            for item in queued:
+                topic = upstream.topic_for(item)
+                properties = identity_properties(item, "gw1", 0)
+                assert upstream_problem(topic, properties, item.message.content_type, 0, None) is None, topic
+                assert topic.count("/") == HOSTILE_TEMPLATE.count("/")
+        finally:
+            await service.stop()
+
+    asyncio.run(body())

@@ -25,6 +25,7 @@ from appliance.forwarding.topics import (
     parse_property_bag,
     parse_telemetry_topic,
 )
+from appliance.forwarding.validity import InvalidMessage
 
 
 def test_device_bag_splits_system_and_application_properties() -> None:
@@ -119,6 +120,21 @@ def test_a_repeated_key_keeps_its_last_value_in_its_first_place() -> None:
     assert message is not None and message.app_property("alert") == "true"
 
 
+@pytest.mark.parametrize(("topic", "reason"), [
+    ("devices/t1/messages/events/=1", "empty_property_name"),
+    ("devices/t1/messages/events/=v", "empty_property_name"),
+    ("devices/t1/messages/events/alerts/%24.on=data", "output_conflict"),
+    ("devices/t1/messages/events/a=%ff", "bag_not_utf8"),
+    ("devices/t1/messages/events/a=%FF%FE", "bag_not_utf8"),
+    ("devices/t1/messages/events/Alert=true&alert=false", "property_in_two_cases"),
+])
+def test_telemetry_whose_bag_does_not_decode_is_refused_with_its_reason(topic: str, reason: str) -> None:
+    """Once silently not routed (PUBACK 0, no log, no counter): now refused with 0x90 and a reason."""
+    with pytest.raises(InvalidMessage) as refused:
+        message_from_publish(topic, b"", [], None)
+    assert (refused.value.reason, refused.value.reason_code) == (reason, 0x90)
+
+
 def test_property_bag_errors_name_the_problem() -> None:
     with pytest.raises(PropertyBagError, match="empty property name"):
         parse_property_bag("=x")
@@ -164,8 +180,8 @@ def test_any_encoded_bag_decodes_to_what_was_encoded(pairs: list[tuple[str, str]
 def test_hostile_topics_parse_or_are_refused(topic: str) -> None:
     try:
         parsed = parse_telemetry_topic(topic)
-    except PropertyBagError as exc:
-        assert exc.reason in (BAG_CASE_DUPLICATE, BAG_EMPTY_NAME, BAG_NOT_UTF8, BAG_TWO_OUTPUTS)
+    except InvalidMessage as refused:
+        assert refused.reason and refused.reason_code == 0x90
         return
     if parsed is not None:
         assert parsed.device_id and "/" not in parsed.device_id

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
+import logging
+import re
 import shutil
 import subprocess
 import tempfile
@@ -58,7 +61,7 @@ def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[...,
             await scenario(add, pump, store, thread)
         finally:
             assert pump.task is not None
-            pump.task.cancel()
+            pump.stop()
             await asyncio.gather(pump.task, return_exceptions=True)
             await sender.stop()
             await thread.call(store.close)
@@ -387,3 +390,35 @@ def test_a_round_trip_longer_than_the_keepalive_is_a_slow_link_not_a_dead_one(
 
     sender, _ = run_bridge(tmp_path, relay.port, "5", scenario, keepalive_s=2)
     assert sender.connects == 1, "a long round trip was taken for a dead link"
+
+
+async def _until_logged(caplog: pytest.LogCaptureFixture, text: str) -> None:
+    while not any(text in r.getMessage() for r in caplog.records):
+        await asyncio.sleep(0.01)
+
+
+def test_cloud_connection_failures_are_warnings_with_the_reason(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 24: a gateway that cannot reach or log in to its cloud says so at WARNING, with why."""
+    passwords = tmp_path / "cloud.passwd"
+    subprocess.run(["mosquitto_passwd", "-b", "-c", str(passwords), "gw", "right"], check=True, capture_output=True)
+    passwords.chmod(0o644)
+    cloud_config = f"allow_anonymous false\npassword_file {passwords}\nuser {getpass.getuser()}\n"
+    with MosquittoProcess(tmp_path / "cloud", extra_config=cloud_config) as cloud:
+        async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+            await asyncio.wait_for(_until_logged(caplog, "refused the connection"), 10)
+
+        with caplog.at_level(logging.INFO, logger="appliance.forwarding.upstream"):
+            run_bridge(tmp_path, cloud.port, "5", scenario, username="gw", password="wrong")
+    [refused] = {r.getMessage(): r for r in caplog.records if "refused the connection" in r.getMessage()}.values()
+    assert refused.levelno == logging.WARNING
+    # mosquitto 2.0 answers a wrong password with 0x87 Not authorized (0x86 on other servers).
+    assert re.search(r"refused the connection: .* \(0x8[67]\) for user 'gw'", refused.getMessage())
+    caplog.clear()
+
+    async def unreachable(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+        await asyncio.wait_for(_until_logged(caplog, "connect failed"), 10)
+
+    with caplog.at_level(logging.INFO, logger="appliance.forwarding.upstream"):
+        run_bridge(tmp_path, free_port(), "5", unreachable)
+    failed = next(r for r in caplog.records if "connect failed" in r.getMessage())
+    assert failed.levelno == logging.WARNING and "Connection refused" in failed.getMessage()

@@ -113,7 +113,7 @@ def run_once(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread, up
         finally:
             relay.set(up=True)
             assert pump.task is not None
-            pump.task.cancel()
+            pump.stop()
             await asyncio.gather(pump.task, return_exceptions=True)
             await sender.stop()
             await thread.call(store.close)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import subprocess
 import sys
@@ -97,3 +98,35 @@ def test_a_vanished_notify_socket_is_reported_not_raised(tmp_path: Path, caplog:
     notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "gone")})
     assert notifier.watchdog() is False
     assert "sd_notify 'WATCHDOG=1' failed" in caplog.text
+
+
+def test_no_watchdog_pings_while_a_service_is_unhealthy(notify_path: tuple[str, NotifySocket],
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A forwarding pump that is down stops the pings: if it stays down, systemd restarts the gateway."""
+    path, receiver = notify_path
+    notifier = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"})  # ping every 0.05 s
+    healthy = True
+
+    def pings() -> int:
+        return sum(message == "WATCHDOG=1" for _, message in receiver.messages)
+
+    async def gateway_loop() -> tuple[int, int]:
+        nonlocal healthy
+        pinger = asyncio.create_task(notifier.ping_watchdog_forever(lambda: healthy))
+        while pings() < 2:
+            await asyncio.sleep(0.01)
+        healthy = False
+        await asyncio.sleep(0.06)  # a ping already on its way may still land
+        down = pings()
+        await asyncio.sleep(0.3)  # six periods: no ping may come
+        still_down = pings()
+        healthy = True
+        while pings() == still_down:
+            await asyncio.sleep(0.01)
+        pinger.cancel()
+        return down, still_down
+
+    with caplog.at_level(logging.WARNING, logger="appliance.sdnotify"):
+        down, still_down = asyncio.run(asyncio.wait_for(gateway_loop(), 5))
+    assert still_down == down
+    assert [r.levelno for r in caplog.records] == [logging.ERROR, logging.WARNING]
