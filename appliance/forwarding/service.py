@@ -39,7 +39,6 @@ from appliance import atomic_file
 from appliance.broker.api import (
     ACCEPTED,
     QUOTA_EXCEEDED,
-    TOPIC_NAME_INVALID,
     UNSPECIFIED_ERROR,
     BrokerHandle,
     InboundPublish,

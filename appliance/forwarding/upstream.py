@@ -154,6 +154,17 @@ def acked_bytes(sock: Any) -> int | None:
     return _TCP_INFO_BYTES_ACKED.unpack(info)[0] if len(info) >= _TCP_INFO_BYTES_ACKED.size else None
 
 
+
+def _abandon_acks(futures: list[asyncio.Future[float]]) -> None:
+    """Futures of PUBACKs no one will wait for: cancel those still open, and take the exception of those
+    that failed, so that a lost connection does not log "Future exception was never retrieved" once per
+    PUBLISH that was in flight when the batch was given up."""
+    for future in futures:
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled():
+            future.exception()
+
 class UpstreamSender:
     def __init__(self, settings: UpstreamConfig, gateway_id: str, stats: LinkStats) -> None:
         assert settings.host is not None
@@ -647,17 +658,11 @@ class UpstreamSender:
             while len(ack_times) < len(futures):
                 await next_ack()
         except SendFailed as exc:
-            for f in futures:
-                if not f.done():
-                    f.cancel()
-                elif not f.cancelled():
-                    f.exception()
+            _abandon_acks(futures)
             in_flight = [item.seq for items in published[len(ack_times):] for item in items]
             raise SendFailed(exc.reason, acked, in_flight, exc.link_dropped) from None
-        except Exception:
-            for f in futures:
-                if not f.done():
-                    f.cancel()
+        except BaseException:  # a cancelled pump too: its acks are nobody's to wait for any more
+            _abandon_acks(futures)
             raise
         self.stats.bytes_sent += sum(item.size for items in published for item in items if item.seq in acked_set)
         if refused:

@@ -10,13 +10,14 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.broker.acl import Acl
 from appliance.broker.auth import hash_password
 from appliance.cli import main
 from appliance.config_check import check_config
+from tests.support.campaigns import campaign
 from tests.support.certificates import valid_for
 
 GOOD_MANIFEST = {"schemaVersion": "1.2", "routes": {"all": "FROM /messages/* INTO $upstream"}}
@@ -150,7 +151,7 @@ acl_lines = st.lists(st.one_of(
     max_size=12)
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@campaign(150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(acl_lines)
 def test_every_bad_acl_line_is_named_and_a_good_file_has_none(tmp_path: Path, lines: list[str]) -> None:
     """Hostile ACL files: the check ends, names each bad line once, and says nothing about a file that

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.cli import main
@@ -30,6 +30,7 @@ from appliance.forwarding.routes import Endpoint, RouteResult
 from appliance.forwarding.service import METRICS_FILE, STATUS_FILE, STORE_FILE
 from appliance.gateway_config import GatewayConfig, load_config
 from tests.forwarding.rig import ForwardingRig, manifest
+from tests.support.campaigns import campaign
 from tests.support.waiting import wait_until
 
 ALL = {"all": {"route": "FROM /messages/* INTO $upstream", "priority": 2, "timeToLiveSecs": 60}}
@@ -247,7 +248,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
                            max_leaves=12)
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@campaign(200, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.dictionaries(st.sampled_from(["endpoints", "links", "store", "pump", "started_ms", "ts_ms"]), json_values))
 def test_a_damaged_document_is_a_finding_not_a_crash(tmp_path: Path, changes: dict) -> None:
     write_document(tmp_path, **changes)

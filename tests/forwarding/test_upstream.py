@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import getpass
 import logging
 import re
@@ -422,3 +423,32 @@ def test_cloud_connection_failures_are_warnings_with_the_reason(tmp_path: Path, 
         run_bridge(tmp_path, free_port(), "5", unreachable)
     failed = next(r for r in caplog.records if "connect failed" in r.getMessage())
     assert failed.levelno == logging.WARNING and "Connection refused" in failed.getMessage()
+
+
+def test_a_batch_given_up_while_its_acks_are_in_flight_leaves_no_unretrieved_failure(
+    tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pump stopped (its task cancelled) while PUBACKs are in flight, then the connection lost: the
+    futures of those PUBACKs used to be failed by the disconnect with nobody waiting for them, and asyncio
+    logged "Future exception was never retrieved" at ERROR, once per PUBLISH, into whatever ran next."""
+    upstream = UpstreamConfig(host=relay.host, port=relay.port, protocol="5", backoff_min_s=0.05, backoff_max_s=0.2,
+                              keepalive_s=30)
+    sender = UpstreamSender(upstream, "gw1", LinkStats())
+    now_ms = int(time.time() * 1000)
+    batch = [QueuedMessage(seq, "upstream", 0, now_ms, 1, now_ms + 60_000, msg(seq)) for seq in range(1, 5)]
+
+    async def main() -> None:
+        sender.start()
+        await asyncio.wait_for(sender.wait_ready(), 10)
+        relay.set(up=False)  # PUBLISHes go out, no PUBACK comes back
+        sending = asyncio.ensure_future(sender.send(batch, asyncio.Event()))
+        await waiting.until(lambda: bool(sender._pending), timeout=10, what="PUBLISHes in flight")
+        sending.cancel()
+        await asyncio.gather(sending, return_exceptions=True)
+        await sender.stop()  # the connection is lost with those PUBACKs outstanding
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(main())
+        gc.collect()
+    relay.set(up=True)
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

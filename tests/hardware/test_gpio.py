@@ -1,7 +1,9 @@
 """Status LEDs, button and relay on gpiozero's own MockFactory: real gpiozero, mock pins.
 
-Blink timings are read from the pins' state history (``assert_states_and_times`` compares the time since
-the previous change, with gpiozero's own tolerance).
+Blink timings are read from the pins' state history (the time since the previous change). gpiozero blinks
+from a thread on the real clock, so a loaded machine can only make a change late, never early: each interval
+is held to its lower bound strictly, and the quickest of several like intervals to the rhythm (a blink that
+was slow or fast by design differs by 5x; a late wake-up of one change does not move the quickest).
 """
 
 from __future__ import annotations
@@ -71,11 +73,30 @@ def wait_for_states(pin: MockPin, count: int, timeout: float = 5.0) -> None:
     wait_until(lambda: len(pin.states) >= count, timeout, lambda: f"pin reached only {len(pin.states)} states")
 
 
+#: gpiozero's own tolerance for a change on time; a change may come later than that on a busy machine.
+EARLY_S = 0.05
+#: How far the quickest of several like intervals may be from the rhythm.
+RHYTHM_S = 0.15
+
+
+def assert_blinks(pin: MockPin, first: bool, on: float, off: float, changes: int) -> None:
+    """The pin went off, then ``first``, then alternated ``changes`` times with the given on/off times."""
+    states = pin.states[: changes + 2]
+    assert [s.state for s in states] == [False] + [first if i % 2 == 0 else not first for i in range(changes + 1)]
+    intervals = {True: [], False: []}  # by the state the pin left
+    for before, change in zip(states[1:], states[2:], strict=False):
+        intervals[before.state].append(change.timestamp)
+    for state, expected in ((True, on), (False, off)):
+        assert all(t >= expected - EARLY_S for t in intervals[state]), (state, intervals)
+        if intervals[state]:
+            assert min(intervals[state]) <= expected + RHYTHM_S, (state, intervals)
+
+
 def test_power_led_blinks_slowly_while_starting_then_stays_on_when_ready(factory: MockFactory, panel: StatusPanel) -> None:
     pin = factory.pin(POWER)
-    wait_for_states(pin, 4)
+    wait_for_states(pin, 6)
     on, off = SLOW_BLINK
-    pin.assert_states_and_times([(0.0, False), (0.0, True), (on, False), (off, True)])
+    assert_blinks(pin, True, on, off, 4)
     panel.show_ready()
     pin.clear_states()
     time.sleep(on + off)  # a whole blink period: a steady LED changes nothing in it
@@ -95,19 +116,20 @@ def test_backlog_led_is_off_then_blinks_slow_then_fast(factory: MockFactory, pan
     panel.show_backlog(0)
     assert pin.state is False and len(pin.states) == 1
     panel.show_backlog(5)
-    wait_for_states(pin, 3)
-    pin.assert_states_and_times([(0.0, False), (0.0, True), (SLOW_BLINK[0], False)])
+    wait_for_states(pin, 5)
+    assert_blinks(pin, True, *SLOW_BLINK, 3)
     panel.show_backlog(0)
     assert pin.state is False
     pin.clear_states()
     panel.show_backlog(500)
-    wait_for_states(pin, 5)
+    wait_for_states(pin, 8)
     on, off = FAST_BLINK
-    pin.assert_states_and_times([(0.0, False), (0.0, True), (on, False), (off, True), (on, False)])
+    assert_blinks(pin, True, on, off, 6)
     seen = len(pin.states)
     panel.show_backlog(501)  # same level: the blink keeps its rhythm instead of restarting
     wait_for_states(pin, seen + 1)
-    assert pin.states[seen].timestamp == pytest.approx(on, abs=0.05)
+    assert pin.states[seen].timestamp <= max(on, off) + RHYTHM_S + 0.35  # a restart would begin with a 0 s change
+    assert pin.states[seen].timestamp >= min(on, off) - EARLY_S
 
 
 def test_a_short_press_asks_for_status_and_no_reset(factory: MockFactory, panel: StatusPanel, presses: Presses) -> None:
@@ -124,7 +146,7 @@ def test_a_long_press_fires_the_reset_once_after_the_hold_time(factory: MockFact
     button.drive_low()
     assert presses.long.wait(3.0)
     assert presses.long_at is not None
-    assert presses.long_at - pressed_at == pytest.approx(0.3, abs=0.15)
+    assert presses.long_at - pressed_at >= 0.3 - EARLY_S  # never before the hold time; late only by load
     button.drive_high()
     time.sleep(0.05)  # release handling is synchronous in MockPin; this only lets a stray thread show up
     assert presses.short_count == 0

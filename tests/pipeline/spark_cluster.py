@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -154,6 +155,9 @@ class StandaloneCluster:
                 seen.pop("not json", None)
             except json.JSONDecodeError as error:  # seen once: an HTML page from the UI just after it bound
                 seen["not json"] = error.doc[:200]
+                return False
+            except urllib.error.HTTPError as error:  # seen once under load: 404 before the JSON handler is attached
+                seen["not json"] = f"HTTP {error.code}"
                 return False
             return sum(worker["state"] == "ALIVE" for worker in seen.get("workers", [])) == self.worker_count
 

@@ -69,15 +69,16 @@ def test_redelivery_flag_and_priority_come_from_the_batch():
 
 
 def test_content_encoding_and_device_message_id_land_in_properties():
-    """Only a batch carries them; they land under the device's own user property names."""
+    """Both formats carry them (the one-message format since issue 24: the device's ``$.ce``, ``$.mid``
+    and ``$.cid`` as user properties); they land under the device's own user property names."""
     item = queued("t1", 7, 0, properties=(("unit", "C"),), content_encoding="utf-8", device_message_id="dev-42")
     (landed,) = land_batch(batch_publish("gw1", [item], sent_ms=SENT, received_ms=RECEIVED))
     (one_message,) = one_message_records([item])
     assert landed.kind == EVENTS
     assert landed.record["properties"] == {"unit": "C", "content-encoding": "utf-8", "message-id": "dev-42"}
-    assert one_message.record["properties"] == {"unit": "C"}  # the one-message format does not forward them
+    assert one_message.record["properties"] == landed.record["properties"]
     differs = {k for k in LANDING_FIELDS if landed.record[k] != one_message.record[k]}
-    assert differs == {"topic", "properties"}
+    assert differs == {"topic"}
 
 
 def test_a_record_with_bad_json_alone_is_quarantined_as_its_one_message_publish_would_be():
