@@ -29,10 +29,14 @@ class Received:
 
 
 class Collector:
-    """Subscribes (MQTT 5, QoS 1) and keeps every message; ``wait_for`` blocks on a condition, not a sleep."""
+    """Subscribes (MQTT 5, QoS 1) and keeps every message; ``wait_for`` blocks on a condition, not a sleep.
+    Messages on a topic in ``aside`` (the gateway's own metrics document, published at start and on a timer
+    whatever the devices do) are kept apart in ``set_aside``, so ``messages`` holds what the devices sent."""
 
-    def __init__(self, host: str, port: int, topic: str) -> None:
+    def __init__(self, host: str, port: int, topic: str, aside: frozenset[str] = frozenset()) -> None:
         self.messages: list[Received] = []
+        self.set_aside: list[Received] = []
+        self._aside = aside
         self._cond = threading.Condition()
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"collector-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5)
         subscribed = threading.Event()
@@ -48,7 +52,8 @@ class Collector:
     def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         props = dict(getattr(message.properties, "UserProperty", []) or [])
         with self._cond:
-            self.messages.append(Received(message.topic, message.payload, props, time.monotonic()))
+            kept = self.set_aside if message.topic in self._aside else self.messages
+            kept.append(Received(message.topic, message.payload, props, time.monotonic()))
             self._cond.notify_all()
 
     def wait_for(self, count: int, timeout: float = 15.0) -> list[Received]:
@@ -64,10 +69,11 @@ class Collector:
                 raise TimeoutError(what())
 
     def wait_for_topic(self, topic: str, timeout: float = 15.0) -> Received:
+        kept = self.set_aside if topic in self._aside else self.messages
         with self._cond:
-            if not self._cond.wait_for(lambda: any(m.topic == topic for m in self.messages), timeout):
-                raise TimeoutError(f"nothing on {topic} among {len(self.messages)} messages")
-            return next(m for m in self.messages if m.topic == topic)
+            if not self._cond.wait_for(lambda: any(m.topic == topic for m in kept), timeout):
+                raise TimeoutError(f"nothing on {topic} among {len(kept)} messages")
+            return next(m for m in kept if m.topic == topic)
 
     def close(self) -> None:
         paho_clients.close(self.client)

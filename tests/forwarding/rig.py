@@ -26,6 +26,10 @@ def manifest(routes: dict[str, Any], global_ttl: int = 7200) -> str:
     )
 
 
+#: The gateway's forwarding metrics document upstream (gateway id gw1).
+METRICS_TOPIC = "gateways/gw1/metrics"
+
+
 class ForwardingRig:
     def __init__(self, tmp_path: Path, routes: dict[str, Any], extra_forwarding: str = "", global_ttl: int = 7200,
                  extra_upstream: str = "", cloud_config: str = "") -> None:
@@ -60,7 +64,7 @@ backoff_max_s = 0.3
         self.gateway = GatewayProcess(tmp_path / "data", config=self.config)
         self.stack.callback(self.gateway.kill9)
         self.gateway.start()
-        self.cloud = Collector(self.mosquitto.host, self.mosquitto.port, "gateways/#")
+        self.cloud = Collector(self.mosquitto.host, self.mosquitto.port, "gateways/#", aside=frozenset({METRICS_TOPIC}))
         self.stack.callback(self.cloud.close)
 
     def wait_for_log_count(self, pattern: str, count: int, timeout: float = 10.0) -> None:
@@ -100,7 +104,7 @@ backoff_max_s = 0.3
         ``metrics_interval_s``: set it short) that satisfies ``condition``."""
 
         def documents() -> list[dict[str, Any]]:
-            return [json.loads(m.payload) for m in list(self.cloud.messages) if m.topic == "gateways/gw1/metrics"]
+            return [json.loads(m.payload) for m in list(self.cloud.set_aside)]
 
         self.cloud.wait_until(lambda: any(condition(d) for d in documents()), timeout,
                               lambda: f"no metrics document as expected among {documents()[-3:]}")

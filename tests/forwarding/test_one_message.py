@@ -110,7 +110,7 @@ def test_one_message_the_cloud_refuses_leaves_the_others_of_its_batch_delivered_
     rig.relay.set(up=True)
     delivered(rig.cloud, 7, timeout=20)
     rig.gateway.wait_for_log(r"1 messages of priority 2 refused 3 times \(Not authorized \(0x87\)\)", timeout=20)
-    wait_until(lambda: 'gateway_forwarding_depth{endpoint="upstream",priority="2"} 0' in rig.prometheus(), 10,
+    wait_until(lambda: 'appliance_forwarding_queue_messages{endpoint="upstream",priority="2"} 0' in rig.prometheus(), 10,
                "the queue empty after the dead letter")
     counts = Counter(d.n for d in delivered(rig.cloud, 7))
     assert counts == {n: 1 for n in (1, 3, 4, 5, 6, 7, 8)}, counts

@@ -143,7 +143,7 @@ def test_a_hung_modem_is_power_cycled_and_comes_back(emulator: ModemEmulator, re
     relay_pin = Device.pin_factory.pin(RELAY_PIN)  # type: ignore[union-attr]
     # initial high, then off for power_off_seconds, then on again
     assert [state.state for state in relay_pin.states[-2:]] == [False, True]
-    assert relay_pin.states[-1].timestamp == pytest.approx(0.05, abs=0.05)
+    assert relay_pin.states[-1].timestamp >= 0.05 - 0.005  # off for power_off_seconds at least (longer only by load)
 
 
 def test_a_modem_that_stays_dead_is_retried_with_growing_backoff(emulator: ModemEmulator, relay: ModemPowerRelay) -> None:
