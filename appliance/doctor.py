@@ -34,8 +34,9 @@ from appliance.broker.certificates import (
 from appliance.broker.config import ListenerConfig
 from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.gateway_config import GatewayConfig
-from appliance.hardware.config import ModemConfig
+from appliance.hardware.config import GpioConfig, ModemConfig
 from appliance.hardware.factory_reset import DATABASE_FILES
+from appliance.hardware.gpio import GpioUnavailable, pin_library
 from appliance.hardware.modem import ModemClosed, ModemMonitor, ModemTimeout
 from appliance.sqlite_files import DatabaseFileError, integrity_problems, refuse_emptied
 
@@ -204,6 +205,18 @@ async def _probe_modem(config: ModemConfig) -> Finding:
     return Finding("modem", Verdict.OK, f"registered ({metrics['registration']}); {summary}")
 
 
+def check_gpio(config: GpioConfig) -> Finding:
+    """Whether gpiozero finds a pin library here, as the gateway's does at start: without one the gateway
+    runs on without LEDs, button and modem relay, which is worth telling the person on site."""
+    if not config.enabled:
+        return Finding("gpio", Verdict.OK, "no GPIO configured")
+    try:
+        library = pin_library()
+    except GpioUnavailable as exc:
+        return Finding("gpio", Verdict.PROBLEM, f"no GPIO on this machine ({exc}): the gateway runs without LEDs, button and relay")
+    return Finding("gpio", Verdict.OK, f"GPIO pins through {library}")
+
+
 def check_metrics(data_dir: Path, metrics_port: int | None, timeout: float = 2.0) -> list[Finding]:
     """Whether the running gateway's Prometheus page answers, where it says it serves it (``gateway.json``:
     a ``metrics_port`` of 0 is chosen at start)."""
@@ -229,6 +242,7 @@ def run_checks(config: GatewayConfig, probe_modem: bool = False) -> list[Finding
         *check_data_dir(config.data_dir),
         *check_databases(config.data_dir),
         check_clock(),
+        check_gpio(config.hardware.gpio),
         *check_modem(config.hardware.modem, probe_modem),
         check_disk(config.data_dir),
     ]
