@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SYSTEM_PACKAGES := mosquitto mosquitto-clients systemd iproute2 nftables openjdk-17-jre-headless
 PYTEST_ARGS ?=
 
-.PHONY: run test check test-slow venv system-deps bench clean image-tree
+.PHONY: run test check test-slow venv system-deps bench clean image-tree test-image image-system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,7 @@ KEEP_BYTECODE := PYTHONDONTWRITEBYTECODE=
 test: system-deps $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(KEEP_BYTECODE) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	$(KEEP_BYTECODE) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow and not image" $(PYTEST_ARGS)
 
 # The inner loop: the unit layer (no sockets, no processes), in seconds. Only the unit modules are named, so
 # the workers do not import the Spark, firmware and HIL modules just to deselect them.
@@ -56,7 +56,7 @@ check: $(STAMP)
 
 # What `make test` leaves out: the long property campaigns and stress repetitions.
 test-slow: system-deps $(STAMP)
-	$(KEEP_BYTECODE) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m slow $(PYTEST_ARGS)
+	$(KEEP_BYTECODE) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "slow and not image" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/broker.py
@@ -71,3 +71,13 @@ image-tree: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
+
+# The gateway's root built from Debian packages as the image is (mmdebstrap, cached under build/image-root
+# by a digest of its inputs), booted under systemd-nspawn and checked: tests/images/test_nspawn_boot.py.
+# Needs root. Not part of `make test` (tests marked `image`).
+IMAGE_SYSTEM_PACKAGES := mmdebstrap systemd-container eatmydata util-linux
+image-system-deps:
+	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES="$(IMAGE_SYSTEM_PACKAGES)"
+
+test-image: image-system-deps $(STAMP)
+	$(KEEP_BYTECODE) $(BIN)/pytest -n 0 -p no:randomly -s -m image tests/images/test_nspawn_boot.py $(PYTEST_ARGS)
