@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SYSTEM_PACKAGES := mosquitto mosquitto-clients systemd iproute2 nftables openjdk-17-jre-headless
 PYTEST_ARGS ?=
 
-.PHONY: run test check test-slow venv system-deps bench clean image-tree test-image image-system-deps
+.PHONY: run test check test-slow venv system-deps bench clean image-tree test-image image-system-deps image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,3 +81,14 @@ image-system-deps:
 
 test-image: image-system-deps $(STAMP)
 	$(KEEP_BYTECODE) $(BIN)/pytest -n 0 -p no:randomly -s -m image tests/images/test_nspawn_boot.py $(PYTEST_ARGS)
+
+# The flashable arm64 image for Raspberry Pi 4/5 (images/gateway/build_image.py): dist/gateway-<version>-arm64.img.zst,
+# .sha256 and .manifest. Needs root; about 20 min of CPU under qemu-user emulation the first time (the root
+# is cached like the native one).
+IMAGE_BUILD_PACKAGES := mmdebstrap eatmydata qemu-user-static binfmt-support dosfstools mtools e2fsprogs fdisk zstd
+IMAGE_WHEELS ?= build/image-wheels
+image: $(STAMP)
+	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES="$(IMAGE_BUILD_PACKAGES)"
+	rm -rf $(IMAGE_WHEELS) build/lib
+	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(IMAGE_WHEELS) .
+	$(BIN)/python images/gateway/build_image.py --wheel $(IMAGE_WHEELS)/appliance-*.whl

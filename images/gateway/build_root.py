@@ -47,6 +47,9 @@ sys.path.insert(0, str(HERE))
 from build_tree import build_tree  # noqa: E402  (a script beside this one, not a package)
 
 CHROOT_SCRIPT = HERE / "stage-gateway/00-gateway/02-run-chroot.sh"
+#: Files only the flashable image gets: fstab by label, the Pi firmware's settings, the modem's udev rule,
+#: NetworkManager's profiles from the boot partition.
+IMAGE_ROOTFS = HERE / "image-rootfs"
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 #: What every root needs: systemd as init (the units, sysusers, sd_notify), D-Bus (systemctl and logind
@@ -108,6 +111,7 @@ def input_digest(wheel: Path, tree: Path, arch: str, image: bool) -> str:
         wheel_digest(wheel),
         tree_digest(tree, skip=("opt/appliance/wheels",)),
         arch, str(image), SUITE, MIRROR, " ".join(packages(image)), " ".join(IMAGE_WHEELS if image else ()),
+        tree_digest(IMAGE_ROOTFS, skip=()) if image else "",
         hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
         hashlib.sha256(CHROOT_SCRIPT.read_bytes()).hexdigest(),
     ):
@@ -147,6 +151,16 @@ def mmdebstrap_command(staged: Path, out: Path, arch: str, image: bool) -> list[
         f'--customize-hook=chroot "$1" {chroot_env} /bin/bash -e /tmp/{CHROOT_SCRIPT.name}',
         f'--customize-hook=rm "$1"/tmp/{CHROOT_SCRIPT.name}; mkdir -p "$1"/boot/firmware; echo gateway > "$1"/etc/hostname',
     ]
+    if image:
+        command += [
+            f"--customize-hook=sync-in {IMAGE_ROOTFS} /",
+            # The boot partition's contents: the firmware blobs, then the kernel hook once more now that
+            # /etc/default/raspi-firmware is in place (during the package installs it found no settings, and
+            # it does nothing at all unless DEB_MAINT_PARAMS says "configure"): kernel, initrd, DTBs,
+            # config.txt and cmdline.txt.
+            '--customize-hook=chroot "$1" sh -ec \'mkdir -p /boot/firmware; cp -r /usr/lib/raspi-firmware/* /boot/firmware/; '
+            'for version in $(ls /lib/modules); do DEB_MAINT_PARAMS=configure /etc/kernel/postinst.d/z50-raspi-firmware "$version"; done\'',
+        ]
     return [*command, SUITE, str(out), MIRROR]
 
 

@@ -35,7 +35,8 @@ from appliance.statestore.client.blocking import StateStoreClient
 from tests.images.nspawn import Container, Forwarder
 from tests.support import paho_clients
 
-pytestmark = pytest.mark.image
+# The first run builds the root (minutes): the fixture gets more than the suite's 120 s per test.
+pytestmark = [pytest.mark.image, pytest.mark.timeout(600)]
 
 PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT / "images/gateway"))
