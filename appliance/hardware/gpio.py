@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -58,7 +59,9 @@ def pin_library() -> str:
     ``appliance doctor``; raises ``GpioUnavailable`` when none loads."""
     if Device.pin_factory is not None:  # already chosen in this process (tests: MockFactory)
         return type(Device.pin_factory).__name__
-    with unavailable_as_one_error():
+    # lgpio makes FIFOs in the working directory: from a read-only one (``cd / && appliance doctor``) it
+    # would fail and the answer would be "no GPIO" on a Pi that has it.
+    with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch), unavailable_as_one_error():
         Device.ensure_pin_factory()
     factory = Device.pin_factory
     Device.pin_factory = None
