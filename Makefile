@@ -85,7 +85,7 @@ test-image: image-system-deps $(STAMP)
 # The flashable arm64 image for Raspberry Pi 4/5 (images/gateway/build_image.py): dist/gateway-<version>-arm64.img.zst,
 # .sha256 and .manifest. Needs root; about 20 min of CPU under qemu-user emulation the first time (the root
 # is cached like the native one).
-IMAGE_BUILD_PACKAGES := mmdebstrap eatmydata qemu-user-static binfmt-support dosfstools mtools e2fsprogs fdisk zstd
+IMAGE_BUILD_PACKAGES := mmdebstrap arch-test eatmydata qemu-user-static binfmt-support dosfstools mtools e2fsprogs fdisk zstd
 IMAGE_WHEELS ?= build/image-wheels
 image: $(STAMP)
 	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES="$(IMAGE_BUILD_PACKAGES)"

@@ -47,7 +47,7 @@ BOOT_LABEL, ROOT_LABEL = "GW-BOOT", "gw-root"
 #: What the Pi 4 firmware needs on the boot partition; the build fails if one is missing.
 PI4_BOOT_FILES = ("start4.elf", "fixup4.dat", "bcm2711-rpi-4-b.dtb", "config.txt", "cmdline.txt")
 HOST_TOOLS = {
-    "mmdebstrap": "mmdebstrap", "mkfs.vfat": "dosfstools", "mcopy": "mtools", "mkfs.ext4": "e2fsprogs",
+    "mmdebstrap": "mmdebstrap", "arch-test": "arch-test", "mkfs.vfat": "dosfstools", "mcopy": "mtools", "mkfs.ext4": "e2fsprogs",
     "sfdisk": "fdisk", "zstd": "zstd", "update-binfmts": "binfmt-support", "qemu-aarch64-static": "qemu-user-static",
 }
 

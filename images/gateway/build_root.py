@@ -166,6 +166,7 @@ def mmdebstrap_command(staged: Path, out: Path, arch: str, image: bool) -> list[
 
 def build_root(wheel: Path, arch: str, image: bool, cache: Path) -> Path:
     """The root for these inputs: from the cache, or built now (minutes). Returns ``<cache>/<key>/root``."""
+    cache = cache.resolve()  # mmdebstrap's hooks do not run where this does
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix="stage-") as scratch:
         staged = Path(scratch) / "tree"
