@@ -217,6 +217,36 @@ def check_gpio(config: GpioConfig) -> Finding:
     return Finding("gpio", Verdict.OK, f"GPIO pins through {library}")
 
 
+def check_data_link(config: ModemConfig) -> list[Finding]:
+    """The cellular data connection as NetworkManager sees it (the image dials with ModemManager and
+    NetworkManager; the gateway only watches the modem). Without NetworkManager: unknown, not a problem."""
+    if not config.enabled:
+        return []
+    if shutil.which("nmcli") is None:
+        return [Finding("data link", Verdict.UNKNOWN, "cannot tell the cellular data link's state (no nmcli: no NetworkManager)")]
+    try:
+        result = subprocess.run(
+            ["nmcli", "-t", "-f", "DEVICE,TYPE,STATE", "device", "status"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [Finding("data link", Verdict.UNKNOWN, f"cannot tell the cellular data link's state ({exc})")]
+    if result.returncode != 0:
+        reason = (result.stderr.strip().splitlines() or ["no answer"])[0]
+        return [Finding("data link", Verdict.UNKNOWN, f"cannot tell the cellular data link's state ({reason})")]
+    cellular = [line.split(":", 2) for line in result.stdout.splitlines() if line.count(":") >= 2 and line.split(":")[1] == "gsm"]
+    if not cellular:
+        return [Finding("data link", Verdict.PROBLEM,
+                        "NetworkManager knows no cellular modem: is it plugged in and ModemManager running (mmcli -L)?")]
+    findings = []
+    for device, _, state in cellular:
+        if state.startswith("connected"):
+            findings.append(Finding("data link", Verdict.OK, f"cellular data link {device} is {state}"))
+        else:
+            findings.append(Finding("data link", Verdict.PROBLEM,
+                                    f"cellular data link {device} is {state}: check the APN and SIM (docs/hardware.md, Setting the APN)"))
+    return findings
+
+
 def check_metrics(data_dir: Path, metrics_port: int | None, timeout: float = 2.0) -> list[Finding]:
     """Whether the running gateway's Prometheus page answers, where it says it serves it (``gateway.json``:
     a ``metrics_port`` of 0 is chosen at start)."""
@@ -244,6 +274,7 @@ def run_checks(config: GatewayConfig, probe_modem: bool = False) -> list[Finding
         check_clock(),
         check_gpio(config.hardware.gpio),
         *check_modem(config.hardware.modem, probe_modem),
+        *check_data_link(config.hardware.modem),
         check_disk(config.data_dir),
     ]
 
