@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SYSTEM_PACKAGES := mosquitto mosquitto-clients systemd iproute2 nftables openjdk-17-jre-headless
+SYSTEM_PACKAGES := mosquitto mosquitto-clients systemd iproute2 nftables openjdk-17-jre-headless dosfstools mtools fdisk e2fsprogs
 PYTEST_ARGS ?=
 
 .PHONY: run test check test-slow venv system-deps bench clean image-tree test-image image-system-deps image
