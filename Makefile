@@ -5,10 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SYSTEM_PACKAGES := mosquitto mosquitto-clients systemd iproute2 nftables openjdk-17-jre-headless prometheus
+SYSTEM_PACKAGES := mosquitto mosquitto-clients systemd iproute2 nftables openjdk-17-jre-headless prometheus dosfstools mtools fdisk e2fsprogs
 PYTEST_ARGS ?=
 
-.PHONY: run test check test-slow venv system-deps bench clean image-tree
+.PHONY: run test check test-slow venv system-deps bench clean image-tree test-image image-system-deps image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,7 @@ KEEP_BYTECODE := PYTHONDONTWRITEBYTECODE=
 test: system-deps $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(KEEP_BYTECODE) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	$(KEEP_BYTECODE) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow and not image" $(PYTEST_ARGS)
 
 # The inner loop: the unit layer (no sockets, no processes), in seconds. Only the unit modules are named, so
 # the workers do not import the Spark, firmware and HIL modules just to deselect them.
@@ -56,7 +56,7 @@ check: $(STAMP)
 
 # What `make test` leaves out: the long property campaigns and stress repetitions.
 test-slow: system-deps $(STAMP)
-	$(KEEP_BYTECODE) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m slow $(PYTEST_ARGS)
+	$(KEEP_BYTECODE) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "slow and not image" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/broker.py
@@ -71,3 +71,24 @@ image-tree: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
+
+# The gateway's root built from Debian packages as the image is (mmdebstrap, cached under build/image-root
+# by a digest of its inputs), booted under systemd-nspawn and checked: tests/images/test_nspawn_boot.py.
+# Needs root. Not part of `make test` (tests marked `image`).
+IMAGE_SYSTEM_PACKAGES := mmdebstrap systemd-container eatmydata util-linux
+image-system-deps:
+	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES="$(IMAGE_SYSTEM_PACKAGES)"
+
+test-image: image-system-deps $(STAMP)
+	$(KEEP_BYTECODE) $(BIN)/pytest -n 0 -p no:randomly -s -m image tests/images/test_nspawn_boot.py $(PYTEST_ARGS)
+
+# The flashable arm64 image for Raspberry Pi 4/5 (images/gateway/build_image.py): dist/gateway-<version>-arm64.img.zst,
+# .sha256 and .manifest. Needs root; about 20 min of CPU under qemu-user emulation the first time (the root
+# is cached like the native one).
+IMAGE_BUILD_PACKAGES := mmdebstrap arch-test eatmydata qemu-user-static binfmt-support dosfstools mtools e2fsprogs fdisk zstd
+IMAGE_WHEELS ?= build/image-wheels
+image: $(STAMP)
+	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES="$(IMAGE_BUILD_PACKAGES)"
+	rm -rf $(IMAGE_WHEELS) build/lib
+	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(IMAGE_WHEELS) .
+	$(BIN)/python images/gateway/build_image.py --wheel $(IMAGE_WHEELS)/appliance-*.whl

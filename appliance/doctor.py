@@ -41,8 +41,9 @@ from appliance.findings import Finding, Verdict
 from appliance.forwarding import doctor as forwarding_doctor
 from appliance.forwarding.doctor import DEFAULT_THRESHOLDS, Thresholds
 from appliance.gateway_config import GatewayConfig
-from appliance.hardware.config import ModemConfig
+from appliance.hardware.config import GpioConfig, ModemConfig
 from appliance.hardware.factory_reset import DATABASE_FILES
+from appliance.hardware.gpio import GpioUnavailable, pin_library
 from appliance.hardware.modem import ModemClosed, ModemMonitor, ModemTimeout
 from appliance.sqlite_files import DatabaseFileError, integrity_problems, refuse_emptied
 
@@ -198,6 +199,48 @@ async def _probe_modem(config: ModemConfig) -> Finding:
     return Finding("modem", Verdict.OK, f"registered ({metrics['registration']}); {summary}")
 
 
+def check_gpio(config: GpioConfig) -> Finding:
+    """Whether gpiozero finds a pin library here, as the gateway's does at start: without one the gateway
+    runs on without LEDs, button and modem relay, which is worth telling the person on site."""
+    if not config.enabled:
+        return Finding("gpio", Verdict.OK, "no GPIO configured")
+    try:
+        library = pin_library()
+    except GpioUnavailable as exc:
+        return Finding("gpio", Verdict.PROBLEM, f"no GPIO on this machine ({exc}): the gateway runs without LEDs, button and relay")
+    return Finding("gpio", Verdict.OK, f"GPIO pins through {library}")
+
+
+def check_data_link(config: ModemConfig) -> list[Finding]:
+    """The cellular data connection as NetworkManager sees it (the image dials with ModemManager and
+    NetworkManager; the gateway only watches the modem). Without NetworkManager: unknown, not a problem."""
+    if not config.enabled:
+        return []
+    if shutil.which("nmcli") is None:
+        return [Finding("data link", Verdict.UNKNOWN, "cannot tell the cellular data link's state (no nmcli: no NetworkManager)")]
+    try:
+        result = subprocess.run(
+            ["nmcli", "-t", "-f", "DEVICE,TYPE,STATE", "device", "status"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [Finding("data link", Verdict.UNKNOWN, f"cannot tell the cellular data link's state ({exc})")]
+    if result.returncode != 0:
+        reason = (result.stderr.strip().splitlines() or ["no answer"])[0]
+        return [Finding("data link", Verdict.UNKNOWN, f"cannot tell the cellular data link's state ({reason})")]
+    cellular = [line.split(":", 2) for line in result.stdout.splitlines() if line.count(":") >= 2 and line.split(":")[1] == "gsm"]
+    if not cellular:
+        return [Finding("data link", Verdict.PROBLEM,
+                        "NetworkManager knows no cellular modem: is it plugged in and ModemManager running (mmcli -L)?")]
+    findings = []
+    for device, _, state in cellular:
+        if state.startswith("connected"):
+            findings.append(Finding("data link", Verdict.OK, f"cellular data link {device} is {state}"))
+        else:
+            findings.append(Finding("data link", Verdict.PROBLEM,
+                                    f"cellular data link {device} is {state}: check the APN and SIM (docs/hardware.md, Setting the APN)"))
+    return findings
+
+
 def check_metrics(data_dir: Path, metrics_port: int | None, timeout: float = 2.0) -> list[Finding]:
     """Whether the running gateway's Prometheus page answers, where it says it serves it (``gateway.json``:
     a ``metrics_port`` of 0 is chosen at start), and whether every store it reports commits."""
@@ -256,7 +299,9 @@ def run_checks(config: GatewayConfig, probe_modem: bool = False, thresholds: Thr
         *check_data_dir(config.data_dir),
         *check_databases(config.data_dir),
         check_clock(),
+        check_gpio(config.hardware.gpio),
         *check_modem(config.hardware.modem, probe_modem),
+        *check_data_link(config.hardware.modem),
         check_disk(config.data_dir),
     ]
 

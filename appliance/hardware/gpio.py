@@ -15,16 +15,58 @@ What the LEDs mean:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
-from collections.abc import Callable
+import logging
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
 
-from gpiozero import LED, Button, OutputDevice
+from gpiozero import LED, Button, Device, OutputDevice
+from gpiozero.exc import PinWarning
 
 from appliance.hardware.config import GpioConfig
+
+log = logging.getLogger(__name__)
 
 #: (on seconds, off seconds) of the two blink rates; far enough apart to tell at a glance.
 SLOW_BLINK = (0.5, 0.5)
 FAST_BLINK = (0.1, 0.1)
+
+
+class GpioUnavailable(Exception):
+    """No pins for the gateway: no pin library works on this machine, or a pin is held by another program."""
+
+
+@contextlib.contextmanager
+def unavailable_as_one_error() -> Iterator[None]:
+    """Raise ``GpioUnavailable`` for whatever claiming pins raises: each pin library has its own errors
+    (gpiozero's ``BadPinFactory``, ``lgpio.error``, RuntimeError, OSError) and they all mean "no pins". gpiozero
+    warns once per library it tries before giving up; those reasons go into the message instead of stderr."""
+    with warnings.catch_warnings(record=True) as tried:
+        warnings.simplefilter("always", PinWarning)
+        try:
+            yield
+        except Exception as exc:
+            reasons = "; ".join(str(warning.message) for warning in tried)
+            raise GpioUnavailable(f"{type(exc).__name__}: {exc}{f' ({reasons})' if reasons else ''}") from exc
+    for warning in tried:  # pins claimed after a fallback: say which library is in use
+        log.info("GPIO: %s", warning.message)
+
+
+def pin_library() -> str:
+    """The pin library gpiozero picks on this machine (``LGPIOFactory``...), loaded and closed again, for
+    ``appliance doctor``; raises ``GpioUnavailable`` when none loads."""
+    if Device.pin_factory is not None:  # already chosen in this process (tests: MockFactory)
+        return type(Device.pin_factory).__name__
+    # lgpio makes FIFOs in the working directory: from a read-only one (``cd / && appliance doctor``) it
+    # would fail and the answer would be "no GPIO" on a Pi that has it.
+    with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch), unavailable_as_one_error():
+        Device.ensure_pin_factory()
+    factory = Device.pin_factory
+    Device.pin_factory = None
+    factory.close()
+    return type(factory).__name__
 
 
 class BacklogLevel(enum.Enum):
@@ -72,18 +114,30 @@ class StatusPanel:
         on_short_press: Callable[[], None],
         on_long_press: Callable[[], None],
     ) -> None:
+        """Claims every configured pin; if one cannot be claimed (no pin library on this machine, a pin
+        held by another program) the pins already claimed are released before the error propagates."""
         self._config = config
         self._on_short_press = on_short_press
         self._on_long_press = on_long_press
+        self._power: LED | None = None
+        self._uplink: LED | None = None
+        self._backlog: LED | None = None
+        self.relay: ModemPowerRelay | None = None
+        self._button: Button | None = None
+        self._backlog_shown: BacklogLevel | None = None
+        self._held = False
+        try:
+            self._claim_pins(config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _claim_pins(self, config: GpioConfig) -> None:
         self._power = LED(config.power_led) if config.power_led is not None else None
         self._uplink = LED(config.uplink_led) if config.uplink_led is not None else None
         self._backlog = LED(config.backlog_led) if config.backlog_led is not None else None
-        self._backlog_shown: BacklogLevel | None = None
-        self.relay = (
-            ModemPowerRelay(config.modem_relay, config.relay_active_high) if config.modem_relay is not None else None
-        )
-        self._button: Button | None = None
-        self._held = False
+        if config.modem_relay is not None:
+            self.relay = ModemPowerRelay(config.modem_relay, config.relay_active_high)
         if config.button is not None:
             # pull_up: the button shorts the pin to ground, the usual wiring on Pi HATs.
             self._button = Button(config.button, pull_up=True, hold_time=config.long_press_seconds)

@@ -11,6 +11,12 @@ no relay fitted, has its port closed and reopened. The monitor then waits for ``
 registration within ``ready_timeout``; if that fails it waits a growing ``Backoff`` delay and tries again.
 USB modems drop off the bus while unpowered, so the port is closed across a cycle and reopened after.
 
+A port that does not open when the monitor starts (no modem fitted, a USB modem not enumerated yet, the
+port held by another program) is missing hardware, not a stuck modem: it is logged once, tried again every
+``poll_interval`` without power cycles, and meanwhile the link counts as up, so forwarding is not held back
+by a modem that is not there (a wired uplink may carry it; the bridge's own backoff covers no uplink at
+all). Once the port has opened the modem is fitted, and from then on a lost port is the recovery above.
+
 Deadlines are ``asyncio.timeout`` blocks, not ``asyncio.wait_for``: on Python 3.11 ``wait_for`` returns the
 inner result and drops a cancellation that arrives in the turn the inner await completes, and a monitor
 loop that loses its cancellation never stops (the gateway's shutdown hung on it).
@@ -143,6 +149,9 @@ class ModemMonitor:
         self._status_listeners: list[StatusListener] = []
         self.status = ModemStatus()
         self.link_up = False
+        #: None before the first attempt to open the port, False while it has never opened, True once it has.
+        self.present: bool | None = None
+        self._set_up = False  # SETUP_COMMANDS sent since the port was last opened
 
     def on_link_change(self, listener: LinkListener) -> Callable[[], None]:
         """Call ``listener(up)`` on every link change (starts down); returns a function that unsubscribes."""
@@ -156,6 +165,7 @@ class ModemMonitor:
     async def run(self) -> None:
         """Run until cancelled."""
         try:
+            await self._until_port_opens()
             while True:
                 try:
                     await self._ensure_open()
@@ -192,12 +202,36 @@ class ModemMonitor:
         self.status.responding = True
         self._changed()
 
-    async def _ensure_open(self) -> None:
-        if self._channel.is_open:
+    async def _until_port_opens(self) -> None:
+        """Open the port, or wait for it: one warning, then a quiet attempt every ``poll_interval``."""
+        while True:
+            try:
+                self._channel.open()
+            except OSError as exc:
+                if self.present is None:
+                    self.present = False
+                    log.warning(
+                        "modem port %s does not open (%s): running without the modem, trying again every %g s",
+                        self._config.port, exc, self._config.poll_interval,
+                    )
+                    self._changed()
+                await asyncio.sleep(self._config.poll_interval)
+                continue
+            if self.present is False:
+                log.info("modem port %s opened: the link counts as down until the modem registers", self._config.port)
+            self.present = True
+            self._set_up = False
+            self._changed()
             return
-        self._channel.open()
-        for command in SETUP_COMMANDS:
-            await self._channel.command(command, self._config.command_timeout)
+
+    async def _ensure_open(self) -> None:
+        if not self._channel.is_open:
+            self._channel.open()
+            self._set_up = False
+        if not self._set_up:
+            for command in SETUP_COMMANDS:
+                await self._channel.command(command, self._config.command_timeout)
+            self._set_up = True
 
     async def _still_answers(self) -> bool:
         """One plain ``AT`` before declaring the modem stuck: a single lost reply is not a dead modem."""
@@ -283,9 +317,10 @@ class ModemMonitor:
     def _changed(self) -> None:
         for status_listener in list(self._status_listeners):
             status_listener(self.status)
-        up = self.status.responding and self.status.registered
+        up = self.present is False or (self.status.responding and self.status.registered)
         if up != self.link_up:
             self.link_up = up
-            log.info("uplink %s", "up" if up else "down")
+            if self.present:  # without a modem the "link" only stops holding forwarding back: logged above
+                log.info("uplink %s", "up" if up else "down")
             for link_listener in list(self._link_listeners):
                 link_listener(up)

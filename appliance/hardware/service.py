@@ -6,6 +6,13 @@ onto the event loop with ``call_soon_threadsafe`` before touching anything. Both
 ``[hardware.gpio]`` and ``[hardware.modem]`` disabled (the default) ``start`` opens nothing, the LED methods
 do nothing, and ``link_up`` stays True so forwarding is never held back by a modem that does not exist.
 
+Missing hardware is not a reason to stop: the broker, the state store and forwarding are the gateway's
+job, the LEDs and the modem watch are extras. Pins that cannot be claimed (no pin library on this machine,
+a pin held by another program) are logged once and the gateway runs without the panel; GPIO does not
+appear at run time, so there is no retry. A modem port that does not open is the monitor's to retry
+(``ModemMonitor``). Both show on the metrics page as ``appliance_hardware_available{part=...}`` and in
+``appliance doctor``.
+
 Link listeners may subscribe before ``start`` (the gateway wires forwarding while building services); with
 a modem configured the link counts as down until the modem reports registration. The uplink LED shows the
 modem's registration unless ``uplink_led_follows_modem`` is False: then another uplink - the forwarding
@@ -28,7 +35,7 @@ from appliance.broker.api import (
     ServiceDefaults,
 )
 from appliance.hardware.config import HardwareConfig
-from appliance.hardware.gpio import StatusPanel
+from appliance.hardware.gpio import GpioUnavailable, StatusPanel, unavailable_as_one_error
 from appliance.hardware.modem import LinkListener, ModemMonitor
 from appliance.hardware.modem_status import ModemStatus
 from appliance.prometheus import Family, counter, gauge
@@ -85,16 +92,34 @@ class HardwareService(ServiceDefaults):
         self._broker = broker
         loop = asyncio.get_running_loop()
         if self._config.gpio.enabled:
-            self.panel = StatusPanel(
-                self._config.gpio,
-                on_short_press=lambda: loop.call_soon_threadsafe(self.log_status),
-                on_long_press=lambda: loop.call_soon_threadsafe(self.request_factory_reset),
-            )
+            self.panel = self._open_panel(loop)
         if self._config.modem.enabled:
             self.modem = ModemMonitor(self._config.modem, self.panel.relay if self.panel else None)
             self.modem.on_status(self._publish_modem)
             self.modem.on_link_change(self._link_changed)
             self._modem_task = asyncio.create_task(self.modem.run(), name="modem-monitor")
+
+    def _open_panel(self, loop: asyncio.AbstractEventLoop) -> StatusPanel | None:
+        """The panel, or None (logged once) when its pins cannot be claimed."""
+        try:
+            with unavailable_as_one_error():
+                return StatusPanel(
+                    self._config.gpio,
+                    on_short_press=lambda: loop.call_soon_threadsafe(self.log_status),
+                    on_long_press=lambda: loop.call_soon_threadsafe(self.request_factory_reset),
+                )
+        except GpioUnavailable as exc:
+            log.warning("GPIO not available, running without status LEDs, button and modem relay: %s", exc)
+            return None
+
+    def available(self) -> dict[str, bool]:
+        """Each configured part: is it there? ``gpio``: its pins were claimed; ``modem``: its port opened."""
+        parts: dict[str, bool] = {}
+        if self._config.gpio.enabled:
+            parts["gpio"] = self.panel is not None
+        if self._config.modem.enabled:
+            parts["modem"] = self.modem is not None and self.modem.present is True
+        return parts
 
     def show_ready(self) -> None:
         if self.panel is not None:
@@ -110,11 +135,17 @@ class HardwareService(ServiceDefaults):
             self.panel.show_backlog(queued)
 
     async def metrics(self) -> list[Family]:
-        """The modem's readings (``appliance_modem_*``): flags and numbers as gauges, its power cycles as a
-        counter, the text readings as labels of ``appliance_modem_info``. No modem: none."""
+        """Which configured parts are there (``appliance_hardware_available``), and the modem's readings
+        (``appliance_modem_*``): flags and numbers as gauges, its power cycles as a counter, the text readings
+        as labels of ``appliance_modem_info``. No modem: no readings."""
+        families = [
+            Family(
+                "appliance_hardware_available", "gauge", "1 if the configured hardware part is there, 0 if the gateway runs without it",
+                [({"part": part}, int(there)) for part, there in self.available().items()],
+            )
+        ]
         if self.modem is None:
-            return []
-        families: list[Family] = []
+            return families
         labels: dict[str, str] = {}
         for name, value in self.modem.status.as_metrics().items():
             if isinstance(value, str):

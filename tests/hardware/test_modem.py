@@ -5,7 +5,9 @@ so a power cycle really reaches the "modem"."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from gpiozero import Device, DigitalInputDevice
@@ -200,3 +202,35 @@ def test_a_cancel_in_the_turn_news_arrives_still_stops_the_monitor(emulator: Mod
             await waiting
 
     asyncio.run(body())
+
+
+def test_a_port_that_is_not_there_does_not_hold_forwarding_back_and_is_taken_up_when_it_appears(
+    emulator: ModemEmulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No modem fitted (or not enumerated yet): one warning, no power cycles, the link is not gated; when the
+    port appears the modem is used, and the link waits for its registration like any modem's."""
+    port = tmp_path / "ttyUSB2"
+    monitor = ModemMonitor(config(str(port)))
+    changes: list[bool] = []
+    monitor.on_link_change(changes.append)
+
+    async def body() -> None:
+        await until(lambda: monitor.present is False and monitor.link_up)
+        emulator.creg = emulator.cereg = 2  # searching: once the port opens, the link must go down
+        await asyncio.sleep(4 * 0.2)  # several retries of the port (poll_interval 0.2 s): still one warning
+        port.symlink_to(emulator.port)
+        await until(lambda: monitor.present is True and not monitor.link_up, timeout=3.0)
+        emulator.creg = emulator.cereg = 1
+        emulator.send_urc("+CEREG: 1")
+        await until(lambda: monitor.link_up, timeout=3.0)
+
+    with caplog.at_level(logging.INFO, logger="appliance.hardware.modem"):
+        asyncio.run(with_monitor(monitor, body))
+    assert changes == [True, False, True]
+    warnings = [record for record in caplog.records if record.levelno >= logging.WARNING]
+    assert [record.getMessage() for record in warnings] == [
+        f"modem port {port} does not open ([Errno 2] could not open port {port}: [Errno 2] No such file or directory: "
+        f"'{port}'): running without the modem, trying again every 0.2 s"
+    ]
+    assert monitor.status.power_cycles == 0
+    assert emulator.commands[:3] == ["ATE0", "AT+CREG=1", "AT+CEREG=1"]  # set up once it opened

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import pytest
+from gpiozero import LED, Button, Device
 from gpiozero.pins.mock import MockFactory
 
 from appliance.hardware.config import GpioConfig, HardwareConfig, ModemConfig
 from appliance.hardware.service import HardwareService
+from appliance.prometheus import Family
 from tests.hardware.modem_emulator import ModemEmulator
 from tests.support.waiting import until
 
@@ -91,3 +94,82 @@ def test_modem_readings_are_published_and_drive_the_uplink_led_and_buttons_work(
 
     asyncio.run(body())
     assert resets == ["requested"]  # the gateway does the reset itself: test_gateway_wiring.py
+
+
+def samples(families: list[Family], name: str) -> dict[str, float]:
+    family = next(family for family in families if family.name == name)
+    return {labels.get("part", ""): value for labels, value in family.samples}
+
+
+def test_no_pin_library_on_this_machine_leaves_the_gateway_running_without_its_panel(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a PC, a VM or a container is: gpiozero finds no pin library. The service starts without the
+    panel, says so once, and reports the part as missing; the LED calls are no-ops."""
+    monkeypatch.setattr(Device, "pin_factory", None)
+    monkeypatch.setenv("GPIOZERO_PIN_FACTORY", "no-such-pin-library")
+    config = HardwareConfig(gpio=GpioConfig(enabled=True, power_led=17, uplink_led=UPLINK, button=BUTTON))
+
+    async def body() -> None:
+        service = HardwareService(config, on_factory_reset=lambda: None)
+        with caplog.at_level(logging.WARNING, logger="appliance.hardware.service"):
+            await service.start(RecordingBroker())
+        service.show_ready()
+        service.show_uplink(True)
+        service.show_backlog(3)
+        assert service.panel is None and service.link_up
+        assert samples(await service.metrics(), "appliance_hardware_available") == {"gpio": 0}
+        await service.stop()
+
+    asyncio.run(body())
+    assert [record.getMessage() for record in caplog.records] == [
+        "GPIO not available, running without status LEDs, button and modem relay: "
+        "BadPinFactory: Unable to find pin factory 'no-such-pin-library'"
+    ]
+
+
+def test_a_pin_held_by_another_program_releases_the_pins_already_claimed_and_the_modem_still_works(
+    factory: MockFactory, emulator: ModemEmulator
+) -> None:
+    """The button's pin is taken: no panel (so no relay either), the LED pins claimed before it are free
+    again, and the modem is watched without a relay."""
+    other_program = Button(BUTTON)
+    config = HardwareConfig(
+        gpio=GpioConfig(enabled=True, power_led=17, uplink_led=UPLINK, button=BUTTON, modem_relay=RELAY),
+        modem=ModemConfig(enabled=True, port=emulator.port, command_timeout=0.5, poll_interval=0.2),
+    )
+    broker = RecordingBroker()
+
+    async def body() -> None:
+        service = HardwareService(config, on_factory_reset=lambda: None)
+        await service.start(broker)
+        try:
+            await until(lambda: service.link_up)
+            assert service.panel is None
+            assert samples(await service.metrics(), "appliance_hardware_available") == {"gpio": 0, "modem": 1}
+            assert broker.retained["$SYS/gateway/modem/registered"] == b"true"
+        finally:
+            await service.stop()
+
+    asyncio.run(body())
+    for pin in (17, UPLINK, RELAY):
+        LED(pin).close()  # claimable again: StatusPanel closed what it had claimed before the failure
+    other_program.close()
+
+
+def test_a_modem_port_that_is_not_there_is_reported_missing_and_does_not_gate_the_link(tmp_path: Path) -> None:
+    config = HardwareConfig(modem=ModemConfig(enabled=True, port=str(tmp_path / "ttyUSB2"), poll_interval=0.2))
+
+    async def body() -> None:
+        service = HardwareService(config, on_factory_reset=lambda: None)
+        link: list[bool] = []
+        service.on_link_change(link.append)
+        await service.start(RecordingBroker())
+        try:
+            await until(lambda: service.link_up)
+            assert link == [True]
+            assert samples(await service.metrics(), "appliance_hardware_available") == {"modem": 0}
+        finally:
+            await service.stop()
+
+    asyncio.run(body())
