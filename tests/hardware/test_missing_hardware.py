@@ -94,7 +94,7 @@ def test_the_shipped_config_serves_without_gpio_and_modem_and_takes_the_modem_up
         modem_port.symlink_to(emulator.port)  # the USB modem enumerates late
         wait_until(
             lambda: 'appliance_hardware_available{part="modem"} 1' in (page := metrics(metrics_url))
-            and "gateway_modem_registered 1\n" in page,
+            and "appliance_modem_registered 1\n" in page,
             timeout=10, what=lambda: metrics(metrics_url),
         )
         assert gateway.terminate() == 0
