@@ -154,6 +154,8 @@ def mmdebstrap_command(staged: Path, out: Path, arch: str, image: bool) -> list[
     if image:
         command += [
             f"--customize-hook=sync-in {IMAGE_ROOTFS} /",
+            # gpiozero's pin library: not a dependency of the wheel (off a Pi there is nothing to drive).
+            f'--customize-hook=chroot "$1" {chroot_env} /opt/appliance/venv/bin/pip install --quiet {" ".join(IMAGE_WHEELS)}',
             # The boot partition's contents: the firmware blobs, then the kernel hook once more now that
             # /etc/default/raspi-firmware is in place (during the package installs it found no settings, and
             # it does nothing at all unless DEB_MAINT_PARAMS says "configure"): kernel, initrd, DTBs,
