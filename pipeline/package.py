@@ -35,8 +35,13 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold
 
 
 def package_files(root: Path = PACKAGE_ROOT) -> list[Path]:
-    """The package's modules, relative to its parent folder (``pipeline/...``)."""
-    return sorted(path.relative_to(root.parent) for path in root.rglob("*.py") if "__pycache__" not in path.parts)
+    """The package's modules, relative to its parent folder (``pipeline/...``): the ``.py`` files of the
+    folders that are packages (an ``__init__.py``), so not a ``build/`` that building the distribution
+    (``pipeline/pyproject.toml``) leaves in this folder."""
+    def in_package(path: Path) -> bool:
+        return all((folder / "__init__.py").is_file() for folder in path.parents if folder.is_relative_to(root))
+
+    return sorted(path.relative_to(root.parent) for path in root.rglob("*.py") if in_package(path))
 
 
 def build_package(out_dir: Path | str) -> tuple[Path, Path]:
