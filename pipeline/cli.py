@@ -39,18 +39,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace):
+    """The job's settings, checked (``JobSettings.check``: ValueError) before anything starts Spark."""
     from pipeline.jobs.settings import JobSettings
 
-    received_from = getattr(args, "received_from", None)
-    received_to = getattr(args, "received_to", None)
-    if received_to is not None and received_from is None:
-        raise SystemExit("--to needs --from")
-    return JobSettings(
+    settings = JobSettings(
         landing=args.landing, out=args.out, window=args.window, lateness=args.lateness,
         upstream_endpoint=args.upstream_endpoint, hil=getattr(args, "hil", None),
-        received_from=received_from, received_to=received_to, late_days=args.late_days, bronze=args.bronze,
-        compact=not getattr(args, "no_compact", False),
+        received_from=getattr(args, "received_from", None), received_to=getattr(args, "received_to", None),
+        late_days=args.late_days, bronze=args.bronze, compact=not getattr(args, "no_compact", False),
+        idle_timeout=None if args.idle_timeout == "never" else args.idle_timeout,
     )
+    settings.check()
+    return settings
 
 
 def _spark(args: argparse.Namespace, app_name: str):
@@ -64,7 +64,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
     spark = _spark(args, "pipeline-batch")
     try:
-        run_batch(spark, _settings(args))
+        run_batch(spark, args.settings)
     finally:
         spark.stop()
     return 0
@@ -95,7 +95,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
     spark = _spark(args, "pipeline-stream")
     try:
-        run_stream(spark, _settings(args), args.checkpoint, StreamOptions(args.max_files_per_trigger),
+        run_stream(spark, args.settings, args.checkpoint, StreamOptions(args.max_files_per_trigger),
                    once=args.once, trigger_seconds=args.trigger_seconds)
     except KeyboardInterrupt:
         pass
@@ -137,6 +137,9 @@ def _job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="days after its event a message may still arrive (batch --from: rewrites that many "
                              "days before --from too; stream: how long counted ids are remembered)")
     parser.add_argument("--upstream-endpoint", default="upstream", help="metrics endpoint that feeds the cloud")
+    parser.add_argument("--idle-timeout", default="30 minutes",
+                        help="streaming: write a key's last windows once the fleet's receive time is this far past "
+                             "the key's last message ('never': wait for the key's own later data)")
 
 
 def _date(text: str) -> str:
@@ -207,7 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in ("batch", "stream"):  # usage errors before Spark starts: milliseconds, no work done
+        try:
+            args.settings = _settings(args)
+        except ValueError as error:
+            parser.error(f"{args.command}: {error}")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pipeline").setLevel(args.log_level.upper())  # not py4j's chatter
