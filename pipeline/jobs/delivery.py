@@ -7,7 +7,11 @@ gateway's metrics messages, over tumbling windows aligned to the Unix epoch.
 * ``queue_counters``: the metrics' ``sent``/``expired``/``dropped``/``retries``/``dead_lettered`` are read as counters that
   only grow while the gateway runs (its restart resets them to zero), so a window gets the increase over
   the samples in it: a counter below the previous sample is a reset and counts from zero, the first sample
-  seen counts from zero, and a repeated sample adds nothing. ``depth`` and ``oldest_age_s`` are gauges:
+  seen counts from zero, and a repeated sample adds nothing. "Previous" is in the gateway's own order, not
+  its clock: a document's ``boot_id`` and ``seq`` (boots in the order the cloud first received them, then
+  the sequence); a new boot counts from zero. A clock that stepped back ten minutes interleaved old and new
+  samples in ``ts_ms`` order and every drop read as a restart (sent 30,023 against 6,060). Documents of
+  older gateways (no boot id) keep the ``ts_ms`` order, as one boot. ``depth`` and ``oldest_age_s`` are gauges:
   the window keeps their maximum. An ``OrderedFold`` over (gateway, endpoint, priority), window by window.
 * ``sla``: the two joined on (gateway, priority, window) for the upstream endpoint.
 """
@@ -21,10 +25,14 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipeline.jobs.bronze import METRICS_DOC
-from pipeline.jobs.ordered import OrderedFold
+from pipeline.jobs.ordered import OrderedFold, StreamTiming
 from pipeline.jobs.windows import parse_duration_ms, window_columns, window_start_ms
 
 COUNTERS = ("sent", "expired", "dropped", "retries", "dead_lettered")
+# The gateway's own order of its metrics documents: boot ("" for gateways that send none) and sequence
+# (ts_ms for those), boots ordered by their first receipt (the cloud's clock).
+BOOT, SEQ = "boot", "seq"
+_KEPT_BOOTS = 16  # a queue's state remembers the first receipt of its latest boots
 GAUGES = ("depth", "oldest_age_s")
 
 
@@ -86,7 +94,7 @@ def latency_step(window_ms: int):
     return step
 
 
-def latency_stream(events: DataFrame, window: str, lateness_ms: int, remember_ms: int) -> DataFrame:
+def latency_stream(events: DataFrame, window: str, timing: StreamTiming | int, remember_ms: int) -> DataFrame:
     """``latency`` in streaming: each gateway's messages closed by its own receive times, copies dropped
     (a redelivery up to ``remember_ms`` after the first copy too)."""
     window_ms = parse_duration_ms(window)
@@ -95,7 +103,7 @@ def latency_stream(events: DataFrame, window: str, lateness_ms: int, remember_ms
         output=LATENCY_OUTPUT, step=latency_step(window_ms),
         ready_at=lambda times: times - times % window_ms + window_ms, dedup=True, remember_ms=remember_ms,
     )
-    folded = fold.stream(events.where(F.col("gateway_id").isNotNull()), lateness_ms)
+    folded = fold.stream(events.where(F.col("gateway_id").isNotNull()), timing)
     start, end, date = window_columns("window_start_ms", window_ms)
     return folded.select(
         "gateway_id", "priority", start, end, "delivered", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms",
@@ -105,14 +113,17 @@ def latency_stream(events: DataFrame, window: str, lateness_ms: int, remember_ms
 
 def queue_samples(metrics: DataFrame) -> DataFrame:
     """One row per metrics message, endpoint and priority (bronze rows: the payload is parsed already)."""
-    doc = metrics.select(F.col(METRICS_DOC).alias("m")).where(F.col("m.ts_ms").isNotNull())
-    per_endpoint = doc.select("m.gateway_id", "m.ts_ms", F.explode("m.endpoints").alias("endpoint", "queues"))
+    doc = metrics.select(F.col(METRICS_DOC).alias("m"), "received_ms").where(F.col("m.ts_ms").isNotNull())
+    per_endpoint = doc.select("m.gateway_id", "m.ts_ms", "received_ms",
+                              F.coalesce("m.boot_id", F.lit("")).alias(BOOT),
+                              F.coalesce("m.seq", "m.ts_ms").alias(SEQ),
+                              F.explode("m.endpoints").alias("endpoint", "queues"))
     per_queue = per_endpoint.select(
-        "gateway_id", "ts_ms", "endpoint", F.explode("queues").alias("priority", "q")
+        "gateway_id", "ts_ms", "received_ms", BOOT, SEQ, "endpoint", F.explode("queues").alias("priority", "q")
     )
     return per_queue.select(
         "gateway_id", "endpoint", F.col("priority").cast("int").alias("priority"),
-        F.col("ts_ms").alias("sample_ms"), F.timestamp_millis("ts_ms").alias("sample_at"),
+        F.col("ts_ms").alias("sample_ms"), F.timestamp_millis("ts_ms").alias("sample_at"), "received_ms", BOOT, SEQ,
         *[F.col(f"q.{name}").alias(name) for name in COUNTERS + GAUGES],
     )
 
@@ -124,13 +135,27 @@ COUNTERS_OUTPUT = (
 )
 
 
+def in_gateway_order(rows: pd.DataFrame, boots: dict[str, int]) -> pd.DataFrame:
+    """``rows`` (one queue's samples) in the gateway's order - boot by first receipt (``boots`` holds the
+    earlier ones, and is updated), then sequence - with a repeated (boot, sequence) dropped; the same order
+    and tie-break (the values) as the batch SQL."""
+    for boot, first in rows.groupby(BOOT)["received_ms"].min().items():
+        boots[boot] = min(int(first), boots.get(boot, int(first)))
+    ranked = rows.assign(_rank=rows[BOOT].map(boots))
+    order = ["_rank", BOOT, SEQ, *COUNTERS, *GAUGES]
+    ranked = ranked.sort_values(order, kind="stable", na_position="last")
+    return ranked.drop_duplicates([BOOT, SEQ], keep="first").drop(columns="_rank").reset_index(drop=True)
+
+
 def counter_step(window_ms: int):
     def step(key: tuple, last: dict | None, rows: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
-        rows = rows.drop_duplicates("sample_ms", keep="first").reset_index(drop=True)
+        boots = dict((last or {}).get("_boots", {}))
+        rows = in_gateway_order(rows, boots)
+        same_boot = rows[BOOT].eq(rows[BOOT].shift(1, fill_value=(last or {}).get("_boot")))
         increases = {}
         for name in COUNTERS:
             values = rows[name].fillna(0).astype("int64")
-            before = values.shift(1, fill_value=last[name] if last else 0)
+            before = values.shift(1, fill_value=last[name] if last else 0).where(same_boot, 0)  # a new boot: zero
             increases[name] = values.where(values < before, values - before)  # below before: a reset
         frame = pd.DataFrame(increases)
         frame["window_start_ms"] = rows["sample_ms"] - rows["sample_ms"] % window_ms
@@ -145,7 +170,8 @@ def counter_step(window_ms: int):
         out["gateway_id"], out["endpoint"], out["priority"] = key
         tail = rows.iloc[-1]
         remembered = {name: int(0 if pd.isna(tail[name]) else tail[name]) for name in COUNTERS}
-        return out, remembered
+        latest = sorted(boots.items(), key=lambda item: item[1])[-_KEPT_BOOTS:]
+        return out, {**remembered, "_boot": str(tail[BOOT]), "_boots": dict(latest)}
 
     return step
 
@@ -154,18 +180,18 @@ def counters_fold(window_ms: int) -> OrderedFold:
     return OrderedFold(
         keys=("gateway_id", "endpoint", "priority"),
         time_ms="sample_ms",
-        columns=("sample_ms", *COUNTERS, *GAUGES),
+        columns=("sample_ms", *COUNTERS, *GAUGES, BOOT, SEQ, "received_ms"),
         output=COUNTERS_OUTPUT,
         step=counter_step(window_ms),
         ready_at=lambda times: times - times % window_ms + window_ms,  # a window is stepped once it is closed
     )
 
 
-def queue_counters(samples: DataFrame, window: str, lateness_ms: int | None = None) -> DataFrame:
-    """``lateness_ms``: streaming (each queue closed by its own samples' progress); None: batch."""
+def queue_counters(samples: DataFrame, window: str, timing: StreamTiming | int | None = None) -> DataFrame:
+    """``timing``: streaming (each queue closed by its own samples' progress); None: batch."""
     window_ms = parse_duration_ms(window)
-    if lateness_ms is not None:
-        folded = counters_fold(window_ms).stream(samples, lateness_ms)
+    if timing is not None:
+        folded = counters_fold(window_ms).stream(samples, timing)
     else:
         folded = _queue_counters_batch(samples, window_ms)
     start, end, date = window_columns("window_start_ms", window_ms)
@@ -174,20 +200,21 @@ def queue_counters(samples: DataFrame, window: str, lateness_ms: int | None = No
 
 def _queue_counters_batch(samples: DataFrame, window_ms: int) -> DataFrame:
     """``counter_step`` in Spark SQL, in the JVM (no Python worker on the batch path): each queue's samples in
-    the order the step sorts them (time, then the values), a repeated ``sample_ms`` dropped, the increase of
-    each counter over the previous sample by ``lag``, summed per window. The two window functions share
-    one partitioning and order, so Spark shuffles and sorts the samples once."""
+    the order the step sorts them (``in_gateway_order``: boot by first receipt, sequence, then the values),
+    a repeated (boot, sequence) dropped, the increase of each counter over the previous sample of the same
+    boot by ``lag`` (a new boot counts from zero), summed per window."""
     queue = ("gateway_id", "endpoint", "priority")
+    ranked = samples.withColumn("_rank", F.min("received_ms").over(Window.partitionBy(*queue, BOOT)))
     order = Window.partitionBy(*queue).orderBy(
-        "sample_ms", *[F.col(name).asc_nulls_last() for name in (*COUNTERS, *GAUGES)]
+        "_rank", BOOT, SEQ, *[F.col(name).asc_nulls_last() for name in (*COUNTERS, *GAUGES)]
     )
-    first_of_time = samples.withColumn("_before_ms", F.lag("sample_ms").over(order)).where(
-        ~F.col("_before_ms").eqNullSafe(F.col("sample_ms"))
-    )
+    repeated = (F.lag(BOOT).over(order) == F.col(BOOT)) & (F.lag(SEQ).over(order) == F.col(SEQ))
+    first_of_time = ranked.withColumn("_repeat", F.coalesce(repeated, F.lit(False))).where(~F.col("_repeat"))
     increases = {}
     for name in COUNTERS:
         value = F.coalesce(F.col(name), F.lit(0))
-        before = F.coalesce(F.lag(value).over(order), F.lit(0))
+        before = F.when(F.lag(BOOT).over(order) == F.col(BOOT), F.coalesce(F.lag(value).over(order), F.lit(0))
+                        ).otherwise(F.lit(0))
         increases[f"_{name}"] = F.when(value < before, value).otherwise(value - before)  # below before: a reset
     stepped = first_of_time.withColumns(
         {**increases, "_window_start_ms": window_start_ms("sample_ms", window_ms)}

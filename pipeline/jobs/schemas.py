@@ -58,6 +58,8 @@ METRICS = T.StructType(
     [
         T.StructField("gateway_id", T.StringType()),
         T.StructField("ts_ms", T.LongType()),
+        T.StructField("boot_id", T.StringType()),  # one per gateway process; absent from older gateways
+        T.StructField("seq", T.LongType()),  # 1, 2, ... per document within a boot
         T.StructField(
             "endpoints", T.MapType(T.StringType(), T.MapType(T.StringType(), QUEUE_STATS))
         ),

@@ -162,6 +162,7 @@ def random_queue_samples(rng: random.Random, queues: int) -> list[dict]:
                     "priority": queue, "sample_ms": T0 + time_ms, "sent": sent, "expired": rng.choice([None, 0, 1, 5]),
                     "dropped": rng.randint(0, 2), "retries": sent // 2, "dead_lettered": rng.choice([None, 0, 2]),
                     "depth": depth, "oldest_age_s": rng.choice([None, 0.0, 1.5, 30.25]),
+                    "received_ms": T0 + time_ms + 500, "boot": "", "seq": T0 + time_ms,
                 })
     return rows
 
@@ -169,7 +170,8 @@ def random_queue_samples(rng: random.Random, queues: int) -> list[dict]:
 def test_queue_counters_in_sql_equal_the_streaming_step(spark):
     rows = random_queue_samples(random.Random(17), 40)
     columns = "gateway_id string, endpoint string, priority int, sample_ms long, " + ", ".join(
-        f"{name} long" for name in delivery.COUNTERS) + ", depth long, oldest_age_s double"
+        f"{name} long" for name in delivery.COUNTERS) + ", depth long, oldest_age_s double, received_ms long, " \
+        "boot string, seq long"
     samples = spark.createDataFrame([tuple(row[c.split()[0]] for c in columns.split(", ")) for row in rows], columns)
     window_ms = 5 * 60_000
     got = delivery.queue_counters(samples, "5 minutes").toPandas()

@@ -14,6 +14,8 @@ def samples(*rows):
     columns = ["sample_ms", "sent", "expired", "dropped", "retries", "depth", "oldest_age_s"]
     frame = pd.DataFrame(rows, columns=columns)
     frame["dead_lettered"] = None  # metrics of a gateway from before dead letters: the field is absent
+    frame["received_ms"] = frame["sample_ms"] + 500
+    frame["boot"], frame["seq"] = "", frame["sample_ms"]  # a gateway that sends no boot id: ts_ms order
     return frame
 
 
@@ -29,7 +31,8 @@ def test_counters_count_increases_resets_from_zero_and_repeats_add_nothing():
     assert out.sort_values("window_start_ms")[
         ["window_start_ms", "samples", "sent", "expired", "dropped", "retries", "depth_max", "oldest_age_s_max"]
     ].values.tolist() == [[at(0), 2, 15, 1, 0, 1, 7, 3.5], [at(5), 2, 8, 2, 1, 0, 1, 0.5]]
-    assert last == {"sent": 8, "expired": 2, "dropped": 1, "retries": 0, "dead_lettered": 0}
+    assert last == {"sent": 8, "expired": 2, "dropped": 1, "retries": 0, "dead_lettered": 0, "_boot": "",
+                    "_boots": {"": at(1) + 500}}
     assert out["dead_lettered"].tolist() == [0, 0]
 
     later, _ = step(("gw1", "upstream", 5), last, samples((at(11), 9, 2, 1, 0, 0, 0.0)))
@@ -73,3 +76,37 @@ def test_latency_percentiles_are_exact_in_a_window_of_any_size(spark):
     step, _ = delivery.latency_step(5 * MINUTE)(("gw1",), None, frame)
     assert sorted(tuple(r) for r in step[["priority", "delivered", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms",
                                           "latency_max_ms"]].itertuples(index=False)) == got
+
+
+def test_counters_follow_the_gateways_boot_and_sequence_not_its_clock():
+    """Boot A: sent grows by 10 a minute; at its 4th document the clock steps back 10 minutes; then
+    the gateway restarts (boot B, from zero). In ts_ms order every drop read as a restart."""
+    step = delivery.counter_step(WINDOW)
+    rows = []
+    for seq in range(1, 9):
+        clock = at(20 + seq) if seq < 4 else at(20 + seq - 10)
+        rows.append(("A", seq, clock, at(20 + seq) + 300, 10 * seq))
+    for seq in range(1, 4):
+        rows.append(("B", seq, at(30 + seq), at(30 + seq) + 300, 7 * seq))
+    frame = pd.DataFrame(rows, columns=["boot", "seq", "sample_ms", "received_ms", "sent"])
+    for name in ("expired", "dropped", "retries", "dead_lettered", "depth", "oldest_age_s"):
+        frame[name] = 0
+    out, last = step(("gw1", "upstream", 5), None, frame.sample(frac=1, random_state=3))
+    assert out["sent"].sum() == 80 + 21  # boot A's 80, boot B's 21: nothing counted twice
+    assert last["_boot"] == "B" and last["sent"] == 21
+
+
+def test_queue_counters_in_batch_follow_boot_and_sequence(spark):
+    from pipeline.envelope import Incoming
+
+    records = []
+    for n, (boot, seq, clock, sent) in enumerate(
+            [("A", 1, 100, 10), ("A", 2, 160, 20), ("A", 3, 220, 30), ("A", 4, -380, 40), ("A", 5, -320, 50),
+             ("B", 1, 300, 5), ("B", 2, 360, 9)]):
+        doc = {"gateway_id": "gw1", "ts_ms": at(10) + clock * 1000, "boot_id": boot, "seq": seq,
+               "endpoints": {"upstream": {"5": {"sent": sent, "depth": 0, "oldest_age_s": 0}}}}
+        records.append(land(Incoming("gateways/gw1/metrics", __import__("json").dumps(doc).encode(),
+                                     at(10) + n * 60_000, content_type="application/json")).record)
+    metrics = from_records(spark, records, kind="metrics")
+    counters = delivery.queue_counters(delivery.queue_samples(metrics), "5 minutes").toPandas()
+    assert counters["sent"].sum() == 50 + 9  # before: every step back and restart misread
