@@ -8,6 +8,7 @@ oldest ages are read from the store when rendered, so they are right after a res
 from __future__ import annotations
 
 import json
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -29,6 +30,10 @@ class LinkStats:
 class ForwardingMetrics:
     counters: dict[str, Counter[QueueKey]] = field(default_factory=lambda: {name: Counter() for name in COUNTERS})
     links: dict[str, LinkStats] = field(default_factory=dict)
+    # The order of the documents whatever the gateway's clock does (a step back made every counter drop
+    # read as a restart): one boot id per process, a sequence number per document within it.
+    boot_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    seq: int = 0
 
     def add(self, name: str, counts: Counter[QueueKey] | dict[QueueKey, int]) -> None:
         self.counters[name].update(counts)
@@ -59,7 +64,9 @@ class ForwardingMetrics:
             name: {"bytes_sent": s.bytes_sent, "rate_bps": s.rate_bps, "rtt_s": s.rtt_s, "connected": s.connected}
             for name, s in self.links.items()
         }
-        document = {"gateway_id": gateway_id, "ts_ms": now_ms, "endpoints": self.snapshot(depths, now_ms), "links": links}
+        self.seq += 1
+        document = {"gateway_id": gateway_id, "ts_ms": now_ms, "boot_id": self.boot_id, "seq": self.seq,
+                    "endpoints": self.snapshot(depths, now_ms), "links": links}
         return json.dumps(document, separators=(",", ":")).encode()
 
     def families(self, depths: list[QueueDepth], now_ms: int) -> list[Family]:
