@@ -43,6 +43,7 @@ from appliance.statestore.client import (
 )
 
 TELEMETRY_TOPIC = "devices/+/messages/events/data"
+UPDATE_TOPIC = "devices/+/messages/events/update"  # the updater's status (its own output)
 
 
 def register(subparsers: Any) -> None:
@@ -171,7 +172,7 @@ def collect_telemetry(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     if args.username is not None:
         client.username_pw_set(args.username, args.password)
     client.on_message = on_message
-    client.on_connect = lambda c, *rest: c.subscribe(TELEMETRY_TOPIC, 0)
+    client.on_connect = lambda c, *rest: c.subscribe([(TELEMETRY_TOPIC, 0), (UPDATE_TOPIC, 0)])
     client.connect(args.host, args.port)
     client.loop_start()
     try:
