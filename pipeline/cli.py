@@ -89,6 +89,23 @@ def cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rebuild_bronze(args: argparse.Namespace) -> int:
+    from pipeline.jobs.bronze import RebuildRefused, rebuild
+    from pipeline.jobs.settings import default_bronze
+
+    spark = _spark(args, "pipeline-rebuild-bronze")
+    try:
+        bronze = args.bronze or default_bronze(args.landing)
+        aside, done = rebuild(spark, args.landing, bronze, args.kind, force=args.force)
+        print(f"bronze {args.kind}: rebuilt from {done.input_rows} landing lines; the old table is at {aside}")
+    except RebuildRefused as error:
+        print(f"rebuild-bronze: {error}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    return 0
+
+
 def cmd_stream(args: argparse.Namespace) -> int:
     from pipeline.jobs.source import StreamOptions
     from pipeline.jobs.stream import run_stream
@@ -178,6 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     _spark_arguments(compact)
     compact.add_argument("--max-files-per-trigger", type=int, help="landing files per micro-batch at most")
     compact.set_defaults(func=cmd_compact)
+
+    rebuild = sub.add_parser("rebuild-bronze",
+                             help="rebuild one kind of the bronze table from its landing files (a corrupt Parquet file)")
+    _spark_arguments(rebuild)
+    rebuild.add_argument("--kind", required=True, choices=("events", "metrics", "quarantine"))
+    rebuild.add_argument("--force", action="store_true", help="even if landing files it was made of are gone")
+    rebuild.set_defaults(func=cmd_rebuild_bronze)
 
     batch = sub.add_parser("batch", help="compact, then recompute the outputs from the bronze table (all, or some days)")
     _job_arguments(batch)

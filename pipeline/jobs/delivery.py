@@ -3,7 +3,13 @@ gateway's metrics messages, over tumbling windows aligned to the Unix epoch.
 
 * ``latency``: latency = cloud receive time - ``gw-enqueued-ms`` (first copy of each message), bucketed by
   receive time, so a backlog flushed after an outage shows up when it arrives rather than being dropped
-  as late. p50/p95/p99 are exact: the latency at rank ceil(q * n) of the window's n.
+  as late. p50/p95/p99 are exact: the latency at rank ceil(q * n) of the window's n. The two times are
+  on two clocks (the ingest's, the gateway's), so each window also gets the gateway's **clock offset**
+  as seen from the cloud: ``clock_offset_ms``, the lower envelope (minimum) of receive time - ``gw-sent-ms``
+  over its messages, which is the cloud clock minus the gateway's plus the fastest transit. A negative
+  one is impossible on agreeing clocks (the gateway's is ahead: a gateway 10 minutes ahead reported a p50
+  of -600 s), one above ``CLOCK_TOLERANCE_MS`` is no transit time of a live link; such a window has
+  ``clock_suspect`` true, and ``corrected`` (the report) subtracts the offset from its latencies.
 * ``queue_counters``: the metrics' ``sent``/``expired``/``dropped``/``retries``/``dead_lettered`` are read as counters that
   only grow while the gateway runs (its restart resets them to zero), so a window gets the increase over
   the samples in it: a counter below the previous sample is a reset and counts from zero, the first sample
@@ -37,6 +43,14 @@ GAUGES = ("depth", "oldest_age_s")
 
 
 QUANTILES = (0.5, 0.95, 0.99)
+# The fastest transit from a gateway's send to the cloud's receipt in a window stays under this on agreeing
+# clocks (a PUBLISH over a slow uplink takes seconds, not a minute); beyond it, or below zero, the offset is
+# the gateway's clock, not the network.
+CLOCK_TOLERANCE_MS = 60_000
+
+
+def clock_suspect(offset: str = "clock_offset_ms"):
+    return ((F.col(offset) < 0) | (F.col(offset) > CLOCK_TOLERANCE_MS)).alias("clock_suspect")
 
 
 def latency(events: DataFrame, window: str) -> DataFrame:
@@ -50,25 +64,26 @@ def latency(events: DataFrame, window: str) -> DataFrame:
     measured = events.select(
         window_start_ms("received_ms", window_ms).alias("window_start_ms"), "gateway_id", "priority",
         (F.col("received_ms") - F.col("enqueued_ms")).alias("latency_ms"),
+        (F.col("received_ms") - F.col("sent_ms")).alias("_transit_ms"),
     )
     ordered = F.col("_latencies")
     start, end, date = window_columns("window_start_ms", window_ms)
     return (
         measured.groupBy("window_start_ms", "gateway_id", "priority")
         .agg(F.count(F.lit(1)).alias("delivered"), F.array_sort(F.collect_list("latency_ms")).alias("_latencies"),
-             F.max("latency_ms").alias("latency_max_ms"))
+             F.max("latency_ms").alias("latency_max_ms"), F.min("_transit_ms").alias("clock_offset_ms"))
         .select(
             "gateway_id", "priority", start, end, "delivered",
             *[F.try_element_at(ordered, F.greatest(F.ceil(F.lit(q) * F.size(ordered)), F.lit(1)).cast("int")).alias(name)
               for q, name in zip(QUANTILES, ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms"), strict=True)],
-            "latency_max_ms", date,
+            "latency_max_ms", "clock_offset_ms", clock_suspect(), date,
         )
     )
 
 
 LATENCY_OUTPUT = (
     "gateway_id string, priority int, window_start_ms long, delivered long, latency_p50_ms long, "
-    "latency_p95_ms long, latency_p99_ms long, latency_max_ms long"
+    "latency_p95_ms long, latency_p99_ms long, latency_max_ms long, clock_offset_ms long"
 )
 
 
@@ -81,14 +96,16 @@ def latency_step(window_ms: int):
             "priority": rows["priority"],
             "window_start_ms": rows["received_ms"] - rows["received_ms"] % window_ms,
             "latency_ms": rows["received_ms"] - rows["enqueued_ms"],
+            "transit_ms": rows["received_ms"] - rows["sent_ms"],
         })
         out = []
         for (priority, start), group in measured.groupby(["priority", "window_start_ms"], sort=True):
             values = group["latency_ms"].sort_values().to_numpy()
             ranks = [max(math.ceil(q * len(values)), 1) - 1 for q in QUANTILES]
-            out.append((key[0], priority, start, len(values), *[int(values[r]) for r in ranks], int(values[-1])))
+            out.append((key[0], priority, start, len(values), *[int(values[r]) for r in ranks], int(values[-1]),
+                        int(group["transit_ms"].min())))
         columns = ["gateway_id", "priority", "window_start_ms", "delivered", "latency_p50_ms", "latency_p95_ms",
-                   "latency_p99_ms", "latency_max_ms"]
+                   "latency_p99_ms", "latency_max_ms", "clock_offset_ms"]
         return pd.DataFrame(out, columns=columns), None
 
     return step
@@ -99,7 +116,7 @@ def latency_stream(events: DataFrame, window: str, timing: StreamTiming | int, r
     (a redelivery up to ``remember_ms`` after the first copy too)."""
     window_ms = parse_duration_ms(window)
     fold = OrderedFold(
-        keys=("gateway_id",), time_ms="received_ms", columns=("received_ms", "priority", "enqueued_ms"),
+        keys=("gateway_id",), time_ms="received_ms", columns=("received_ms", "priority", "enqueued_ms", "sent_ms"),
         output=LATENCY_OUTPUT, step=latency_step(window_ms),
         ready_at=lambda times: times - times % window_ms + window_ms, dedup=True, remember_ms=remember_ms,
     )
@@ -107,7 +124,7 @@ def latency_stream(events: DataFrame, window: str, timing: StreamTiming | int, r
     start, end, date = window_columns("window_start_ms", window_ms)
     return folded.select(
         "gateway_id", "priority", start, end, "delivered", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms",
-        "latency_max_ms", date,
+        "latency_max_ms", "clock_offset_ms", clock_suspect(), date,
     )
 
 

@@ -62,6 +62,7 @@ def test_latency_percentiles_are_exact_in_a_window_of_any_size(spark):
         F.lit("gw1").alias("gateway_id"), (F.col("id") % 2).cast("int").alias("priority"), received.alias("received_ms"),
         (received - (F.col("id") * 7919) % 30_011).alias("enqueued_ms"),  # latencies spread, some repeated
     )
+    rows = rows.withColumn("sent_ms", F.col("enqueued_ms"))
     got = delivery.latency(rows.withColumn("received_at", F.timestamp_millis("received_ms")), "5 minutes")
     got = sorted(tuple(r) for r in got.select("priority", "delivered", "latency_p50_ms", "latency_p95_ms",
                                               "latency_p99_ms", "latency_max_ms").collect())
@@ -110,3 +111,20 @@ def test_queue_counters_in_batch_follow_boot_and_sequence(spark):
     metrics = from_records(spark, records, kind="metrics")
     counters = delivery.queue_counters(delivery.queue_samples(metrics), "5 minutes").toPandas()
     assert counters["sent"].sum() == 50 + 9  # before: every step back and restart misread
+
+
+def test_a_gateway_clock_ahead_is_measured_and_flagged_in_batch_and_stream(spark):
+    """gw1's clock is 10 minutes ahead (its enqueue and send times too), gw2's is right: the lower envelope
+    of receive - send says so; before, gw1's p50 read about -600 s and nothing said why."""
+    ahead = [reading("gw1", "t1", n, n + 10, 20.0, 20.0, False, received_ms=at(n) + 800 + n * 10) for n in range(4)]
+    right = [reading("gw2", "t2", n, n, 20.0, 20.0, False, latency_ms=900 + n) for n in range(4)]
+    events = from_records(spark, [land(m).record for m in ahead + right])
+    rows = {r.gateway_id: r for r in delivery.latency(events, "5 minutes").collect()}
+    assert rows["gw1"].clock_offset_ms == -600_000 + 800 and rows["gw1"].clock_suspect
+    assert rows["gw1"].latency_p50_ms < 0  # what was published; the report corrects it by the offset
+    assert rows["gw2"].clock_offset_ms == 900 and not rows["gw2"].clock_suspect
+
+    step = delivery.latency_step(WINDOW)
+    frame = events.select("received_ms", "priority", "enqueued_ms", "sent_ms", "gateway_id").toPandas()
+    out, _ = step(("gw1",), None, frame[frame["gateway_id"] == "gw1"])
+    assert out["clock_offset_ms"].tolist() == [-600_000 + 800]
