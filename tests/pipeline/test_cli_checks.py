@@ -65,6 +65,7 @@ def test_covered_says_what_a_ranged_run_reads_and_rewrites():
                                 "2026-01-03..2026-01-04 (--late-days 1)")
 
 
+@pytest.mark.slow  # two batch runs
 def test_a_ranged_run_names_the_late_readings_it_cannot_count(spark, tmp_path):
     """A reading of 01-02 received on 01-04 (two days late): a full run counts it; ``--from 2026-01-02``
     reads receive dates up to 01-03 only, rewrites 01-02 without it, and says so."""

@@ -26,6 +26,7 @@ def wheel(source: Path, out: Path) -> zipfile.ZipFile:
     return zipfile.ZipFile(built)
 
 
+@pytest.mark.slow  # a wheel build: tens of seconds on the loaded machine (the fast check is the next test)
 @pytest.mark.timeout(300)
 def test_the_gateway_wheel_carries_no_pipeline(tmp_path):
     names = wheel(ROOT, tmp_path / "gateway").namelist()
@@ -36,6 +37,7 @@ def test_the_gateway_wheel_carries_no_pipeline(tmp_path):
     assert "pyspark" not in requires and "pyarrow" not in requires and "matplotlib" not in requires
 
 
+@pytest.mark.slow  # a wheel build
 @pytest.mark.timeout(300)
 def test_the_pipeline_wheel_is_the_pipeline_with_its_own_command(tmp_path):
     built = wheel(ROOT / "pipeline", tmp_path / "pipeline")
@@ -47,6 +49,17 @@ def test_the_pipeline_wheel_is_the_pipeline_with_its_own_command(tmp_path):
     assert "appliance-pipeline = pipeline.cli:main" in entry_points
     metadata = built.read(next(name for name in names if name.endswith("METADATA"))).decode()
     assert "Name: appliance-pipeline" in metadata and "Requires-Dist: pyspark" in metadata
+
+
+def test_the_gateway_distribution_finds_only_the_gateway_packages():
+    import tomllib
+
+    root = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert root["tool"]["setuptools"]["packages"]["find"]["include"] == ["appliance*"]
+    assert "pipeline" not in root["project"].get("optional-dependencies", {})
+    own = tomllib.loads((ROOT / "pipeline" / "pyproject.toml").read_text())
+    assert own["project"]["name"] == "appliance-pipeline"
+    assert own["project"]["scripts"] == {"appliance-pipeline": "pipeline.cli:main"}
 
 
 def wheel_text(folder: Path, member: str) -> str:
