@@ -3,9 +3,9 @@ script ``spark-submit`` starts.
 
 The jobs import nothing of ``appliance`` and nothing MQTT (``pipeline/records.py`` holds what they share
 with the ingest; ``tests/pipeline/test_imports.py`` keeps it so), so the zip holds ``pipeline`` alone; the
-executors' Python needs only the ``[pipeline]`` extra's packages (pyspark, pyarrow, pandas). The ingest
-modules travel in the zip too but are never imported on the cluster: the ingest runs where the project is
-installed.
+executors' Python needs only the Spark-side packages of ``appliance-pipeline`` (pyspark, pyarrow, pandas).
+The ingest modules travel in the zip too but are never imported on the cluster: the ingest runs where the
+project is installed.
 
 The launcher is a file of its own rather than ``pipeline/__main__.py`` so that the hosts need nothing of
 the repository, and because Python puts a script's folder first on ``sys.path``: with
