@@ -17,7 +17,10 @@ gateway's metrics messages, over tumbling windows aligned to the Unix epoch.
   its clock: a document's ``boot_id`` and ``seq`` (boots in the order the cloud first received them, then
   the sequence); a new boot counts from zero. A clock that stepped back ten minutes interleaved old and new
   samples in ``ts_ms`` order and every drop read as a restart (sent 30,023 against 6,060). Documents of
-  older gateways (no boot id) keep the ``ts_ms`` order, as one boot. ``depth`` and ``oldest_age_s`` are gauges:
+  older gateways (no boot id) keep the ``ts_ms`` order, as one boot. The window is the one of the cloud's
+  receive time, as latency's: the gateway publishes its metrics directly (never queued), so they arrive
+  as they are sent, and its clock, stepped or skewed, places nothing (in ``ts_ms`` windows a step back
+  put samples in windows streaming had closed). ``depth`` and ``oldest_age_s`` are gauges:
   the window keeps their maximum. An ``OrderedFold`` over (gateway, endpoint, priority), window by window.
 * ``sla``: the two joined on (gateway, priority, window) for the upstream endpoint.
 """
@@ -175,7 +178,7 @@ def counter_step(window_ms: int):
             before = values.shift(1, fill_value=last[name] if last else 0).where(same_boot, 0)  # a new boot: zero
             increases[name] = values.where(values < before, values - before)  # below before: a reset
         frame = pd.DataFrame(increases)
-        frame["window_start_ms"] = rows["sample_ms"] - rows["sample_ms"] % window_ms
+        frame["window_start_ms"] = rows["received_ms"] - rows["received_ms"] % window_ms
         frame["depth"], frame["oldest_age_s"] = rows["depth"], rows["oldest_age_s"]
         grouped = frame.groupby("window_start_ms", sort=True)
         out = grouped[list(COUNTERS)].sum()
@@ -196,8 +199,8 @@ def counter_step(window_ms: int):
 def counters_fold(window_ms: int) -> OrderedFold:
     return OrderedFold(
         keys=("gateway_id", "endpoint", "priority"),
-        time_ms="sample_ms",
-        columns=("sample_ms", *COUNTERS, *GAUGES, BOOT, SEQ, "received_ms"),
+        time_ms="received_ms",  # the window's clock: the cloud's (see queue_samples)
+        columns=("received_ms", "sample_ms", *COUNTERS, *GAUGES, BOOT, SEQ),
         output=COUNTERS_OUTPUT,
         step=counter_step(window_ms),
         ready_at=lambda times: times - times % window_ms + window_ms,  # a window is stepped once it is closed
@@ -234,7 +237,7 @@ def _queue_counters_batch(samples: DataFrame, window_ms: int) -> DataFrame:
                         ).otherwise(F.lit(0))
         increases[f"_{name}"] = F.when(value < before, value).otherwise(value - before)  # below before: a reset
     stepped = first_of_time.withColumns(
-        {**increases, "_window_start_ms": window_start_ms("sample_ms", window_ms)}
+        {**increases, "_window_start_ms": window_start_ms("received_ms", window_ms)}
     )
     return stepped.groupBy(*queue, F.col("_window_start_ms").alias("window_start_ms")).agg(
         F.count(F.lit(1)).alias("samples"),

@@ -4,7 +4,7 @@ Streaming over the landing zone.
 One streaming query per output, each with its own checkpoint (``CHECKPOINT/<output>``). Every windowed
 or ordered output is an ``OrderedFold`` (``ordered.py``) whose key carries its own event-time progress -
 a thermostat for rollups and the set-point log (its reading time), a gateway for delivery latency (its
-messages' receive time), a gateway queue for queue counters (its metrics' time) - moved only by rows
+messages' receive time), a gateway queue for queue counters (its metrics' receive time) - moved only by rows
 that are behind the receive horizon (the query's watermark on the cloud receive time, and the oldest
 landing file still being written: ``open_since``), so any number of ingest writers and files sealed late
 lose nothing. A key's window is written once that key's own admitted time is ``--lateness`` past the

@@ -128,3 +128,15 @@ def test_a_gateway_clock_ahead_is_measured_and_flagged_in_batch_and_stream(spark
     frame = events.select("received_ms", "priority", "enqueued_ms", "sent_ms", "gateway_id").toPandas()
     out, _ = step(("gw1",), None, frame[frame["gateway_id"] == "gw1"])
     assert out["clock_offset_ms"].tolist() == [-600_000 + 800]
+
+
+def test_a_clock_step_back_does_not_move_samples_into_earlier_windows():
+    """Samples are windowed by the cloud's receive time: after a 10-minute step back, the gateway's ts_ms
+    points into windows that were closed already (streaming had written them); receive time does not."""
+    step = delivery.counter_step(WINDOW)
+    rows = [("A", seq, at(20 + seq) if seq < 4 else at(10 + seq), at(20 + seq) + 300, 10 * seq) for seq in range(1, 9)]
+    frame = pd.DataFrame(rows, columns=["boot", "seq", "sample_ms", "received_ms", "sent"])
+    for name in ("expired", "dropped", "retries", "dead_lettered", "depth", "oldest_age_s"):
+        frame[name] = 0
+    out, _ = step(("gw1", "upstream", 5), None, frame)
+    assert dict(zip(out["window_start_ms"], out["sent"], strict=True)) == {at(20): 40, at(25): 40}

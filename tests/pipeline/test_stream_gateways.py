@@ -104,12 +104,12 @@ def progress_of(landing) -> dict[str, pd.DataFrame]:
     readings = ("SELECT gateway_id, device_id, received_ms, (pj ->> '$.ts_ms')::BIGINT AS reading_ms "
                 "FROM telemetry WHERE telemetry_reason IS NULL")
     events = "SELECT gateway_id, received_ms FROM landed WHERE kind = 'events' AND gateway_id IS NOT NULL"
-    samples = ("SELECT line ->> '$.gateway_id' AS gateway_id, (line ->> '$.sent_ms')::BIGINT AS sample_ms, "
+    samples = ("SELECT line ->> '$.gateway_id' AS gateway_id, "
                "(line ->> '$.received_ms')::BIGINT AS received_ms FROM checked WHERE kind = 'metrics'")
     return {
         "rollups": per_key(readings, "gateway_id, device_id", "reading_ms"),
         "delivery_latency": per_key(events, "gateway_id", "received_ms"),
-        "queue_counters": per_key(samples, "gateway_id", "sample_ms"),
+        "queue_counters": per_key(samples, "gateway_id", "received_ms"),  # windows of receive time
     }
 
 
