@@ -171,6 +171,10 @@ def counter_step(window_ms: int):
     def step(key: tuple, last: dict | None, rows: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
         boots = dict((last or {}).get("_boots", {}))
         rows = in_gateway_order(rows, boots)
+        if last and "_seq" in last:  # a copy of a document stepped before (a redelivery in a later window)
+            rows = rows[~((rows[BOOT] == last["_boot"]) & (rows[SEQ] <= last["_seq"]))].reset_index(drop=True)
+            if rows.empty:
+                return pd.DataFrame(columns=[name.split()[0] for name in COUNTERS_OUTPUT.split(", ")]), last
         same_boot = rows[BOOT].eq(rows[BOOT].shift(1, fill_value=(last or {}).get("_boot")))
         increases = {}
         for name in COUNTERS:
@@ -191,7 +195,7 @@ def counter_step(window_ms: int):
         tail = rows.iloc[-1]
         remembered = {name: int(0 if pd.isna(tail[name]) else tail[name]) for name in COUNTERS}
         latest = sorted(boots.items(), key=lambda item: item[1])[-_KEPT_BOOTS:]
-        return out, {**remembered, "_boot": str(tail[BOOT]), "_boots": dict(latest)}
+        return out, {**remembered, "_boot": str(tail[BOOT]), "_seq": int(tail[SEQ]), "_boots": dict(latest)}
 
     return step
 

@@ -32,7 +32,7 @@ def test_counters_count_increases_resets_from_zero_and_repeats_add_nothing():
         ["window_start_ms", "samples", "sent", "expired", "dropped", "retries", "depth_max", "oldest_age_s_max"]
     ].values.tolist() == [[at(0), 2, 15, 1, 0, 1, 7, 3.5], [at(5), 2, 8, 2, 1, 0, 1, 0.5]]
     assert last == {"sent": 8, "expired": 2, "dropped": 1, "retries": 0, "dead_lettered": 0, "_boot": "",
-                    "_boots": {"": at(1) + 500}}
+                    "_seq": at(7), "_boots": {"": at(1) + 500}}
     assert out["dead_lettered"].tolist() == [0, 0]
 
     later, _ = step(("gw1", "upstream", 5), last, samples((at(11), 9, 2, 1, 0, 0, 0.0)))
@@ -140,3 +140,21 @@ def test_a_clock_step_back_does_not_move_samples_into_earlier_windows():
         frame[name] = 0
     out, _ = step(("gw1", "upstream", 5), None, frame)
     assert dict(zip(out["window_start_ms"], out["sent"], strict=True)) == {at(20): 40, at(25): 40}
+
+
+def test_a_document_redelivered_into_a_later_step_adds_nothing():
+    step = delivery.counter_step(WINDOW)
+
+    def docs(*seqs):
+        frame = pd.DataFrame([("A", s, at(20 + s), at(20 + s) + 300, 10 * s) for s in seqs],
+                             columns=["boot", "seq", "sample_ms", "received_ms", "sent"])
+        for name in ("expired", "dropped", "retries", "dead_lettered", "depth", "oldest_age_s"):
+            frame[name] = 0
+        return frame
+
+    first, last = step(("gw1", "upstream", 5), None, docs(1, 2, 3))
+    copy = docs(3).assign(received_ms=at(30))  # the same document, received again in a later window
+    later, last = step(("gw1", "upstream", 5), last, pd.concat([copy, docs(6)], ignore_index=True))
+    assert first["sent"].sum() + later["sent"].sum() == 60
+    again, _ = step(("gw1", "upstream", 5), last, copy)  # once more, after seq 6
+    assert again.empty  # before: 30 below 60 read as a restart, +30
