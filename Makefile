@@ -5,20 +5,30 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+GATEWAY_STAMP := $(VENV)/.gateway
 SYSTEM_PACKAGES := mosquitto mosquitto-clients systemd iproute2 nftables openjdk-17-jre-headless prometheus dosfstools mtools fdisk e2fsprogs
 PYTEST_ARGS ?=
 
 .PHONY: run test check test-slow venv system-deps bench clean image-tree test-image image-system-deps image
 
-$(STAMP): pyproject.toml
+# Everything the tests need: the gateway with its extras and the pipeline (its own distribution,
+# pipeline/pyproject.toml), both editable.
+$(STAMP): pyproject.toml pipeline/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,firmware,pipeline,bench]'
-	touch $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test,firmware,bench]' -e ./pipeline
+	touch $(STAMP) $(GATEWAY_STAMP)
+
+# `make run`: the gateway alone (no Spark, pyarrow, pandas or matplotlib), unless the full venv is there.
+$(GATEWAY_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $(GATEWAY_STAMP)
 
 venv: $(STAMP)
 
-run: $(STAMP)
+run: $(GATEWAY_STAMP)
 	$(BIN)/appliance run
 
 system-deps:

@@ -149,7 +149,8 @@ class Updater:
         self.resp = "clients/%s/services/firmware/_any_/command/chunk/response" % self.name
         # A reply must fit the receive buffer whole: topic, packet id, correlation data, RESP3 framing.
         self.chunk = min(_MAX_CHUNK, (_RECEIVE_BUFFER - len(self.resp) - 48) & ~63)
-        self.data_topic = "devices/%s/messages/events/data" % self.name
+        # Its status has an output of its own: it is no reading (no ts_ms; the cloud keeps it apart).
+        self.data_topic = "devices/%s/messages/events/update" % self.name
         self.connected = False
         self.backoff_ms = self.timing["backoff_min_ms"]
         self.retry_at = time.ticks_ms()  # next connection attempt, or next request after a refusal

@@ -44,18 +44,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace):
+    """The job's settings, checked (``JobSettings.check``: ValueError) before anything starts Spark."""
     from pipeline.jobs.settings import JobSettings
 
-    received_from = getattr(args, "received_from", None)
-    received_to = getattr(args, "received_to", None)
-    if received_to is not None and received_from is None:
-        raise SystemExit("--to needs --from")
-    return JobSettings(
+    settings = JobSettings(
         landing=args.landing, out=args.out, window=args.window, lateness=args.lateness,
         upstream_endpoint=args.upstream_endpoint, hil=getattr(args, "hil", None),
-        received_from=received_from, received_to=received_to, late_days=args.late_days, bronze=args.bronze,
-        compact=not getattr(args, "no_compact", False),
+        received_from=getattr(args, "received_from", None), received_to=getattr(args, "received_to", None),
+        late_days=args.late_days, bronze=args.bronze, compact=not getattr(args, "no_compact", False),
+        idle_timeout=None if args.idle_timeout == "never" else args.idle_timeout,
     )
+    settings.check()
+    return settings
 
 
 def _spark(args: argparse.Namespace, app_name: str):
@@ -69,7 +69,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
     spark = _spark(args, "pipeline-batch")
     try:
-        run_batch(spark, _settings(args))
+        run_batch(spark, args.settings)
     finally:
         spark.stop()
     return 0
@@ -94,13 +94,30 @@ def cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rebuild_bronze(args: argparse.Namespace) -> int:
+    from pipeline.jobs.bronze import RebuildRefused, rebuild
+    from pipeline.jobs.settings import default_bronze
+
+    spark = _spark(args, "pipeline-rebuild-bronze")
+    try:
+        bronze = args.bronze or default_bronze(args.landing)
+        aside, done = rebuild(spark, args.landing, bronze, args.kind, force=args.force)
+        print(f"bronze {args.kind}: rebuilt from {done.input_rows} landing lines; the old table is at {aside}")
+    except RebuildRefused as error:
+        print(f"rebuild-bronze: {error}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    return 0
+
+
 def cmd_stream(args: argparse.Namespace) -> int:
     from pipeline.jobs.source import StreamOptions
     from pipeline.jobs.stream import run_stream
 
     spark = _spark(args, "pipeline-stream")
     try:
-        run_stream(spark, _settings(args), args.checkpoint, StreamOptions(args.max_files_per_trigger),
+        run_stream(spark, args.settings, args.checkpoint, StreamOptions(args.max_files_per_trigger),
                    once=args.once, trigger_seconds=args.trigger_seconds)
     except KeyboardInterrupt:
         pass
@@ -142,6 +159,9 @@ def _job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="days after its event a message may still arrive (batch --from: rewrites that many "
                              "days before --from too; stream: how long counted ids are remembered)")
     parser.add_argument("--upstream-endpoint", default="upstream", help="metrics endpoint that feeds the cloud")
+    parser.add_argument("--idle-timeout", default="30 minutes",
+                        help="streaming: write a key's last windows once the fleet's receive time is this far past "
+                             "the key's last message ('never': wait for the key's own later data)")
 
 
 def _date(text: str) -> str:
@@ -185,6 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("--max-files-per-trigger", type=int, help="landing files per micro-batch at most")
     compact.set_defaults(func=cmd_compact)
 
+    rebuild = sub.add_parser("rebuild-bronze",
+                             help="rebuild one kind of the bronze table from its landing files (a corrupt Parquet file)")
+    _spark_arguments(rebuild)
+    rebuild.add_argument("--kind", required=True, choices=("events", "metrics", "quarantine"))
+    rebuild.add_argument("--force", action="store_true", help="even if landing files it was made of are gone")
+    rebuild.set_defaults(func=cmd_rebuild_bronze)
+
     batch = sub.add_parser("batch", help="compact, then recompute the outputs from the bronze table (all, or some days)")
     _job_arguments(batch)
     batch.add_argument("--hil", help="folder of HIL timelines (*.jsonl) to analyse")
@@ -216,7 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in ("batch", "stream"):  # usage errors before Spark starts: milliseconds, no work done
+        try:
+            args.settings = _settings(args)
+        except ValueError as error:
+            parser.error(f"{args.command}: {error}")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pipeline").setLevel(args.log_level.upper())  # not py4j's chatter

@@ -28,6 +28,8 @@ from pipeline.records import (
     DEFAULT_BATCH_FILTER,
     DEFAULT_METRICS_FILTER,
     EVENTS,
+    FIRMWARE,
+    FIRMWARE_OUTPUT,
     LANDING_FIELDS,
     METRICS,
     QUARANTINE,
@@ -89,9 +91,26 @@ def land(message: Incoming, metrics_filter: str = DEFAULT_METRICS_FILTER) -> Lan
 
 def _land_event(message: Incoming) -> Landed:
     try:
-        return Landed(EVENTS, _event_record(message))
+        record = _event_record(message)
     except Rejected as rejected:
         return Landed(QUARANTINE, quarantine_record(message, str(rejected)))
+    return Landed(FIRMWARE if is_update_status(record) else EVENTS, record)
+
+
+def is_update_status(record: dict) -> bool:
+    """A thermostat's update status: its own output (``update``), or, from firmware that sent it on
+    ``data``, a JSON object with an ``update`` and no ``ts_ms`` (it is no reading: the updater runs
+    instead of the thermostat). Such messages are the ``firmware`` kind, not bad readings."""
+    if record["output"] == FIRMWARE_OUTPUT:
+        return True
+    payload = record["payload"]
+    if record["output"] != "data" or payload is None or '"update"' not in payload:
+        return False
+    try:
+        document = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(document, dict) and isinstance(document.get("update"), dict) and "ts_ms" not in document
 
 
 def land_all(message: Incoming, metrics_filter: str = DEFAULT_METRICS_FILTER,

@@ -42,6 +42,16 @@ def safe_writer_id(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text) or "writer"
 
 
+_OPENED_MS = re.compile(r"-(\d+)-\d+(?:\.jsonl|\.jsonl\.inprogress)$")
+
+
+def opened_ms_of(name: str) -> int | None:
+    """The opening time in a landing file's name (``part-<writer>-<opened ms>-<seq>.jsonl``, or its
+    in-progress name); None for a name of another form."""
+    found = _OPENED_MS.search(name)
+    return int(found.group(1)) if found else None
+
+
 def sealed_files(root: Path | str, kind: str) -> list[Path]:
     return sorted(Path(root, kind).glob(SEALED_GLOB))
 

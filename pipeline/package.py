@@ -3,9 +3,9 @@ script ``spark-submit`` starts.
 
 The jobs import nothing of ``appliance`` and nothing MQTT (``pipeline/records.py`` holds what they share
 with the ingest; ``tests/pipeline/test_imports.py`` keeps it so), so the zip holds ``pipeline`` alone; the
-executors' Python needs only the ``[pipeline]`` extra's packages (pyspark, pyarrow, pandas). The ingest
-modules travel in the zip too but are never imported on the cluster: the ingest runs where the project is
-installed.
+executors' Python needs only the Spark-side packages of ``appliance-pipeline`` (pyspark, pyarrow, pandas).
+The ingest modules travel in the zip too but are never imported on the cluster: the ingest runs where the
+project is installed.
 
 The launcher is a file of its own rather than ``pipeline/__main__.py`` so that the hosts need nothing of
 the repository, and because Python puts a script's folder first on ``sys.path``: with
@@ -35,8 +35,13 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold
 
 
 def package_files(root: Path = PACKAGE_ROOT) -> list[Path]:
-    """The package's modules, relative to its parent folder (``pipeline/...``)."""
-    return sorted(path.relative_to(root.parent) for path in root.rglob("*.py") if "__pycache__" not in path.parts)
+    """The package's modules, relative to its parent folder (``pipeline/...``): the ``.py`` files of the
+    folders that are packages (an ``__init__.py``), so not a ``build/`` that building the distribution
+    (``pipeline/pyproject.toml``) leaves in this folder."""
+    def in_package(path: Path) -> bool:
+        return all((folder / "__init__.py").is_file() for folder in path.parents if folder.is_relative_to(root))
+
+    return sorted(path.relative_to(root.parent) for path in root.rglob("*.py") if in_package(path))
 
 
 def build_package(out_dir: Path | str) -> tuple[Path, Path]:

@@ -9,7 +9,9 @@ neither: ``tests/pipeline/test_imports.py`` imports every job with paho blocked.
 EVENTS = "events"
 METRICS = "metrics"
 QUARANTINE = "quarantine"
-KINDS = (EVENTS, METRICS, QUARANTINE)
+FIRMWARE = "firmware"  # the thermostats' update status messages (output "update"), apart from their readings
+KINDS = (EVENTS, METRICS, QUARANTINE, FIRMWARE)
+FIRMWARE_OUTPUT = "update"
 
 # Every landing record has exactly these keys, in this order (None where a kind has no value). The Spark
 # schema ``pipeline.jobs.schemas.LANDING`` mirrors it (a test keeps them equal).

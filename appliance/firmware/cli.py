@@ -55,6 +55,7 @@ from appliance.statestore.client import (
 from appliance.tool_connection import Connection, add_connection_arguments, connection_from_args
 
 TELEMETRY_TOPIC = "devices/+/messages/events/data"
+UPDATE_TOPIC = "devices/+/messages/events/update"  # the updater's status (its own output)
 
 
 def register(subparsers: Any) -> None:
@@ -321,7 +322,7 @@ def collect_telemetry(connection: Connection, wait: float) -> dict[str, dict[str
     if connection.tls is not None:
         client.tls_set_context(connection.tls)
     client.on_message = on_message
-    client.on_connect = lambda c, *rest: c.subscribe(TELEMETRY_TOPIC, 0)
+    client.on_connect = lambda c, *rest: c.subscribe([(TELEMETRY_TOPIC, 0), (UPDATE_TOPIC, 0)])
     client.connect(connection.host, connection.port)
     client.loop_start()
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,10 @@ class ForwardingMetrics:
     pumps: dict[str, PumpState] = field(default_factory=dict)
     refused: Counter[str] = field(default_factory=Counter)  # device messages refused at ingress, per reason
     unrouted: int = 0  # device messages no route took
+    # The order of the documents whatever the gateway's clock does (a step back made every counter drop
+    # read as a restart): one boot id per process, a sequence number per document within it.
+    boot_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    seq: int = 0
 
     def add(self, name: str, counts: Counter[QueueKey] | dict[QueueKey, int]) -> None:
         self.counters[name].update(counts)
@@ -103,7 +108,9 @@ class ForwardingMetrics:
         }
         pumps = {name: {"running": p.running, "restarts": p.restarts, "head_moved_ms": p.head_moved_ms}
                  for name, p in sorted(self.pumps.items())}
-        document: dict[str, object] = {"gateway_id": gateway_id, "ts_ms": now_ms, "started_ms": self.started_ms,
+        self.seq += 1
+        document: dict[str, object] = {"gateway_id": gateway_id, "ts_ms": now_ms, "boot_id": self.boot_id,
+                                       "seq": self.seq, "started_ms": self.started_ms,
                                        "endpoints": self.snapshot(depths, now_ms), "links": links, "pump": pumps,
                                        "refused": dict(sorted(self.refused.items())), "unrouted": self.unrouted}
         if store is not None:

@@ -18,12 +18,12 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.jobs import bronze, delivery, hil, rollups, setpoints, telemetry
-from pipeline.jobs.dedup import COPY_ORDER, CandidateKey, first_rejects, hashed_key, mark_repeated_copies
-from pipeline.jobs.output import write_output
+from pipeline.jobs import bronze, delivery, firmware, hil, rollups, setpoints, telemetry
+from pipeline.jobs.dedup import COPY_ORDER, CandidateKey, first_copies, first_rejects, hashed_key, mark_repeated_copies
+from pipeline.jobs.output import PARTITIONS, WHOLE, commit_outputs, finish_commit, staging_folder, write_output
 from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import bad_lines, read_hil, records, with_times
-from pipeline.records import EVENTS, METRICS, QUARANTINE
+from pipeline.records import EVENTS, FIRMWARE, METRICS, QUARANTINE
 
 
 def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], None] = lambda _: None
@@ -40,8 +40,12 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
         compacted = bronze.compact(spark, settings.landing, settings.bronze_path)
         progress(f"[bronze] {compacted.input_rows} new landing lines -> {settings.bronze_path} "
                  f"in {time.monotonic() - started:.1f}s")
+    progress(f"[range] {settings.covered()}")
     dates = settings.read_dates() if settings.ranged else None
-    lines = {kind: bronze.read(spark, settings.bronze_path, kind, dates=dates) for kind in (EVENTS, METRICS, QUARANTINE)}
+    if settings.ranged:
+        progress(f"[range] {describe_unseen(unseen_late(spark, settings), settings)}")
+    lines = {kind: bronze.read(spark, settings.bronze_path, kind, dates=dates)
+             for kind in (EVENTS, METRICS, QUARANTINE, FIRMWARE)}
     events = first_events(lines[EVENTS])
     readings = telemetry.readings(events.where(F.col(READING)), copy_order=False)
     ingest_rejects = first_rejects(records(lines[QUARANTINE]))
@@ -51,13 +55,17 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
         delivery.queue_samples(records(lines[METRICS])), settings.window
     ).persist(StorageLevel.MEMORY_AND_DISK)
     unreadable = [telemetry.as_quarantine(bad_lines(frame), "landing")
-                  for frame in (events, lines[METRICS], lines[QUARANTINE])]
+                  for frame in (events, lines[METRICS], lines[QUARANTINE], lines[FIRMWARE])]
+    statuses = firmware.statuses(first_copies(records(lines[FIRMWARE])),
+                                 events.where(F.col(READING))).persist(StorageLevel.MEMORY_AND_DISK)
     outputs = {
         "rollups": rollups.rollups(readings, settings.window),
         "setpoint_changes": setpoints.changes(readings),
         "delivery_latency": latency,
         "queue_counters": counters,
         "sla": delivery.sla(latency, counters, settings.upstream_endpoint),
+        "firmware": firmware.log(statuses),
+        "firmware_updates": firmware.updates(statuses),
         "quarantine": functools.reduce(
             DataFrame.unionByName,
             [telemetry.as_quarantine(events.where(F.col(REJECT)), "telemetry"),
@@ -74,11 +82,46 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
     return outputs
 
 
+def unseen_late(spark: SparkSession, settings: JobSettings) -> dict[str, int | str | None]:
+    """What a ranged run cannot count: readings and metrics samples received after its last read date
+    whose own time falls in the output dates it rewrites. A full run (or one whose range covers their
+    receive dates with a ``--late-days`` that reaches back to them) counts them; this one rewrites those
+    partitions without them. Reads only the receive dates after the range: the days since, not history."""
+    first, last = settings.output_dates()
+    after = settings.read_dates()[-1]
+    event_date = F.date_format(F.timestamp_millis("_event_ms"), "yyyy-MM-dd")
+    readings = records(bronze.read(spark, settings.bronze_path, EVENTS)).where(
+        (F.col("date") > after) & F.col("t_ts_ms").isNotNull() & F.col("reason").isNull()
+    ).select(F.lit("readings").alias("_what"), F.col("t_ts_ms").alias("_event_ms"), "date")
+    samples = records(bronze.read(spark, settings.bronze_path, METRICS)).where(F.col("date") > after).select(
+        F.lit("metrics").alias("_what"), F.col(f"{bronze.METRICS_DOC}.ts_ms").alias("_event_ms"), "date")
+    late = readings.unionByName(samples).where(event_date.between(first, last))
+    found = late.agg(
+        F.count(F.when(F.col("_what") == "readings", 1)).alias("readings"),
+        F.count(F.when(F.col("_what") == "metrics", 1)).alias("metrics"),
+        F.max("date").alias("latest_receive_date"),
+        F.max(F.datediff(F.to_date("date"), F.to_date(event_date))).alias("days_late"),
+    ).first()
+    assert found is not None
+    return found.asDict()
+
+
+def describe_unseen(unseen: dict, settings: JobSettings) -> str:
+    after = settings.read_dates()[-1]
+    if not unseen["readings"] and not unseen["metrics"]:
+        return f"late data not seen: none (nothing received after {after} is about the rewritten dates)"
+    return (f"late data not seen: {unseen['readings']} readings and {unseen['metrics']} metrics samples received "
+            f"{after}..{unseen['latest_receive_date']} (after the dates read) are about the rewritten dates; this run "
+            f"rewrites them without those rows. A full run counts them, and so does this range with "
+            f"--late-days {unseen['days_late']}.")
+
+
 # Which deduplicated copy an event row is (``first_events``).
 EVENT, READING, REJECT = "_first_event", "_first_reading", "_first_reject"
 _REJECT_COLUMNS = ("topic", "payload", "payload_base64")
-_READING_COLUMNS = ("t_temperature", "t_set_point", "t_heater", "t_ts_ms")
-COPY_ORDER_ONLY = tuple(name for name in COPY_ORDER if name != "received_ms")  # read by no output
+_READING_COLUMNS = ("t_temperature", "t_set_point", "t_heater", "t_ts_ms", "t_fw", "t_update")
+COPY_ORDER_ONLY = tuple(name for name in COPY_ORDER if name != "received_ms")
+_DROPPED_AFTER_DEDUP = tuple(name for name in COPY_ORDER_ONLY if name != "sent_ms")  # latency's clock offset reads sent_ms
 
 
 def first_events(lines: DataFrame, candidate_key: CandidateKey = hashed_key) -> DataFrame:
@@ -95,7 +138,8 @@ def first_events(lines: DataFrame, candidate_key: CandidateKey = hashed_key) -> 
     What crosses the shuffle and what the cache keeps are the columns some output reads, no more (the
     shuffle, the sort and building the cache cost per byte): the raw ``topic`` / ``payload`` only on the
     rows the quarantine takes (a reading's is never read again), the copy order's ``landing_file`` and
-    ``sent_ms`` only up to the window that uses them, no ``received_at`` (a function of ``received_ms``).
+    ``sent_ms`` (the copy order; ``sent_ms`` also the latency's clock offset) only as far as they are read, no
+    ``received_at`` (a function of ``received_ms``).
     """
     record = F.col("landing_error").isNull()
     telemetry_row = record & (F.col("output") == telemetry.TELEMETRY_OUTPUT)
@@ -109,18 +153,32 @@ def first_events(lines: DataFrame, candidate_key: CandidateKey = hashed_key) -> 
     )
     marked = mark_repeated_copies(slim, {EVENT: record, READING: F.col(READING), REJECT: F.col(REJECT)}, record,
                                   candidate_key=candidate_key)
-    kept = marked.where(F.col(EVENT) | F.col(READING) | F.col(REJECT) | ~record).drop(*COPY_ORDER_ONLY)
+    kept = marked.where(F.col(EVENT) | F.col(READING) | F.col(REJECT) | ~record).drop(*_DROPPED_AFTER_DEDUP)
     return kept.persist(StorageLevel.MEMORY_AND_DISK)
 
 
 def run_batch(spark: SparkSession, settings: JobSettings, progress: Callable[[str], None] = print) -> dict[str, int]:
-    """Write every output (compaction first, see ``build``); returns the row count of each."""
+    """Write every output (compaction first, see ``build``); returns the row count of each. The outputs
+    are staged, then moved into place together (``output.commit_outputs``): a run that fails changes
+    none of them."""
+    if finish_commit(spark, settings.out):
+        progress(f"[commit] completed the interrupted commit of an earlier run in {settings.out}")
     outputs = build(spark, settings, progress)
+    staging = staging_folder(settings.out)
     counts = {}
-    for number, (name, frame) in enumerate(outputs.items(), start=1):
-        started = time.monotonic()
-        progress(f"[{number}/{len(outputs)}] {name} -> {settings.output(name)}")
-        counts[name] = write_output(spark, frame, settings.output(name), dynamic=settings.ranged)
-        progress(f"[{number}/{len(outputs)}] {name}: {counts[name]} rows in {time.monotonic() - started:.1f}s")
-    spark.catalog.clearCache()
+    try:
+        for number, (name, frame) in enumerate(outputs.items(), start=1):
+            started = time.monotonic()
+            progress(f"[{number}/{len(outputs)}] {name} -> {settings.output(name)} (staged)")
+            counts[name] = write_output(spark, frame, f"{staging}/{name}")
+            progress(f"[{number}/{len(outputs)}] {name}: {counts[name]} rows in {time.monotonic() - started:.1f}s")
+    except Exception:
+        finish_commit(spark, settings.out)  # no journal: removes the staged outputs, the old ones stay
+        raise
+    finally:
+        spark.catalog.clearCache()
+    modes = {name: PARTITIONS if settings.ranged and "date" in frame.columns else WHOLE
+             for name, frame in outputs.items()}
+    commit_outputs(spark, settings.out, staging, modes)
+    progress(f"[commit] {len(outputs)} outputs in place")
     return counts

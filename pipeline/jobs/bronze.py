@@ -36,6 +36,9 @@ so the next compaction reads the landing zone again from the start instead of sk
 
 from __future__ import annotations
 
+import functools
+import json
+import time
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
@@ -142,12 +145,13 @@ def table(bronze: str, kind: str) -> str:
 
 
 def start_compaction(spark: SparkSession, landing: str, bronze: str, options: StreamOptions | None = None,
-                     once: bool = True, trigger_seconds: float = 60.0) -> list[StreamingQuery]:
+                     once: bool = True, trigger_seconds: float = 60.0,
+                     kinds: tuple[str, ...] = KINDS) -> list[StreamingQuery]:
     """The compaction queries, one per kind, started: ``once`` takes what has landed and stops, else each
     runs every ``trigger_seconds``."""
     options = options or StreamOptions()
     queries = []
-    for kind in KINDS:
+    for kind in kinds:
         _make_dir(spark, f"{str(landing).rstrip('/')}/{kind}")
         lines = parse_payloads(_landing_lines(spark, landing, kind, options)).select(*SCHEMA.fieldNames())
         if options.max_files_per_trigger:  # a streaming job's paced input: one ordered file per date (``read``)
@@ -162,9 +166,10 @@ def start_compaction(spark: SparkSession, landing: str, bronze: str, options: St
     return queries
 
 
-def compact(spark: SparkSession, landing: str, bronze: str, options: StreamOptions | None = None) -> Compacted:
+def compact(spark: SparkSession, landing: str, bronze: str, options: StreamOptions | None = None,
+            kinds: tuple[str, ...] = KINDS) -> Compacted:
     """Move every sealed landing file not compacted yet into the tables, then return (``availableNow``)."""
-    queries = start_compaction(spark, landing, bronze, options, once=True)
+    queries = start_compaction(spark, landing, bronze, options, once=True, kinds=kinds)
     for query in queries:
         query.awaitTermination()
     done = [progress for query in queries for progress in query.recentProgress]
@@ -185,7 +190,7 @@ def read(spark: SparkSession, bronze: str, kind: str | None = None, dates: list[
     order, and a micro-batch here takes one file: the same landing files, as far as they are of one date."""
     if kind is None:
         kinds = [read(spark, bronze, each, dates, stream) for each in KINDS]
-        return kinds[0].unionByName(kinds[1]).unionByName(kinds[2])
+        return functools.reduce(DataFrame.unionByName, kinds)
     path = table(bronze, kind)
     _make_dir(spark, path)
     if stream is None:
@@ -198,6 +203,52 @@ def read(spark: SparkSession, bronze: str, kind: str | None = None, dates: list[
     if dates is not None:
         frame = frame.where(F.col(PARTITION).isin(dates))
     return with_times(frame)
+
+
+class RebuildRefused(Exception):
+    """A kind's table cannot be rebuilt whole: landing files it was made of are gone."""
+
+
+def landing_files_read(spark: SparkSession, bronze: str, kind: str) -> list[str]:
+    """The landing files a kind's compaction has read, from its checkpoint's source log (JSON lines with a
+    ``path``, the compacted ``N.compact`` files included): what the table was made of."""
+    jvm = spark.sparkContext._jvm
+    folder = jvm.org.apache.hadoop.fs.Path(f"{table(bronze, kind)}/{CHECKPOINT}/sources/0")
+    fs = folder.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(folder):
+        return []
+    paths = set()
+    for status in fs.listStatus(folder):
+        stream = fs.open(status.getPath())
+        try:
+            text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+        for line in text.splitlines():
+            if line.startswith("{"):
+                paths.add(json.loads(line)["path"])
+    return sorted(paths)
+
+
+def rebuild(spark: SparkSession, landing: str, bronze: str, kind: str, force: bool = False) -> tuple[str, Compacted]:
+    """Rebuild one kind's table from the landing files (a corrupt or lost Parquet file): the table and its
+    checkpoint are moved aside (``<kind>.replaced-<ms>``, kept for inspection), and the kind is compacted
+    again from every landing file there is. Refused (``RebuildRefused``) when landing files the table was
+    made of are gone (archived after compaction): the rebuilt table would lack their rows; ``force``
+    rebuilds anyway. Returns where the old table went, and what the compaction read."""
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path
+    old = hadoop_path(table(bronze, kind))
+    fs = old.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    read = landing_files_read(spark, bronze, kind)
+    missing = [path for path in read if not fs.exists(hadoop_path(path))]
+    if missing and not force:
+        raise RebuildRefused(f"{len(missing)} of the {len(read)} landing files the {kind} table was made of are gone "
+                             f"(first: {missing[0]}); restore them first, or --force to rebuild without their rows")
+    aside = f"{table(bronze, kind)}.replaced-{int(time.time() * 1000)}"
+    if fs.exists(old):
+        fs.rename(old, hadoop_path(aside))
+    return aside, compact(spark, landing, bronze, kinds=(kind,))
 
 
 def _make_dir(spark: SparkSession, path: str) -> None:

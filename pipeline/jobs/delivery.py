@@ -3,11 +3,24 @@ gateway's metrics messages, over tumbling windows aligned to the Unix epoch.
 
 * ``latency``: latency = cloud receive time - ``gw-enqueued-ms`` (first copy of each message), bucketed by
   receive time, so a backlog flushed after an outage shows up when it arrives rather than being dropped
-  as late. p50/p95/p99 are exact: the latency at rank ceil(q * n) of the window's n.
+  as late. p50/p95/p99 are exact: the latency at rank ceil(q * n) of the window's n. The two times are
+  on two clocks (the ingest's, the gateway's), so each window also gets the gateway's **clock offset**
+  as seen from the cloud: ``clock_offset_ms``, the lower envelope (minimum) of receive time - ``gw-sent-ms``
+  over its messages, which is the cloud clock minus the gateway's plus the fastest transit. A negative
+  one is impossible on agreeing clocks (the gateway's is ahead: a gateway 10 minutes ahead reported a p50
+  of -600 s), one above ``CLOCK_TOLERANCE_MS`` is no transit time of a live link; such a window has
+  ``clock_suspect`` true, and ``corrected`` (the report) subtracts the offset from its latencies.
 * ``queue_counters``: the metrics' ``sent``/``expired``/``dropped``/``retries``/``dead_lettered`` are read as counters that
   only grow while the gateway runs (its restart resets them to zero), so a window gets the increase over
   the samples in it: a counter below the previous sample is a reset and counts from zero, the first sample
-  seen counts from zero, and a repeated sample adds nothing. ``depth`` and ``oldest_age_s`` are gauges:
+  seen counts from zero, and a repeated sample adds nothing. "Previous" is in the gateway's own order, not
+  its clock: a document's ``boot_id`` and ``seq`` (boots in the order the cloud first received them, then
+  the sequence); a new boot counts from zero. A clock that stepped back ten minutes interleaved old and new
+  samples in ``ts_ms`` order and every drop read as a restart (sent 30,023 against 6,060). Documents of
+  older gateways (no boot id) keep the ``ts_ms`` order, as one boot. The window is the one of the cloud's
+  receive time, as latency's: the gateway publishes its metrics directly (never queued), so they arrive
+  as they are sent, and its clock, stepped or skewed, places nothing (in ``ts_ms`` windows a step back
+  put samples in windows streaming had closed). ``depth`` and ``oldest_age_s`` are gauges:
   the window keeps their maximum. An ``OrderedFold`` over (gateway, endpoint, priority), window by window.
 * ``sla``: the two joined on (gateway, priority, window) for the upstream endpoint.
 """
@@ -21,14 +34,26 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipeline.jobs.bronze import METRICS_DOC
-from pipeline.jobs.ordered import OrderedFold
+from pipeline.jobs.ordered import OrderedFold, StreamTiming
 from pipeline.jobs.windows import parse_duration_ms, window_columns, window_start_ms
 
 COUNTERS = ("sent", "expired", "dropped", "retries", "dead_lettered")
+# The gateway's own order of its metrics documents: boot ("" for gateways that send none) and sequence
+# (ts_ms for those), boots ordered by their first receipt (the cloud's clock).
+BOOT, SEQ = "boot", "seq"
+_KEPT_BOOTS = 16  # a queue's state remembers the first receipt of its latest boots
 GAUGES = ("depth", "oldest_age_s")
 
 
 QUANTILES = (0.5, 0.95, 0.99)
+# The fastest transit from a gateway's send to the cloud's receipt in a window stays under this on agreeing
+# clocks (a PUBLISH over a slow uplink takes seconds, not a minute); beyond it, or below zero, the offset is
+# the gateway's clock, not the network.
+CLOCK_TOLERANCE_MS = 60_000
+
+
+def clock_suspect(offset: str = "clock_offset_ms"):
+    return ((F.col(offset) < 0) | (F.col(offset) > CLOCK_TOLERANCE_MS)).alias("clock_suspect")
 
 
 def latency(events: DataFrame, window: str) -> DataFrame:
@@ -42,25 +67,26 @@ def latency(events: DataFrame, window: str) -> DataFrame:
     measured = events.select(
         window_start_ms("received_ms", window_ms).alias("window_start_ms"), "gateway_id", "priority",
         (F.col("received_ms") - F.col("enqueued_ms")).alias("latency_ms"),
+        (F.col("received_ms") - F.col("sent_ms")).alias("_transit_ms"),
     )
     ordered = F.col("_latencies")
     start, end, date = window_columns("window_start_ms", window_ms)
     return (
         measured.groupBy("window_start_ms", "gateway_id", "priority")
         .agg(F.count(F.lit(1)).alias("delivered"), F.array_sort(F.collect_list("latency_ms")).alias("_latencies"),
-             F.max("latency_ms").alias("latency_max_ms"))
+             F.max("latency_ms").alias("latency_max_ms"), F.min("_transit_ms").alias("clock_offset_ms"))
         .select(
             "gateway_id", "priority", start, end, "delivered",
             *[F.try_element_at(ordered, F.greatest(F.ceil(F.lit(q) * F.size(ordered)), F.lit(1)).cast("int")).alias(name)
               for q, name in zip(QUANTILES, ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms"), strict=True)],
-            "latency_max_ms", date,
+            "latency_max_ms", "clock_offset_ms", clock_suspect(), date,
         )
     )
 
 
 LATENCY_OUTPUT = (
     "gateway_id string, priority int, window_start_ms long, delivered long, latency_p50_ms long, "
-    "latency_p95_ms long, latency_p99_ms long, latency_max_ms long"
+    "latency_p95_ms long, latency_p99_ms long, latency_max_ms long, clock_offset_ms long"
 )
 
 
@@ -73,46 +99,51 @@ def latency_step(window_ms: int):
             "priority": rows["priority"],
             "window_start_ms": rows["received_ms"] - rows["received_ms"] % window_ms,
             "latency_ms": rows["received_ms"] - rows["enqueued_ms"],
+            "transit_ms": rows["received_ms"] - rows["sent_ms"],
         })
         out = []
         for (priority, start), group in measured.groupby(["priority", "window_start_ms"], sort=True):
             values = group["latency_ms"].sort_values().to_numpy()
             ranks = [max(math.ceil(q * len(values)), 1) - 1 for q in QUANTILES]
-            out.append((key[0], priority, start, len(values), *[int(values[r]) for r in ranks], int(values[-1])))
+            out.append((key[0], priority, start, len(values), *[int(values[r]) for r in ranks], int(values[-1]),
+                        int(group["transit_ms"].min())))
         columns = ["gateway_id", "priority", "window_start_ms", "delivered", "latency_p50_ms", "latency_p95_ms",
-                   "latency_p99_ms", "latency_max_ms"]
+                   "latency_p99_ms", "latency_max_ms", "clock_offset_ms"]
         return pd.DataFrame(out, columns=columns), None
 
     return step
 
 
-def latency_stream(events: DataFrame, window: str, lateness_ms: int, remember_ms: int) -> DataFrame:
+def latency_stream(events: DataFrame, window: str, timing: StreamTiming | int, remember_ms: int) -> DataFrame:
     """``latency`` in streaming: each gateway's messages closed by its own receive times, copies dropped
     (a redelivery up to ``remember_ms`` after the first copy too)."""
     window_ms = parse_duration_ms(window)
     fold = OrderedFold(
-        keys=("gateway_id",), time_ms="received_ms", columns=("received_ms", "priority", "enqueued_ms"),
+        keys=("gateway_id",), time_ms="received_ms", columns=("received_ms", "priority", "enqueued_ms", "sent_ms"),
         output=LATENCY_OUTPUT, step=latency_step(window_ms),
         ready_at=lambda times: times - times % window_ms + window_ms, dedup=True, remember_ms=remember_ms,
     )
-    folded = fold.stream(events.where(F.col("gateway_id").isNotNull()), lateness_ms)
+    folded = fold.stream(events.where(F.col("gateway_id").isNotNull()), timing)
     start, end, date = window_columns("window_start_ms", window_ms)
     return folded.select(
         "gateway_id", "priority", start, end, "delivered", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms",
-        "latency_max_ms", date,
+        "latency_max_ms", "clock_offset_ms", clock_suspect(), date,
     )
 
 
 def queue_samples(metrics: DataFrame) -> DataFrame:
     """One row per metrics message, endpoint and priority (bronze rows: the payload is parsed already)."""
-    doc = metrics.select(F.col(METRICS_DOC).alias("m")).where(F.col("m.ts_ms").isNotNull())
-    per_endpoint = doc.select("m.gateway_id", "m.ts_ms", F.explode("m.endpoints").alias("endpoint", "queues"))
+    doc = metrics.select(F.col(METRICS_DOC).alias("m"), "received_ms").where(F.col("m.ts_ms").isNotNull())
+    per_endpoint = doc.select("m.gateway_id", "m.ts_ms", "received_ms",
+                              F.coalesce("m.boot_id", F.lit("")).alias(BOOT),
+                              F.coalesce("m.seq", "m.ts_ms").alias(SEQ),
+                              F.explode("m.endpoints").alias("endpoint", "queues"))
     per_queue = per_endpoint.select(
-        "gateway_id", "ts_ms", "endpoint", F.explode("queues").alias("priority", "q")
+        "gateway_id", "ts_ms", "received_ms", BOOT, SEQ, "endpoint", F.explode("queues").alias("priority", "q")
     )
     return per_queue.select(
         "gateway_id", "endpoint", F.col("priority").cast("int").alias("priority"),
-        F.col("ts_ms").alias("sample_ms"), F.timestamp_millis("ts_ms").alias("sample_at"),
+        F.col("ts_ms").alias("sample_ms"), F.timestamp_millis("ts_ms").alias("sample_at"), "received_ms", BOOT, SEQ,
         *[F.col(f"q.{name}").alias(name) for name in COUNTERS + GAUGES],
     )
 
@@ -124,16 +155,34 @@ COUNTERS_OUTPUT = (
 )
 
 
+def in_gateway_order(rows: pd.DataFrame, boots: dict[str, int]) -> pd.DataFrame:
+    """``rows`` (one queue's samples) in the gateway's order - boot by first receipt (``boots`` holds the
+    earlier ones, and is updated), then sequence - with a repeated (boot, sequence) dropped; the same order
+    and tie-break (the values) as the batch SQL."""
+    for boot, first in rows.groupby(BOOT)["received_ms"].min().items():
+        boots[boot] = min(int(first), boots.get(boot, int(first)))
+    ranked = rows.assign(_rank=rows[BOOT].map(boots))
+    order = ["_rank", BOOT, SEQ, *COUNTERS, *GAUGES]
+    ranked = ranked.sort_values(order, kind="stable", na_position="last")
+    return ranked.drop_duplicates([BOOT, SEQ], keep="first").drop(columns="_rank").reset_index(drop=True)
+
+
 def counter_step(window_ms: int):
     def step(key: tuple, last: dict | None, rows: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
-        rows = rows.drop_duplicates("sample_ms", keep="first").reset_index(drop=True)
+        boots = dict((last or {}).get("_boots", {}))
+        rows = in_gateway_order(rows, boots)
+        if last and "_seq" in last:  # a copy of a document stepped before (a redelivery in a later window)
+            rows = rows[~((rows[BOOT] == last["_boot"]) & (rows[SEQ] <= last["_seq"]))].reset_index(drop=True)
+            if rows.empty:
+                return pd.DataFrame(columns=[name.split()[0] for name in COUNTERS_OUTPUT.split(", ")]), last
+        same_boot = rows[BOOT].eq(rows[BOOT].shift(1, fill_value=(last or {}).get("_boot")))
         increases = {}
         for name in COUNTERS:
             values = rows[name].fillna(0).astype("int64")
-            before = values.shift(1, fill_value=last[name] if last else 0)
+            before = values.shift(1, fill_value=last[name] if last else 0).where(same_boot, 0)  # a new boot: zero
             increases[name] = values.where(values < before, values - before)  # below before: a reset
         frame = pd.DataFrame(increases)
-        frame["window_start_ms"] = rows["sample_ms"] - rows["sample_ms"] % window_ms
+        frame["window_start_ms"] = rows["received_ms"] - rows["received_ms"] % window_ms
         frame["depth"], frame["oldest_age_s"] = rows["depth"], rows["oldest_age_s"]
         grouped = frame.groupby("window_start_ms", sort=True)
         out = grouped[list(COUNTERS)].sum()
@@ -145,7 +194,8 @@ def counter_step(window_ms: int):
         out["gateway_id"], out["endpoint"], out["priority"] = key
         tail = rows.iloc[-1]
         remembered = {name: int(0 if pd.isna(tail[name]) else tail[name]) for name in COUNTERS}
-        return out, remembered
+        latest = sorted(boots.items(), key=lambda item: item[1])[-_KEPT_BOOTS:]
+        return out, {**remembered, "_boot": str(tail[BOOT]), "_seq": int(tail[SEQ]), "_boots": dict(latest)}
 
     return step
 
@@ -153,19 +203,19 @@ def counter_step(window_ms: int):
 def counters_fold(window_ms: int) -> OrderedFold:
     return OrderedFold(
         keys=("gateway_id", "endpoint", "priority"),
-        time_ms="sample_ms",
-        columns=("sample_ms", *COUNTERS, *GAUGES),
+        time_ms="received_ms",  # the window's clock: the cloud's (see queue_samples)
+        columns=("received_ms", "sample_ms", *COUNTERS, *GAUGES, BOOT, SEQ),
         output=COUNTERS_OUTPUT,
         step=counter_step(window_ms),
         ready_at=lambda times: times - times % window_ms + window_ms,  # a window is stepped once it is closed
     )
 
 
-def queue_counters(samples: DataFrame, window: str, lateness_ms: int | None = None) -> DataFrame:
-    """``lateness_ms``: streaming (each queue closed by its own samples' progress); None: batch."""
+def queue_counters(samples: DataFrame, window: str, timing: StreamTiming | int | None = None) -> DataFrame:
+    """``timing``: streaming (each queue closed by its own samples' progress); None: batch."""
     window_ms = parse_duration_ms(window)
-    if lateness_ms is not None:
-        folded = counters_fold(window_ms).stream(samples, lateness_ms)
+    if timing is not None:
+        folded = counters_fold(window_ms).stream(samples, timing)
     else:
         folded = _queue_counters_batch(samples, window_ms)
     start, end, date = window_columns("window_start_ms", window_ms)
@@ -174,23 +224,24 @@ def queue_counters(samples: DataFrame, window: str, lateness_ms: int | None = No
 
 def _queue_counters_batch(samples: DataFrame, window_ms: int) -> DataFrame:
     """``counter_step`` in Spark SQL, in the JVM (no Python worker on the batch path): each queue's samples in
-    the order the step sorts them (time, then the values), a repeated ``sample_ms`` dropped, the increase of
-    each counter over the previous sample by ``lag``, summed per window. The two window functions share
-    one partitioning and order, so Spark shuffles and sorts the samples once."""
+    the order the step sorts them (``in_gateway_order``: boot by first receipt, sequence, then the values),
+    a repeated (boot, sequence) dropped, the increase of each counter over the previous sample of the same
+    boot by ``lag`` (a new boot counts from zero), summed per window."""
     queue = ("gateway_id", "endpoint", "priority")
+    ranked = samples.withColumn("_rank", F.min("received_ms").over(Window.partitionBy(*queue, BOOT)))
     order = Window.partitionBy(*queue).orderBy(
-        "sample_ms", *[F.col(name).asc_nulls_last() for name in (*COUNTERS, *GAUGES)]
+        "_rank", BOOT, SEQ, *[F.col(name).asc_nulls_last() for name in (*COUNTERS, *GAUGES)]
     )
-    first_of_time = samples.withColumn("_before_ms", F.lag("sample_ms").over(order)).where(
-        ~F.col("_before_ms").eqNullSafe(F.col("sample_ms"))
-    )
+    repeated = (F.lag(BOOT).over(order) == F.col(BOOT)) & (F.lag(SEQ).over(order) == F.col(SEQ))
+    first_of_time = ranked.withColumn("_repeat", F.coalesce(repeated, F.lit(False))).where(~F.col("_repeat"))
     increases = {}
     for name in COUNTERS:
         value = F.coalesce(F.col(name), F.lit(0))
-        before = F.coalesce(F.lag(value).over(order), F.lit(0))
+        before = F.when(F.lag(BOOT).over(order) == F.col(BOOT), F.coalesce(F.lag(value).over(order), F.lit(0))
+                        ).otherwise(F.lit(0))
         increases[f"_{name}"] = F.when(value < before, value).otherwise(value - before)  # below before: a reset
     stepped = first_of_time.withColumns(
-        {**increases, "_window_start_ms": window_start_ms("sample_ms", window_ms)}
+        {**increases, "_window_start_ms": window_start_ms("received_ms", window_ms)}
     )
     return stepped.groupBy(*queue, F.col("_window_start_ms").alias("window_start_ms")).agg(
         F.count(F.lit(1)).alias("samples"),

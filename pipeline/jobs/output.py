@@ -1,4 +1,15 @@
-"""Writing an output table so that it can always be read back, empty or not.
+"""Writing an output table so that it can always be read back, empty or not, and a run's outputs so that
+they change together or not at all.
+
+**One run, all outputs or none.** ``batch`` writes every output into a staging folder of its own
+(``OUT/_staging-<run>/<name>``) and only when all are written moves them into place (``commit_outputs``):
+a run that fails on its fourth output (a corrupt bronze file) used to leave three outputs of the new run
+beside the others of the old one. The move is a journal (``OUT/_commit.json``: what goes where) then
+renames, each of a whole output (a full run) or of its rewritten ``date=`` partitions (a ranged one);
+a run that dies among the renames leaves the journal, and the next run (``finish_commit``, also called by
+the report) completes them before anything reads the outputs, so a reader after the next start sees one
+run's outputs. Renames are cheap on a local or shared filesystem and HDFS; on object storage each is a
+copy (see docs/pipeline.md).
 
 Spark writes nothing but ``_SUCCESS`` for an empty DataFrame partitioned by ``date``, and a reader that
 infers the schema then fails (``UNABLE_TO_INFER_SCHEMA``) - a clean landing zone, with nothing in
@@ -10,10 +21,15 @@ output back: its row count is counted on the way to the files.
 
 from __future__ import annotations
 
+import json
+import time
+
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 PARTITION = "date"
+JOURNAL = "_commit.json"  # OUT/_commit.json: a run's outputs being moved into place (``commit_outputs``)
+STAGING_PREFIX = "_staging-"
 
 
 def write_output(spark: SparkSession, frame: DataFrame, path: str, dynamic: bool = False) -> int:
@@ -48,3 +64,80 @@ def _keep_schema_when_empty(spark: SparkSession, frame: DataFrame, path: str) ->
                 fs.delete(child, False)
         return
     frame.limit(0).coalesce(1).write.mode("overwrite").parquet(path)
+
+
+def _fs(spark: SparkSession, path: str):
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(path)
+    return jvm, root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+
+def staging_folder(out: str) -> str:
+    return f"{out.rstrip('/')}/{STAGING_PREFIX}{int(time.time() * 1000)}"
+
+
+WHOLE, PARTITIONS = "whole", "partitions"
+
+
+def commit_outputs(spark: SparkSession, out: str, staging: str, outputs: dict[str, str]) -> None:
+    """Move the staged outputs into ``out``, each by its mode: ``WHOLE`` replaces the old output,
+    ``PARTITIONS`` (a ranged run's partitioned outputs) replaces each staged ``date=`` partition's namesake
+    and keeps the others. The journal goes first."""
+    jvm, fs = _fs(spark, out)
+    journal = jvm.org.apache.hadoop.fs.Path(f"{out.rstrip('/')}/{JOURNAL}")
+    stream = fs.create(journal, True)
+    stream.write(bytearray(json.dumps({"staging": staging, "outputs": outputs}).encode()))
+    stream.close()
+    finish_commit(spark, out)
+
+
+def finish_commit(spark: SparkSession, out: str) -> bool:
+    """Complete the commit a journal in ``out`` describes (every step may already be done); True when
+    there was one. Leftover staging folders of runs that failed before their commit are removed."""
+    jvm, fs = _fs(spark, out)
+    Path = jvm.org.apache.hadoop.fs.Path
+    root = Path(out)
+    journal = Path(f"{out.rstrip('/')}/{JOURNAL}")
+    if not fs.exists(root):
+        return False
+    if not fs.exists(journal):
+        for status in fs.listStatus(root):
+            if status.getPath().getName().startswith(STAGING_PREFIX):
+                fs.delete(status.getPath(), True)
+        return False
+    stream = fs.open(journal)
+    try:
+        plan = json.loads(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+    staging = plan["staging"]
+    trash = Path(f"{staging}-replaced")
+    fs.mkdirs(trash)
+    for name, mode in plan["outputs"].items():
+        staged, target = Path(f"{staging}/{name}"), Path(f"{out.rstrip('/')}/{name}")
+        if not fs.exists(staged):
+            continue  # moved already
+        if mode == WHOLE:
+            if fs.exists(target):
+                fs.rename(target, Path(f"{trash}/{name}"))
+            fs.rename(staged, target)
+            continue
+        fs.mkdirs(target)
+        for status in fs.listStatus(staged):
+            child = status.getPath()
+            if not child.getName().startswith(f"{PARTITION}="):
+                continue
+            old = Path(f"{target}/{child.getName()}")
+            if fs.exists(old):
+                fs.mkdirs(Path(f"{trash}/{name}"))
+                fs.rename(old, Path(f"{trash}/{name}/{child.getName()}"))
+            fs.rename(child, old)
+        if any(s.getPath().getName().startswith(f"{PARTITION}=") for s in fs.listStatus(target)):
+            for status in fs.listStatus(target):
+                if status.getPath().getName().startswith("part-"):  # an empty output's schema file
+                    fs.delete(status.getPath(), False)
+        fs.delete(staged, True)
+    fs.delete(journal, False)
+    fs.delete(trash, True)
+    fs.delete(Path(staging), True)
+    return True

@@ -15,7 +15,7 @@ import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pipeline.jobs.ordered import OrderedFold
+from pipeline.jobs.ordered import OrderedFold, StreamTiming
 from pipeline.jobs.windows import parse_duration_ms, window_columns, window_start_ms
 
 
@@ -82,7 +82,7 @@ def rollup_step(window_ms: int):
     return step
 
 
-def rollups_stream(readings: DataFrame, window: str, lateness_ms: int) -> DataFrame:
+def rollups_stream(readings: DataFrame, window: str, timing: StreamTiming | int) -> DataFrame:
     """``rollups`` in streaming: each thermostat's windows closed by its own reading times."""
     window_ms = parse_duration_ms(window)
     fold = OrderedFold(
@@ -91,7 +91,7 @@ def rollups_stream(readings: DataFrame, window: str, lateness_ms: int) -> DataFr
         step=rollup_step(window_ms), ready_at=lambda times: times - times % window_ms + window_ms, dedup=True,
     )
     start, end, date = window_columns("window_start_ms", window_ms)
-    return fold.stream(readings, lateness_ms).select(
+    return fold.stream(readings, timing).select(
         "gateway_id", "device_id", start, end, "readings", "temperature_min", "temperature_avg", "temperature_max",
         "set_point_avg", "set_point_last", "heater_duty_cycle", date,
     )

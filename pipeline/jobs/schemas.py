@@ -29,6 +29,20 @@ LANDING = T.StructType(
     ]
 )
 
+# An over-the-air update's status (device_firmware/ota_updater.py ``status``), in the updater's messages and
+# in the thermostat's readings.
+UPDATE_RECORD = T.StructType([
+    T.StructField("state", T.StringType()),
+    T.StructField("version", T.StringType()),
+    T.StructField("reason", T.StringType()),
+])
+# The updater's status messages: output "update" (the ``firmware`` kind).
+FIRMWARE_STATUS = T.StructType([
+    T.StructField("device", T.StringType()),
+    T.StructField("fw", T.StringType()),
+    T.StructField("update", UPDATE_RECORD),
+])
+
 # Thermostat telemetry: output "data", content type application/json.
 TELEMETRY = T.StructType(
     [
@@ -37,6 +51,8 @@ TELEMETRY = T.StructType(
         T.StructField("heater", T.BooleanType()),  # relay on at the time of the reading
         T.StructField("device", T.StringType()),  # the thermostat's own id; must equal gw-device-id
         T.StructField("ts_ms", T.LongType()),  # reading time, Unix milliseconds (device clock)
+        T.StructField("fw", T.StringType()),  # the running firmware version (jobs/firmware.py)
+        T.StructField("update", UPDATE_RECORD),  # the last update's record while it stands, else null
     ]
 )
 CORRUPT = "_corrupt"
@@ -58,6 +74,8 @@ METRICS = T.StructType(
     [
         T.StructField("gateway_id", T.StringType()),
         T.StructField("ts_ms", T.LongType()),
+        T.StructField("boot_id", T.StringType()),  # one per gateway process; absent from older gateways
+        T.StructField("seq", T.LongType()),  # 1, 2, ... per document within a boot
         T.StructField(
             "endpoints", T.MapType(T.StringType(), T.MapType(T.StringType(), QUEUE_STATS))
         ),

@@ -16,7 +16,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from pipeline.jobs.ordered import OrderedFold
+from pipeline.jobs.ordered import OrderedFold, StreamTiming
 
 OUTPUT = (
     "gateway_id string, device_id string, changed_ms long, previous_set_point double, set_point double, "
@@ -51,9 +51,9 @@ FOLD = OrderedFold(
 )
 
 
-def changes(readings: DataFrame, lateness_ms: int | None = None) -> DataFrame:
-    """``lateness_ms``: streaming (each thermostat's readings closed by its own progress); None: batch."""
-    logged = FOLD.stream(readings, lateness_ms) if lateness_ms is not None else _changes_batch(readings)
+def changes(readings: DataFrame, timing: StreamTiming | int | None = None) -> DataFrame:
+    """``timing``: streaming (each thermostat's readings closed by its own progress); None: batch."""
+    logged = FOLD.stream(readings, timing) if timing is not None else _changes_batch(readings)
     return logged.withColumns(
         {
             "changed_at": F.timestamp_millis("changed_ms"),

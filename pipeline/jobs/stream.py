@@ -1,17 +1,26 @@
 """The incremental job: the same outputs as batch (HIL and the joined ``sla`` aside), with Structured
 Streaming over the landing zone.
 
-One streaming query per output, each with its own checkpoint (``CHECKPOINT/<output>``). There is no
-Spark watermark: every windowed or ordered output is an ``OrderedFold`` (``ordered.py``) whose key
-carries its own event-time progress - a thermostat for rollups and the set-point log (its reading time),
-a gateway for delivery latency (its messages' receive time), a gateway queue for queue counters (its
-metrics' time). A key's window is written once that key's own latest time is ``--lateness`` past the
-window's end; its rows that come later than that are dropped here and counted by the next batch run.
+One streaming query per output, each with its own checkpoint (``CHECKPOINT/<output>``). Every windowed
+or ordered output is an ``OrderedFold`` (``ordered.py``) whose key carries its own event-time progress -
+a thermostat for rollups and the set-point log (its reading time), a gateway for delivery latency (its
+messages' receive time), a gateway queue for queue counters (its metrics' receive time) - moved only by rows
+that are behind the receive horizon (the query's watermark on the cloud receive time, and the oldest
+landing file still being written: ``open_since``), so any number of ingest writers and files sealed late
+lose nothing. A key's window is written once that key's own admitted time is ``--lateness`` past the
+window's end, or once the key has been silent for ``--idle-timeout`` of receive time; its rows that come
+later than that are dropped here and counted by the next batch run.
+
+A run is ``--once`` (``availableNow``); without it, ``run_stream`` repeats such a run every
+``--trigger-seconds``: the open landing files are listed before each run, which a query started once and
+left running could not do.
 Copies of a message are reduced to the earliest received one before any window sees them. ``sla`` is a
 join of two outputs (``delivery.sla``): join them when reading.
 """
 
 from __future__ import annotations
+
+import time
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -19,10 +28,12 @@ from pyspark.sql.streaming import StreamingQuery
 
 from pipeline.jobs import bronze, delivery, rollups, setpoints, telemetry
 from pipeline.jobs.dedup import QUARANTINE_COLUMNS, REJECT_KEY, first_rejects_stream, reject_key
+from pipeline.jobs.ordered import StreamTiming
 from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import StreamOptions, bad_lines, records
 from pipeline.jobs.windows import parse_duration_ms
-from pipeline.records import EVENTS, METRICS, QUARANTINE
+from pipeline.landing import INPROGRESS_SUFFIX, opened_ms_of
+from pipeline.records import EVENTS, KINDS, METRICS, QUARANTINE
 
 #: The default stream options, one shared value (StreamOptions is frozen).
 DEFAULT_OPTIONS = StreamOptions()
@@ -30,8 +41,39 @@ DEFAULT_OPTIONS = StreamOptions()
 DAY_MS = 86_400_000
 
 
-def build(spark: SparkSession, settings: JobSettings, options: StreamOptions) -> dict[str, DataFrame]:
-    lateness_ms = parse_duration_ms(settings.lateness)
+# A message is written to its landing file within the ingest's --max-delay-ms (50) of its receipt, so
+# before the file's opening time by at most that; the margin also covers the ingest's clock against
+# itself across a file open (NTP slews).
+OPEN_FILE_MARGIN_MS = 10_000
+
+
+def open_since(spark: SparkSession, landing: str) -> int | None:
+    """The receive horizon the landing zone's open files allow: the opening time of the oldest file still
+    being written (``.part-*.jsonl.inprogress``, a live writer's or a crashed one's) less a margin; None when
+    every file is sealed. Listed through Hadoop's FileSystem, names only."""
+    jvm = spark.sparkContext._jvm
+    opened = []
+    for kind in KINDS:
+        pattern = jvm.org.apache.hadoop.fs.Path(f"{str(landing).rstrip('/')}/{kind}/date=*/hour=*/.part-*{INPROGRESS_SUFFIX}")
+        statuses = pattern.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).globStatus(pattern)
+        for status in statuses or []:
+            at = opened_ms_of(status.getPath().getName())
+            if at is not None:
+                opened.append(at)
+    return min(opened) - OPEN_FILE_MARGIN_MS if opened else None
+
+
+def timing_of(settings: JobSettings, open_since_ms: int | None) -> StreamTiming:
+    idle = None if settings.idle_timeout is None else parse_duration_ms(settings.idle_timeout)
+    return StreamTiming(parse_duration_ms(settings.lateness), idle, open_since_ms)
+
+
+def build(spark: SparkSession, settings: JobSettings, options: StreamOptions,
+          timing: StreamTiming | None = None) -> dict[str, DataFrame]:
+    """The output queries' frames; ``timing`` (default: from ``settings``, no open files) says what
+    closes a key's windows."""
+    timing = timing or timing_of(settings, None)
+    lateness_ms = timing.lateness_ms
     remember_ms = max(settings.late_days * DAY_MS, lateness_ms)
 
     def rows(kind: str) -> DataFrame:
@@ -51,49 +93,63 @@ def build(spark: SparkSession, settings: JobSettings, options: StreamOptions) ->
     rejects = rejected[0].select(*columns).unionByName(rejected[1].select(*columns))
     unreadable = telemetry.as_quarantine(bad_lines(every), "landing")
     return {
-        "rollups": rollups.rollups_stream(readings(), settings.window, lateness_ms),
-        "setpoint_changes": setpoints.changes(readings(), lateness_ms),
-        "delivery_latency": delivery.latency_stream(records(rows(EVENTS)), settings.window, lateness_ms, remember_ms),
+        "rollups": rollups.rollups_stream(readings(), settings.window, timing),
+        "setpoint_changes": setpoints.changes(readings(), timing),
+        "delivery_latency": delivery.latency_stream(records(rows(EVENTS)), settings.window, timing, remember_ms),
         "queue_counters": delivery.queue_counters(
-            delivery.queue_samples(records(rows(METRICS))), settings.window, lateness_ms
+            delivery.queue_samples(records(rows(METRICS))), settings.window, timing
         ),
         "quarantine": first_rejects_stream(rejects, remember_ms).unionByName(unreadable),
     }
 
 
 def start(spark: SparkSession, settings: JobSettings, checkpoint: str, options: StreamOptions = DEFAULT_OPTIONS,
-          once: bool = False, trigger_seconds: float = 60.0) -> list[StreamingQuery]:
-    """The output queries over the bronze table; unless ``once``, the compaction that feeds it runs beside
-    them (``once``: ``run_stream`` compacts first)."""
-    queries = [] if once else bronze.start_compaction(spark, settings.landing, settings.bronze_path, options,
-                                                      once=False, trigger_seconds=trigger_seconds)
-    for name, frame in build(spark, settings, options).items():
+          timing: StreamTiming | None = None) -> list[StreamingQuery]:
+    """The output queries over the bronze table, ``availableNow``: what is committed there, then stop."""
+    queries = []
+    for name, frame in build(spark, settings, options, timing).items():
         writer = (
             frame.writeStream.queryName(name)
             .format("parquet")
             .outputMode("append")
             .partitionBy("date")
             .option("checkpointLocation", f"{checkpoint.rstrip('/')}/{name}")
+            .trigger(availableNow=True)
         )
-        writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{trigger_seconds} seconds")
         queries.append(writer.start(settings.output(name)))
     return queries
 
 
+def run_once(spark: SparkSession, settings: JobSettings, checkpoint: str, options: StreamOptions = DEFAULT_OPTIONS,
+             progress=print) -> None:
+    """List the open landing files, compact what is sealed, then run every output over it and stop. The
+    listing comes first: a file sealed between the two is compacted and read, one opened after it holds
+    only rows received after it."""
+    open_since_ms = open_since(spark, settings.landing)
+    compacted = bronze.compact(spark, settings.landing, settings.bronze_path, options)
+    progress(f"bronze: {compacted.input_rows} input rows in {compacted.micro_batches} micro-batches")
+    if open_since_ms is not None:
+        progress(f"open landing files: rows received after {open_since_ms} ms wait for them to be sealed")
+    for query in start(spark, settings, checkpoint, options, timing_of(settings, open_since_ms)):
+        query.awaitTermination()
+        progress(f"{query.name}: {_input_rows(query)} input rows in {len(query.recentProgress)} micro-batches")
+
+
 def run_stream(spark: SparkSession, settings: JobSettings, checkpoint: str, options: StreamOptions = DEFAULT_OPTIONS,
-               once: bool = False, trigger_seconds: float = 60.0, progress=print) -> None:
-    """``once``: process what has landed and stop (``availableNow``); else run until a query fails."""
+               once: bool = False, trigger_seconds: float = 60.0, progress=print, runs: int | None = None) -> None:
+    """``once``: process what has landed and stop; else a ``run_once`` every ``trigger_seconds`` (or
+    ``runs`` times) until interrupted."""
     if once:
-        compacted = bronze.compact(spark, settings.landing, settings.bronze_path, options)
-        progress(f"bronze: {compacted.input_rows} input rows in {compacted.micro_batches} micro-batches")
-    queries = start(spark, settings, checkpoint, options, once, trigger_seconds)
-    if once:
-        for query in queries:
-            query.awaitTermination()
-            progress(f"{query.name}: {_input_rows(query)} input rows in {len(query.recentProgress)} micro-batches")
-    else:
-        progress("streaming " + ", ".join(query.name for query in queries) + "; Ctrl-C stops")
-        spark.streams.awaitAnyTermination()
+        run_once(spark, settings, checkpoint, options, progress)
+        return
+    progress(f"streaming: a run every {trigger_seconds:g} s; Ctrl-C stops")
+    done = 0
+    while runs is None or done < runs:
+        started = time.monotonic()
+        run_once(spark, settings, checkpoint, options, progress)
+        done += 1
+        if runs is None or done < runs:
+            time.sleep(max(0.0, trigger_seconds - (time.monotonic() - started)))
 
 
 def _input_rows(query: StreamingQuery) -> int:

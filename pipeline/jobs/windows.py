@@ -12,12 +12,9 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from pipeline.jobs.settings import parse_duration_ms
 
-def parse_duration_ms(text: str) -> int:
-    """'5 minutes' -> 300000 (the subset of Spark interval strings the CLI accepts)."""
-    number, unit = text.split()
-    scale = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
-    return int(float(number) * scale[unit.lower().rstrip("s")])
+__all__ = ["parse_duration_ms", "window_columns", "window_start_ms"]
 
 
 def window_start_ms(time_ms: str, window_ms: int) -> Column:

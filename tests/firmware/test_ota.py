@@ -67,11 +67,17 @@ def boards(tmp_path, gateway, bundles):
 
 
 def telemetry_while(peer, name: str, until, timeout: float = 60.0) -> list[dict]:
-    """Telemetry of one thermostat until `until(data)` is true."""
+    """Telemetry of one thermostat until `until(data)` is true: its readings (output `data`) and, while
+    its updater runs, the updater's status (output `update`)."""
     seen = []
     deadline = time.monotonic() + timeout
+    outputs = (f"devices/{name}/messages/events/data", f"devices/{name}/messages/events/update")
     while True:
-        data = peer.next_json(f"devices/{name}/messages/events/data", timeout=max(0.1, deadline - time.monotonic()))
+        msg = peer.next_message(timeout=max(0.1, deadline - time.monotonic()))
+        if msg.topic not in outputs:
+            continue
+        data = json.loads(msg.payload)
+        data["_output"] = msg.topic.rsplit("/", 1)[1]  # which output it came on
         seen.append(data)
         if until(data):
             return seen
@@ -80,7 +86,7 @@ def telemetry_while(peer, name: str, until, timeout: float = 60.0) -> list[dict]
 def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards, bundles, paho_peer):
     board = boards("t-ota")
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/t-ota/messages/events/data", 0)
+    peer.subscribe("devices/t-ota/messages/events/+", 0)
     with StateStoreClient(gateway.host, gateway.port, client_id="op-ota", timeout=10) as store:
         assert store.set("t-ota\\setPoint", b"22.5").applied
         board.expect(r"^set point 22.5 from notify$")
@@ -101,6 +107,9 @@ def test_an_update_is_fetched_verified_switched_to_and_accepted(gateway, boards,
     assert board.pointer() == "0.2.0 - - - fw/a -"  # on 0.2.0 in fw/a, accepted; the deployed version is the way back
     during = [d for d in seen if (d.get("update") or {}).get("state") == "downloading"]
     assert during, seen
+    # The updater's status is no reading: its own output; every reading on `data` has its time.
+    assert {d["_output"] for d in during} == {"update"}, during
+    assert all("ts_ms" in d for d in seen if d["_output"] == "data"), seen
     assert {d["set_point"] for d in during} == {22.5}, during  # the updater holds the last good set point
     free, largest = min(d["mem_free"] for d in during), min(d["mem_largest"] for d in during)
     peak = max(d["mem_peak"] for d in during)
@@ -120,7 +129,7 @@ def test_an_updated_board_updates_again_within_the_64k_heap(gateway, boards, bun
     name = longest_name("t-twice")
     board = boards(name)
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe(f"devices/{name}/messages/events/data", 0)
+    peer.subscribe(f"devices/{name}/messages/events/+", 0)
     publish(gateway, str(bundles["0.2.0"]), "--target", name)
     board.expect(r"^firmware 0\.2\.0 accepted$", timeout=60)
     publish(gateway, str(bundles["0.3.0"]), "--target", name)
@@ -179,7 +188,7 @@ def test_a_signed_manifest_is_verified_on_the_device_and_one_signed_by_another_k
     forged = boards("t-forged", update=update)
     signed = boards("t-signed", update=update)
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/+/messages/events/data", 0)
+    peer.subscribe("devices/+/messages/events/+", 0)
     out = publish(gateway, str(bundles["0.2.0"]), "--key", str(theirs), "--target", "t-forged")
     assert out[0]["signed"] is True
     forged.expect(r"^update: refused 0\.2\.0: manifest signature does not verify$", timeout=30)
@@ -213,7 +222,7 @@ def test_a_file_that_does_not_match_its_sha256_is_refused_and_the_old_version_ke
     data[len(data) // 2] ^= 0xFF
     damaged.write_bytes(bytes(data))
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/t-bad-sha/messages/events/data", 0)
+    peer.subscribe("devices/t-bad-sha/messages/events/+", 0)
     publish(gateway, "--version", "0.2.0", "--target", "t-bad-sha")
     board.expect(r"^update: refused 0\.2\.0: thermostat\.mpy: sha256 does not match the manifest$", timeout=30)
     data = telemetry_while(peer, "t-bad-sha", lambda d: (d.get("update") or {}).get("state") == "refused")[-1]
@@ -228,7 +237,7 @@ def test_an_update_whose_app_crashes_at_boot_is_rolled_back(gateway, boards, bun
     name = longest_name("t-crash")
     board = boards(name)
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe(f"devices/{name}/messages/events/data", 0)
+    peer.subscribe(f"devices/{name}/messages/events/+", 0)
     publish(gateway, str(bundles["0.3.0-crash"]), "--target", name)
     board.expect(r"^update: 0\.3\.0-crash verified")
     board.expect(r"^firmware 0\.3\.0-crash rolled back: RuntimeError: broken at boot$", timeout=30)
@@ -353,7 +362,7 @@ def fleet_update(gateway, boards, bundles, paho_peer, count: int) -> dict:
     names = [f"t-fl{i:02d}" for i in range(count)]
     fleet = {name: boards(name) for name in names}
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/+/messages/events/data", 0)
+    peer.subscribe("devices/+/messages/events/+", 0)
     heap = []
     latencies: list[float] = []
     across_restart: list[float] = []
@@ -410,7 +419,7 @@ def test_a_version_the_gateway_does_not_have_is_reported_and_the_thermostat_keep
     name = longest_name("t-unknown")  # the name is in strings kept for the run: the heap bound holds with the longest
     board = boards(name)
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe(f"devices/{name}/messages/events/data", 0)
+    peer.subscribe(f"devices/{name}/messages/events/+", 0)
     with StateStoreClient(gateway.host, gateway.port, client_id="op-unknown", timeout=10) as store:
         assert store.set(name + "\\desiredFirmware", b"9.9.9").applied
         board.expect(r"^update: waiting 9\.9\.9: gateway: .*unknown version 9\.9\.9$", timeout=30)

@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def spark():
-    pytest.importorskip("pyspark")  # the [pipeline] extra
+    pytest.importorskip("pyspark")  # appliance-pipeline (pipeline/pyproject.toml)
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from pipeline.spark import session
 

@@ -28,7 +28,7 @@ def read(spark, batch_outputs):
 def test_outputs_are_written_partitioned_by_date(batch_outputs):
     settings, counts = batch_outputs
     assert set(counts) == {"rollups", "setpoint_changes", "delivery_latency", "queue_counters", "sla", "quarantine",
-                           "hil_summary", "hil_timeline"}
+                           "firmware", "firmware_updates", "hil_summary", "hil_timeline"}
     assert (Path(settings.output("rollups")) / "date=2026-01-01").is_dir()
     assert (Path(settings.output("rollups")) / "date=2026-01-02").is_dir()  # the flush reading
 

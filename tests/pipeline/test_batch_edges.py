@@ -18,7 +18,8 @@ from pipeline.report import read_output, render_report
 from tests.pipeline import duckdb_reference
 from tests.pipeline.pipeline_data import at, metrics, reading, write_batch
 
-OUTPUTS = {"rollups", "setpoint_changes", "delivery_latency", "queue_counters", "sla", "quarantine"}
+OUTPUTS = {"rollups", "setpoint_changes", "delivery_latency", "queue_counters", "sla", "quarantine", "firmware",
+           "firmware_updates"}
 
 
 def run(spark, landing, out, **options):

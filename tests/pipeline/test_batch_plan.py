@@ -96,7 +96,8 @@ def test_every_output_takes_the_events_from_one_cached_deduplication_that_shuffl
     """Whole event rows cross a shuffle only if their message id's 64-bit candidate key was counted more than
     once (a broadcast semi join); every row's key crosses one shuffle, as a long, in a partial count."""
     readers = {name: plan for name, plan in plans.items() if scans_events(plan)}
-    assert set(readers) == {"rollups", "setpoint_changes", "delivery_latency", "sla", "quarantine"}
+    assert set(readers) == {"rollups", "setpoint_changes", "delivery_latency", "sla", "quarantine", "firmware",
+                            "firmware_updates"}
     cached = set()
     for name, plan in readers.items():
         assert not [line for line in outside_caches(plan) if scans_events(line)], f"{name} reads the events itself:\n{plan}"
@@ -120,7 +121,8 @@ def test_the_cached_events_hold_only_what_the_outputs_read(plans):
     (columns,) = {re.sub(r"#\d+L?", "", line.split("[", 1)[1].split("]", 1)[0])
                   for plan in plans.values() for line in plan.splitlines() if "InMemoryRelation [message_id" in line}
     cached = {name.strip() for name in columns.split(",")}
-    assert not cached & {"landing_file", "sent_ms", "t_device", "received_at", "output", "properties"}, cached
+    assert not cached & {"landing_file", "t_device", "received_at", "output", "properties"}, cached
+    assert "sent_ms" in cached  # the latency's clock offset: receive - send
     assert {"message_id", "payload", "t_temperature", "_first_event", "_first_reading", "_first_reject"} <= cached
     scan = next(line for plan in plans.values() for line in plan.splitlines() if scans_events(line))
     assert "payload" in scan  # for the quarantine's rejects: nulled for the rest before the shuffle
@@ -162,6 +164,7 @@ def random_queue_samples(rng: random.Random, queues: int) -> list[dict]:
                     "priority": queue, "sample_ms": T0 + time_ms, "sent": sent, "expired": rng.choice([None, 0, 1, 5]),
                     "dropped": rng.randint(0, 2), "retries": sent // 2, "dead_lettered": rng.choice([None, 0, 2]),
                     "depth": depth, "oldest_age_s": rng.choice([None, 0.0, 1.5, 30.25]),
+                    "received_ms": T0 + time_ms + 500, "boot": "", "seq": T0 + time_ms,
                 })
     return rows
 
@@ -169,7 +172,8 @@ def random_queue_samples(rng: random.Random, queues: int) -> list[dict]:
 def test_queue_counters_in_sql_equal_the_streaming_step(spark):
     rows = random_queue_samples(random.Random(17), 40)
     columns = "gateway_id string, endpoint string, priority int, sample_ms long, " + ", ".join(
-        f"{name} long" for name in delivery.COUNTERS) + ", depth long, oldest_age_s double"
+        f"{name} long" for name in delivery.COUNTERS) + ", depth long, oldest_age_s double, received_ms long, " \
+        "boot string, seq long"
     samples = spark.createDataFrame([tuple(row[c.split()[0]] for c in columns.split(", ")) for row in rows], columns)
     window_ms = 5 * 60_000
     got = delivery.queue_counters(samples, "5 minutes").toPandas()

@@ -78,6 +78,8 @@ def test_a_rerun_of_one_day_rewrites_only_what_it_can_touch_and_equals_a_full_ru
 
     untouched = ("date=2026-01-01", "date=2026-01-02", "date=2026-01-05")
     for name, files in before.items():
+        if name.startswith("firmware"):
+            continue  # no firmware status in these days: empty before and after
         after = fingerprint(out / name)
         kept = {path: digest for path, digest in files.items() if path.startswith(untouched)}
         assert kept or name == "quarantine", name  # nothing was quarantined before the late arrivals

@@ -55,7 +55,7 @@ def test_each_landing_file_is_compacted_once_with_its_payload_parsed(spark, tmp_
     rows = bronze_rows(spark, table)
     assert len(rows) == len(landing_lines(landing)) == 9
     assert rows["message_id"].is_unique
-    assert sorted(p.name for p in table.iterdir()) == ["events", "metrics", "quarantine"]
+    assert sorted(p.name for p in table.iterdir()) == ["events", "firmware", "metrics", "quarantine"]
     assert sorted(p.name for p in (table / "events").iterdir()) == ["_checkpoint", "_spark_metadata", "date=2026-01-01"]
     typed = bronze.read(spark, str(table), EVENTS).where("message_id = 'gw1:3'").first()
     assert (typed.t_temperature, typed.t_set_point, typed.t_heater, typed.t_device, typed.reason) == (

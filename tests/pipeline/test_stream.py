@@ -1,7 +1,9 @@
 """Structured Streaming: the same result as batch on the same input, incrementally; late rows dropped.
 
-Each thermostat, gateway and gateway queue closes its windows on its own times (``ordered.py``), so the
-runs below end with a flush of every key of the sample a day later, and compare the sample's day."""
+Each thermostat, gateway and gateway queue closes its windows on its own times, moved by the rows the
+stream can no longer be missing (received at least --lateness before the newest, ``ordered.py``), so the
+runs below end with a flush of every key of the sample a day later, and a tick of the flush gateway after
+it that brings the receive horizon past the flush; they compare the sample's day."""
 
 import pandas as pd
 import pytest
@@ -23,12 +25,19 @@ def run_stream(spark, landing, out, checkpoint, lateness=SAMPLE_LATENESS):
     return settings
 
 
+def tick(minute):
+    """A reading and a metrics message of the flush gateway (left out of every comparison) at ``minute``:
+    later receive times, so the receive horizon passes what came before."""
+    return [reading(FLUSH_GATEWAY, "tf", 7000 + minute, minute, 20.0, 20.0, False),
+            metrics(FLUSH_GATEWAY, minute, {0: {"sent": 0}})]
+
+
 def flush_every_key(landing, index):
-    """A reading of each thermostat and a metrics message of gw1 a day later: every window of the sample
-    is then closed by its own key's progress."""
+    """A reading of each thermostat and a metrics message of gw1 a day later, and a tick after it: every
+    window of the sample is then closed by its own key's progress."""
     write_batch(landing, [reading("gw1", "t1", 5000, 24 * 60, 20.0, 22.0, False),
                           reading("gw1", "t2", 5001, 24 * 60, 18.0, 19.0, True, priority=2),
-                          metrics("gw1", 24 * 60, {5: {"sent": 0}, 2: {"sent": 0}})], index)
+                          metrics("gw1", 24 * 60, {5: {"sent": 0}, 2: {"sent": 0}}), *tick(24 * 60 + 10)], index)
 
 
 def comparable(frame):
@@ -73,7 +82,7 @@ def test_late_rows_are_dropped_by_streaming_and_counted_by_batch(spark, tmp_path
         reading("gw1", "t1", 100, 1, 25.0, 25.0, True),  # six minutes behind it: late
         reading("gw1", "t1", 101, 11, 20.0, 20.0, True),  # out of order, but its window is still open
     ], 2)
-    write_batch(landing, [reading("gw1", "t1", 102, 60, 20.0, 20.0, True)], 3)  # closes 00:10 for t1
+    write_batch(landing, [reading("gw1", "t1", 102, 60, 20.0, 20.0, True), *tick(70)], 3)  # closes 00:10 for t1
     settings = run_stream(spark, landing, tmp_path / "out", tmp_path / "checkpoint")
 
     def readings_per_window(frame):
