@@ -293,7 +293,7 @@ def test_a_transfer_cut_by_a_gateway_restart_resumes_where_it_stopped(gateway, b
 def test_a_transfer_cut_by_a_power_cut_resumes_from_what_is_on_flash(gateway, boards, bundles, paho_peer, cut_after):
     board = boards("t-power")
     peer = paho_peer(gateway.host, gateway.port)
-    peer.subscribe("devices/t-power/messages/events/data", 0)
+    peer.subscribe("devices/t-power/messages/events/+", 0)
     publish(gateway, str(bundles["0.2.0"]), "--target", "t-power")
     first = board.flash / "fw" / "a" / "app.mpy"  # the manifest's first file
     cut = board.flash / "fw" / "a" / cut_after  # in the manifest's order (sorted names): the files before it are whole
