@@ -4,8 +4,6 @@ client certificates signed by its CA and a password file; the certificates are m
 """
 
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ from pipeline.landing import read_records
 from tests.pipeline.pipeline_data import reading
 from tests.pipeline.test_ingest import Running
 from tests.support.certificates import ca_signed_pair
-from tests.support.processes import MosquittoProcess, free_port
+from tests.support.processes import MosquittoProcess, free_port, password_file
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "cloud-secret"
@@ -51,12 +49,11 @@ def cloud() -> Iterator[Cloud]:
     readable.chmod(0o755)
     try:
         files = ca_signed_pair(readable)
-        password_file = readable / "passwd"
-        subprocess.run([sys.executable, "-m", "appliance", "passwd", "-c", "-b", str(password_file), "ingest", PASSWORD],
-                       cwd=ROOT, check=True, capture_output=True)
-        password_file.chmod(0o644)
+        passwords = readable / "passwd"
+        password_file(passwords, "ingest", PASSWORD)
+        passwords.chmod(0o644)
         tls_port = free_port()
-        config = (f"allow_anonymous false\npassword_file {password_file}\n"
+        config = (f"allow_anonymous false\npassword_file {passwords}\n"
                   f"listener {tls_port} 127.0.0.1\ncafile {files['ca']}\ncertfile {files['server']}\n"
                   f"keyfile {files['server_key']}\nrequire_certificate true\n")
         with MosquittoProcess(readable / "broker", extra_config=config):

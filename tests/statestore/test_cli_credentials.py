@@ -15,7 +15,7 @@ import pytest
 
 from tests.broker.clients import FileConfiguredGateway
 from tests.support.certificates import valid_for
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, password_file
 
 PASSWORD = "s3cret-op"
 
@@ -25,9 +25,8 @@ def tls_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     work = tmp_path_factory.mktemp("tls-tools")
     server_cert, server_key = valid_for(work, "server", 30)
     client_cert, client_key = valid_for(work, "client", 30, common_name="operator")
-    password_file = work / "passwd"
-    subprocess.run([sys.executable, "-m", "appliance", "passwd", "-c", "-b", "-I", "1000", str(password_file),
-                    "operator", PASSWORD], cwd=ROOT, check=True, capture_output=True)
+    passwords = work / "passwd"
+    password_file(passwords, "operator", PASSWORD, iterations=1000)
     config = work / "gateway.toml"
     config.write_text(f"""\
 [gateway]
@@ -44,7 +43,7 @@ require_certificate = true
 
 [broker.auth]
 allow_anonymous = false
-password_file = "{password_file}"
+password_file = "{passwords}"
 """)
     credentials = work / "operator.toml"
     credentials.write_text(f'username = "operator"\npassword = "{PASSWORD}"\ncertfile = "client.pem"\nkeyfile = "client.key"\n')

@@ -31,6 +31,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def password_file(path: Path, user: str, password: str, iterations: int | None = None) -> Path:
+    """A mosquitto-compatible password file with one entry, written by ``appliance passwd`` itself (so the
+    file is what an operator's would be); ``iterations`` lowers the hashing cost for tests that log in often."""
+    cost = [] if iterations is None else ["-I", str(iterations)]
+    subprocess.run([sys.executable, "-m", "appliance", "passwd", "-c", "-b", *cost, str(path), user, password],
+                   check=True, capture_output=True)
+    return path
+
+
 def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
