@@ -55,6 +55,8 @@ class UpstreamConfig:
     def checked(self, given: Mapping[str, Any], path: str) -> UpstreamConfig:
         _check_template(self.topic_template, TOPIC_FIELDS, join(path, "topic_template"))
         _check_template(self.batch_topic, BATCH_TOPIC_FIELDS, join(path, "batch_topic"))
+        if self.host is not None and not self.host.strip():
+            raise ConfigError(join(path, "host"), "is empty: leave it out for no upstream link")
         for name, value in (("client_id", self.client_id), ("username", self.username)):
             problem = None if value is None else string_problem(name, value)
             if problem is not None:

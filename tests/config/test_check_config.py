@@ -148,6 +148,21 @@ def test_forwarding_enabled_without_a_manifest(tmp_path: Path) -> None:
     assert problems == ["forwarding.manifest: forwarding is enabled but names no manifest: no message would be routed"]
 
 
+def test_forwarding_enabled_with_a_manifest_of_no_routes(tmp_path: Path) -> None:
+    """What doctor calls a problem (every device message accepted and dropped); before, check-config passed it."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"schemaVersion": "1.2", "routes": {}}))
+    _, problems = check_config(write_config(tmp_path, '[forwarding]\nenabled = true\nmanifest = "manifest.json"\n'))
+    assert [p.split(":")[0] for p in problems] == ["forwarding.manifest"] and "no routes" in problems[0], problems
+    _, problems = check_config(write_config(tmp_path, '[forwarding]\nenabled = false\nmanifest = "manifest.json"\n'))
+    assert problems == []
+
+
+def test_an_empty_upstream_host_is_refused(tmp_path: Path) -> None:
+    """An empty host is not "no upstream": the link would try to connect to '' for ever."""
+    _, problems = check_config(write_config(tmp_path, '[forwarding.upstream]\nhost = " "\n'))
+    assert [p.split(":")[0] for p in problems] == ["forwarding.upstream.host"], problems
+
+
 def test_an_unreadable_or_broken_config_file_is_one_problem(tmp_path: Path) -> None:
     assert check_config(tmp_path / "none.toml")[1][0].startswith("cannot read")
     assert "not valid TOML" in check_config(write_config(tmp_path, "[broker\n"))[1][0]
