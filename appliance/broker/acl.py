@@ -19,8 +19,8 @@ Why it is built this way:
     cannot widen a pattern. A client id that is another client's ``%x`` (``414243`` for ``ABC``) gets no
     ``%c`` topic that overlaps the other's ``%x`` topics (``clients/%c/#`` beside ``clients/%x/#``):
     otherwise it reads and forges the other's SDK replies. ``%x`` takes precedence because every hex
-    string is a valid client id, while few client ids are upper-case hex of UTF-8 (a numeric id of even
-    length is: such a client uses its ``clients/%x/`` topics, as the SDKs do).
+    string is a valid client id, while few client ids are upper-case hex of printable UTF-8 (a numeric id of even
+    length can be, ``2026`` is `` &``: such a client uses its ``clients/%x/`` topics, as the SDKs do).
 
 * ``can_receive`` is the delivery-time read check mosquitto makes for every message sent to a client,
   so a subscription to ``#`` only ever carries the topics the client may read.
@@ -251,9 +251,12 @@ def _hex_owner(client_id: str) -> str | None:
     if not client_id or len(client_id) % 2 or client_id.strip("0123456789ABCDEF"):
         return None
     try:
-        return bytes.fromhex(client_id).decode("utf-8")
+        owner = bytes.fromhex(client_id).decode("utf-8")
     except UnicodeDecodeError:
         return None
+    # A client id with control characters is no client's in practice, while numeric ids such as a serial
+    # number ``0012`` are common: those keep their ``%c`` topics (fewer ids pay for the rule).
+    return owner if owner.isprintable() else None
 
 
 def filters_overlap(first: str, second: str) -> bool:
