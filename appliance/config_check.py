@@ -23,7 +23,7 @@ from appliance.broker.config import AuthConfig, BrokerConfig
 from appliance.config.errors import ConfigError
 from appliance.config.schema import SectionRejected, collecting_errors, field_types, parse_section
 from appliance.forwarding.config import ForwardingConfig
-from appliance.forwarding.manifest import ManifestError, manifest_problems, read_manifest_document
+from appliance.forwarding.manifest import ManifestError, load_manifest, manifest_problems, read_manifest_document
 from appliance.gateway_config import ConfigFile, GatewayConfig, build, read_raw
 
 
@@ -89,7 +89,11 @@ def forwarding_file_problems(forwarding: ForwardingConfig) -> list[str]:
     problems = []
     if forwarding.manifest is not None:
         try:
-            found = manifest_problems(read_manifest_document(forwarding.manifest), str(forwarding.manifest))
+            document = read_manifest_document(forwarding.manifest)
+            found: list[ManifestError | str] = list(manifest_problems(document, str(forwarding.manifest)))
+            if not found and forwarding.enabled and not load_manifest(forwarding.manifest).routes:
+                # What `appliance doctor` calls a problem: every device message accepted and dropped.
+                found.append("forwarding is enabled but the manifest has no routes: no message would be routed")
         except ManifestError as exc:
             found = [exc]
         problems += [f"forwarding.manifest: {forwarding.manifest}: {problem}" for problem in found]

@@ -39,6 +39,7 @@ from appliance.broker.config import ListenerConfig
 from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.findings import Finding, Verdict
 from appliance.forwarding import doctor as forwarding_doctor
+from appliance.forwarding.config import UpstreamConfig
 from appliance.forwarding.doctor import DEFAULT_THRESHOLDS, Thresholds
 from appliance.gateway_config import GatewayConfig
 from appliance.hardware.config import GpioConfig, ModemConfig
@@ -68,13 +69,19 @@ def check_ports(listeners: Iterable[ListenerConfig], timeout: float = 1.0) -> li
     return findings
 
 
-def check_certificates(listeners: Iterable[ListenerConfig], now: datetime | None = None) -> list[Finding]:
-    """Every certificate a TLS listener serves or trusts: expired, not yet valid, or expiring within
-    ``certificates.NEAR_EXPIRY`` is a problem here (the gateway only warns at start)."""
+def check_certificates(listeners: Iterable[ListenerConfig], now: datetime | None = None,
+                       upstream: UpstreamConfig | None = None) -> list[Finding]:
+    """Every certificate a TLS listener serves or trusts, and the upstream link's own (client certificate,
+    CA) when it uses TLS: expired, not yet valid, or expiring within ``certificates.NEAR_EXPIRY`` is a
+    problem here (the gateway only warns at start). An expired upstream certificate keeps the cloud link
+    down for ever, which the link check alone reports without the reason."""
     now = now or datetime.now(UTC)
     findings = []
     files = {(path, role) for listener in listeners
              for path, role in ((listener.certfile, "certfile"), (listener.cafile, "cafile")) if path is not None}
+    if upstream is not None and upstream.host is not None and upstream.tls:
+        files |= {(path, f"upstream {role}") for path, role in ((upstream.cert_file, "cert_file"),
+                                                                 (upstream.ca_file, "ca_file")) if path is not None}
     for path, role in sorted(files, key=lambda item: str(item[0])):
         try:
             problems = date_problems(path, role, now)
@@ -295,7 +302,8 @@ def run_checks(config: GatewayConfig, probe_modem: bool = False, thresholds: Thr
         *check_metrics(config.data_dir, config.metrics_port),
         *check_forwarding(config, thresholds),
         *check_ports(config.broker.listeners),
-        *check_certificates(config.broker.listeners),
+        *check_certificates(config.broker.listeners,
+                            upstream=config.forwarding.upstream if config.forwarding.enabled else None),
         *check_data_dir(config.data_dir),
         *check_databases(config.data_dir),
         check_clock(),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,9 +20,10 @@ from typing import Any, Literal
 
 from appliance.broker import config as broker_config
 from appliance.config.errors import ConfigError
-from appliance.config.schema import parse_section, require_table, setting
+from appliance.config.schema import join, parse_section, require_table, setting
 from appliance.firmware import config as firmware_config
 from appliance.forwarding import config as forwarding_config
+from appliance.forwarding.validity import level_problem
 from appliance.hardware import config as hardware_config
 from appliance.statestore import config as statestore_config
 
@@ -35,6 +37,14 @@ class GatewaySection:
         None, minimum=0, maximum=65535, doc="the gateway's Prometheus page (/metrics); 0: any free port, absent: off"
     )
     metrics_host: str = setting("127.0.0.1", doc="address of the Prometheus page")
+
+    def checked(self, given: Mapping[str, Any], path: str) -> GatewaySection:
+        """The id is one level of every upstream topic and of ``$SYS``: a wildcard, '/' or control
+        character in it would make every forwarded message unsendable."""
+        problem = level_problem("the gateway id", self.id)
+        if problem is not None:
+            raise ConfigError(join(path, "id"), problem.detail)
+        return self
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,11 @@ Why it is built this way:
   - Decision: the client's own rules first, ``deny`` rules before the others, and the first rule whose
     filter matches and carries the access decides; then the patterns the same way; otherwise denied.
     When patterns exist, a client id or username containing ``+`` or ``#`` is denied everything, so it
-    cannot widen a pattern.
+    cannot widen a pattern. A client id that is another client's ``%x`` (``414243`` for ``ABC``) gets no
+    ``%c`` topic that overlaps the other's ``%x`` topics (``clients/%c/#`` beside ``clients/%x/#``):
+    otherwise it reads and forges the other's SDK replies. ``%x`` takes precedence because every hex
+    string is a valid client id, while few client ids are upper-case hex of printable UTF-8 (a numeric id of even
+    length can be, ``2026`` is `` &``: such a client uses its ``clients/%x/`` topics, as the SDKs do).
 
 * ``can_receive`` is the delivery-time read check mosquitto makes for every message sent to a client,
   so a subscription to ``#`` only ever carries the topics the client may read.
@@ -127,6 +131,8 @@ class Acl:
         self.patterns = _deny_first(patterns)
         #: False when no ACL file is configured: everything is allowed.
         self.enforced = enforced
+        #: The patterns with a ``%x`` level: the topics they give a client may not go to another through ``%c``.
+        self._hex_patterns = tuple(rule for rule in self.patterns if "%x" in rule.topic_filter.split("/"))
         self._decisions: dict[tuple[str, str | None, str, int], bool] = {}
 
     @classmethod
@@ -214,14 +220,56 @@ class Acl:
             return False
         if "+" in client_id or "#" in client_id or (username is not None and ("+" in username or "#" in username)):
             return False
+        hex_owner = _hex_owner(client_id) if self._hex_patterns else None
         for rule in self.patterns:
             concrete = _substitute(rule.topic_filter, client_id, username)
             if concrete is None:
+                continue
+            if hex_owner is not None and "%c" in rule.topic_filter.split("/") and self._claimed_by_hex(hex_owner, concrete):
                 continue
             verdict = _apply(rule, concrete, topic, wanted, subscribe)
             if verdict is not None:
                 return verdict
         return False
+
+
+    def _claimed_by_hex(self, owner: str, concrete: str) -> bool:
+        """Whether ``concrete`` (a ``%c`` pattern filled with a hex-shaped client id) overlaps a topic a ``%x``
+        pattern gives client ``owner``, whose hex id it is."""
+        for rule in self._hex_patterns:
+            owned = _substitute(rule.topic_filter, owner, None)
+            if owned is not None and filters_overlap(owned, concrete):
+                return True
+        return False
+
+
+def _hex_owner(client_id: str) -> str | None:
+    """The client id whose ``%x`` this client id is (non-empty even-length upper-case hex of UTF-8), or None.
+    Such an id filled into ``%c`` would give its client the other one's ``%x`` topics (``clients/%c/#`` and
+    ``clients/%x/#``: client ``414243`` writing and reading the replies of client ``ABC``), so a ``%c``
+    pattern that overlaps them does not apply to it: the ``%x`` owner keeps its topics."""
+    if not client_id or len(client_id) % 2 or client_id.strip("0123456789ABCDEF"):
+        return None
+    try:
+        owner = bytes.fromhex(client_id).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    # A client id with control characters is no client's in practice, while numeric ids such as a serial
+    # number ``0012`` are common: those keep their ``%c`` topics (fewer ids pay for the rule).
+    return owner if owner.isprintable() else None
+
+
+def filters_overlap(first: str, second: str) -> bool:
+    """Whether some topic name matches both filters."""
+    first_levels, second_levels = first.split("/"), second.split("/")
+    for one, other in zip(first_levels, second_levels, strict=False):
+        if one == "#" or other == "#":
+            return True
+        if one != other and "+" not in (one, other):
+            return False
+    longer = max(first_levels, second_levels, key=len)
+    shorter = min(len(first_levels), len(second_levels))
+    return len(first_levels) == len(second_levels) or (len(longer) == shorter + 1 and longer[-1] == "#")
 
 
 def parse_pattern(text: str) -> AclRule:

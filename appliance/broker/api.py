@@ -136,6 +136,11 @@ class BrokerHandle(Protocol):
         publishes on a client's behalf (a response topic the client chose) asks first, so it is never
         a deputy that writes where the client may not."""
 
+    def serves(self, topic: str) -> bool:
+        """Whether an in-process service takes publishes on ``topic`` (a request topic). A reply the broker
+        publishes there skips that service and reaches the topic's subscribers as though a client had
+        asked, so no response topic may name one."""
+
 
 
 class BrokerService(Protocol):

@@ -65,7 +65,7 @@ from appliance.broker.session import (
 )
 from appliance.broker.store_failure import CommitGate
 from appliance.broker.sys_topics import BrokerStats
-from appliance.broker.topic_tree import SubscriptionTree
+from appliance.broker.topic_tree import SubscriptionTree, topic_matches
 from appliance.broker.will import PendingWills
 from appliance.prometheus import Family
 
@@ -418,6 +418,9 @@ class Broker:
     def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
         acl = self.acl
         return acl is None or acl.can_publish(client_id, username, topic)
+
+    def serves(self, topic: str) -> bool:
+        return any(topic_matches(topic_filter, topic) for topic_filter, _ in self.service_filters)
 
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         session = self.sessions.get(client_id)

@@ -7,8 +7,11 @@ requester's text to a topic the ACL forbade her). So the envelope is not each se
 declares its ``EnvelopeRules`` and calls ``open_request``, which checks, in this order:
 
 1. the response topic, first: one that is not a topic name (a wildcard would reach every subscriber of the
-   filter's range; NUL), a ``$`` topic (the broker's own), the service's request topic or a prefix it
-   publishes itself (the state store's notifications) is refused with 0x90 and a DISCONNECT 0x90; one the
+   filter's range; NUL), a ``$`` topic (the broker's own), a topic any in-process service takes
+   publishes on (``BrokerHandle.serves``: its own request topic, another service's, the forwarded
+   ``devices/#``; the reply would skip that service and reach the topic's subscribers as a request no
+   client made) or a prefix it publishes itself (the state store's notifications) is refused with 0x90
+   and a DISCONNECT 0x90; one the
    requester may not itself publish to under the broker's ACL in force *now* (``BrokerHandle.may_publish``)
    with 0x87 and a DISCONNECT 0x87. Whatever else is wrong: there is nowhere to send an answer;
 2. MQTT 5, QoS 1, a Response Topic, Correlation Data - otherwise PUBACK 0x83 and no reply;
@@ -92,7 +95,7 @@ def forbidden_response_topic(rules: EnvelopeRules, topic: str) -> bool:
 def open_request(rules: EnvelopeRules, broker: BrokerHandle, message: InboundPublish) -> Request | PublishVerdict:
     """The request to serve, or the verdict that ends it (a refusal, or CONSUMED after a 505 reply)."""
     topic = message.response_topic
-    if topic is not None and forbidden_response_topic(rules, topic):
+    if topic is not None and (forbidden_response_topic(rules, topic) or broker.serves(topic)):
         return PublishVerdict(reason_code=TOPIC_NAME_INVALID, reason_string=f"invalid response topic for {rules.service}",
                               disconnect=TOPIC_NAME_INVALID, route=False)
     if topic is not None and not broker.may_publish(message.client_id, message.username, topic):

@@ -300,7 +300,8 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 
 def collect_telemetry(connection: Connection, wait: float) -> dict[str, dict[str, Any]]:
-    """The latest telemetry of every thermostat heard within ``wait`` seconds."""
+    """The latest telemetry of every thermostat heard within ``wait`` seconds. A refused login or
+    subscription raises ``ConnectionError``: listening without them would report an empty fleet."""
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
@@ -321,11 +322,30 @@ def collect_telemetry(connection: Connection, wait: float) -> dict[str, dict[str
         client.username_pw_set(connection.username, connection.password)
     if connection.tls is not None:
         client.tls_set_context(connection.tls)
+    listening = threading.Event()
+    refusals: list[str] = []
+
+    def on_connect(client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        if reason.is_failure:
+            refusals.append(f"connection refused: {reason}")
+            listening.set()
+        else:
+            client.subscribe([(TELEMETRY_TOPIC, 0), (UPDATE_TOPIC, 0)])
+
+    def on_subscribe(client: Any, userdata: Any, mid: int, reasons: list[Any], properties: Any) -> None:
+        refusals.extend(f"subscription refused: {reason}" for reason in reasons if reason.is_failure)
+        listening.set()
+
     client.on_message = on_message
-    client.on_connect = lambda c, *rest: c.subscribe([(TELEMETRY_TOPIC, 0), (UPDATE_TOPIC, 0)])
+    client.on_connect = on_connect
+    client.on_subscribe = on_subscribe
     client.connect(connection.host, connection.port)
     client.loop_start()
     try:
+        if not listening.wait(connection.timeout):
+            raise ConnectionError(f"no CONNACK and SUBACK within {connection.timeout:g} s")
+        if refusals:
+            raise ConnectionError("; ".join(refusals))
         time.sleep(wait)  # listening for this long is the command's whole point
     finally:
         client.loop_stop()

@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 
 from appliance.config.errors import ConfigError
 from appliance.config.schema import join, setting
+from appliance.forwarding.validity import string_problem, upstream_problem
 
 DEFAULT_TOPIC_TEMPLATE = "gateways/{gateway_id}/devices/{device_id}/messages/events"
 #: ``message_id`` and ``priority`` carry the identity MQTT 3.1.1 cannot send as user properties.
@@ -54,17 +55,28 @@ class UpstreamConfig:
     def checked(self, given: Mapping[str, Any], path: str) -> UpstreamConfig:
         _check_template(self.topic_template, TOPIC_FIELDS, join(path, "topic_template"))
         _check_template(self.batch_topic, BATCH_TOPIC_FIELDS, join(path, "batch_topic"))
+        if self.host is not None and not self.host.strip():
+            raise ConfigError(join(path, "host"), "is empty: leave it out for no upstream link")
+        for name, value in (("client_id", self.client_id), ("username", self.username)):
+            problem = None if value is None else string_problem(name, value)
+            if problem is not None:
+                raise ConfigError(join(path, name), problem.detail)
         if self.backoff_max_s < self.backoff_min_s:
             raise ConfigError(join(path, "backoff_max_s"), f"must be >= backoff_min_s ({self.backoff_min_s})")
         return self
 
 
 def _check_template(template: str, fields: tuple[str, ...], path: str) -> None:
-    """Format the template once with every field it may use: a typo fails here, not at the first message."""
+    """Format the template once with every field it may use: a typo fails here, not at the first message.
+    The result must be a topic a conforming server accepts (no wildcard, no control character): else
+    every message would be unsendable and go to the dead letters."""
     try:
-        template.format(**{name: "x" for name in fields})
+        topic = template.format(**{name: "x" for name in fields})
     except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
         raise ConfigError(path, f"fields are {', '.join('{' + f + '}' for f in fields)}: {exc}") from exc
+    problem = upstream_problem(topic, (), None, 0, None)
+    if problem is not None:
+        raise ConfigError(path, problem.detail)
 
 
 @dataclass(frozen=True, slots=True)

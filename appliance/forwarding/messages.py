@@ -7,6 +7,13 @@ fields become system properties. When the bag and the MQTT 5 fields name the sam
 IoT Hub itself would route on, and one value per name keeps a route's answer from depending on which copy
 a lookup meets first. Anything else under ``devices/#`` (for instance the module-input topics the gateway
 itself publishes) is not telemetry and is left alone.
+
+A property named ``gw-*`` (any case) is not the device's to set: the gateway stamps its own ``gw-*`` user
+properties on every message it forwards (docs/message-format.md) and a device's copy, forwarded after them,
+is the value the cloud ingest keeps - a forged ``gw-message-id`` deduplicates another message away, a
+forged ``gw-device-id`` passes it off as another device's. Such properties are dropped at ingress; a module
+that re-sends a message from its input (which carries the gateway's ``gw-*`` of the first hop) is
+therefore not refused, and the next hop is stamped afresh.
 Pure: no I/O.
 """
 
@@ -18,6 +25,13 @@ from typing import Any
 from appliance.forwarding.conditions import UNDEFINED, parse_json_body
 from appliance.forwarding.topics import parse_telemetry_topic
 from appliance.forwarding.validity import check_publish_properties, check_topic_values
+
+#: The prefix of the gateway's own user properties (``gw-message-id``, ...), never taken from a device.
+GATEWAY_PREFIX = "gw-"
+
+
+def _is_gateways(name: str) -> bool:
+    return name.lower().startswith(GATEWAY_PREFIX)
 
 
 @dataclass(slots=True)
@@ -90,9 +104,11 @@ def message_from_publish(
     encoding = system.pop("contentEncoding", None)
     message_id = system.pop("messageId", None)
     content_type = system.pop("contentType", content_type)
+    app = [(key, value) for key, value in parsed.application if not _is_gateways(key)]
     from_bag = {key.lower() for key, _ in parsed.application}
-    app = list(parsed.application)
     for key, value in user_properties:
+        if _is_gateways(key):
+            continue
         if key == "content-encoding":
             encoding = encoding if encoding is not None else value
         elif key == "message-id":

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from appliance.forwarding.conditions import Condition, MessageView, compile_condition
 from appliance.forwarding.lexer import RouteSyntaxError, Token, tokenize, unescape
+from appliance.forwarding.validity import level_problem
 
 #: Priority of a route that names none: below every explicit priority 0-9 (the spec's ">10").
 DEFAULT_PRIORITY = 10
@@ -135,6 +136,10 @@ def _parse_sink(text: str, tokens: Sequence[Token], into_column: int) -> Endpoin
         target = unescape(tokens[2].text)
         parts = target.strip("/").split("/")
         if len(parts) == 4 and parts[0] == "modules" and parts[2] == "inputs" and parts[1] and parts[3]:
+            # Both become levels of the local topic devices/{gateway}/modules/{m}/inputs/{i}.
+            problem = level_problem("the module", parts[1]) or level_problem("the input", parts[3])
+            if problem is not None:
+                raise RouteSyntaxError(f"BrokeredEndpoint {target!r}: {problem.detail}", tokens[2].column)
             return Endpoint(f"modules/{parts[1]}/inputs/{parts[3]}", parts[1], parts[3])
         raise RouteSyntaxError(f"BrokeredEndpoint needs \"/modules/{{m}}/inputs/{{i}}\", got {target!r}", tokens[2].column)
     raise RouteSyntaxError("the sink is $upstream or BrokeredEndpoint(\"/modules/{m}/inputs/{i}\")", first.column)

@@ -104,6 +104,8 @@ def connect_failure_reason(exc: BaseException) -> str:
 CONNECT_TIMEOUT_S = 10.0
 #: How often keep-alive (liveness and paho's PINGREQ) is looked at.
 TICK_S = 0.25
+#: The Receive Maximum of a server that announces none (MQTT 5 section 3.2.2.3.3), and of MQTT 3.1.1.
+RECEIVE_MAXIMUM_DEFAULT = 65535
 #: How long a DISCONNECT may take to leave before the socket is simply closed.
 CLOSE_TIMEOUT_S = 1.0
 
@@ -191,6 +193,7 @@ class UpstreamSender:
         self._backoff = Backoff(settings.backoff_min_s, settings.backoff_max_s, random.Random())
         self._ready_flag = False
         self._max_packet: int | None = None  # the upstream's Maximum Packet Size (MQTT 5 CONNACK)
+        self._receive_max = RECEIVE_MAXIMUM_DEFAULT  # the upstream's Receive Maximum (MQTT 5 CONNACK)
         # Why the last connection ended, and whether that blames the messages in flight (not when the
         # bridge closed it itself: a stop, the modem reporting the link down).
         self._lost_reason = ""
@@ -481,6 +484,7 @@ class UpstreamSender:
         self._set_ready(True)  # a new connection for the estimate: the round trip below belongs to it
         self.estimate.note_round_trip(self._loop.time() - self._connect_started)
         self._max_packet = getattr(properties, "MaximumPacketSize", None)
+        self._receive_max = getattr(properties, "ReceiveMaximum", None) or RECEIVE_MAXIMUM_DEFAULT
         floor = retransmission_floor_s(self._socket) if self._socket is not None else None
         # The floor TCP retransmits above: the image sizes it for the slowest uplink (appliance/tcp_floor.py).
         log.info("upstream connected to %s:%s (retransmission floor %s)", self.settings.host, self.settings.port,
@@ -552,12 +556,14 @@ class UpstreamSender:
         return self.topic_for(item), item.message.payload, properties
 
     def _in_flight_limit(self) -> int:
-        """PUBLISHes that may be unacknowledged, re-read after every ack so it follows the link."""
+        """PUBLISHes that may be unacknowledged, re-read after every ack so it follows the link; never more
+        than the server's Receive Maximum (MQTT 5 section 3.3.4: a server closes the connection, 0x93, and
+        the pump would blame the message at the head for the drop)."""
         window = self.window()
         if window.chunk_bytes is None:
-            return window.messages
+            return min(window.messages, self._receive_max)
         assert window.bytes is not None
-        return max(2, -(-window.bytes // window.chunk_bytes))
+        return min(max(2, -(-window.bytes // window.chunk_bytes)), self._receive_max)
 
     def _check_unit(self, topic: str, payload: bytes, properties: Properties | None) -> None:
         """Raise ``Unsendable`` for a PUBLISH that a conforming MQTT 5 server must refuse: control

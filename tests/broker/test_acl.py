@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import getpass
 import threading
 import uuid
@@ -10,9 +11,12 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from appliance.broker.acl import Acl, AclFileError, filter_covers
 from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
+from tests.support.campaigns import campaign
 from tests.support.processes import MosquittoProcess
 
 ACL_TEXT = """\
@@ -319,3 +323,44 @@ def test_percent_x_is_the_upper_case_hex_of_the_client_id() -> None:
     acl = Acl.parse("pattern read hex/%x\n", "acl")
     assert acl.can_receive("é/+", None, "hex/C3A92F2B") is False  # a wildcard in the id denies everything
     assert acl.can_receive("é", None, "hex/C3A9") and not acl.can_receive("é", None, "hex/c3a9")
+
+
+def hex_of(client_id: str) -> str:
+    return base64.b16encode(client_id.encode("utf-8")).decode("ascii")
+
+
+def test_a_client_named_like_another_clients_hex_id_does_not_share_its_topics() -> None:
+    """Client ``76696374696D31`` (HEX of ``victim1``) got ``clients/76696374696D31/#`` through ``clients/%c/#``:
+    victim1's SDK response space (``clients/%x/#``), so it read victim1's state store replies and forged
+    them. The space belongs to the client whose ``%x`` it is; a hex id that decodes to no client id (not
+    UTF-8) keeps its ``%c`` space, and other ``%c`` patterns are untouched."""
+    acl = Acl.parse("pattern readwrite devices/%c/#\n", "acl", DEFAULT_ACL_CLIENT_PATTERNS)
+    victim, shaped = "victim1", hex_of("victim1")
+    space = f"clients/{shaped}/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response"
+    assert acl.can_publish(victim, None, space) and acl.can_receive(victim, None, space)
+    assert not acl.can_publish(shaped, "mallory", space)
+    assert not acl.can_receive(shaped, "mallory", space)
+    assert not acl.can_subscribe(shaped, "mallory", f"clients/{shaped}/#")
+    assert acl.can_publish(shaped, "mallory", f"devices/{shaped}/x")  # a %c pattern the %x ones never reach
+    # Hex-shaped but no UTF-8 behind it (a MAC address): no other client's %x, so its own %c space.
+    assert acl.can_publish("A4CF12345678", None, "clients/A4CF12345678/resp")
+    # Hex of control characters only (a serial number): no client's id in practice, so its own %c space.
+    assert acl.can_publish("0012", None, "clients/0012/resp")
+
+
+def _printable_client_id(max_size: int) -> st.SearchStrategy[str]:
+    return st.text(min_size=1, max_size=max_size).filter(lambda s: s.isprintable() and not set(s) & set("/+#"))
+
+
+@campaign(200)
+@given(_printable_client_id(12), _printable_client_id(24))
+def test_no_two_clients_share_a_clients_space_under_the_default_patterns(first: str, second: str) -> None:
+    """For client ids without control characters (a client whose id has them gives up its ``%x`` space to
+    the hex-shaped id that names it, so that numeric ids such as ``0012`` keep their ``%c`` space)."""
+    acl = Acl.parse("", "acl", DEFAULT_ACL_CLIENT_PATTERNS)
+    for one, other in ((first, second), (second, first), (first, hex_of(first)), (hex_of(first), first)):
+        if one == other:
+            continue
+        for level in (one, hex_of(one)):
+            topic = f"clients/{level}/r"
+            assert not (acl.can_publish(one, None, topic) and acl.can_publish(other, None, topic)), (one, other, topic)

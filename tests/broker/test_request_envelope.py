@@ -27,6 +27,7 @@ import appliance
 from appliance.broker.acl import Acl, AclFileError
 from appliance.broker.api import BrokerService, InboundPublish
 from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
+from appliance.broker.topic_tree import topic_matches
 from appliance.gateway import build_services
 from appliance.gateway_config import load_config
 from appliance.hardware.service import HardwareService
@@ -71,6 +72,8 @@ class AclBroker:
     requester: tuple[str, str | None] = ("mallory", "mallory")
     published: list[tuple[str, bool]] = field(default_factory=list)
     disconnected: list[int] = field(default_factory=list)
+    #: The topic filters of the services started on it, as ``Broker.service_filters``.
+    service_filters: list[str] = field(default_factory=list)
 
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False, **props: Any) -> None:
         if topic.startswith("$SYS/gateway/"):
@@ -82,6 +85,9 @@ class AclBroker:
 
     def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
         return self.acl is None or self.acl.can_publish(client_id, username, topic)
+
+    def serves(self, topic: str) -> bool:
+        return any(topic_matches(topic_filter, topic) for topic_filter in self.service_filters)
 
     def deputy_writes(self) -> list[str]:
         return [topic for topic, allowed in self.published if not allowed]
@@ -110,6 +116,7 @@ def services(tmp_path: Path) -> Iterator[tuple[list[BrokerService], AclBroker, a
     loop = asyncio.new_event_loop()
     broker = AclBroker(Acl.parse(ACL, "acl", DEFAULT_ACL_CLIENT_PATTERNS))
     built = build_services(config)
+    broker.service_filters = [topic_filter for service in built for topic_filter in service.topic_filters]
     for service in built:
         loop.run_until_complete(service.start(broker))
     yield built, broker, loop
@@ -195,6 +202,24 @@ def test_no_service_replies_on_its_own_request_topic(
         assert all(topic != own for topic, _ in broker.published), type(service).__name__
         if service.topic_filters != ("devices/#",):
             assert verdict.disconnect == 0x90
+
+
+def test_no_service_replies_on_another_services_request_topic(
+    services: tuple[list[BrokerService], AclBroker, asyncio.AbstractEventLoop],
+) -> None:
+    """A reply published there skips that service and reaches its topic's subscribers as a request nobody
+    made (the firmware service's -ERR echoing the requester's text on the state store's request topic),
+    though the requester may write the topic: her own publish there would have gone to the service."""
+    built, broker, loop = services
+    for service, payload in answering(built):
+        for other, (topic, _) in REQUESTS.items():
+            if other == type(service).__name__:
+                continue
+            broker.published.clear()
+            verdict = attack(loop, service, request(service, payload, topic))
+            assert all(published != topic for published, _ in broker.published), (type(service).__name__, other)
+            if service.topic_filters != ("devices/#",):
+                assert (verdict.reason_code, verdict.disconnect) == (0x90, 0x90), (type(service).__name__, other)
 
 
 def test_a_reply_queued_before_the_acl_changed_is_not_sent(

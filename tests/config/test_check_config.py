@@ -134,9 +134,33 @@ def test_files_are_checked_despite_errors_in_other_sections(tmp_path: Path) -> N
     assert [p.split(":")[0] for p in problems] == ["gateway.metrics_port", "broker.auth.acl_file"], problems
 
 
+@pytest.mark.parametrize("gateway_id", ["gw/#", "gw+1", "gw/1", "gw\\u0001", "gw\\t", ""])
+def test_a_gateway_id_that_cannot_be_a_topic_level_is_refused(tmp_path: Path, gateway_id: str) -> None:
+    """The gateway id is a level of every upstream topic (``gateways/{gateway_id}/...``) and of ``$SYS``.
+    Before: check-config passed a wildcard, a '/' or a control character in it, and ``run`` then
+    dead-lettered every message as unsendable (or mosquitto refused them all)."""
+    _, problems = check_config(write_config(tmp_path, f'[gateway]\nid = "{gateway_id}"\n'))
+    assert [p.split(":")[0] for p in problems] == ["gateway.id"], problems
+
+
 def test_forwarding_enabled_without_a_manifest(tmp_path: Path) -> None:
     _, problems = check_config(write_config(tmp_path, "[forwarding]\nenabled = true\n"))
     assert problems == ["forwarding.manifest: forwarding is enabled but names no manifest: no message would be routed"]
+
+
+def test_forwarding_enabled_with_a_manifest_of_no_routes(tmp_path: Path) -> None:
+    """What doctor calls a problem (every device message accepted and dropped); before, check-config passed it."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"schemaVersion": "1.2", "routes": {}}))
+    _, problems = check_config(write_config(tmp_path, '[forwarding]\nenabled = true\nmanifest = "manifest.json"\n'))
+    assert [p.split(":")[0] for p in problems] == ["forwarding.manifest"] and "no routes" in problems[0], problems
+    _, problems = check_config(write_config(tmp_path, '[forwarding]\nenabled = false\nmanifest = "manifest.json"\n'))
+    assert problems == []
+
+
+def test_an_empty_upstream_host_is_refused(tmp_path: Path) -> None:
+    """An empty host is not "no upstream": the link would try to connect to '' for ever."""
+    _, problems = check_config(write_config(tmp_path, '[forwarding.upstream]\nhost = " "\n'))
+    assert [p.split(":")[0] for p in problems] == ["forwarding.upstream.host"], problems
 
 
 def test_an_unreadable_or_broken_config_file_is_one_problem(tmp_path: Path) -> None:

@@ -185,6 +185,9 @@ class RecordingBroker:
     def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
         return True  # no acl_file (the deputy tests, tests/broker/test_request_envelope.py, have one)
 
+    def serves(self, topic: str) -> bool:
+        return topic == REQUEST_TOPIC
+
 
 def inbound(client: str, payload: bytes, response_topic: str | None = "clients/c/r", correlation: bytes | None = b"1",
             qos: int = 1, level: int = 5) -> InboundPublish:

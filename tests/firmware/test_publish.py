@@ -206,3 +206,13 @@ def test_public_key_help_names_the_config_fields_that_take_its_output() -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     text = " ".join(proc.stdout.split())  # argparse wraps lines
     assert "update.key" in text and "[firmware] keys" in text
+
+
+def test_status_with_a_refused_login_fails_instead_of_reporting_no_thermostats(site: Site) -> None:
+    """A wrong password got exit 0 and an empty fleet: the CONNACK's refusal was never read."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APPLIANCE_")}
+    env.update(APPLIANCE_USERNAME="operator", APPLIANCE_PASSWORD="not-the-password")
+    proc = subprocess.run([sys.executable, "-m", "appliance", "firmware", "status", "--wait", "0.2",
+                           "--config", str(site.config)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert "Bad user name or password" in proc.stderr

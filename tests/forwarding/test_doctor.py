@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.cli import main
-from appliance.doctor import check_forwarding, check_store_health
+from appliance.doctor import check_forwarding, check_store_health, run_checks
 from appliance.findings import Finding, Verdict
 from appliance.forwarding.config import ForwardingConfig
 from appliance.forwarding.doctor import (
@@ -31,6 +31,7 @@ from appliance.forwarding.service import METRICS_FILE, STATUS_FILE, STORE_FILE
 from appliance.gateway_config import GatewayConfig, load_config
 from tests.forwarding.rig import ForwardingRig, manifest
 from tests.support.campaigns import campaign
+from tests.support.certificates import valid_for
 from tests.support.waiting import wait_until
 
 ALL = {"all": {"route": "FROM /messages/* INTO $upstream", "priority": 2, "timeToLiveSecs": 60}}
@@ -254,3 +255,21 @@ def test_a_damaged_document_is_a_finding_not_a_crash(tmp_path: Path, changes: di
     write_document(tmp_path, **changes)
     findings = check_metrics_document(tmp_path, NOW, PID, 60.0)
     assert findings and all(isinstance(f, Finding) for f in findings)
+
+
+def test_an_expired_upstream_certificate_is_a_problem(tmp_path: Path) -> None:
+    """The cloud refuses an expired client certificate at every handshake: the link stays down for ever.
+    Before: doctor checked only the listeners' certificates and found nothing wrong offline."""
+    fine, _ = valid_for(tmp_path, "fine", 300)
+    expired, expired_key = valid_for(tmp_path, "expired", -1)
+    (tmp_path / "m.json").write_text(manifest({"all": "FROM /messages/* INTO $upstream"}))
+    upstream = f'host = "cloud.example"\ntls = true\nca_file = "{fine}"\ncert_file = "{expired}"\nkey_file = "{expired_key}"\n'
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[forwarding]\nenabled = true\nmanifest = "m.json"\n[forwarding.upstream]\n{upstream}')
+    findings = run_checks(load_config(path))
+    assert [f.message.split(":")[0] for f in findings if f.check == "tls" and f.verdict is Verdict.PROBLEM] == [
+        f"TLS upstream cert_file {expired}"]
+    assert any(f.message.startswith(f"TLS upstream ca_file {fine}:") and f.verdict is Verdict.OK for f in findings)
+    plain = upstream.replace("tls = true", "tls = false")
+    path.write_text(f'[forwarding]\nenabled = true\nmanifest = "m.json"\n[forwarding.upstream]\n{plain}')
+    assert not any(f.check == "tls" for f in run_checks(load_config(path))), "certificates a plain link does not use"

@@ -51,6 +51,17 @@ def test_route_errors_point_at_the_column_of_the_whole_route(text: str, column: 
     assert info.value.column == column, info.value
 
 
+@pytest.mark.parametrize("target", ["/modules/a/inputs/#", "/modules/+/inputs/in", "/modules/a/inputs/i\\u0009n",
+                                    "/modules/a\\u0000/inputs/in"])
+def test_a_module_input_that_cannot_be_a_topic_is_refused(target: str) -> None:
+    """The module and input become levels of the local topic ``devices/{gateway}/modules/{m}/inputs/{i}``.
+    Before: a wildcard or control character was accepted (check-config passed) and every message routed
+    there was published on a topic no client may publish to."""
+    with pytest.raises(RouteSyntaxError) as info:
+        parse_route("r", f'FROM /messages/* INTO BrokeredEndpoint("{target}")')
+    assert info.value.column == 40, info.value
+
+
 @pytest.mark.parametrize(
     ("source", "message_source", "matches"),
     [

@@ -15,7 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.forwarding.conditions import compile_condition
+from appliance.forwarding.endpoints import identity_properties
 from appliance.forwarding.messages import message_from_publish
+from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.topics import (
     BAG_CASE_DUPLICATE,
     BAG_EMPTY_NAME,
@@ -133,6 +135,27 @@ def test_telemetry_whose_bag_does_not_decode_is_refused_with_its_reason(topic: s
     with pytest.raises(InvalidMessage) as refused:
         message_from_publish(topic, b"", [], None)
     assert (refused.value.reason, refused.value.reason_code) == (reason, 0x90)
+
+
+@pytest.mark.parametrize(("topic", "user_properties"), [
+    ("devices/t1/messages/events/gw-message-id=gw1%3A1&n=1", []),
+    ("devices/t1/messages/events/GW-Device-Id=t2&n=1", []),
+    ("devices/t1/messages/events/", [("gw-device-id", "t2"), ("n", "1")]),
+    ("devices/t1/modules/m/messages/events/", [("gw-message-id", "gw1:1"), ("gw-priority", "0"), ("n", "1")]),
+])
+def test_a_property_in_the_gateways_own_namespace_is_not_the_devices(topic: str,
+                                                                     user_properties: list[tuple[str, str]]) -> None:
+    """The ``gw-*`` user properties are the gateway's (docs/message-format.md): a device's own, forwarded
+    after them, came out last, and the cloud ingest (pipeline/envelope.py) keeps the last value of a name.
+    Before: a device sending ``gw-message-id=gw1:1`` made its message a "duplicate" of another (deduplicated
+    away, lost) and ``gw-device-id`` passed it off as another device. A module re-sending its input (which
+    carries the first hop's ``gw-*``) must still be forwarded, so they are dropped, not refused."""
+    message = message_from_publish(topic, b"", user_properties, None)
+    assert message is not None and message.properties == [("n", "1")]
+    item = QueuedMessage(seq=7, endpoint="upstream", priority=2, enqueued_ms=1, ttl_s=60, expires_ms=60001, message=message)
+    sent = identity_properties(item, "gw1", 2)
+    assert [value for name, value in sent if name.lower() == "gw-message-id"] == ["gw1:7"]
+    assert [value for name, value in sent if name.lower() == "gw-device-id"] == ["t1"]
 
 
 def test_property_bag_errors_name_the_problem() -> None:

@@ -239,6 +239,31 @@ def test_batches_respect_the_upstream_maximum_packet_size(tmp_path: Path) -> Non
     assert max(len(r.payload) for r in collector.messages) <= 1024
 
 
+def test_never_more_in_flight_than_the_upstreams_receive_maximum(tmp_path: Path) -> None:
+    """MQTT 5 section 3.3.4: a client MUST NOT have more unacknowledged QoS 1 PUBLISHes than the server's
+    Receive Maximum (CONNACK); a server that enforces it closes the connection (0x93), and the pump then
+    blames an innocent message at the head of the queue for the drop. Before: the window alone bounded
+    what was in flight (up to 200 on a fast link), whatever the server announced. mosquitto announces
+    ``max_inflight_messages`` as its Receive Maximum (it does not enforce it, so the count is taken here)."""
+    with (MosquittoProcess(tmp_path / "strict", extra_config="max_inflight_messages 2\n") as strict,
+          RelayThread(strict.host, strict.port) as slow):
+        slow.set(delay_ms=30)  # acks come late, so a window above 2 would put more than 2 in flight
+        most = 0
+
+        async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+            nonlocal most
+            for n in range(60):
+                await add(n)
+            while await thread.call(store.message_count):
+                client = pump.sender._client  # paho's own count of unacknowledged PUBLISHes
+                most = max(most, client._inflight_messages if client is not None else 0)
+                await asyncio.sleep(0.002)
+
+        sender, _ = run_bridge(tmp_path, slow.port, "5", scenario)
+    assert sender.window().messages > 2, "the window alone would have allowed more"
+    assert 1 <= most <= 2, most
+
+
 def test_batch_window_follows_the_measured_link(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread) -> None:
     """At 9.6 kbit/s a batch PUBLISH is about half a second of link; the batch is two of them."""
     relay.set(rate_bps=9600, delay_ms=20)

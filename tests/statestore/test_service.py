@@ -69,6 +69,9 @@ class RecordingBroker:
     def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
         return self.acl is None or self.acl.can_publish(client_id, username, topic)
 
+    def serves(self, topic: str) -> bool:
+        return topic == REQUEST_TOPIC
+
     def prometheus(self) -> str:
         return ""
 
