@@ -54,12 +54,12 @@ async def serve(line: SerialLine, backend: Backend, ready_out: TextIO, stop: asy
     The serial line may be absent at start or hang up later (`SerialLink`): the rig keeps shaping and
     answers again when the line is back; only SIGTERM/SIGINT end it."""
     state = RigState(backend.name, backend.features)
-    lines: asyncio.Queue[str | CommandError] = asyncio.Queue()
+    lines: asyncio.Queue[tuple[int, str | CommandError]] = asyncio.Queue()  # (the line's opening, command)
     buffer = LineBuffer()
 
     def on_data(data: bytes) -> None:
         for item in buffer.feed(data):
-            lines.put_nowait(item)
+            lines.put_nowait((link.opening, item))
 
     def on_lost() -> None:
         nonlocal buffer
@@ -80,9 +80,10 @@ async def serve(line: SerialLine, backend: Backend, ready_out: TextIO, stop: asy
             if not next_line.done():
                 next_line.cancel()
                 break
-            reply = await _carry_out(state, backend, next_line.result(), link)
+            opening, item = next_line.result()
+            reply = await _carry_out(state, backend, item, link)
             if reply is not None:
-                link.send(reply.encode() + b"\n")
+                link.send(reply.encode() + b"\n", opening)
     finally:
         stopped.cancel()
         link.close()

@@ -177,6 +177,7 @@ class SerialLink:
         self._missing_since_logged = False
         self._dropped_before = 0  # replies dropped by writers of earlier opens of the line
         self._closed = False
+        self.opening = 0  # how many times the line was opened: which host a command came from
 
     @property
     def connected(self) -> bool:
@@ -203,13 +204,19 @@ class SerialLink:
         if self._missing_since_logged:
             self._log(f"serial line {self.line.name} is back")
             self._missing_since_logged = False
+        self.opening += 1
         self._fd = fd
         self._writer = ReplyWriter(fd)
         asyncio.get_running_loop().add_reader(fd, self._readable)
 
-    def send(self, data: bytes) -> None:
-        """Send a reply; with no line open it is dropped and counted, as for a host that does not read."""
-        if self._writer is None:
+    def send(self, data: bytes, opening: int) -> None:
+        """Send the reply to a command read while the line was open for the ``opening``-th time.
+
+        With no line open, or if the line hung up since that command was read, it is dropped and counted,
+        as for a host that does not read: a host that opens the line again must read the answer to its own
+        next command, not the answers to commands queued before the hang-up (those are still carried out,
+        as ``echo DOWN > /dev/hilrig`` expects)."""
+        if self._writer is None or opening != self.opening:
             self._dropped_before += 1
             return
         self._writer.send(data)

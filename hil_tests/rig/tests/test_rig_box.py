@@ -204,6 +204,27 @@ def test_a_killed_rig_is_undone_by_the_next_one_which_tells_the_host(site, start
     assert _early_retrans(site) == original and "hilbr0" not in _in_rig(site, "ip", "-br", "link")
 
 
+def test_after_a_hang_up_the_host_reads_the_answer_to_its_own_command_not_to_commands_queued_before(site, tmp_path):
+    """A host that sends commands and goes (a script killed, the bench PC rebooted) leaves them queued; they
+    are still carried out (``echo DOWN > /dev/hilrig`` works), but their replies used to go to the next host:
+    its STATUS read ``OK RATE 64000``, so every reply after it was the answer to some other line."""
+    host = HostSide(tmp_path / "hilrig")
+    try:
+        args = ["--backend", "bridge", "--ports", ",".join(site.ports), "--state-dir", str(tmp_path / "state")]
+        with local_rig(args, tmp_path / "rig.log", serial_device=str(host.name), prefix=site.exec_in(site.rig_ns)):
+            assert host.command("STATUS").startswith("OK backend=bridge")
+            os.set_blocking(host.master, True)
+            # Each RATE runs tc twice: far more than the rig carries out before it opens the line again.
+            os.write(host.master, b"".join(b"RATE %d\n" % (9600 + i % 2 * 54400) for i in range(2000)))
+            host.unplug()
+            host.plug()
+            status = host.command("STATUS", timeout=30)
+            assert status.startswith("OK backend=bridge "), f"the new host read {status!r} for its STATUS"
+            assert host.command("LOSS 5") == "OK LOSS 5"
+    finally:
+        host.close()
+
+
 def test_a_second_rig_on_the_same_ports_refuses_and_leaves_the_first_one_shaping(site, start_rig, tmp_path):
     """Issue 26 section 4: the second rig deleted the first one's qdiscs and table as a dead rig's leftovers,
     and the first one's STATUS went on saying rate=64000 loss=50."""
