@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import sys
@@ -119,6 +120,18 @@ def _host_port(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def _queue_seconds(value: str) -> float:
+    """A positive, finite number of seconds: tbf's limit is RATE x this, in whole bytes (``inf`` used to end
+    the rig in a traceback, 0 or a negative one in an ``ERR backend`` for every RATE)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return seconds
+
+
 def _ports(value: str) -> tuple[str, str]:
     names = value.split(",")
     if len(names) != 2 or not all(names) or names[0] == names[1]:
@@ -149,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bridge: where the rig records what it changed, to undo it after a crash "
                         f"(default {DEFAULT_STATE_DIR}; the unit's RuntimeDirectory)")
     parser.add_argument("--run-id", help="netns: suffix of the namespace names (default: random)")
-    parser.add_argument("--queue-s", type=float, default=DEFAULT_QUEUE_SECONDS,
+    parser.add_argument("--queue-s", type=_queue_seconds, default=DEFAULT_QUEUE_SECONDS,
                         help="netns, bridge: how many seconds of traffic at the current rate tbf queues (default 1)")
     parser.add_argument("--relay-slowest-rate", type=int, default=RELAY_SLOWEST_RATE_BPS, metavar="BITS_PER_S",
                         help="bridge: the slowest RATE the delay relay's retransmission floor is sized for "

@@ -14,6 +14,7 @@ import serial
 
 from hil_tests.rig.client import RigClient, RigError
 from hil_tests.rig.launcher import RigStartError, local_rig
+from hil_tests.rig.program import build_parser
 from hil_tests.rig.tests.flow import drain, flooding, measure_connection, quiet_for
 
 
@@ -160,3 +161,13 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0", "1e400", "soon"])
+def test_a_queue_length_that_is_not_a_positive_finite_time_is_refused_by_the_command_line(value, capsys):
+    """``--queue-s inf`` ended the rig in a traceback; 0 and negative values started a rig whose every RATE
+    failed. Now the command line refuses them in one line (argparse's usage error, exit status 2)."""
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["--serial", "pty", "--backend", "bridge", "--ports", "a,b", "--queue-s", value])
+    assert stopped.value.code == 2
+    assert "--queue-s" in capsys.readouterr().err
