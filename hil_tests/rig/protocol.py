@@ -131,11 +131,22 @@ class CommandSpec:
     feature: str | None
 
 
+#: LOSS is kept to the bridge's resolution (1e-7 percent, `kernel.LOSS_MODULUS`), so what the reply and STATUS
+#: say is what drops frames: 99.99999999999 used to read ``OK LOSS 100`` and drop every frame while STATUS said
+#: ``up=1``, and 1e-8 dropped nothing while STATUS said ``loss=1e-08``. Rounded, they are 100 (refused: use
+#: DOWN) and 0.
+LOSS_DECIMALS = 7
+
+
 COMMANDS: dict[str, CommandSpec] = {
     "RATE": CommandSpec(_rate_args, _rate_changes, "rate"),
     "DELAY": CommandSpec(_one_number(), lambda args: {"delay_ms": args[0]}, "delay"),
     "JITTER": CommandSpec(_one_number(), lambda args: {"jitter_ms": args[0]}, "jitter"),
-    "LOSS": CommandSpec(_one_number(), lambda args: {"loss_pct": args[0]}, "loss"),
+    "LOSS": CommandSpec(
+        lambda words: tuple(round(arg, LOSS_DECIMALS) for arg in _one_number()(words)),
+        lambda args: {"loss_pct": args[0]},
+        "loss",
+    ),
     "DOWN": CommandSpec(_no_args, lambda args: {"up": False}, "down"),
     "UP": CommandSpec(_no_args, lambda args: {"up": True}, None),
     "STATUS": CommandSpec(_no_args, None, None),
@@ -158,7 +169,8 @@ def parse_command(line: str) -> Command | None:
 
 
 def _format_number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+    # Every digit that counts: ``:g`` kept six, so ``LOSS 12.3456789`` was said to be 12.3457.
+    return str(int(value)) if float(value).is_integer() else f"{value:.15g}"
 
 
 class RigState:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hil_tests.rig.kernel import drop_rules
 from hil_tests.rig.protocol import (
     FEATURES,
     Apply,
@@ -163,3 +164,25 @@ def test_a_line_of_the_longest_allowed_length_passes_however_its_bytes_are_split
     for cut in range(len(wire) + 1):
         buffer = LineBuffer()
         assert [*buffer.feed(wire[:cut]), *buffer.feed(wire[cut:])] == [line.decode()], cut
+
+
+@pytest.mark.parametrize(
+    ("line", "reply", "loss"),
+    [
+        ("LOSS 99.99999999999", "ERR", None),  # rounds to 100 at the bridge's 1e-7 % resolution: all frames
+        ("LOSS 0.00000001", "OK LOSS 0", "0"),  # below the resolution: nothing is dropped, and STATUS says so
+        ("LOSS 12.3456789", "OK LOSS 12.3456789", "12.3456789"),
+        ("LOSS 99.9999999", "OK LOSS 99.9999999", "99.9999999"),
+    ],
+)
+def test_the_loss_a_reply_and_status_state_is_the_loss_in_force(line, reply, loss):
+    """Issue 26 "STATUS never lies": ``LOSS 99.99999999999`` was answered ``OK LOSS 100`` (a value LOSS
+    refuses) and the bridge's rule dropped every frame while STATUS said ``up=1``."""
+    state = RigState("bridge", frozenset(FEATURES))
+    action = state.handle(line)
+    if isinstance(action, Apply):
+        state.commit(action.settings)
+        assert drop_rules("t", "bridge", ["forward"], ["lan0"], action.settings).count("numgen") == (loss != "0")
+    assert getattr(action, "line", "").startswith(reply), action
+    status = state.status_line({})
+    assert (f" loss={loss} " in status) if loss is not None else " loss=0 " in status, status
