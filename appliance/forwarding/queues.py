@@ -388,28 +388,25 @@ class MessageStore:
 
     def count_refusals(self, endpoint: str, priority: int, seqs: Iterable[int]) -> dict[int, int]:
         """The endpoint refused the entries ``seqs`` once more; returns each one's refusals so far."""
-        queue = queue_name(endpoint, priority)
-        wanted = sorted(set(seqs))
-        with self._transaction():
-            for seq in wanted:
-                self.db.execute(
-                    "INSERT INTO refusals (queue, seq, count) VALUES (?, ?, 1) "
-                    "ON CONFLICT(queue, seq) DO UPDATE SET count = count + 1", (queue, seq),
-                )
-            return {seq: self.refusals(endpoint, priority, seq) for seq in wanted}
+        return self._count_once_more("refusals", endpoint, priority, seqs)
 
     def count_link_drops(self, endpoint: str, priority: int, seqs: Iterable[int]) -> dict[int, int]:
         """The link dropped once more while the entries ``seqs`` were in flight; returns each one's drops
         so far."""
+        return self._count_once_more("link_drops", endpoint, priority, seqs)
+
+    def _count_once_more(self, table: str, endpoint: str, priority: int, seqs: Iterable[int]) -> dict[int, int]:
+        """One more for each of ``seqs`` in a per-entry count table (``refusals``, ``link_drops``), in one
+        transaction; each entry's count after it."""
         queue = queue_name(endpoint, priority)
         wanted = sorted(set(seqs))
         with self._transaction():
             for seq in wanted:
                 self.db.execute(
-                    "INSERT INTO link_drops (queue, seq, count) VALUES (?, ?, 1) "
+                    f"INSERT INTO {table} (queue, seq, count) VALUES (?, ?, 1) "
                     "ON CONFLICT(queue, seq) DO UPDATE SET count = count + 1", (queue, seq),
                 )
-            return {seq: self.link_drops(endpoint, priority, seq) for seq in wanted}
+            return {seq: self._entry_count(table, queue, seq) for seq in wanted}
 
     def last_link_drop_suspect(self, endpoint: str, priority: int) -> int:
         """The highest sequence number of the queue that was in flight at a link drop (0: none)."""
@@ -417,11 +414,13 @@ class MessageStore:
         return int(row[0] or 0)
 
     def link_drops(self, endpoint: str, priority: int, seq: int) -> int:
-        row = self.db.execute("SELECT count FROM link_drops WHERE queue = ? AND seq = ?", (queue_name(endpoint, priority), seq)).fetchone()
-        return 0 if row is None else int(row[0])
+        return self._entry_count("link_drops", queue_name(endpoint, priority), seq)
 
     def refusals(self, endpoint: str, priority: int, seq: int) -> int:
-        row = self.db.execute("SELECT count FROM refusals WHERE queue = ? AND seq = ?", (queue_name(endpoint, priority), seq)).fetchone()
+        return self._entry_count("refusals", queue_name(endpoint, priority), seq)
+
+    def _entry_count(self, table: str, queue: str, seq: int) -> int:
+        row = self.db.execute(f"SELECT count FROM {table} WHERE queue = ? AND seq = ?", (queue, seq)).fetchone()
         return 0 if row is None else int(row[0])
 
     def clear_dead_letters(self) -> int:
