@@ -59,7 +59,7 @@ test: system-deps $(STAMP)
 # The same suite beside a CPU hog, one busy process per core, as a shared CI host can be (load ~2x the
 # cores above the suite's own): real-time bounds in the suite must hold there too. Slower; not in CI.
 test-busy: system-deps $(STAMP)
-	$(BIN)/python -m tests.support.cpu_hog --seconds 1800 & hog=$$!; \
+	$(BIN)/python -m testing.cpu_hog --seconds 1800 & hog=$$!; \
 	$(KEEP_BYTECODE) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow and not image" $(PYTEST_ARGS); \
 	rc=$$?; kill $$hog; exit $$rc
 

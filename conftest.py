@@ -30,7 +30,7 @@ import pytest
 
 # ``make check`` is the inner loop: the same properties on fewer examples (``--hypothesis-profile=check``,
 # registered by the import); ``make test`` keeps hypothesis' default profile and every campaign's own count.
-import tests.support.campaigns  # noqa: F401
+import testing.campaigns  # noqa: F401
 
 LAYERS = ("unit", "inprocess", "process", "hil")
 
@@ -108,7 +108,7 @@ INPROCESS_MODULES = frozenset(
         "tests/broker/test_server_login.py",
         "tests/broker/test_services.py",
         "tests/statestore/test_hosted.py",
-        "tests/support/test_paho_clients.py",
+        "tests/testing/test_paho_clients.py",
     }
 )
 

@@ -56,7 +56,7 @@ def build_parser(gateway_only: bool = False) -> argparse.ArgumentParser:
     if gateway_only:
         return parser
     from appliance import doctor
-    from appliance.broker import passwd_cli
+    from appliance.broker.security import passwd_cli
     from appliance.firmware import cli as firmware_cli
     from appliance.forwarding import cli as forwarding_cli
     from appliance.statestore import cli as statestore_cli

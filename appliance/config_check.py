@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from appliance.broker.acl import Acl
-from appliance.broker.auth import parse_password_file
 from appliance.broker.config import AuthConfig, BrokerConfig
+from appliance.broker.security.acl import Acl
+from appliance.broker.security.auth import parse_password_file
 from appliance.config.errors import ConfigError
 from appliance.config.schema import SectionRejected, collecting_errors, field_types, parse_section
 from appliance.forwarding.config import ForwardingConfig

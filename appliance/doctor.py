@@ -30,12 +30,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from appliance import run_state
-from appliance.broker.certificates import (
+from appliance.broker.config import ListenerConfig
+from appliance.broker.transport.certificates import (
     NEAR_EXPIRY,
     CertificateFileError,
     date_problems,
 )
-from appliance.broker.config import ListenerConfig
 from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.findings import Finding, Verdict
 from appliance.forwarding import doctor as forwarding_doctor

@@ -22,13 +22,13 @@ from collections.abc import Callable, Mapping
 import uvloop
 
 from appliance import run_state
-from appliance.broker.acl import Acl, AclFileError
 from appliance.broker.api import BrokerService, ServiceStartError
-from appliance.broker.auth import Authenticator, PasswordFileError
 from appliance.broker.broker import Broker
 from appliance.broker.config import BrokerConfig, queued_bytes_default
-from appliance.broker.persistence import DB_FILENAME, BrokerStore, PersistenceError
-from appliance.broker.server import TlsSetupError, start_listener
+from appliance.broker.persistence.store import DB_FILENAME, BrokerStore, PersistenceError
+from appliance.broker.security.acl import Acl, AclFileError
+from appliance.broker.security.auth import Authenticator, PasswordFileError
+from appliance.broker.transport.server import TlsSetupError, start_listener
 from appliance.gateway_config import GatewayConfig
 from appliance.hardware.factory_reset import (
     FACTORY_RESET_EXIT_STATUS,

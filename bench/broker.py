@@ -53,7 +53,7 @@ from bench.mqtt_load import (  # noqa: E402
     raise_fd_limit,
     run_load,
 )
-from tests.support.processes import GatewayProcess, MosquittoProcess  # noqa: E402
+from testing.processes import GatewayProcess, MosquittoProcess  # noqa: E402
 
 #: mosquitto as the issue measures it: unlimited queues (``max_queued_messages 0``), the same 64-message
 #: outbound window our QoS 1 clients ask for (its default, 20, is also what it would grant publishers as

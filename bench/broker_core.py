@@ -40,14 +40,14 @@ import uvloop
 if __package__ in (None, ""):  # run by path: make ``appliance`` importable from this tree
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from appliance.broker.auth import Authenticator  # noqa: E402
 from appliance.broker.broker import Broker  # noqa: E402
 from appliance.broker.codec import packets as pk  # noqa: E402
 from appliance.broker.codec.reader import PacketReader  # noqa: E402
 from appliance.broker.codec.writer import encode  # noqa: E402
 from appliance.broker.config import BrokerConfig, LimitsConfig, ListenerConfig  # noqa: E402
-from appliance.broker.persistence import BrokerStore  # noqa: E402
-from appliance.broker.session import Connection  # noqa: E402
+from appliance.broker.persistence.store import BrokerStore  # noqa: E402
+from appliance.broker.security.auth import Authenticator  # noqa: E402
+from appliance.broker.sessions.session import Connection  # noqa: E402
 
 PUBLISHERS = 4
 WINDOW = 64

@@ -41,7 +41,7 @@ if __package__ in (None, ""):
 
 from appliance.forwarding.batch import decode_batch  # noqa: E402
 from hil_tests.rig.relay import RelayThread  # noqa: E402
-from tests.support.processes import GatewayProcess, MosquittoProcess  # noqa: E402
+from testing.processes import GatewayProcess, MosquittoProcess  # noqa: E402
 
 LINK_BPS = 64_000
 #: mosquitto leaves Nagle on by default; with it every small PUBLISH can wait for a delayed ACK.

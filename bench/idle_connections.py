@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run by path: make ``bench`` and ``tests`` impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.mqtt_load import MQTT_5, MQTT_311, Schedule, WorkerSpec, raise_fd_limit, run_load  # noqa: E402
-from tests.support.processes import GatewayProcess, MosquittoProcess  # noqa: E402
+from testing.processes import GatewayProcess, MosquittoProcess  # noqa: E402
 
 #: Issue 30's bounds on our gateway's RSS, in MB, by number of idle connections.
 RSS_BOUNDS_MB = {2000: 48.0, 10000: 150.0}

@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # run by path: make ``bench`` and ``tests`` impor
 
 from bench.broker import RUNNERS, Sizes, Target  # noqa: E402
 from bench.mqtt_load import Schedule, raise_fd_limit  # noqa: E402
-from tests.support.processes import GatewayProcess  # noqa: E402
+from testing.processes import GatewayProcess  # noqa: E402
 
 #: Samples per second: enough for a stable top 15 in a 10 s window, little enough not to slow the broker.
 SAMPLE_RATE = 250

@@ -41,7 +41,7 @@ from appliance.statestore.client import StateStoreClient  # noqa: E402
 from appliance.statestore.commands import GetCommand, SetCommand  # noqa: E402
 from appliance.statestore.hlc import Hlc  # noqa: E402
 from appliance.statestore.protocol import REQUEST_TOPIC  # noqa: E402
-from tests.support.processes import GatewayProcess  # noqa: E402
+from testing.processes import GatewayProcess  # noqa: E402
 
 ECHO_TOPIC = "bench/echo/request"
 VALUE = b"x" * 100

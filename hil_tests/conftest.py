@@ -34,7 +34,7 @@ from hil_tests.report import write_run_report
 from hil_tests.rig.client import RigClient
 from hil_tests.rig.launcher import local_rig
 from hil_tests.timeline import Timeline, TimelineRun, format_summary, summarize
-from tests.support.processes import GatewayProcess, MosquittoProcess
+from testing.processes import GatewayProcess, MosquittoProcess
 
 RUN_KEY = pytest.StashKey[TimelineRun]()
 OUTCOMES_KEY = pytest.StashKey["RunOutcomes"]()

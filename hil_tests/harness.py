@@ -37,8 +37,8 @@ import paho.mqtt.client as mqtt
 from appliance.forwarding.batch import BatchFormatError, decode_batch, record_properties
 from appliance.forwarding.config import DEFAULT_BATCH_TOPIC
 from hil_tests.timeline import Timeline
-from tests.support import paho_clients
-from tests.support.processes import GatewayProcess
+from testing import paho_clients
+from testing.processes import GatewayProcess
 
 RUN_UNIX = Path(__file__).resolve().parents[1] / "images" / "firmware" / "run_unix.py"
 #: The heap the bench's thermostats run with: they run the sources (see ``Thermostat.start``).

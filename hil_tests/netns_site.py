@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.processes import GatewayProcess, wait_for_port
+from testing.processes import GatewayProcess, wait_for_port
 
 # Inside the cloud namespace every port is free, so the broker takes the well-known one: the rig's delay
 # relay is told where the cloud is (``--target``) before the broker exists.

@@ -1,4 +1,4 @@
-"""Every property campaign with a count of its own takes it through `tests.support.campaigns.campaign`.
+"""Every property campaign with a count of its own takes it through `testing.campaigns.campaign`.
 
 A bare ``settings(max_examples=...)`` outranks the ``check`` profile, so one such campaign in the unit layer
 runs in full under ``make check`` and slows the inner loop for everyone; this keeps them out.

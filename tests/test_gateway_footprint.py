@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 
 from appliance.broker.codec import packets as pk
+from testing.processes import GatewayProcess
 from tests.broker.clients import RawClient
-from tests.support.processes import GatewayProcess
 
 #: Imported by a default gateway for nothing: its listener is plain TCP, forwarding is off, no tool runs.
 #: (``appliance.forwarding.config`` is the configuration schema's section, read by every gateway.)
@@ -43,6 +43,6 @@ def test_a_default_gateway_imports_no_library_or_tool_it_does_not_use(tmp_path: 
         assert gateway.terminate() == 0
     modules = imported_modules(gateway.output())
     # The log is read right: the gateway's own socket layer and its services show up in it.
-    assert {"appliance.broker.server", "appliance.statestore.service", "appliance.firmware.service"} <= modules
+    assert {"appliance.broker.transport.server", "appliance.statestore.service", "appliance.firmware.service"} <= modules
     unused = sorted(name for name in modules if name.startswith(UNUSED))
     assert not unused, f"the gateway imported {unused}"

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from appliance import run_state
-from tests.support.processes import GatewayProcess
+from testing.processes import GatewayProcess
 
 
 def test_one_page_for_the_broker_and_every_service_even_without_forwarding(tmp_path: Path) -> None:

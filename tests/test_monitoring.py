@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from appliance import run_state
+from testing.processes import ROOT, GatewayProcess
+from testing.waiting import wait_until
 from tests.forwarding.rig import manifest
 from tests.hardware.modem_emulator import ModemEmulator
-from tests.support.processes import ROOT, GatewayProcess
-from tests.support.waiting import wait_until
 
 RULES = ROOT / "ops" / "prometheus" / "appliance-alerts.yml"
 RULE_TESTS = ROOT / "ops" / "prometheus" / "appliance-alerts.test.yml"

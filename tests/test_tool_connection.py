@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from appliance import run_state
 from appliance.cli import build_parser
 from appliance.tool_connection import Connection, ConnectionSettingsError, connection_from_args
-from tests.support.campaigns import campaign
-from tests.support.certificates import valid_for
+from testing.campaigns import campaign
+from testing.certificates import valid_for
 
 
 @pytest.fixture(autouse=True)

@@ -33,29 +33,30 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from appliance.broker import lifecycle, storage
-from appliance.broker.acl import Acl
+from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.broker.api import BrokerService
-from appliance.broker.asyncio_runtime import AsyncioRuntime
-from appliance.broker.auth import Authenticator
-from appliance.broker.backlog import TURN_PACKET_BUDGET, Backlogs
-from appliance.broker.backpressure import SLOW_CONSUMER_GRACE, Backpressure
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, BrokerConfig
-from appliance.broker.dispatch import HANDLERS, ReadFailure, unexpected
-from appliance.broker.keepalive import KeepAlive
-from appliance.broker.link import Link
-from appliance.broker.login_gate import LoginGate
-from appliance.broker.message import Message
-from appliance.broker.persistence import BrokerStore
-from appliance.broker.retain import RetainedMessages
-from appliance.broker.retained_feed import RetainedFeeds
-from appliance.broker.router import Router
-from appliance.broker.runtime import Runtime, Timer
-from appliance.broker.session import (
+from appliance.broker.handlers.dispatch import HANDLERS, ReadFailure, unexpected
+from appliance.broker.persistence import storage
+from appliance.broker.persistence.store import BrokerStore
+from appliance.broker.persistence.store_failure import CommitGate
+from appliance.broker.routing.message import Message
+from appliance.broker.routing.retain import RetainedMessages
+from appliance.broker.routing.retained_feed import RetainedFeeds
+from appliance.broker.routing.router import Router
+from appliance.broker.routing.topic_tree import SubscriptionTree, topic_matches
+from appliance.broker.security.acl import Acl
+from appliance.broker.security.auth import Authenticator
+from appliance.broker.security.login_gate import LoginGate
+from appliance.broker.sessions import lifecycle
+from appliance.broker.sessions.backlog import TURN_PACKET_BUDGET, Backlogs
+from appliance.broker.sessions.backpressure import SLOW_CONSUMER_GRACE, Backpressure
+from appliance.broker.sessions.keepalive import KeepAlive
+from appliance.broker.sessions.session import (
     ALLOWED_PACKETS,
     CLOSED,
     CONNECTED,
@@ -63,11 +64,11 @@ from appliance.broker.session import (
     Delivery,
     Session,
 )
-from appliance.broker.store_failure import CommitGate
+from appliance.broker.sessions.will import PendingWills
 from appliance.broker.sys_topics import BrokerStats
-from appliance.broker.topic_tree import SubscriptionTree, topic_matches
-from appliance.broker.will import PendingWills
+from appliance.broker.transport.link import Link
 from appliance.prometheus import Family
+from appliance.runtime import Runtime, Timer
 
 __all__ = ["SLOW_CONSUMER_GRACE", "Broker", "Link"]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from appliance.broker.acl import AclFileError, parse_pattern
+from appliance.broker.security.acl import AclFileError, parse_pattern
 from appliance.config.errors import ConfigError
 from appliance.config.schema import join, setting
 

@@ -34,7 +34,7 @@ from hil_tests.harness import (
 )
 from hil_tests.rig.client import RigClient
 from hil_tests.timeline import Timeline
-from tests.support.processes import GatewayProcess
+from testing.processes import GatewayProcess
 
 
 @pytest.fixture

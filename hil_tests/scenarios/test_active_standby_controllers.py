@@ -32,7 +32,7 @@ from appliance.statestore.client import (
 )
 from appliance.statestore.hlc import Hlc
 from hil_tests.harness import Recorder, Route, System, wait_until
-from tests.support.processes import ROOT
+from testing.processes import ROOT
 
 LEASE_TTL_MS = 1500
 TAKEOVER_SLACK_S = 1.5

@@ -39,7 +39,7 @@ from hil_tests.netns_site import NamespacedGateway, netns_refusal
 from hil_tests.rig.kernel import tbf_arguments
 from hil_tests.rig.namespace_sockets import NamespaceSockets, join_namespace
 from hil_tests.rig.shaping import LinkSettings
-from tests.support.waiting import wait_until
+from testing.waiting import wait_until
 
 GATEWAY_ADDRESS = "10.204.0.1"
 CLOUD_ADDRESS = "10.204.0.2"

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.support.processes import ROOT
+from testing.processes import ROOT
 
 pytestmark = [
     pytest.mark.slow,

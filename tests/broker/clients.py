@@ -19,7 +19,7 @@ from paho.mqtt.properties import Properties
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.reader import PacketReader
 from appliance.broker.codec.writer import encode
-from tests.support.processes import GatewayProcess
+from testing.processes import GatewayProcess
 
 TIMEOUT = 10.0
 _ids = itertools.count(1)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from testing.processes import GatewayProcess
 from tests.broker.versions import LEVELS
-from tests.support.processes import GatewayProcess
 
 FAST_CONFIG = """
 [broker.limits]

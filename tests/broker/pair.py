@@ -19,15 +19,15 @@ from collections.abc import Callable, Coroutine, Generator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from appliance.broker.acl import Acl
-from appliance.broker.auth import Authenticator
 from appliance.broker.broker import Broker
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.reader import PacketReader
 from appliance.broker.codec.writer import encode
 from appliance.broker.config import BrokerConfig, LimitsConfig, ListenerConfig
-from appliance.broker.persistence import BrokerStore
-from appliance.broker.session import Connection
+from appliance.broker.persistence.store import BrokerStore
+from appliance.broker.security.acl import Acl
+from appliance.broker.security.auth import Authenticator
+from appliance.broker.sessions.session import Connection
 
 T = TypeVar("T")
 
@@ -64,7 +64,7 @@ class FakeTimer:
 
 
 class FakeRuntime:
-    """``appliance.broker.runtime.Runtime`` on a clock that moves only when told to."""
+    """``appliance.runtime.Runtime`` on a clock that moves only when told to."""
 
     def __init__(self, start: float = 0.0) -> None:
         self.time = start

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.broker.acl import Acl, AclFileError, filter_covers
 from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
-from tests.support.campaigns import campaign
-from tests.support.processes import MosquittoProcess
+from appliance.broker.security.acl import Acl, AclFileError, filter_covers
+from testing.campaigns import campaign
+from testing.processes import MosquittoProcess
 
 ACL_TEXT = """\
 # Rules before any user line: clients without a username.

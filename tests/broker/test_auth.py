@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.broker.auth import (
+from appliance.broker.security.auth import (
     DEFAULT_ITERATIONS,
     Authenticator,
     PasswordFileError,
@@ -20,7 +20,7 @@ from appliance.broker.auth import (
     verify_password,
     write_password_file,
 )
-from tests.support.processes import MosquittoProcess
+from testing.processes import MosquittoProcess
 
 FAST = 1000  # iterations for tests that are not about the iteration count
 

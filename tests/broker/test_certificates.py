@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.broker.certificates import (
+from appliance.broker.transport.certificates import (
     NEAR_EXPIRY,
     CertificateFileError,
     date_problems,
 )
-from tests.support.campaigns import campaign
-from tests.support.certificates import valid_for, write_certificate
+from testing.campaigns import campaign
+from testing.certificates import valid_for, write_certificate
 
 NOW = datetime.now(UTC)
 REAL_PEM: list[bytes] = []

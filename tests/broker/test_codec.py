@@ -26,7 +26,7 @@ from appliance.broker.codec.reasons import (
     ProtocolError,
 )
 from appliance.broker.codec.writer import encode
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 SETTINGS = campaign(150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -18,7 +18,7 @@ import tracemalloc
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.writer import encode
-from appliance.broker.session import Connection
+from appliance.broker.sessions.session import Connection
 from tests.broker.pair import BrokerPair
 
 #: Bytes the core may keep per idle MQTT 5 client.

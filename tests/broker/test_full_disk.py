@@ -30,9 +30,9 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.statestore.client import StateStoreClient, StatusError
+from testing.processes import GatewayProcess
+from testing.waiting import wait_until
 from tests.broker.clients import PahoClient, RawClient
-from tests.support.processes import GatewayProcess
-from tests.support.waiting import wait_until
 
 DISK_BYTES = 8 * 1024 * 1024
 

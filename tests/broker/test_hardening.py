@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from appliance.broker.acl import Acl
-from appliance.broker.auth import Authenticator, hash_password
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
+from appliance.broker.security.acl import Acl
+from appliance.broker.security.auth import Authenticator, hash_password
 from tests.broker.pair import BrokerPair
 from tests.broker.test_timing import publishes
 from tests.broker.versions import LEVELS, durable

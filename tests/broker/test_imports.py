@@ -1,7 +1,7 @@
 """The broker's protocol logic stays free of I/O and of the clock: checked by reading the imports.
 
 The handler, lifecycle and backpressure modules get time and scheduling only through
-``appliance.broker.runtime.Runtime``; the codec, session, router and topic tree import no I/O at all. An
+``appliance.runtime.Runtime``; the codec, session, router and topic tree import no I/O at all. An
 import under ``if TYPE_CHECKING:`` does not count (it never runs). The check follows imports of our own
 modules too, so an I/O module cannot sneak in through a helper.
 """
@@ -16,38 +16,38 @@ import pytest
 
 #: Modules that must not reach asyncio or the time module, directly or through our own imports.
 CLOCK_FREE = (
-    "appliance.broker.dispatch",
-    "appliance.broker.handle_connect",
-    "appliance.broker.handle_publish",
-    "appliance.broker.handle_subscribe",
-    "appliance.broker.retained_feed",
-    "appliance.broker.lifecycle",
-    "appliance.broker.backpressure",
-    "appliance.broker.backlog",
-    "appliance.broker.storage",
-    "appliance.broker.store_failure",
-    "appliance.broker.runtime",
-    "appliance.broker.link",
-    "appliance.broker.keepalive",
+    "appliance.broker.handlers.dispatch",
+    "appliance.broker.handlers.connect",
+    "appliance.broker.handlers.publish",
+    "appliance.broker.handlers.subscribe",
+    "appliance.broker.routing.retained_feed",
+    "appliance.broker.sessions.lifecycle",
+    "appliance.broker.sessions.backpressure",
+    "appliance.broker.sessions.backlog",
+    "appliance.broker.persistence.storage",
+    "appliance.broker.persistence.store_failure",
+    "appliance.runtime",
+    "appliance.broker.transport.link",
+    "appliance.broker.sessions.keepalive",
 )
 #: Sans-I/O cores: no asyncio, time, sockets, TLS, threads or SQLite, directly or through our imports.
 IO_FREE = (
-    "appliance.broker.session",
-    "appliance.broker.connection",
-    "appliance.broker.delivery",
-    "appliance.broker.router",
-    "appliance.broker.topic_tree",
-    "appliance.broker.edge_tree",
-    "appliance.broker.will",
-    "appliance.broker.retain",
-    "appliance.broker.message",
+    "appliance.broker.sessions.session",
+    "appliance.broker.transport.connection",
+    "appliance.broker.routing.delivery",
+    "appliance.broker.routing.router",
+    "appliance.broker.routing.topic_tree",
+    "appliance.broker.routing.edge_tree",
+    "appliance.broker.sessions.will",
+    "appliance.broker.routing.retain",
+    "appliance.broker.routing.message",
     "appliance.broker.codec.packets",
     "appliance.broker.codec.reader",
     "appliance.broker.codec.writer",
     "appliance.broker.codec.properties",
     "appliance.broker.codec.reasons",
-    "appliance.broker.backpressure",
-    "appliance.broker.login_gate",
+    "appliance.broker.sessions.backpressure",
+    "appliance.broker.security.login_gate",
 )
 CLOCK = {"asyncio", "time", "uvloop"}
 IO = CLOCK | {"socket", "ssl", "selectors", "threading", "sqlite3", "concurrent"}
@@ -112,8 +112,8 @@ def test_protocol_cores_reach_no_io(module: str) -> None:
 
 
 def test_the_scan_sees_an_import_that_breaks_the_rule() -> None:
-    assert "asyncio" in runtime_imports("appliance.broker.asyncio_runtime")
-    assert "sqlite3" in reached("appliance.broker.storage")
+    assert "asyncio" in runtime_imports("appliance.asyncio_runtime")
+    assert "sqlite3" in reached("appliance.broker.persistence.storage")
 
 
 #: Imports point one way: a module on the left reaches none of the modules (or packages) on the right.

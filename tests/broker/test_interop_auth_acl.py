@@ -13,8 +13,8 @@ import pytest
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
+from testing.processes import ROOT, GatewayProcess
 from tests.broker.clients import PahoClient, RawClient, unique
-from tests.support.processes import ROOT, GatewayProcess
 
 ACL = """\
 user alice

@@ -21,10 +21,10 @@ from paho.mqtt.properties import Properties
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec.writer import encode
+from testing.processes import GatewayProcess
+from testing.waiting import wait_until
 from tests.broker.clients import PahoClient, RawClient
 from tests.broker.versions import durable
-from tests.support.processes import GatewayProcess
-from tests.support.waiting import wait_until
 
 EXPIRY = {pr.SESSION_EXPIRY_INTERVAL: 3600}
 

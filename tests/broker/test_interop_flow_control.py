@@ -19,8 +19,8 @@ import pytest
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.writer import encode
+from testing.processes import GatewayProcess
 from tests.broker.clients import RawClient
-from tests.support.processes import GatewayProcess
 
 CONFIG = "[broker.limits]\nsys_interval = 1\noutbound_buffer_bytes = 65536\n"
 

@@ -16,8 +16,8 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.config import LimitsConfig
 from appliance.config.errors import ConfigError
 from appliance.config.schema import parse_section
+from testing.processes import GatewayProcess
 from tests.broker.clients import RawClient, unique
-from tests.support.processes import GatewayProcess
 
 CAP = 20  # the default, like mosquitto's
 

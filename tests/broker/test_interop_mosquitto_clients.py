@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from testing.processes import GatewayProcess
 from tests.broker.clients import PahoClient, unique
-from tests.support.processes import GatewayProcess
 
 VERSIONS = ["mqttv311", "mqttv5"]
 

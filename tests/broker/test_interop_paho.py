@@ -15,9 +15,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from appliance.broker.codec import packets as pk
+from testing.processes import GatewayProcess
+from testing.waiting import wait_on
 from tests.broker.clients import TIMEOUT, PahoClient, unique
-from tests.support.processes import GatewayProcess
-from tests.support.waiting import wait_on
 
 
 def paho(port: int, level: int, client_id: str = "", **kwargs: Any) -> PahoClient:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from appliance.broker.codec import packets as pk
+from testing.certificates import valid_for
 from tests.broker.clients import FileConfiguredGateway, PahoClient, unique
-from tests.support.certificates import valid_for
 
 #: mosquitto_pub's ``-V`` for each protocol level.
 MOSQUITTO_VERSION = {pk.MQTT_311: "mqttv311", pk.MQTT_5: "mqttv5"}

@@ -7,10 +7,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.broker.connection import Connection
-from appliance.broker.keepalive import REBUILD_FLOOR, KeepAlive
+from appliance.broker.sessions.keepalive import REBUILD_FLOOR, KeepAlive
+from appliance.broker.transport.connection import Connection
+from testing.campaigns import campaign
 from tests.broker.pair import FakeRuntime
-from tests.support.campaigns import campaign
 
 
 class Link:

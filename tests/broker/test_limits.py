@@ -24,16 +24,16 @@ from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reader import PacketReader
 from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.codec.writer import encode
-from appliance.broker.handle_subscribe import MAX_SUBSCRIPTIONS_PER_CLIENT
-from appliance.broker.topic_tree import (
+from appliance.broker.handlers.subscribe import MAX_SUBSCRIPTIONS_PER_CLIENT
+from appliance.broker.routing.topic_tree import (
     SubscriptionOptions,
     SubscriptionTree,
     TopicError,
 )
+from testing.campaigns import campaign
 from tests.broker.pair import BrokerPair
 from tests.broker.test_timing import LEVELS, durable, publishes
 from tests.broker.test_topic_tree import reference_matches
-from tests.support.campaigns import campaign
 
 #: The issue's probe: a SUBSCRIBE of a 16,000-level filter.
 DEEP = 16_000

@@ -20,9 +20,9 @@ import pytest
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.writer import encode
-from appliance.broker.login_gate import FAILURE_BURST
+from appliance.broker.security.login_gate import FAILURE_BURST
+from testing.processes import ROOT, GatewayProcess
 from tests.broker.clients import RawClient, unique
-from tests.support.processes import ROOT, GatewayProcess
 
 #: The bound the issue sets for a legitimate login during a flood.
 LOGIN_BOUND = 2.0

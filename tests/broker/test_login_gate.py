@@ -8,13 +8,13 @@ from collections.abc import Callable
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.broker.auth import Authenticator, hash_password
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.writer import encode
-from appliance.broker.login_gate import LoginGate, source_key
+from appliance.broker.security.auth import Authenticator, hash_password
+from appliance.broker.security.login_gate import LoginGate, source_key
+from testing.campaigns import campaign
 from tests.broker.pair import BrokerPair
-from tests.support.campaigns import campaign
 
 
 def test_source_keys_are_the_ipv4_address_or_the_ipv6_slash_64() -> None:

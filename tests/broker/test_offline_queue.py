@@ -22,10 +22,10 @@ from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.writer import encode
 from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, queued_bytes_default
-from appliance.broker.persistence import BrokerStore, StoredMessage
+from appliance.broker.persistence.store import BrokerStore, StoredMessage
+from testing.campaigns import campaign
 from tests.broker.pair import BrokerPair, FakeClient
 from tests.broker.versions import LEVELS, durable
-from tests.support.campaigns import campaign
 
 EXPIRY = {pr.SESSION_EXPIRY_INTERVAL: 3600}
 

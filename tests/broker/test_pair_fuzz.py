@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.writer import encode
+from testing.campaigns import campaign
 from tests.broker.pair import BrokerPair
-from tests.support.campaigns import campaign
 
 TOPICS = st.sampled_from(["t", "t/a", "$SYS/x", "a/+/b", "#", "", "t/\u0000"])
 REQUESTS = st.builds(lambda topic, qos, handling: pk.SubscribeRequest(topic, qos, retain_handling=handling),

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.broker import passwd_cli
-from appliance.broker.auth import Authenticator, read_password_file
+from appliance.broker.security import passwd_cli
+from appliance.broker.security.auth import Authenticator, read_password_file
 from appliance.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.broker.persistence import (
+from appliance.broker.persistence.store import (
     SCHEMA_VERSION,
     BrokerStore,
     CorruptDatabaseError,
@@ -26,7 +26,7 @@ from appliance.broker.persistence import (
     decode_properties,
     encode_properties,
 )
-from appliance.broker.topic_tree import SubscriptionOptions
+from appliance.broker.routing.topic_tree import SubscriptionOptions
 from appliance.config import ConfigError
 from appliance.gateway_config import load_config
 
@@ -305,7 +305,7 @@ CRASH_WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from appliance.broker.persistence import BrokerStore, RetainedMessage, StoredMessage, StoredSession
+    from appliance.broker.persistence.store import BrokerStore, RetainedMessage, StoredMessage, StoredSession
 
     store = BrokerStore.open(Path(sys.argv[1]))
     store.save_session(StoredSession("a", 5, 3600))

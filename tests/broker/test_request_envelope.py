@@ -24,16 +24,16 @@ from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 import appliance
-from appliance.broker.acl import Acl, AclFileError
 from appliance.broker.api import BrokerService, InboundPublish
 from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
-from appliance.broker.topic_tree import topic_matches
+from appliance.broker.routing.topic_tree import topic_matches
+from appliance.broker.security.acl import Acl, AclFileError
 from appliance.gateway import build_services
 from appliance.gateway_config import load_config
 from appliance.hardware.service import HardwareService
 from appliance.statestore.commands import GetCommand, KeyNotifyCommand
 from appliance.statestore.resp3 import encode_array
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 ROUTES = '{"schemaVersion": "1.1.0", "routes": {"all": {"route": "FROM /messages/* INTO $upstream", "priority": 9}}}'
 

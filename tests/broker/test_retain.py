@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.broker.message import Message
-from appliance.broker.retain import RetainedMessages
+from appliance.broker.routing.message import Message
+from appliance.broker.routing.retain import RetainedMessages
+from testing.campaigns import campaign
 from tests.broker.test_topic_tree import reference_matches
-from tests.support.campaigns import campaign
 
 NOW = 1_000_000.0
 NAMES = st.sampled_from(["a", "b", "c", "", "$SYS", "$x", "sensor"])

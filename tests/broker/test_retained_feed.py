@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
-from appliance.broker.message import Message
-from appliance.broker.retained_feed import DELIVERY_COST, TURN_BUDGET
-from appliance.broker.router import QUEUE_HIGH_WATER
+from appliance.broker.routing.message import Message
+from appliance.broker.routing.retained_feed import DELIVERY_COST, TURN_BUDGET
+from appliance.broker.routing.router import QUEUE_HIGH_WATER
+from testing.campaigns import campaign
 from tests.broker.pair import BrokerPair, FakeClient
 from tests.broker.test_timing import LEVELS, durable, publishes
-from tests.support.campaigns import campaign
 
 RETAINED = 20_000
 #: The most retained messages one loop iteration may hand over: a turn's budget, once from the SUBSCRIBE

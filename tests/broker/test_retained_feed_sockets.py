@@ -37,8 +37,8 @@ import pytest
 from appliance.broker.broker import Broker
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
+from testing.inprocess import InProcessBroker
 from tests.broker.clients import RawClient
-from tests.support.inprocess import InProcessBroker
 
 #: The most CPU one loop iteration may take while the set is delivered, so no PINGREQ waits longer for
 #: the loop. A feed's turn takes ~4 ms here; the longest iterations are the store's (a commit running the

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import uvloop
 
-from appliance.broker import server
 from appliance.broker.broker import Broker
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.writer import encode
-from appliance.broker.server import READ_BUFFER_BYTES, ClientProtocol, ConnectDeadlines
+from appliance.broker.transport import server
+from appliance.broker.transport.server import READ_BUFFER_BYTES, ClientProtocol, ConnectDeadlines
+from testing.inprocess import InProcessBroker
 from tests.broker.clients import RawClient
-from tests.support.inprocess import InProcessBroker
 
 
 class ReadRecorder:

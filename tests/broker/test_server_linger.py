@@ -22,7 +22,7 @@ from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reader import PacketReader
 from appliance.broker.codec.writer import encode
 from appliance.broker.config import LimitsConfig
-from tests.support.inprocess import InProcessBroker
+from testing.inprocess import InProcessBroker
 
 RECEIVE_MAXIMUM = LimitsConfig().receive_maximum
 

@@ -13,14 +13,14 @@ from collections.abc import Callable
 import pytest
 import uvloop
 
-from appliance.broker.auth import Authenticator, hash_password
 from appliance.broker.broker import Broker
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.writer import encode
+from appliance.broker.security.auth import Authenticator, hash_password
+from testing.inprocess import InProcessBroker
+from testing.waiting import wait_until
 from tests.broker.clients import RawClient, unique
-from tests.support.inprocess import InProcessBroker
-from tests.support.waiting import wait_until
 
 
 def with_users(broker: Broker) -> None:

@@ -19,9 +19,9 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.writer import encode
+from testing.inprocess import InProcessBroker
+from testing.waiting import wait_until
 from tests.broker.clients import RawClient
-from tests.support.inprocess import InProcessBroker
-from tests.support.waiting import wait_until
 
 
 class ScriptedService:

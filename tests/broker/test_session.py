@@ -13,9 +13,9 @@ from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reader import PacketReader
 from appliance.broker.codec.reasons import ProtocolError
-from appliance.broker.message import Message
-from appliance.broker.session import NO_QUEUE, Connection, Delivery, Session
-from tests.support.campaigns import campaign
+from appliance.broker.routing.message import Message
+from appliance.broker.sessions.session import NO_QUEUE, Connection, Delivery, Session
+from testing.campaigns import campaign
 
 NOW = 1_000_000.0
 

@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.writer import encode
-from appliance.broker.store_failure import HeldAck
+from appliance.broker.persistence.store_failure import HeldAck
 from appliance.prometheus import render
 from appliance.store_health import LOG_INTERVAL
+from testing.campaigns import campaign
 from tests.broker.pair import BrokerPair, FakeClient
 from tests.broker.test_hardening import LockedStore
 from tests.broker.test_timing import LEVELS, durable, publishes
-from tests.support.campaigns import campaign
 
 
 @pytest.fixture

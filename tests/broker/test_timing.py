@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from appliance.broker.backpressure import SLOW_CONSUMER_GRACE
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
-from appliance.broker.handle_connect import FLAP_FREE_TAKEOVERS
-from appliance.broker.router import QUEUE_HIGH_WATER
+from appliance.broker.handlers.connect import FLAP_FREE_TAKEOVERS
+from appliance.broker.routing.router import QUEUE_HIGH_WATER
+from appliance.broker.sessions.backpressure import SLOW_CONSUMER_GRACE
 from tests.broker.pair import BrokerPair
 from tests.broker.versions import LEVELS, durable
 

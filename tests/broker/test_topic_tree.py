@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.broker.topic_tree import (
+from appliance.broker.routing.topic_tree import (
     MAX_TOPIC_BYTES,
     NO_MATCH,
     SubscriptionOptions,
@@ -19,7 +19,7 @@ from appliance.broker.topic_tree import (
     validate_topic_filter,
     validate_topic_name,
 )
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 QOS1 = SubscriptionOptions(qos=1)
 

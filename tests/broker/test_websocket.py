@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.broker.websocket import WebSocketServer
-from tests.support.campaigns import campaign
+from appliance.broker.transport.websocket import WebSocketServer
+from testing.campaigns import campaign
 
 OP_CONTINUATION, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 

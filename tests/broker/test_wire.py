@@ -17,9 +17,9 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.writer import encode
+from testing.processes import GatewayProcess
 from tests.broker.clients import RawClient, unique
 from tests.broker.versions import durable
-from tests.support.processes import GatewayProcess
 
 
 @pytest.fixture

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
-from appliance.broker.acl import Acl
-from appliance.broker.auth import hash_password
+from appliance.broker.security.acl import Acl
+from appliance.broker.security.auth import hash_password
 from appliance.cli import main
 from appliance.config_check import check_config
-from tests.support.campaigns import campaign
-from tests.support.certificates import valid_for
+from testing.campaigns import campaign
+from testing.certificates import valid_for
 
 GOOD_MANIFEST = {"schemaVersion": "1.2", "routes": {"all": "FROM /messages/* INTO $upstream"}}
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from appliance.config import ConfigError
 from appliance.config.schema import SETTING, Setting
 from appliance.gateway_config import ConfigFile, build
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 #: Bare TOML keys; an unknown one may still look like a known one.
 KEYS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_-0123456789", min_size=1, max_size=12)

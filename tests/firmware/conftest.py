@@ -17,8 +17,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.support import paho_clients
-from tests.support.processes import MosquittoProcess
+from testing import paho_clients
+from testing.processes import MosquittoProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRMWARE = ROOT / "device_firmware"

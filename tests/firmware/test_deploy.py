@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from appliance.firmware.protocol import THERMOSTAT_NAME
 from images.firmware import deploy
+from testing.processes import GatewayProcess
 from tests.firmware.conftest import ROOT
 from tests.firmware.thermostat_rig import thermostat_config
 from tests.firmware.unix_board import UnixPortBoard
-from tests.support.processes import GatewayProcess
 
 BUILD = ROOT / "images" / "firmware" / "build.py"
 DEPLOY = ROOT / "images" / "firmware" / "deploy.py"

@@ -40,7 +40,7 @@ from appliance.firmware.repository import (
 from appliance.firmware.service import FirmwareService
 from appliance.firmware.signing import sign
 from appliance.statestore import resp3
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 
 def bundle_file(path, modules: dict[str, bytes], version: str = "0.2.0", lie: str | None = None):

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from appliance.statestore.client import StateStoreClient
+from testing.processes import GatewayProcess
 from tests.firmware.conftest import ROOT, PahoPeer
 from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
-from tests.support.processes import GatewayProcess
 
 LOW, HIGH = 5.0, 30.0
 MAX_BYTES = 32  # thermostat._MAX_SET_POINT_BYTES

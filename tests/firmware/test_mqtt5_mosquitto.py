@@ -3,8 +3,8 @@
 import json
 import signal
 
+from testing.processes import MosquittoProcess
 from tests.firmware.conftest import MP_TESTS
-from tests.support.processes import MosquittoProcess
 
 SCENARIOS = MP_TESTS / "mqtt_scenarios.py"
 

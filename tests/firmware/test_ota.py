@@ -20,11 +20,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from appliance.statestore.client import StateStoreClient
+from testing.processes import GatewayProcess
+from testing.waiting import wait_until
 from tests.firmware.conftest import FIRMWARE, ROOT
 from tests.firmware.ota_rig import ResettingBoard, build_variant, publish
 from tests.firmware.thermostat_rig import longest_name
-from tests.support.processes import GatewayProcess
-from tests.support.waiting import wait_until
 
 OLD = "0.1.0"  # device_firmware's VERSION: what the boards are deployed with
 # The heap every board here runs in: the 64 KB the issue judges. The updater fits it because it runs at

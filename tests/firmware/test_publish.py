@@ -23,9 +23,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from appliance.firmware.repository import Repository
 from appliance.firmware.signing import load_signing_key, public_key_hex, verifies
+from testing.processes import ROOT, password_file
 from tests.broker.clients import FileConfiguredGateway
 from tests.firmware.test_firmware_gateway import bundle_file
-from tests.support.processes import ROOT, password_file
 
 PASSWORD = "op-secret"
 

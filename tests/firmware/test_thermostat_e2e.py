@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from appliance.statestore.client import StateStoreClient
+from testing.processes import GatewayProcess, MosquittoProcess
 from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
-from tests.support.processes import GatewayProcess, MosquittoProcess
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hil_tests.rig.relay import RelayThread
-from tests.support.processes import MosquittoProcess
+from testing.processes import MosquittoProcess
 
 
 @pytest.fixture

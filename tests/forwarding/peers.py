@@ -13,7 +13,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from appliance.forwarding.batch import BatchRecord, decode_batch, record_properties
-from tests.support import paho_clients
+from testing import paho_clients
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Any
 
 from appliance import run_state
 from hil_tests.rig.relay import RelayThread
+from testing.processes import ROOT, GatewayProcess, MosquittoProcess
 from tests.forwarding.peers import Collector, Device
-from tests.support.processes import ROOT, GatewayProcess, MosquittoProcess
 
 
 def manifest(routes: dict[str, Any], global_ttl: int = 7200) -> str:

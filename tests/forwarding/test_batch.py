@@ -18,7 +18,7 @@ from appliance.forwarding.batch import (
 from appliance.forwarding.endpoints import identity_properties
 from appliance.forwarding.messages import Message
 from appliance.forwarding.queues import QueuedMessage
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 texts = st.text(max_size=12)
 optional_texts = st.one_of(st.none(), st.text(min_size=1, max_size=12))

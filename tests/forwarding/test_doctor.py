@@ -29,10 +29,10 @@ from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.routes import Endpoint, RouteResult
 from appliance.forwarding.service import METRICS_FILE, STATUS_FILE, STORE_FILE
 from appliance.gateway_config import GatewayConfig, load_config
+from testing.campaigns import campaign
+from testing.certificates import valid_for
+from testing.waiting import wait_until
 from tests.forwarding.rig import ForwardingRig, manifest
-from tests.support.campaigns import campaign
-from tests.support.certificates import valid_for
-from tests.support.waiting import wait_until
 
 ALL = {"all": {"route": "FROM /messages/* INTO $upstream", "priority": 2, "timeToLiveSecs": 60}}
 QUICK = Thresholds(link_down_s=0.5, stalled_s=0.5)

@@ -22,8 +22,8 @@ from appliance.forwarding.endpoints import identity_properties
 from appliance.forwarding.manifest import parse_manifest
 from appliance.forwarding.messages import message_from_publish
 from appliance.forwarding.queues import QueuedMessage
+from testing import paho_clients
 from tests.forwarding.rig import ForwardingRig
-from tests.support import paho_clients
 
 #: The routes of Azure/iotedge's sample deployments and docs, as a deployment file carries them (1.2).
 EDGE_HUB_DEPLOYMENT = {

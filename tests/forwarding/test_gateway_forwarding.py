@@ -13,10 +13,10 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
+from testing import paho_clients
+from testing.waiting import wait_until
 from tests.forwarding.peers import Collector, delivered
 from tests.forwarding.rig import ForwardingRig, manifest
-from tests.support import paho_clients
-from tests.support.waiting import wait_until
 
 DATA = "FROM /messages/* WHERE $outputName = 'data' INTO $upstream"
 ALERTS = "FROM /messages/* WHERE $outputName = 'alerts' INTO $upstream"

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from appliance.forwarding.liveness import DEAD_AFTER, RECENT_STEPS, Liveness
 from appliance.forwarding.window import LinkEstimate
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 KEEPALIVE = 1.0
 

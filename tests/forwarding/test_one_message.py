@@ -13,12 +13,12 @@ import pytest
 from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore
 from appliance.store_thread import StoreThread
+from testing.processes import MosquittoProcess
+from testing.waiting import wait_until
 from tests.forwarding.peers import Collector, delivered
 from tests.forwarding.rig import ForwardingRig
 from tests.forwarding.test_gateway_forwarding import cloud_acl
 from tests.forwarding.test_upstream import _until, run_bridge
-from tests.support.processes import MosquittoProcess
-from tests.support.waiting import wait_until
 
 EVERYTHING = "FROM /messages/* INTO $upstream"
 ALERTS = "FROM /messages/* WHERE alert = 'true' INTO $upstream"

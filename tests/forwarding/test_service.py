@@ -20,7 +20,7 @@ from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.service import QUOTA_EXCEEDED, ForwardingService
 from appliance.forwarding.upstream import UpstreamSender
 from appliance.forwarding.validity import upstream_problem
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 #: No upstream is configured, so what is stored stays queued and can be counted afterwards.
 ROUTES = '{"schemaVersion": "1.1.0", "routes": {"all": {"route": "FROM /messages/* INTO $upstream", "priority": 9}}}'

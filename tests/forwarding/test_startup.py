@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import ROOT
+from testing.processes import ROOT
 
 ROUTE = "FROM /messages/* INTO $upstream"
 

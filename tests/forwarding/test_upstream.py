@@ -27,9 +27,9 @@ from appliance.forwarding.routes import Endpoint, RouteResult
 from appliance.forwarding.upstream import UpstreamSender
 from appliance.store_thread import StoreThread
 from hil_tests.rig.relay import RelayThread
+from testing import waiting
+from testing.processes import MosquittoProcess, free_port
 from tests.forwarding.peers import Collector, batch_records
-from tests.support import waiting
-from tests.support.processes import MosquittoProcess, free_port
 
 UP = Endpoint("upstream")
 

@@ -29,8 +29,8 @@ from appliance.forwarding.routes import Endpoint, RouteResult
 from appliance.forwarding.upstream import UpstreamSender
 from appliance.store_thread import StoreThread
 from hil_tests.rig.relay import RelayThread
+from testing.processes import MosquittoProcess
 from tests.forwarding.peers import Collector
-from tests.support.processes import MosquittoProcess
 
 DEVICES = ("t1", "t2", "t3")
 PRIORITIES = (1, 4)

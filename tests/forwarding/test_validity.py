@@ -28,7 +28,7 @@ from appliance.forwarding.validity import (
     publish_size,
     upstream_problem,
 )
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 TEMPLATE = "gateways/{gateway_id}/devices/{device_id}/modules/{module_id}/outputs/{output}/{message_id}/{priority}"
 #: Characters a hostile device reaches for: wildcards, separators, controls, non-characters, bag syntax.

@@ -8,7 +8,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from appliance.forwarding.window import LinkEstimate
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 
 def feed(estimate: LinkEstimate, rate: float, fixed: float, size: int, batches: int) -> None:

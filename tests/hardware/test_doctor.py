@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from appliance.broker.config import ListenerConfig
-from appliance.broker.persistence import BrokerStore, StoredMessage
+from appliance.broker.persistence.store import BrokerStore, StoredMessage
 from appliance.cli import main
 from appliance.doctor import (
     Verdict,
@@ -25,8 +25,8 @@ from appliance.doctor import (
 )
 from appliance.forwarding.queues import MessageStore
 from appliance.hardware.config import ModemConfig
+from testing.certificates import valid_for
 from tests.hardware.modem_emulator import ModemEmulator
-from tests.support.certificates import valid_for
 
 
 @pytest.fixture

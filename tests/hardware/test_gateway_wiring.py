@@ -24,12 +24,12 @@ from appliance.gateway import serve
 from appliance.gateway_config import load_config
 from appliance.hardware.factory_reset import FACTORY_RESET_EXIT_STATUS
 from hil_tests.rig.relay import RelayThread
+from testing import waiting
+from testing.processes import MosquittoProcess
 from tests.forwarding.peers import Collector
 from tests.forwarding.peers import Device as PeerDevice
 from tests.forwarding.rig import manifest
 from tests.hardware.modem_emulator import ModemEmulator
-from tests.support import waiting
-from tests.support.processes import MosquittoProcess
 from tests.systemd.notify_socket import NotifySocket
 
 BUTTON, POWER = 23, 17

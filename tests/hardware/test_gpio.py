@@ -25,7 +25,7 @@ from appliance.hardware.gpio import (
     StatusPanel,
     backlog_level,
 )
-from tests.support.waiting import wait_until
+from testing.waiting import wait_until
 
 POWER, UPLINK, BACKLOG, BUTTON, RELAY = 17, 27, 22, 23, 24
 

@@ -17,8 +17,8 @@ from appliance.hardware.config import ModemConfig
 from appliance.hardware.gpio import ModemPowerRelay
 from appliance.hardware.modem import AtChannel, ModemMonitor, ModemTimeout
 from appliance.hardware.modem_status import Registration
+from testing.waiting import until
 from tests.hardware.modem_emulator import ModemEmulator
-from tests.support.waiting import until
 
 RELAY_PIN, SENSE_PIN = 24, 25
 

@@ -17,8 +17,8 @@ from gpiozero.pins.mock import MockFactory
 from appliance.hardware.config import GpioConfig, HardwareConfig, ModemConfig
 from appliance.hardware.service import HardwareService
 from appliance.prometheus import Family
+from testing.waiting import until
 from tests.hardware.modem_emulator import ModemEmulator
-from tests.support.waiting import until
 
 UPLINK, BUTTON, RELAY = 27, 23, 24
 

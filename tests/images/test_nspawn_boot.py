@@ -32,8 +32,8 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from appliance.statestore.client.blocking import StateStoreClient
+from testing import paho_clients
 from tests.images.nspawn import Container, Forwarder
-from tests.support import paho_clients
 
 # The first run builds the root (minutes): the fixture gets more than the suite's 120 s per test.
 pytestmark = [pytest.mark.image, pytest.mark.timeout(600)]

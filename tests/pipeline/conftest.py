@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from tests.support.processes import MosquittoProcess
+from testing.processes import MosquittoProcess
 
 
 def pytest_configure(config):
@@ -86,7 +86,7 @@ def batch_outputs(spark, sample):
 
 @pytest.fixture
 def mosquitto(tmp_path):
-    """A real mosquitto on an OS-chosen free port (tests/support/processes.py); yields (host, port)."""
+    """A real mosquitto on an OS-chosen free port (testing/processes.py); yields (host, port)."""
     if shutil.which("mosquitto") is None:
         pytest.skip("mosquitto is not installed (make test installs it)")
     with MosquittoProcess(tmp_path / "mosquitto") as broker:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.support.waiting import wait_until
+from testing.waiting import wait_until
 
 MASTER_URL = re.compile(r"Starting Spark master at (spark://\S+)")
 MASTER_UI_PORT = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")

@@ -21,9 +21,9 @@ from pipeline.jobs.batch import run_batch
 from pipeline.jobs.settings import JobSettings
 from pipeline.landing import sealed_files
 from pipeline.records import EVENTS
+from testing.campaigns import campaign
+from testing.waiting import wait_until
 from tests.pipeline.pipeline_data import metrics, reading, write_batch
-from tests.support.campaigns import campaign
-from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

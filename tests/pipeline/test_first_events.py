@@ -23,7 +23,7 @@ from pipeline.jobs.dedup import hashed_key
 from pipeline.jobs.schemas import LANDING
 from pipeline.jobs.source import with_times
 from pipeline.records import EVENTS
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 ROWS = T.StructType(LANDING.fields + [T.StructField("landing_error", T.StringType()),
                                       T.StructField("landing_file", T.StringType())])

@@ -19,10 +19,10 @@ from paho.mqtt.properties import Properties
 from pipeline.envelope import Incoming
 from pipeline.ingest import Ingest, IngestConfig
 from pipeline.landing import read_records
+from testing.certificates import ca_signed_pair
+from testing.processes import MosquittoProcess, free_port, password_file
 from tests.pipeline.pipeline_data import reading
 from tests.pipeline.test_ingest import Running
-from tests.support.certificates import ca_signed_pair
-from tests.support.processes import MosquittoProcess, free_port, password_file
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "cloud-secret"

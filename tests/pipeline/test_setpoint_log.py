@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
 from pipeline.jobs import setpoints
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 BUCKET = setpoints.BUCKET_MS
 COLUMNS = "gateway_id string, device_id string, reading_ms long, message_id string, set_point double, temperature double"

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from appliance.statestore.client import StateStoreClient
-from tests.support.processes import GatewayProcess
+from testing.processes import GatewayProcess
 
 _ids = itertools.count()
 

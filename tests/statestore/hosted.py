@@ -15,7 +15,7 @@ from appliance.statestore.client import StateStoreClient
 from appliance.statestore.config import StateStoreConfig
 from appliance.statestore.service import StateStoreService, StoreFactory, wall_clock_ms
 from appliance.statestore.store import StateStore
-from tests.support.inprocess import InProcessBroker
+from testing.inprocess import InProcessBroker
 
 
 class HostedGateway(InProcessBroker):

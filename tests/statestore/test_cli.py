@@ -14,7 +14,7 @@ from unittest import mock
 
 from appliance.cli import main
 from appliance.statestore.hlc import Hlc
-from tests.support.processes import ROOT, GatewayProcess
+from testing.processes import ROOT, GatewayProcess
 
 Key = Callable[[str], bytes]
 

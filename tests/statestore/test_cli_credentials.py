@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from testing.certificates import valid_for
+from testing.processes import ROOT, password_file
 from tests.broker.clients import FileConfiguredGateway
-from tests.support.certificates import valid_for
-from tests.support.processes import ROOT, password_file
 
 PASSWORD = "s3cret-op"
 

@@ -23,7 +23,7 @@ from appliance.statestore.client import (
 )
 from appliance.statestore.client.errors import raise_for_error
 from appliance.statestore.resp3 import ErrorReply, encode_array
-from tests.support.processes import GatewayProcess
+from testing.processes import GatewayProcess
 
 Key = Callable[[str], bytes]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from appliance.statestore.client import NotAuthorized, QuotaExceeded, StateStoreClient
-from tests.support.processes import GatewayProcess
+from testing.processes import GatewayProcess
 
 CONFIG = """
 [statestore]

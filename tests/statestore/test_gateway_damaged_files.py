@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.broker.persistence import DB_FILENAME, BrokerStore
+from appliance.broker.persistence.store import DB_FILENAME, BrokerStore
 from appliance.statestore.commands import SetCommand
 from appliance.statestore.hlc import Hlc
 from appliance.statestore.store import FILE_NAME, Quotas, StateStore

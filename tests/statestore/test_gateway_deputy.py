@@ -28,8 +28,8 @@ from appliance.statestore.notify import NOTIFY_TOPIC_PREFIX
 from appliance.statestore.protocol import REQUEST_TOPIC
 from appliance.statestore.resp3 import encode_array
 from appliance.statestore.service import wall_clock_ms
+from testing.processes import ROOT, GatewayProcess
 from tests.statestore.raw_mqtt import TIMEOUT, RawClient
-from tests.support.processes import ROOT, GatewayProcess
 
 # Who may use a service at all is its request topic's write rule; the rest is the point of the test.
 ACL = """\

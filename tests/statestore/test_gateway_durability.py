@@ -16,7 +16,7 @@ from appliance.statestore.client import (
     StateStoreClient,
 )
 from appliance.statestore.hlc import Hlc
-from tests.support.processes import GatewayProcess
+from testing.processes import GatewayProcess
 
 
 def test_acknowledged_changes_survive_kill_9(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ from appliance.statestore.hlc import Hlc
 from appliance.statestore.protocol import REQUEST_TOPIC
 from appliance.statestore.resp3 import encode_array
 from appliance.statestore.service import wall_clock_ms
+from testing.processes import GatewayProcess
 from tests.statestore.raw_mqtt import TIMEOUT, RawClient
-from tests.support.processes import GatewayProcess
 
 REQUEST = GetCommand(b"envelope-key").encode()
 

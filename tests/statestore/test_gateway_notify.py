@@ -9,8 +9,8 @@ from collections.abc import Callable
 from appliance.statestore.client import Notification, StateStoreClient
 from appliance.statestore.commands import KeyNotifyCommand
 from appliance.statestore.hlc import Hlc
+from testing.processes import GatewayProcess
 from tests.statestore.raw_mqtt import TIMEOUT, RawClient
-from tests.support.processes import GatewayProcess
 
 Key = Callable[[str], bytes]
 Connect = Callable[..., StateStoreClient]

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
-from appliance.broker.acl import Acl, AclFileError
 from appliance.broker.api import InboundPublish
 from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
+from appliance.broker.security.acl import Acl, AclFileError
 from appliance.statestore import errors
 from appliance.statestore.acl import AclRule
 from appliance.statestore.commands import (
@@ -34,7 +34,7 @@ from appliance.statestore.notify import notification_topic
 from appliance.statestore.protocol import REQUEST_TOPIC
 from appliance.statestore.resp3 import encode_array
 from appliance.statestore.service import StateStoreService
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 T0 = 1_700_000_000_000
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from appliance.statestore.commands import Condition, SetCommand
 from appliance.statestore.errors import StateStoreError
 from appliance.statestore.hlc import Hlc
 from appliance.statestore.store import Quotas, StateStore
-from tests.support.campaigns import campaign
+from testing.campaigns import campaign
 
 T0 = 1_700_000_000_000
 QUOTAS = Quotas(max_keys=3, max_bytes=24)

@@ -13,9 +13,9 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
+from testing import paho_clients
+from testing.processes import GatewayProcess
 from tests.hardware.modem_emulator import ModemEmulator
-from tests.support import paho_clients
-from tests.support.processes import GatewayProcess
 from tests.systemd.notify_socket import NotifySocket
 
 

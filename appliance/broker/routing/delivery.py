@@ -1,0 +1,54 @@
+"""One message on its way to one session, and the two ports through which a durable session reaches the
+store without doing I/O itself: ``DeliveryJournal`` (it records progress; ``persistence.BrokerStore``)
+and ``Pager`` (it reads the session's backlog back; ``storage.StoredBacklog``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from appliance.broker.routing.message import Message
+
+if TYPE_CHECKING:
+    from appliance.broker.sessions.session import Session
+
+
+class Delivery:
+    """One message on its way to one session: the QoS and retain flag it is delivered with, the
+    subscription identifiers it carries, and, once sent, its packet id. ``released`` means PUBREC
+    arrived and PUBREL was sent (QoS 2, waiting for PUBCOMP)."""
+
+    __slots__ = ("message", "qos", "retain", "subscription_ids", "packet_id", "released", "sent", "seq", "spilled")
+
+    def __init__(self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None) -> None:
+        self.message = message
+        self.qos = qos
+        self.retain = retain
+        self.subscription_ids = subscription_ids
+        self.packet_id = 0
+        self.released = False
+        self.sent = False
+        #: The store's sequence number for a delivery to a durable session (0: not stored).
+        self.seq = 0
+        #: Handed to the store only: the session keeps no reference (its backlog, ``Session.spilled``).
+        self.spilled = False
+
+
+class DeliveryJournal(Protocol):
+    """Where a durable session records its outbound progress (``persistence.BrokerStore`` fits): it only
+    buffers, so calling it keeps this module free of I/O."""
+
+    def mark_publish_sent(self, seq: int, packet_id: int) -> None: ...
+
+    def mark_pubrel_sent(self, seq: int, packet_id: int) -> None: ...
+
+    def remove_delivery(self, seq: int) -> None: ...
+
+
+class Pager(Protocol):
+    """Reads a durable session's backlog back from the store, oldest first (``storage.StoredBacklog``):
+    the deliveries after ``session.cursor``, at most ``limit``, and once ``max_bytes`` of payload are
+    read no more (0: no byte budget); None when the store cannot be read now (the backlog stays as it
+    is and is read on a later acknowledgement)."""
+
+    def page(self, session: Session, limit: int, max_bytes: int = 0) -> list[Delivery] | None: ...

@@ -1,0 +1,235 @@
+"""Start real gateway and mosquitto processes for tests, benchmarks and the HIL bench.
+
+Both are started on port 0 / an OS-chosen port and report the port they actually bound, so any number of
+them can run side by side. Readiness is an event (the gateway's ``appliance ready`` line, mosquitto
+accepting a TCP connection), never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+READY_PATTERN = re.compile(r"appliance ready.*?(?:tcp|tls)://([0-9.]+):(\d+)")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A port that was free a moment ago; only for peers (mosquitto) that cannot bind port 0 and report it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def password_file(path: Path, user: str, password: str, iterations: int | None = None) -> Path:
+    """A mosquitto-compatible password file with one entry, written by ``appliance passwd`` itself (so the
+    file is what an operator's would be); ``iterations`` lowers the hashing cost for tests that log in often."""
+    cost = [] if iterations is None else ["-I", str(iterations)]
+    subprocess.run([sys.executable, "-m", "appliance", "passwd", "-c", "-b", *cost, str(path), user, password],
+                   check=True, capture_output=True)
+    return path
+
+
+def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing accepted connections on {host}:{port} within {timeout}s") from None
+            time.sleep(0.02)
+
+
+class GatewayProcess:
+    """Our gateway as a real child process (``python -m appliance run``).
+
+    ``kill9()`` is the power cut of the durability tests; ``start()`` again reuses the same data dir and,
+    unless ``port`` was 0 at first, the same port, so clients can reconnect to where they were.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        config: Path | None = None,
+        port: int = 0,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.config = config
+        self.port = port
+        self.extra_args = list(extra_args)
+        self.env = env
+        self.process: subprocess.Popen[str] | None = None
+        self.log_lines: list[str] = []
+        self._log_lock = threading.Lock()
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "appliance", "run", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir)]
+        if self.config is not None:
+            cmd += ["--config", str(self.config)]
+        return cmd + self.extra_args
+
+    def start(self, timeout: float = 20.0) -> GatewayProcess:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.env:
+            env.update(self.env)
+        self.process = subprocess.Popen(
+            self.command(), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        ready = threading.Event()
+        threading.Thread(target=self._pump_output, args=(self.process, ready), daemon=True).start()
+        if not ready.wait(timeout) or self.process.poll() is not None:
+            output = self.output()
+            self.kill9()
+            raise RuntimeError(f"gateway did not become ready within {timeout}s:\n{output}")
+        return self
+
+    def _pump_output(self, process: subprocess.Popen[str], ready: threading.Event) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            with self._log_lock:
+                self.log_lines.append(line)
+            match = READY_PATTERN.search(line)
+            if match and not ready.is_set():
+                self.port = int(match.group(2))
+                ready.set()
+        ready.set()
+
+    def output(self) -> str:
+        with self._log_lock:
+            return "".join(self.log_lines)
+
+    def wait_for_log(self, pattern: str, timeout: float = 10.0) -> re.Match[str]:
+        """Wait until a log line matches ``pattern``; the gateway's log is the event source."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._log_lock:
+                for line in self.log_lines:
+                    match = regex.search(line)
+                    if match:
+                        return match
+            time.sleep(0.02)
+        raise TimeoutError(f"no log line matched {pattern!r} within {timeout}s:\n{self.output()}")
+
+    def kill9(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def terminate(self, timeout: float = 10.0) -> int:
+        """SIGTERM and wait: the clean shutdown path."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def __enter__(self) -> GatewayProcess:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.kill9()
+
+
+class MosquittoProcess:
+    """The reference broker (Debian's mosquitto) with a config written into ``work_dir``."""
+
+    def __init__(self, work_dir: Path, extra_config: str = "", port: int | None = None) -> None:
+        self.work_dir = Path(work_dir)
+        self.extra_config = extra_config
+        self.port_chosen_by_caller = port is not None
+        self.port = port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.host = "127.0.0.1"
+
+    def start(self, timeout: float = 10.0, attempts: int = 3) -> MosquittoProcess:
+        """Start and wait until the mosquitto process itself listens on the port.
+
+        A port from ``free_port()`` can be taken by another process before mosquitto binds it; a plain
+        "something accepts connections" check would then report that other program as our broker. So we
+        wait until mosquitto's own process holds the listening socket, and pick another port when the bind
+        failed (unless the caller chose the port).
+        """
+        for attempt in range(attempts):
+            if self._start_once(timeout):
+                return self
+            if self.port_chosen_by_caller or attempt == attempts - 1:
+                break
+            self.port = free_port()
+        raise RuntimeError(f"mosquitto did not start listening on {self.host}:{self.port}:\n{self.log_text()}")
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / f"mosquitto-{self.port}.log"
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def _start_once(self, timeout: float) -> bool:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.work_dir / f"mosquitto-{self.port}.conf"
+        conf.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+            f"log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
+            f"{self.extra_config}\n"
+        )
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            if self._owns_listening_socket():
+                return True
+            time.sleep(0.02)
+        self.stop()
+        return False
+
+    def _owns_listening_socket(self) -> bool:
+        """Whether mosquitto itself listens on our port: its log line comes before bind(), and a plain
+        connect could reach whoever else holds the port."""
+        assert self.process is not None
+        try:
+            sockets = psutil.Process(self.process.pid).net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            return False
+        return any(sock.status == psutil.CONN_LISTEN and sock.laddr.port == self.port for sock in sockets)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+    def __enter__(self) -> MosquittoProcess:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
