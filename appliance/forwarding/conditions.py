@@ -1,50 +1,88 @@
-"""The WHERE language: a recursive-descent parser and a type-checking compiler to Python closures.
+r"""The WHERE language: a recursive-descent parser and a type-checking compiler to Python closures.
 
-Edge Hub compiles a condition into a typed expression tree, and a condition whose operand types do not
-fit (``3 + key1``: a property is a string) is rejected when the route is loaded, not when a message
-arrives. We keep that: ``compile_condition`` either returns a ``Condition`` or raises ``RouteSyntaxError``
-with the column, so a bad manifest is refused before it replaces the running routes.
+Grammar
+-------
+A route (``routes.parse_route``) and its condition, in ISO EBNF; the tokens are ``lexer.py``'s and the
+functions ``condition_builtins.BUILTINS``. It is the grammar of Edge Hub's ``Route.g4``, the ``Condition``
+grammar it imports and ``GrammarLexer.g4`` (Azure/iotedge
+``edge-hub/core/src/Microsoft.Azure.Devices.Routing.Core/grammar/``)::
 
-Values at run time: ``True``/``False``, floats, strings, ``NULL`` and ``UNDEFINED``. Logic is three-valued
-(``Bool.cs``): ``UNDEFINED and false`` is false, ``UNDEFINED or true`` is true, anything else with
-``UNDEFINED`` stays undefined, and only a final ``True`` routes the message. A NaN is undefined.
+    route          = [ SELECT, "*" ], FROM, source, [ WHERE, condition ], INTO, sink ;
+    source         = "/", item, { "/", item } ;               (* no spaces inside; item: ID or "*" *)
+    item           = ID | "*" ;
+    sink           = "$upstream"                              (* a SYS_PROP, any case *)
+                   | "BrokeredEndpoint", "(", STRING, ")" ;   (* "/modules/{m}/inputs/{i}" *)
+
+    condition      = [ coalesce ] ;                           (* empty: undefined, routes nothing *)
+    coalesce       = or, { "??", or } ;
+    or             = and, { OR, and } ;
+    and            = equality, { AND, equality } ;
+    equality       = comparison, { ( "=" | "!=" | "<>" ), comparison } ;
+    comparison     = additive, { ( "<" | "<=" | ">" | ">=" ), additive } ;
+    additive       = multiplicative, { ( "+" | "-" | "||" ), multiplicative } ;
+    multiplicative = unary, { ( "*" | "/" | "%" ), unary } ;
+    unary          = "-", unary | NOT, unary | primary ;
+    primary        = "(", coalesce, ")"
+                   | STRING | INTEGER | REAL | HEX
+                   | "true" | "false" | "null" | "undefined"
+                   | "{", SYS_PROP, "}"                       (* always the system property *)
+                   | SYS_PROP                                 (* $x: app property $x, else system x *)
+                   | ID, "(", [ coalesce, { ",", coalesce } ], ")"   (* a builtin function *)
+                   | ID ;                                     (* an application property *)
+
+    (* tokens: longest match wins, a tie goes to the rule listed first in lexer.py *)
+    SELECT, FROM, WHERE, INTO, AND, OR, NOT = keyword in any case ;
+    "true", "false", "null", "undefined"    = lowercase only ;
+    STRING   = '"', { escape | ? any but " and \ ? }, '"' | "'", { escape | ? any but ' and \ ? }, "'" ;
+    escape   = "\", ( '"' | "'" | "\" | "u", 4 * hex digit ) ;
+    INTEGER  = [ "-" ], digit, { digit } ;
+    HEX      = "0", ( "x" | "X" ), hex digit, { hex digit } ;
+    REAL     = [ "-" ], { digit }, ".", digit, { digit }, [ exponent ] | [ "-" ], { digit }, exponent ;
+    exponent = ( "e" | "E" ), [ "+" | "-" ], digit, { digit } ;
+    SYS_PROP = "$", path char, { path char } ;    (* $body.a.b[0] queries a JSON body *)
+    ID       = id char, { id char } ;
+    path char = ? any but ( ) < > @ , ; : \ " / ? = { } and white space ? ;
+    id char   = ? any path char but [ ] ? ;
+    (* white space and /* comments */ separate tokens *)
+
+In a route, ``INTO`` is the last INTO token and ``WHERE`` the first WHERE after the source: the condition
+is the text between them.
+
+Rules
+-----
+* Types are checked when the route is compiled, as Edge Hub does: a condition whose operand types do not
+  fit (``3 + key1``: a property is a string) makes ``compile_condition`` raise ``RouteSyntaxError`` with the
+  column, so a bad manifest is refused before it replaces the running routes.
+* Only a final ``True`` routes the message; values and three-valued logic are ``condition_values``'.
+
 Pure: no asyncio, sockets or sqlite3.
 """
 
 from __future__ import annotations
 
-import enum
 import json
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from appliance.forwarding.condition_builtins import BUILTINS
+from appliance.forwarding.condition_values import (
+    ARITHMETIC,
+    NULL,
+    UNDEFINED,
+    Kind,
+    compare,
+    concat,
+    finite_or_inf,
+    kind_fits,
+    logic_value,
+    number_value,
+    to_bool,
+)
 from appliance.forwarding.lexer import RouteSyntaxError, Token, tokenize, unescape
 
-
-class _Sentinel:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-UNDEFINED: Any = _Sentinel("UNDEFINED")
-NULL: Any = _Sentinel("NULL")
-
-
-class Kind(enum.Enum):
-    """Static type of an expression; DYNAMIC is a ``$body`` query whose type is known only per message."""
-
-    BOOL = "bool"
-    NUMBER = "number"
-    STRING = "string"
-    NULL = "null"
-    UNDEFINED = "undefined"
-    DYNAMIC = "dynamic"
+__all__ = ["NULL", "UNDEFINED", "DictMessage", "Kind", "MessageView", "RouteCondition", "compile_condition", "parse_json_body"]
 
 
 class MessageView(Protocol):
@@ -65,7 +103,7 @@ class Expr:
 
 
 @dataclass(frozen=True, slots=True)
-class Condition:
+class RouteCondition:
     """A compiled WHERE clause; ``matches`` is True only when the three-valued result is true."""
 
     text: str
@@ -77,210 +115,6 @@ class Condition:
 
     def matches(self, message: MessageView) -> bool:
         return self.evaluate(message) is True
-
-
-# ----------------------------------------------------------------------------------------------- values
-
-
-def to_bool(value: Any) -> Any:
-    """A condition's final value as three-valued logic: null is false, a number or string undefined."""
-    if value is True or value is False:
-        return value
-    if value is NULL:
-        return False
-    return UNDEFINED
-
-
-def _logic(value: Any) -> Any:
-    """An ``and``/``or`` operand: null counts as false there (``null or false`` is false)."""
-    if value is NULL:
-        return False
-    return value if value is True or value is False else UNDEFINED
-
-
-def _number(value: Any) -> Any:
-    if isinstance(value, float) and not isinstance(value, bool):
-        return UNDEFINED if math.isnan(value) else value
-    return UNDEFINED
-
-
-def _string(value: Any) -> Any:
-    return value if isinstance(value, str) else UNDEFINED
-
-
-def _finite_or_inf(op: Callable[[], float]) -> Any:
-    """Run a float operation the way .NET doubles behave: overflow is infinity, a domain error NaN."""
-    try:
-        result = op()
-    except OverflowError:
-        return math.inf
-    except (ValueError, ZeroDivisionError):
-        return UNDEFINED
-    return UNDEFINED if math.isnan(result) else float(result)
-
-
-def _divide(a: float, b: float) -> Any:
-    if b == 0:
-        return UNDEFINED if a == 0 else math.copysign(math.inf, a) * math.copysign(1.0, b)
-    return _finite_or_inf(lambda: a / b)
-
-
-def _modulo(a: float, b: float) -> Any:
-    return _finite_or_inf(lambda: math.fmod(a, b))
-
-
-_ARITHMETIC: dict[str, Callable[[float, float], Any]] = {
-    "+": lambda a, b: _finite_or_inf(lambda: a + b),
-    "-": lambda a, b: _finite_or_inf(lambda: a - b),
-    "*": lambda a, b: _finite_or_inf(lambda: a * b),
-    "/": _divide,
-    "%": _modulo,
-}
-
-_ORDER: dict[str, Callable[[int], bool]] = {
-    "=": lambda c: c == 0,
-    "!=": lambda c: c != 0,
-    "<>": lambda c: c != 0,
-    "<": lambda c: c < 0,
-    "<=": lambda c: c <= 0,
-    ">": lambda c: c > 0,
-    ">=": lambda c: c >= 0,
-}
-
-
-def compare(op: str, left: Any, right: Any) -> Any:
-    """Edge Hub's ``ComparisonOperators``: undefined on either side is undefined; types must agree."""
-    if left is UNDEFINED or right is UNDEFINED:
-        return UNDEFINED
-    if left is NULL or right is NULL:
-        if op in ("=", "!=", "<>"):
-            return _ORDER[op](0 if left is right else 1)
-        return UNDEFINED
-    if isinstance(left, bool) and isinstance(right, bool):
-        return _ORDER[op]((left > right) - (left < right))
-    if isinstance(left, float) and isinstance(right, float):
-        return _ORDER[op]((left > right) - (left < right))
-    if isinstance(left, str) and isinstance(right, str):
-        return _ORDER[op]((left > right) - (left < right))
-    return UNDEFINED
-
-
-# --------------------------------------------------------------------------------------------- builtins
-
-
-@dataclass(frozen=True, slots=True)
-class Builtin:
-    """A function: accepted argument kinds per overload (``None`` = any kind), its result kind and code."""
-
-    overloads: tuple[tuple[Kind | None, ...], ...]
-    result: Kind
-    run: Callable[..., Any]
-    variadic: Kind | None = None  # concat: two or more of this kind
-
-
-def _num1(fn: Callable[[float], float]) -> Builtin:
-    return Builtin(((Kind.NUMBER,),), Kind.NUMBER, lambda x: UNDEFINED if _number(x) is UNDEFINED else _finite_or_inf(lambda: fn(x)))
-
-
-def _inf_safe(fn: Callable[[float], float]) -> Callable[[float], float]:
-    return lambda x: x if math.isinf(x) else fn(x)
-
-
-_NUMBER_TEXT = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*")
-
-
-def _as_number(value: Any) -> Any:
-    if isinstance(value, float):
-        return _number(value)
-    if isinstance(value, str) and _NUMBER_TEXT.fullmatch(value):
-        return float(value)
-    return UNDEFINED
-
-
-def _str2(fn: Callable[[str, str], Any]) -> Builtin:
-    def run(a: Any, b: Any) -> Any:
-        if not isinstance(a, str) or not isinstance(b, str):
-            return UNDEFINED
-        return fn(a, b)
-
-    return Builtin(((Kind.STRING, Kind.STRING),), Kind.BOOL, run)
-
-
-def _str1(fn: Callable[[str], Any], result: Kind) -> Builtin:
-    return Builtin(((Kind.STRING,),), result, lambda s: fn(s) if isinstance(s, str) else UNDEFINED)
-
-
-def _concat(*parts: Any) -> Any:
-    if any(p is UNDEFINED or not (isinstance(p, str) or p is NULL) for p in parts):
-        return UNDEFINED
-    return "".join("" if p is NULL else p for p in parts)
-
-
-def _index(value: Any) -> int | None:
-    number = _number(value)
-    if number is UNDEFINED or math.isinf(number) or number < 0:
-        return None
-    return int(number)
-
-
-def _substring(s: Any, start: Any, length: Any = None) -> Any:
-    if not isinstance(s, str):
-        return UNDEFINED
-    begin = _index(start)
-    if begin is None or begin > len(s):
-        return UNDEFINED
-    if length is None:
-        return s[begin:]
-    count = _index(length)
-    if count is None or begin + count > len(s):
-        return UNDEFINED
-    return s[begin : begin + count]
-
-
-def _index_of(s: Any, sub: Any) -> Any:
-    if not isinstance(s, str) or not isinstance(sub, str):
-        return UNDEFINED
-    return float(s.find(sub))
-
-
-BUILTINS: dict[str, Builtin] = {
-    # math
-    "abs": _num1(abs),
-    "exp": _num1(math.exp),
-    "power": Builtin(
-        ((Kind.NUMBER, Kind.NUMBER),),
-        Kind.NUMBER,
-        lambda a, b: UNDEFINED if _number(a) is UNDEFINED or _number(b) is UNDEFINED else _finite_or_inf(lambda: math.pow(a, b)),
-    ),
-    "square": _num1(lambda x: x * x),
-    "ceiling": _num1(_inf_safe(lambda x: float(math.ceil(x)))),
-    "floor": _num1(_inf_safe(lambda x: float(math.floor(x)))),
-    "sign": _num1(lambda x: float((x > 0) - (x < 0))),
-    "sqrt": _num1(math.sqrt),
-    # type checking
-    "as_number": Builtin(((Kind.STRING,), (Kind.NUMBER,)), Kind.NUMBER, _as_number),
-    "is_bool": Builtin(((None,),), Kind.BOOL, lambda v: isinstance(v, bool)),
-    "is_defined": Builtin(((None,),), Kind.BOOL, lambda v: v is not UNDEFINED),
-    "is_null": Builtin(((None,),), Kind.BOOL, lambda v: v is NULL),
-    "is_number": Builtin(((None,),), Kind.BOOL, lambda v: isinstance(v, float) and math.isfinite(v)),
-    "is_string": Builtin(((None,),), Kind.BOOL, lambda v: isinstance(v, str)),
-    # strings
-    "concat": Builtin((), Kind.STRING, _concat, variadic=Kind.STRING),
-    "length": _str1(lambda s: float(len(s)), Kind.NUMBER),
-    "lower": _str1(str.lower, Kind.STRING),
-    "upper": _str1(str.upper, Kind.STRING),
-    "substring": Builtin(
-        ((Kind.STRING, Kind.NUMBER), (Kind.STRING, Kind.NUMBER, Kind.NUMBER)), Kind.STRING, _substring
-    ),
-    "index_of": Builtin(((Kind.STRING, Kind.STRING),), Kind.NUMBER, _index_of),
-    "starts_with": _str2(lambda a, b: a.startswith(b)),
-    "ends_with": _str2(lambda a, b: a.endswith(b)),
-    "contains": _str2(lambda a, b: b in a),
-}
-
-
-def _fits(required: Kind | None, given: Kind) -> bool:
-    return required is None or given is required or given is Kind.DYNAMIC
 
 
 # ---------------------------------------------------------------------------------------------- parser
@@ -296,7 +130,7 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, (bool, str)):
         return value
     if isinstance(value, (int, float)):
-        return _number(float(value))
+        return number_value(float(value))
     return UNDEFINED
 
 
@@ -403,7 +237,7 @@ class _Parser:
             operand = self.unary()
             self.check_operands(op, Kind.NUMBER, operand)
             inner = operand.evaluate
-            return Expr(Kind.NUMBER, lambda m: UNDEFINED if (v := _number(inner(m))) is UNDEFINED else -v)
+            return Expr(Kind.NUMBER, lambda m: UNDEFINED if (v := number_value(inner(m))) is UNDEFINED else -v)
         if (op := self.take("NOT")) is not None:
             operand = self.unary()
             if operand.kind not in _LOGIC_KINDS:
@@ -411,7 +245,7 @@ class _Parser:
             inner = operand.evaluate
 
             def negate(m: MessageView) -> Any:
-                value = _logic(inner(m))
+                value = logic_value(inner(m))
                 return UNDEFINED if value is UNDEFINED else not value
 
             return Expr(Kind.BOOL, negate)
@@ -432,7 +266,7 @@ class _Parser:
             value = unescape(token.text)
             return Expr(Kind.STRING, lambda m: value)
         if kind in ("INTEGER", "REAL"):
-            number = _finite_or_inf(lambda: float(token.text))
+            number = finite_or_inf(lambda: float(token.text))
             return Expr(Kind.NUMBER, lambda m: number)
         if kind == "HEX":
             hexvalue = float(int(token.text[2:], 16))
@@ -499,9 +333,9 @@ class _Parser:
             raise self.error(f"unknown function {name.text!r}", name.column)
         kinds = [a.kind for a in args]
         if builtin.variadic is not None:
-            valid = len(args) >= 2 and all(_fits(builtin.variadic, k) for k in kinds)
+            valid = len(args) >= 2 and all(kind_fits(builtin.variadic, k) for k in kinds)
         else:
-            valid = any(len(o) == len(kinds) and all(_fits(r, k) for r, k in zip(o, kinds, strict=True)) for o in builtin.overloads)
+            valid = any(len(o) == len(kinds) and all(kind_fits(r, k) for r, k in zip(o, kinds, strict=True)) for o in builtin.overloads)
         if not valid:
             given = ", ".join(k.value for k in kinds)
             raise self.error(f"no overload of {name.text.lower()}({given})", name.column)
@@ -512,7 +346,7 @@ class _Parser:
     # -- builders: each checks operand kinds the way Edge Hub's ConditionVisitor does
 
     def check_operands(self, op: Token, required: Kind, *operands: Expr) -> None:
-        if not all(_fits(required, o.kind) for o in operands):
+        if not all(kind_fits(required, o.kind) for o in operands):
             given = ", ".join(o.kind.value for o in operands)
             raise self.error(f"operator {op.text!r} needs {required.value} operands, got {given}", op.column)
 
@@ -520,12 +354,12 @@ class _Parser:
         lhs, rhs = left.evaluate, right.evaluate
         if op.kind == "||":
             self.check_operands(op, Kind.STRING, left, right)
-            return Expr(Kind.STRING, lambda m: _concat(lhs(m), rhs(m)))
+            return Expr(Kind.STRING, lambda m: concat(lhs(m), rhs(m)))
         self.check_operands(op, Kind.NUMBER, left, right)
-        fn = _ARITHMETIC[op.kind]
+        fn = ARITHMETIC[op.kind]
 
         def arithmetic(m: MessageView) -> Any:
-            a, b = _number(lhs(m)), _number(rhs(m))
+            a, b = number_value(lhs(m)), number_value(rhs(m))
             return UNDEFINED if a is UNDEFINED or b is UNDEFINED else fn(a, b)
 
         return Expr(Kind.NUMBER, arithmetic)
@@ -545,10 +379,10 @@ class _Parser:
                 return Expr(Kind.NULL, lambda m: NULL)
 
             def conj(m: MessageView) -> Any:
-                a = _logic(lhs(m))
+                a = logic_value(lhs(m))
                 if a is False:
                     return False
-                b = _logic(rhs(m))
+                b = logic_value(rhs(m))
                 if b is False:
                     return False
                 return True if a is True and b is True else UNDEFINED
@@ -558,10 +392,10 @@ class _Parser:
             return Expr(Kind.NULL, lambda m: NULL)
 
         def disj(m: MessageView) -> Any:
-            a = _logic(lhs(m))
+            a = logic_value(lhs(m))
             if a is True:
                 return True
-            b = _logic(rhs(m))
+            b = logic_value(rhs(m))
             if b is True:
                 return True
             return False if a is False and b is False else UNDEFINED
@@ -577,9 +411,9 @@ class _Parser:
         return Expr(right.kind if left.kind is Kind.DYNAMIC else left.kind, lambda m: v if (v := lhs(m)) is not UNDEFINED else rhs(m))
 
 
-def compile_condition(text: str, column_offset: int = 0) -> Condition:
+def compile_condition(text: str, column_offset: int = 0) -> RouteCondition:
     """Parse and type-check ``text``; errors carry the column (shifted by ``column_offset``)."""
-    return Condition(text, _Parser(text, column_offset).parse())
+    return RouteCondition(text, _Parser(text, column_offset).parse())
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from appliance.forwarding.conditions import Condition, MessageView, compile_condition
+from appliance.forwarding.conditions import MessageView, RouteCondition, compile_condition
 from appliance.forwarding.lexer import RouteSyntaxError, Token, tokenize, unescape
 from appliance.forwarding.validity import level_problem
 
@@ -43,7 +43,7 @@ class Route:
     name: str
     text: str
     source: str  # e.g. "/messages/*", matched by whole path segments, case-insensitively
-    condition: Condition | None
+    condition: RouteCondition | None
     endpoint: Endpoint
     priority: int = DEFAULT_PRIORITY
     ttl_s: int = 0  # 0 = the global TTL
