@@ -25,10 +25,10 @@ from appliance import run_state
 from appliance.broker.api import BrokerService, ServiceStartError
 from appliance.broker.broker import Broker
 from appliance.broker.config import BrokerConfig, queued_bytes_default
-from appliance.broker.persistence.store import DB_FILENAME, BrokerStore, PersistenceError
-from appliance.broker.security.acl import Acl, AclFileError
-from appliance.broker.security.auth import Authenticator, PasswordFileError
-from appliance.broker.transport.server import TlsSetupError, start_listener
+from appliance.broker.persistence.store import DB_FILENAME, BrokerStore
+from appliance.broker.security.acl import Acl
+from appliance.broker.security.auth import Authenticator
+from appliance.broker.transport.server import start_listener
 from appliance.gateway_config import GatewayConfig
 from appliance.hardware.factory_reset import (
     FACTORY_RESET_EXIT_STATUS,
@@ -37,7 +37,7 @@ from appliance.hardware.factory_reset import (
 from appliance.metrics_server import MetricsServer
 from appliance.prometheus import Family
 from appliance.sdnotify import Notifier
-from appliance.sqlite_files import DatabaseFileError
+from appliance.startup_error import StartupError
 
 log = logging.getLogger("appliance")
 
@@ -109,8 +109,7 @@ def run_gateway(config: GatewayConfig) -> int:
     )
     try:
         return uvloop.run(serve(config))
-    except (PersistenceError, DatabaseFileError, TlsSetupError, PasswordFileError, AclFileError, ServiceStartError,
-            OSError) as exc:
+    except (StartupError, ServiceStartError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 1
 
@@ -160,7 +159,7 @@ async def serve(config: GatewayConfig) -> int:
                 service.reload()
             try:
                 new_authenticator, new_acl = load_security(config)
-            except (PasswordFileError, AclFileError, OSError) as exc:
+            except (StartupError, OSError) as exc:
                 log.error("SIGHUP: keeping the old password file and ACL: %s", exc)
                 return
             broker.reload_security(new_authenticator, new_acl)

@@ -19,9 +19,11 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from appliance.startup_error import StartupError
 
-class DatabaseFileError(Exception):
-    """A database file that must not be used as it is; the message names the file and what to do."""
+
+class DatabaseFileError(StartupError):
+    """A database file that must not be used as it is; ``why`` says what to do."""
 
 
 def refuse_emptied(path: Path, what: str) -> None:
@@ -32,8 +34,9 @@ def refuse_emptied(path: Path, what: str) -> None:
     if wal.exists() and wal.stat().st_size > 0:
         return
     raise DatabaseFileError(
-        f"{path}: the {what} is an empty file (0 bytes) - it lost its data (a copy cut short? a full or "
-        "damaged disk?); restore it from a backup, or move it away to start with an empty one"
+        path,
+        f"the {what} is an empty file (0 bytes) - it lost its data (a copy cut short? a full or "
+        "damaged disk?); restore it from a backup, or move it away to start with an empty one",
     )
 
 
@@ -42,11 +45,9 @@ def quick_check(connection: sqlite3.Connection, path: Path, what: str) -> None:
     try:
         problems = [row[0] for row in connection.execute("PRAGMA quick_check(5)")]
     except sqlite3.DatabaseError as exc:
-        raise DatabaseFileError(f"{path}: the {what} is damaged ({exc}); move it away to start with an empty one") from exc
+        raise DatabaseFileError(path, f"the {what} is damaged ({exc}); move it away to start with an empty one") from exc
     if problems != ["ok"]:
-        raise DatabaseFileError(
-            f"{path}: the {what} is damaged ({'; '.join(problems)}); move it away to start with an empty one"
-        )
+        raise DatabaseFileError(path, f"the {what} is damaged ({'; '.join(problems)}); move it away to start with an empty one")
 
 
 def integrity_problems(path: Path, limit: int = 5) -> list[str]:

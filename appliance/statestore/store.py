@@ -117,7 +117,7 @@ class StateStore:
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise DatabaseFileError(
-                f"{self.path}: not a readable state store database ({exc}); move it away to start with an empty one"
+                self.path, f"not a readable state store database ({exc}); move it away to start with an empty one"
             ) from exc
         except BaseException:
             self._db.close()

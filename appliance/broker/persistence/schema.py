@@ -13,19 +13,22 @@ commits with a ``write(2)``; ``full`` also survives power loss at the cost of an
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
+
+from appliance.startup_error import StartupError
 
 SCHEMA_VERSION = 2
 SYNCHRONOUS_LEVELS = ("normal", "full")
 
 
-class PersistenceError(Exception):
+class PersistenceError(StartupError):
     """The broker database cannot be opened, read or written. ``disk_full``: SQLite said "database or
     disk is full" (SQLITE_FULL), which the broker answers with Quota exceeded (docs/broker-security.md)."""
 
-    def __init__(self, message: str, disk_full: bool = False) -> None:
-        super().__init__(message)
+    def __init__(self, path: str | os.PathLike[str], why: str, disk_full: bool = False) -> None:
+        super().__init__(path, why)
         self.disk_full = disk_full
 
 
@@ -106,7 +109,7 @@ def prepare(connection: sqlite3.Connection, path: Path, synchronous: str) -> Non
     tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
     if mode.lower() != "wal":
-        raise PersistenceError(f"{path}: cannot switch the database to WAL mode (got {mode!r})")
+        raise PersistenceError(path, f"cannot switch the database to WAL mode (got {mode!r})")
     connection.execute(f"PRAGMA synchronous = {synchronous.upper()}")
     if not tables:
         connection.execute("BEGIN")
@@ -115,14 +118,14 @@ def prepare(connection: sqlite3.Connection, path: Path, synchronous: str) -> Non
         connection.execute("COMMIT")
         return
     if "meta" not in tables:
-        raise CorruptDatabaseError(f"{path}: an SQLite file, but not a broker database (no meta table); move it away")
+        raise CorruptDatabaseError(path, "an SQLite file, but not a broker database (no meta table); move it away")
     row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     if row is None or not str(row[0]).isdigit():
-        raise CorruptDatabaseError(f"{path}: broker database without a valid schema version; move it away")
+        raise CorruptDatabaseError(path, "broker database without a valid schema version; move it away")
     version = int(row[0])
     if version > SCHEMA_VERSION:
         raise SchemaTooNewError(
-            f"{path}: written by a newer gateway (schema version {version}; this one understands up to "
+            path, f"written by a newer gateway (schema version {version}; this one understands up to "
             f"{SCHEMA_VERSION}); upgrade the gateway or move the file away"
         )
     if version < SCHEMA_VERSION:

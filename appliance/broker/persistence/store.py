@@ -130,19 +130,19 @@ class BrokerStore:
         try:
             refuse_emptied(path, "broker database")
         except DatabaseFileError as exc:
-            raise CorruptDatabaseError(str(exc)) from None
+            raise CorruptDatabaseError(exc.path, exc.why) from None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         except (OSError, sqlite3.Error) as exc:
-            raise PersistenceError(f"{path}: cannot open the broker database: {exc}") from exc
+            raise PersistenceError(path, f"cannot open the broker database: {exc}") from exc
         try:
             prepare(connection, path, synchronous)
             return cls(connection, path)
         except sqlite3.DatabaseError as exc:
             connection.close()
             raise CorruptDatabaseError(
-                f"{path}: not a readable broker database ({exc}); move it away to start with an empty store"
+                path, f"not a readable broker database ({exc}); move it away to start with an empty store"
             ) from exc
         except BaseException:
             connection.close()
@@ -295,7 +295,7 @@ class BrokerStore:
         try:
             page, full = committed_page(self._db, client_id, after_seq, limit, max_bytes)
         except sqlite3.Error as exc:
-            raise PersistenceError(f"{self.path}: cannot read queued messages: {exc}") from exc
+            raise PersistenceError(self.path, f"cannot read queued messages: {exc}") from exc
         if not full and len(page) < limit and (self._failed or self._new_deliveries):
             after = page[-1][0].seq if page else after_seq
             page += self._buffered_page(client_id, after, limit - len(page))
@@ -403,7 +403,7 @@ class BrokerStore:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-            raise PersistenceError(f"{self.path}: commit failed: {exc}", disk_full=full) from exc
+            raise PersistenceError(self.path, f"commit failed: {exc}", disk_full=full) from exc
 
     # -- loading --------------------------------------------------------------------------------------
 
@@ -412,4 +412,4 @@ class BrokerStore:
         try:
             return load_state(self._db)
         except sqlite3.DatabaseError as exc:
-            raise CorruptDatabaseError(f"{self.path}: cannot read the broker database: {exc}") from exc
+            raise CorruptDatabaseError(self.path, f"cannot read the broker database: {exc}") from exc

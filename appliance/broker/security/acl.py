@@ -54,6 +54,7 @@ from appliance.broker.routing.topic_tree import (
     topic_matches,
     validate_topic_filter,
 )
+from appliance.startup_error import StartupError
 
 #: Cached decisions before the cache is emptied; bounds memory when topics are unique per message.
 DECISION_CACHE_SIZE = 65536
@@ -62,8 +63,8 @@ DECISION_CACHE_SIZE = 65536
 NOTIFICATION_SPACE = "clients/statestore/"
 
 
-class AclFileError(ValueError):
-    """An ACL file line is malformed; the message names the file and line."""
+class AclFileError(StartupError, ValueError):
+    """An ACL file that cannot be read, or a malformed line of it (``line``)."""
 
 
 class Access(IntFlag):
@@ -145,7 +146,7 @@ class Acl:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise AclFileError(f"{path}: cannot read ACL file: {exc}") from exc
+            raise AclFileError(path, f"cannot read ACL file: {exc}") from exc
         return cls.parse(text, str(path), client_patterns)
 
     @classmethod
@@ -166,16 +167,15 @@ class Acl:
             if not words:
                 continue
             keyword, rest = words[0], " ".join(words[1:]).strip(" ")
-            where = f"{source}:{number}"
             if keyword == "user":
                 if not rest:
-                    raise AclFileError(f"{where}: 'user' needs a user name")
+                    raise AclFileError(source, "'user' needs a user name", line=number)
                 current = users.setdefault(rest, [])
             elif keyword in ("topic", "pattern"):
-                rule = _parse_rule(keyword, rest, where, number)
+                rule = _parse_rule(keyword, rest, source, number)
                 (patterns if keyword == "pattern" else current).append(rule)
             else:
-                raise AclFileError(f"{where}: expected 'user', 'topic' or 'pattern', got {keyword!r}")
+                raise AclFileError(source, f"expected 'user', 'topic' or 'pattern', got {keyword!r}", line=number)
         patterns.extend(parse_pattern(text) for text in client_patterns)
         return cls(anonymous, dict(users), patterns)
 
@@ -277,21 +277,23 @@ def parse_pattern(text: str) -> AclRule:
     return _parse_rule("pattern", text.strip(" "), "acl_client_patterns", 0)
 
 
-def _parse_rule(keyword: str, rest: str, where: str, number: int) -> AclRule:
+def _parse_rule(keyword: str, rest: str, source: str, number: int) -> AclRule:
+    """One ``topic``/``pattern`` rule; ``number`` is its line in ``source`` (0: a setting, no line)."""
+    line = number or None
     if not rest:
-        raise AclFileError(f"{where}: '{keyword}' needs a topic filter")
+        raise AclFileError(source, f"'{keyword}' needs a topic filter", line=line)
     first, _, remainder = rest.partition(" ")
     remainder = remainder.strip(" ")
     if remainder:
         if first not in _ACCESS_WORDS:
-            raise AclFileError(f"{where}: access must be read, write, readwrite or deny, got {first!r}")
+            raise AclFileError(source, f"access must be read, write, readwrite or deny, got {first!r}", line=line)
         access, topic_filter = _ACCESS_WORDS[first], remainder
     else:
         access, topic_filter = Access.READWRITE, first
     try:
         validate_topic_filter(topic_filter)
     except TopicError as exc:
-        raise AclFileError(f"{where}: {exc}") from exc
+        raise AclFileError(source, str(exc), line=line) from exc
     return AclRule(access, topic_filter, number)
 
 

@@ -34,14 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from appliance import atomic_file
+from appliance.startup_error import StartupError
 
 #: PBKDF2-HMAC-SHA512 rounds for new entries (OWASP 2023 guidance for SHA-512 is 210,000).
 DEFAULT_ITERATIONS = 210_000
 SALT_BYTES = 12  # what mosquitto_passwd uses; both sides accept any length
 
 
-class PasswordFileError(ValueError):
-    """A password file line is malformed; the message names the file and line."""
+class PasswordFileError(StartupError, ValueError):
+    """A password file that cannot be read, or a malformed line of it (``line``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +121,13 @@ def parse_password_file(text: str, source: str = "<password file>") -> dict[str,
             continue
         username, sep, encoded = line.partition(":")
         if not sep or not username:
-            raise PasswordFileError(f"{source}:{number}: expected user:hash")
+            raise PasswordFileError(source, "expected user:hash", line=number)
         if username in entries:
-            raise PasswordFileError(f"{source}:{number}: user {username!r} appears twice")
+            raise PasswordFileError(source, f"user {username!r} appears twice", line=number)
         try:
             entries[username] = parse_hash(encoded)
         except ValueError as exc:
-            raise PasswordFileError(f"{source}:{number}: user {username!r}: {exc}") from exc
+            raise PasswordFileError(source, f"user {username!r}: {exc}", line=number) from exc
     return entries
 
 
@@ -135,7 +136,7 @@ def read_password_file(path: Path) -> dict[str, PasswordHash]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise PasswordFileError(f"{path}: cannot read password file: {exc}") from exc
+        raise PasswordFileError(path, f"cannot read password file: {exc}") from exc
     return parse_password_file(text, str(path))
 
 

@@ -41,6 +41,7 @@ from appliance.broker.broker import Broker
 from appliance.broker.config import ListenerConfig
 from appliance.broker.sessions.session import AWAITING_CONNECT, Connection
 from appliance.broker.transport.certificates import CertificateFileError, date_problems
+from appliance.startup_error import StartupError
 from appliance.tcp_floor import keep_kernel_floor
 
 if TYPE_CHECKING:
@@ -266,8 +267,16 @@ class ConnectDeadlines:
 
 
 
-class TlsSetupError(Exception):
-    """A TLS listener's certificate, key or CA file cannot be used; the message names the file."""
+class TlsSetupError(StartupError):
+    """A TLS listener's certificate, key or CA file (``role``) cannot be used."""
+
+    def __init__(self, role: str, path: str, why: str) -> None:
+        self.role = role
+        super().__init__(path, why)
+
+    @property
+    def location(self) -> str:
+        return f"TLS {self.role} {self.path}"
 
 
 def _readable_file(path: object, role: str) -> str:
@@ -276,7 +285,7 @@ def _readable_file(path: object, role: str) -> str:
         with open(text, "rb") as file:
             file.read(1)
     except OSError as exc:
-        raise TlsSetupError(f"TLS {role} {text}: {exc.strerror or exc}") from None
+        raise TlsSetupError(role, text, exc.strerror or str(exc)) from None
     return text
 
 
@@ -290,16 +299,16 @@ def tls_context(listener: ListenerConfig) -> ssl.SSLContext:
     try:
         context.load_cert_chain(certfile, keyfile)
     except ssl.SSLError as exc:
-        files = f"certfile {certfile}" + (f" with keyfile {keyfile}" if keyfile else "")
+        key = f" with keyfile {keyfile}" if keyfile else ""
         raise TlsSetupError(
-            f"TLS {files}: cannot be loaded ({exc.reason or exc}): not PEM, or the key does not match the certificate"
+            "certfile", certfile, f"cannot be loaded{key} ({exc.reason or exc}): not PEM, or the key does not match the certificate"
         ) from None
     if listener.cafile is not None:
         cafile = _readable_file(listener.cafile, "cafile")
         try:
             context.load_verify_locations(cafile=cafile)
         except ssl.SSLError as exc:
-            raise TlsSetupError(f"TLS cafile {cafile}: cannot be loaded ({exc.reason or exc}): not PEM certificates") from None
+            raise TlsSetupError("cafile", cafile, f"cannot be loaded ({exc.reason or exc}): not PEM certificates") from None
     context.verify_mode = ssl.CERT_REQUIRED if listener.require_certificate else ssl.CERT_NONE
     warn_about_dates(listener)
     return context
