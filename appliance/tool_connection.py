@@ -54,7 +54,7 @@ class ConnectionSettingsError(ConfigError):
 
 
 @dataclass(frozen=True, slots=True)
-class Connection:
+class ConnectionSettings:
     """Everything a client needs to reach the broker, resolved."""
 
     host: str
@@ -155,8 +155,8 @@ def tls_context(listener: ListenerConfig | None, cafile: Path | None, certfile: 
     return context
 
 
-def connection_from_args(args: argparse.Namespace) -> Connection:
-    """Resolve the arguments, environment, credentials file and gateway config into one ``Connection``
+def connection_from_args(args: argparse.Namespace) -> ConnectionSettings:
+    """Resolve the arguments, environment, credentials file and gateway config into one ``ConnectionSettings``
     (raises ``ConfigError``, ``ConnectionSettingsError`` among them: ``appliance.cli`` prints it, exit 2)."""
     config = config_from_args(args)
     index, listener = tool_listener(config)
@@ -177,4 +177,4 @@ def connection_from_args(args: argparse.Namespace) -> Connection:
     certfile = args.certfile or stored.get("certfile")
     keyfile = args.keyfile or stored.get("keyfile")
     tls = tls_context(listener if args.host is None else None, cafile, certfile, keyfile, args.insecure) if use_tls else None
-    return Connection(host, port, username, password, tls, args.client_id, args.timeout)
+    return ConnectionSettings(host, port, username, password, tls, args.client_id, args.timeout)

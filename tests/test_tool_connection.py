@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from appliance import run_state
 from appliance.cli import build_parser
-from appliance.tool_connection import Connection, ConnectionSettingsError, connection_from_args
+from appliance.tool_connection import ConnectionSettings, ConnectionSettingsError, connection_from_args
 from testing.campaigns import campaign
 from testing.certificates import valid_for
 
@@ -25,7 +25,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def resolve(*argv: str) -> Connection:
+def resolve(*argv: str) -> ConnectionSettings:
     return connection_from_args(build_parser().parse_args(["state", "get", "k", *argv]))
 
 

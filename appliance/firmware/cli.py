@@ -52,7 +52,7 @@ from appliance.statestore.client import (
     StateStoreClientError,
     StatusError,
 )
-from appliance.tool_connection import Connection, add_connection_arguments, connection_from_args
+from appliance.tool_connection import ConnectionSettings, add_connection_arguments, connection_from_args
 
 TELEMETRY_TOPIC = "devices/+/messages/events/data"
 UPDATE_TOPIC = "devices/+/messages/events/update"  # the updater's status (its own output)
@@ -180,7 +180,7 @@ class PublishFailed(Exception):
         self.status = status
 
 
-def client_failure(exc: Exception, connection: Connection) -> PublishFailed:
+def client_failure(exc: Exception, connection: ConnectionSettings) -> PublishFailed:
     if isinstance(exc, ServiceError):
         return PublishFailed(f"-ERR {exc.message}", EXIT_SERVICE_ERROR)
     if isinstance(exc, StatusError):
@@ -299,7 +299,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def collect_telemetry(connection: Connection, wait: float) -> dict[str, dict[str, Any]]:
+def collect_telemetry(connection: ConnectionSettings, wait: float) -> dict[str, dict[str, Any]]:
     """The latest telemetry of every thermostat heard within ``wait`` seconds. A refused login or
     subscription raises ``ConnectionError``: listening without them would report an empty fleet."""
     import paho.mqtt.client as mqtt

@@ -29,7 +29,7 @@ from appliance.statestore.client import (
 )
 from appliance.statestore.commands import Condition
 from appliance.statestore.hlc import Hlc, HlcFormatError
-from appliance.tool_connection import Connection, add_connection_arguments, connection_from_args
+from appliance.tool_connection import ConnectionSettings, add_connection_arguments, connection_from_args
 
 EXIT_OK, EXIT_NOT_DONE, EXIT_SERVICE_ERROR, EXIT_CONNECTION = 0, 1, 2, 3
 
@@ -98,7 +98,7 @@ def emit(**fields: Any) -> None:
     sys.stdout.flush()
 
 
-def store_client(connection: Connection) -> StateStoreClient:
+def store_client(connection: ConnectionSettings) -> StateStoreClient:
     return StateStoreClient(connection.host, connection.port, connection.client_id, username=connection.username,
                             password=connection.password, tls=connection.tls, timeout=connection.timeout)
 

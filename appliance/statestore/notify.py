@@ -10,7 +10,7 @@ The topic is ``clients/statestore/v1/<system id>/{HEX(clientId)}/command/notify/
 base16 (upper case). Payloads are ``NOTIFY SET VALUE <v>`` and ``NOTIFY DELETE`` - the latter is what the
 SDK clients parse, where the protocol document says ``DEL``.
 
-Pure: the service turns ``Notification`` objects into broker publishes, in change order.
+Pure: the service turns ``WatcherNotification`` objects into broker publishes, in change order.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def notification_payload(change: Change) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class Notification:
+class WatcherNotification:
     client_id: str
     username: str | None
     topic: str
@@ -79,7 +79,7 @@ class NotificationRegistry:
     def is_registered(self, client_id: str, key: bytes) -> bool:
         return key in self._by_client.get(client_id, ())
 
-    def notifications(self, change: Change) -> list[Notification]:
+    def notifications(self, change: Change) -> list[WatcherNotification]:
         """One notification per registered client, in a stable (sorted) client order."""
         clients = self._by_key.get(change.key)
         if not clients:
@@ -87,7 +87,7 @@ class NotificationRegistry:
         payload = notification_payload(change)
         version = str(change.version)
         return [
-            Notification(client, self._usernames.get(client), notification_topic(client, change.key), payload, version)
+            WatcherNotification(client, self._usernames.get(client), notification_topic(client, change.key), payload, version)
             for client in sorted(clients)
         ]
 

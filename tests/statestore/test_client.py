@@ -15,8 +15,8 @@ from appliance.statestore.client import (
     AsyncStateStoreClient,
     FencingTokenLower,
     NotConnected,
+    RawResponse,
     RequestTimeout,
-    Response,
     ServiceError,
     StateStoreClient,
     UnknownCommand,
@@ -73,7 +73,7 @@ def test_errors_are_typed_and_unknown_ones_keep_their_text(client: StateStoreCli
     with pytest.raises(UnknownCommand):
         raise_for_error(client.request(encode_array([b"PING", b"x"])))
     with pytest.raises(ServiceError) as caught:
-        raise_for_error(Response(b"-ERR something new\r\n", ErrorReply(b"ERR something new"), ()))
+        raise_for_error(RawResponse(b"-ERR something new\r\n", ErrorReply(b"ERR something new"), ()))
     assert type(caught.value) is ServiceError and caught.value.message == "something new"
 
 
@@ -156,7 +156,7 @@ def test_every_protocol_error_string_has_its_own_exception_class() -> None:
     assert len(set(ERROR_CLASSES.values())) == len(errors.ALL)
     for message, cls in ERROR_CLASSES.items():
         with pytest.raises(cls) as caught:
-            raise_for_error(Response(f"-ERR {message}\r\n".encode(), ErrorReply(f"ERR {message}".encode()), ()))
+            raise_for_error(RawResponse(f"-ERR {message}\r\n".encode(), ErrorReply(f"ERR {message}".encode()), ()))
         assert caught.value.message == message
 
 

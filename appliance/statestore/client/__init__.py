@@ -57,7 +57,7 @@ from appliance.statestore.client.results import (
     DeleteResult,
     GetResult,
     Notification,
-    Response,
+    RawResponse,
     SetResult,
 )
 from appliance.statestore.commands import Condition
@@ -82,10 +82,10 @@ __all__ = [
     "Notification",
     "NotificationStream",
     "QuotaExceeded",
+    "RawResponse",
     "RequestRejected",
     "RequestSyntaxError",
     "RequestTimeout",
-    "Response",
     "ServiceError",
     "SetResult",
     "StateStoreClient",

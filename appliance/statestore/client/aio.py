@@ -15,7 +15,7 @@ from appliance.statestore.client.results import (
     DeleteResult,
     GetResult,
     Notification,
-    Response,
+    RawResponse,
     SetResult,
 )
 from appliance.statestore.commands import Condition
@@ -39,7 +39,7 @@ class AsyncStateStoreClient:
 
     async def request(
         self, payload: bytes, user_properties: Sequence[tuple[str, str]] = (), *, stamp: bool = True, timeout: float | None = None
-    ) -> Response:
+    ) -> RawResponse:
         future = self.sync.submit(payload, user_properties, stamp=stamp)
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for can drop a cancellation of the caller.

@@ -33,7 +33,7 @@ from appliance.statestore.client.results import (
     DeleteResult,
     GetResult,
     Notification,
-    Response,
+    RawResponse,
     SetResult,
     parse_notification,
 )
@@ -76,7 +76,7 @@ class StateStoreClient:
         self._notify_prefix = notification_topic(self.client_id, b"")  # ends in ".../command/notify/"
         self.clock = HybridClock(self.client_id)
         self._lock = threading.Lock()
-        self._pending: dict[bytes, concurrent.futures.Future[Response]] = {}
+        self._pending: dict[bytes, concurrent.futures.Future[RawResponse]] = {}
         self._by_mid: dict[int, bytes] = {}
         self._early_acks: dict[int, ReasonCode] = {}
         self._watchers: dict[bytes, list[Callable[[Notification], None]]] = {}
@@ -141,12 +141,12 @@ class StateStoreClient:
 
     def submit(
         self, payload: bytes, user_properties: Sequence[tuple[str, str]] = (), *, stamp: bool = True
-    ) -> concurrent.futures.Future[Response]:
-        """Send one request; the future completes with its ``Response``. ``stamp`` adds ``__ts``."""
+    ) -> concurrent.futures.Future[RawResponse]:
+        """Send one request; the future completes with its ``RawResponse``. ``stamp`` adds ``__ts``."""
         if not self._connected.is_set():
             raise NotConnected("not connected")
         correlation = uuid.uuid4().bytes
-        future: concurrent.futures.Future[Response] = concurrent.futures.Future()
+        future: concurrent.futures.Future[RawResponse] = concurrent.futures.Future()
         properties = Properties(PacketTypes.PUBLISH)
         properties.ResponseTopic = self.response_topic
         properties.CorrelationData = correlation
@@ -171,10 +171,10 @@ class StateStoreClient:
 
     def request(
         self, payload: bytes, user_properties: Sequence[tuple[str, str]] = (), *, stamp: bool = True, timeout: float | None = None
-    ) -> Response:
+    ) -> RawResponse:
         return self.wait(self.submit(payload, user_properties, stamp=stamp), timeout)
 
-    def wait(self, future: concurrent.futures.Future[Response], timeout: float | None = None) -> Response:
+    def wait(self, future: concurrent.futures.Future[RawResponse], timeout: float | None = None) -> RawResponse:
         try:
             return future.result(self.timeout if timeout is None else timeout)
         except concurrent.futures.TimeoutError:
@@ -266,7 +266,7 @@ class StateStoreClient:
         futures = [self.submit(calls.keynotify(key).payload) for key in keys]
         remaining = [len(futures)]
 
-        def one_done(_: concurrent.futures.Future[Response]) -> None:
+        def one_done(_: concurrent.futures.Future[RawResponse]) -> None:
             with self._lock:
                 remaining[0] -= 1
                 finished = remaining[0] == 0
@@ -310,7 +310,7 @@ class StateStoreClient:
                 future.set_exception(failure)
                 return
             try:
-                response = Response(message.payload, resp3.decode(message.payload), user_properties)
+                response = RawResponse(message.payload, resp3.decode(message.payload), user_properties)
                 if response.version is not None:
                     self._observe(response.version)
             except (resp3.Resp3Error, StateStoreClientError) as exc:

@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 from appliance.statestore.client.results import (
     DeleteResult,
     GetResult,
-    Response,
+    RawResponse,
     SetResult,
     delete_result,
     get_result,
@@ -34,7 +34,7 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class Call(Generic[T]):
     payload: bytes
-    read: Callable[[Response], T]
+    read: Callable[[RawResponse], T]
     user_properties: list[tuple[str, str]] = field(default_factory=list)
 
 

@@ -11,7 +11,7 @@ from appliance.statestore import errors, resp3
 from appliance.statestore.protocol import supported_protocol_version
 
 if TYPE_CHECKING:
-    from appliance.statestore.client.results import Response
+    from appliance.statestore.client.results import RawResponse
 
 
 class StateStoreClientError(Exception):
@@ -96,7 +96,7 @@ def status_failure(properties: dict[str, str]) -> StateStoreClientError | None:
     return None
 
 
-def raise_for_error(response: Response) -> None:
+def raise_for_error(response: RawResponse) -> None:
     if isinstance(response.value, resp3.ErrorReply):
         text = response.value.text.decode("utf-8", "replace")
         message = text[4:] if text.startswith("ERR ") else text

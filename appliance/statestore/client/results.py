@@ -1,4 +1,4 @@
-"""Responses and what they mean: the raw ``Response`` and the typed result of each command, read the way
+"""Responses and what they mean: the ``RawResponse`` and the typed result of each command, read the way
 the SDK clients read them (``-1`` for a SET whose condition failed, ``:0`` for a KEYNOTIFY STOP of a key
 that was not watched)."""
 
@@ -12,7 +12,7 @@ from appliance.statestore.hlc import Hlc, HlcFormatError
 
 
 @dataclass(frozen=True, slots=True)
-class Response:
+class RawResponse:
     """A raw response: the payload, its decoded RESP3 value and the user properties."""
 
     payload: bytes
@@ -57,7 +57,7 @@ class Notification:
     version: Hlc | None
 
 
-def set_result(response: Response) -> SetResult:
+def set_result(response: RawResponse) -> SetResult:
     raise_for_error(response)
     if response.value == resp3.SimpleString(b"OK"):
         return SetResult(True, response.version)
@@ -66,21 +66,21 @@ def set_result(response: Response) -> SetResult:
     raise UnexpectedResponse(f"SET answered {response.payload!r}")
 
 
-def get_result(response: Response) -> GetResult:
+def get_result(response: RawResponse) -> GetResult:
     raise_for_error(response)
     if response.value is None or isinstance(response.value, bytes):
         return GetResult(response.value, response.version)
     raise UnexpectedResponse(f"GET answered {response.payload!r}")
 
 
-def delete_result(response: Response) -> DeleteResult:
+def delete_result(response: RawResponse) -> DeleteResult:
     raise_for_error(response)
     if isinstance(response.value, int):
         return DeleteResult(response.value, response.version)
     raise UnexpectedResponse(f"DEL/VDEL answered {response.payload!r}")
 
 
-def keynotify_result(response: Response) -> bool:
+def keynotify_result(response: RawResponse) -> bool:
     """True: registered (or stopped); False: STOP for a key that was not watched (``:0``)."""
     raise_for_error(response)
     if response.value == resp3.SimpleString(b"OK"):
