@@ -9,7 +9,8 @@ dropped and counted, its QoS 1/2 messages still queue up to the session's bound)
 free again, so one stuck client cannot stall the others.
 
 All of that state lives here, and time comes in through ``runtime.Runtime``: no asyncio, no time
-module, so ``tests/broker/test_backpressure.py`` moves a fake clock instead of waiting two seconds.
+module, so the congestion tests in ``tests/broker/test_timing.py`` move a fake clock instead of waiting
+two seconds.
 """
 
 from __future__ import annotations

@@ -1,0 +1,115 @@
+"""Every file and module a docstring, a comment or a document names exists: a path that moved or a test
+that was renamed leaves a reference a reader follows into nothing (a stale reference is a defect)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOP_LEVELS = ("appliance", "tests", "docs", "bench", "pipeline", "testing", "hil_tests", "device_firmware", "systemd", "images", "ops")
+#: A repository path such as ``tests/broker/test_timing.py`` or ``docs/broker.md`` (not ``a/tests/x.py``).
+PATH = re.compile(rf"(?<![\w./-])((?:{'|'.join(TOP_LEVELS)})/[\w./-]*\w\.(?:py|md|toml|json|sh|service))(?![\w/])")
+#: A dotted module name such as ``appliance.broker.routing.router`` (optionally with one attribute).
+DOTTED = re.compile(r"(?<![\w./])(appliance(?:\.\w+)+)")
+#: A relative Markdown link such as ``[security](broker-security.md#limits)``.
+LINK = re.compile(r"\]\(([^)#:\s]+\.md)(?:#[^)]*)?\)")
+#: Folders that are not the repository's own text: environments, caches and build output.
+SKIP = {".venv", ".git", ".hypothesis", ".pytest_cache", "node_modules", "__pycache__", "build", "dist"}
+
+
+@functools.cache
+def sources() -> list[Path]:
+    folders = ("appliance", "pipeline", "testing", "bench", "hil_tests", "tests", "device_firmware", "images", "ops")
+    return [p for folder in folders for p in sorted((ROOT / folder).rglob("*.py")) if not SKIP & set(p.parts)]
+
+
+def documents() -> list[Path]:
+    return [p for p in sorted(ROOT.rglob("*.md")) if not SKIP & set(p.relative_to(ROOT).parts)]
+
+
+@functools.cache
+def prose(path: Path) -> tuple[str, ...]:
+    """A Python file's docstrings and comments: where a reader is told to look elsewhere."""
+    text = path.read_text()
+    docstrings = [
+        ast.get_docstring(node, clean=False) or ""
+        for node in ast.walk(ast.parse(text, str(path)))
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    comments = [line[line.index("#") :] for line in text.splitlines() if "#" in line]
+    return (*docstrings, *comments)
+
+
+def module_exists(name: str) -> bool:
+    """``a.b.c`` names a module, a package, or one attribute of a module (``appliance.gateway.serve``)."""
+    parts = name.split(".")
+    for length in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:length])
+        if base.with_suffix(".py").exists() or (base / "__init__.py").exists():
+            return length >= len(parts) - 1
+    return False
+
+
+def test_paths_named_in_docstrings_and_comments_exist() -> None:
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: {named}"
+        for path in sources()
+        for text in prose(path)
+        for named in PATH.findall(text)
+        if not (ROOT / named).exists()
+    )
+    assert missing == []
+
+
+def test_modules_named_in_docstrings_comments_and_documents_exist() -> None:
+    texts = [(path, text) for path in sources() for text in prose(path)]
+    texts += [(path, path.read_text()) for path in documents()]
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: {named}"
+        for path, text in texts
+        for named in DOTTED.findall(text)
+        if not module_exists(named.rstrip("."))
+    )
+    assert missing == []
+
+
+def test_paths_and_links_in_documents_exist() -> None:
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: {named}"
+        for path in documents()
+        for named in PATH.findall(path.read_text())
+        if not (ROOT / named).exists()
+    )
+    missing += sorted(
+        f"{path.relative_to(ROOT)}: {link}"
+        for path in documents()
+        for link in LINK.findall(path.read_text())
+        if not (path.parent / link).exists()
+    )
+    assert missing == []
+
+
+#: Python files a document names that the repository does not hold: written by a build step.
+GENERATED = {
+    "boot.py": "written onto the board by images/firmware/deploy.py (docs/firmware.md)",
+    "run_pipeline.py": "written into dist/ by the pipeline build (docs/pipeline.md)",
+    "dist/run_pipeline.py": "written into dist/ by the pipeline build (docs/pipeline.md)",
+}
+
+
+def test_python_files_named_in_documents_exist_somewhere_in_the_tree() -> None:
+    """A layout table names files relative to its package (``routing/router.py`` in docs/broker.md): each
+    must be the end of some path in the tree, so a module that moved is caught there too. (Run logs such
+    as bench/RESULTS*.md name the scratch scripts of a measurement, which are not kept: not checked.)"""
+    tree = {p.relative_to(ROOT).as_posix() for p in sources()}
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: {named}"
+        for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        for named in set(re.findall(r"`((?:\.\./)?[\w/.-]+\.py)`", path.read_text()))
+        if named not in GENERATED
+        and not any(known == named.removeprefix("../") or known.endswith("/" + named.removeprefix("../")) for known in tree)
+    )
+    assert missing == []
