@@ -1,48 +1,51 @@
 """The state store as a broker service: MQTT 5 request/response in, store changes and notifications out.
 
-This is the only part of the state store that knows about MQTT. The envelope (MQTT 5, QoS 1, Response
-Topic, Correlation Data, ``__protVer``, the ACL check of the response topic) is checked before anything
-else by the one module every in-process service shares, ``appliance.broker.request_envelope``, which
-answers a bad envelope through the PUBACK - there is no valid place to send a payload answer to -; the
-state store answers everything about the *payload* through a response message, as the protocol requires.
-The order of checks for a request is:
+This is the only part of the state store that knows about MQTT. The protocol is Microsoft Learn's "MQTT
+broker state store protocol" (https://learn.microsoft.com/azure/iot-operations/create-edge-apps/concept-about-state-store-protocol);
+where the SDK clients expect otherwise we follow them (docs/statestore-differences.md).
 
-1. envelope (``request_envelope.open_request``: response topic first: a forbidden one, or one the client
-   may not itself publish to under the broker's ACL, disconnects the client whatever else is wrong);
-2. payload -> command (``commands.parse_command``);
-3. authorization of the user for the key;
-4. ``__ts`` (SET requires it; any command may carry it) and ``__ft``: syntax, then clock skew;
-5. the store (fencing, conditions, quotas), which commits before we publish the response.
+Rules
+-----
+* A request is checked in this order, and the first failure answers it:
 
-Every response carries ``__stat`` (the SDK command invokers require a status), ``__protVer`` (what the SDK
-executors send) and, where there is a version to report, ``__ts``. Before the payload is looked at, the
-envelope checks the request's ``__protVer`` the way the SDK executors do it: absent means 1.0, any 1.x is
-served, anything else gets status 505 with ``__supProtMajVer`` and ``__requestProtVer``.
+  1. the envelope (MQTT 5, QoS 1, Response Topic, Correlation Data, ``__protVer``), by the module every
+     in-process service shares, ``request_envelope.open_request``; the response topic first: a forbidden
+     one, or one the client may not itself publish to under the broker's ACL, disconnects the client
+     whatever else is wrong;
+  2. payload -> command (``commands.parse_command``);
+  3. authorization of the user for the key;
+  4. ``__ts`` (SET requires it; any command may carry it) and ``__ft``: syntax, then clock skew;
+  5. the store (fencing, conditions, quotas), which commits before the response is published.
 
+* A bad envelope is answered through the PUBACK (there is no valid place to send a payload answer to);
+  everything about the *payload* is answered with a response message, as the protocol requires.
+* ``__protVer`` is read the way the SDK executors read it: absent means 1.0, any 1.x is served, anything
+  else gets status 505 with ``__supProtMajVer`` and ``__requestProtVer``.
+* Every response carries ``__stat`` (the SDK command invokers require a status), ``__protVer`` (what the
+  SDK executors send) and, where there is a version to report, ``__ts``.
+* Never a confused deputy: a response goes only to a topic the requesting client may itself publish to
+  (``BrokerHandle.may_publish``, the broker ACL in force when the request arrives), and a notification
+  only to a notification topic its registered client may publish to, checked at registration and again at
+  every notification (a SIGHUP may have changed the ACL since). Otherwise a client that may not write
+  ``c/#`` could have a value of its choosing delivered to ``c/...`` subscribers through us. So: a response
+  topic the client may not write is refused like a forbidden one (PUBACK 0x87, then DISCONNECT 0x87); a
+  KEYNOTIFY whose notification topic it may not write is answered ``-ERR not authorized`` and registers
+  nothing; a registration whose topic became unwritable is dropped at its next notification, unsent.
+* A store failure (SQLite error: disk full, read-only or corrupt file) rolls the transaction back and the
+  client gets status 500 with ``__stMsg`` instead of a RESP3 payload: the SDK invokers turn that into a
+  remote error at once, where no reply would be a timeout. It is logged once per change of state
+  (``store_health``: failing, then healthy again once a change commits), not once per request.
+
+Theory of operation
+-------------------
 The SQLite store lives on one worker thread (``StoreThread``) that opened its connection and is the only
-thread to touch it, so a commit's fsync (``sync = "full"``) stalls nobody but the requests queued behind it.
-Ordering still holds without locks: the one worker runs store calls in submission order, and its results
-come back to the loop in completion order (each completion is a ``call_soon_threadsafe``, which is FIFO), so
-the task that submitted first resumes first and publishes its response and notifications - synchronously,
-with no await in between - before the next one. A client's own requests are in order anyway, since the
-broker awaits ``on_publish`` before reading that client's next packet. The response is published only after
-the worker's commit returned.
-
-The service is never a confused deputy: it publishes a response only to a topic the requesting client
-may itself publish to (``BrokerHandle.may_publish``, the broker ACL in force when the request arrives),
-and a notification only to a notification topic its registered client may publish to, checked when the
-registration is made and again at every notification (a SIGHUP may have changed the ACL since). Otherwise
-a client that may not write ``c/#`` could have a value of its choosing delivered to ``c/...`` subscribers
-through us. A response topic the client may not write is refused like a forbidden one (PUBACK 0x87, then
-DISCONNECT 0x87: there is nowhere to send a response); a KEYNOTIFY whose notification topic it may not
-write is answered ``-ERR not authorized`` and registers nothing; a registration whose topic became
-unwritable is dropped at its next notification, which is not sent.
-
-A store failure (SQLite error: disk full, read-only or corrupt file) rolls the transaction back, and the
-client gets a response with status 500 and ``__stMsg`` instead of a RESP3 payload - the SDK invokers turn
-that into a remote error at once, where no reply would be a timeout. The log says it once per change of
-state (``store_health``: failing, then healthy again once a change commits), not once per request: a full
-disk under a busy client would otherwise write a line per request.
+thread to touch it, so a commit's fsync (``sync = "full"``) stalls nobody but the requests queued behind
+it. Ordering holds without locks: the worker runs store calls in submission order, and their results come
+back to the loop in completion order (each completion is a ``call_soon_threadsafe``, which is FIFO), so the
+task that submitted first resumes first and publishes its response and notifications - synchronously, with
+no await in between - before the next one. A client's own requests are in order anyway, since the broker
+awaits ``on_publish`` before reading that client's next packet. The response is published only after the
+worker's commit returned.
 """
 
 from __future__ import annotations

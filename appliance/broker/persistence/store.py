@@ -2,36 +2,34 @@
 
 What it holds: durable sessions (with their will message), their subscriptions, the QoS 1/2 messages
 queued for or in flight to each session, the inbound QoS 2 packet ids awaiting PUBREL, retained messages,
-and a ``meta`` table with the schema version (the layout and its migrations: ``persistence_schema``; the
-records handed in and out: ``persistence_records``; the restart's load and the queue pages:
-``persistence_reads``; the statements a turn is written with: ``persistence_writes``; how the broker's
-live objects map onto them: ``storage``).
+and a ``meta`` table with the schema version. Beside this module: the layout and its migrations
+(``schema``), the records handed in and out (``records``), the restart's load and the queue pages
+(``reads``), the statements a turn is written with (``writes``), and how the broker's live objects map
+onto them (``storage``).
 
-Why it is built this way:
+Rules
+-----
+* We commit before we ack: the broker sends PUBACK/PUBREC/SUBACK only after the change is committed.
+* One event-loop turn is one transaction: every mutating method only *buffers* its change, and the broker
+  calls ``commit()`` once per turn, after it has handled every packet read in that turn and before it
+  writes the acknowledgements (committing per message would cap throughput at the disk's commit rate).
+* Work that cancels out inside one turn never reaches the disk: a delivery enqueued and acknowledged (or
+  removed) in the same turn is dropped from the buffer, and a message no delivery refers to any more is
+  not written at all.
+* A failed write raises ``PersistenceError`` and keeps the batch: ``commit()`` retries it first next time,
+  so nothing buffered is lost (and nothing may be acknowledged until it succeeds).
+* Queues are read, not loaded: an away session's backlog never has to fit in memory.
 
-* "We commit before we ack": the broker sends PUBACK/PUBREC/SUBACK only after the change is committed.
-  Committing per message would cap throughput at the disk's commit rate, so every mutating method here
-  only *buffers* the change in memory, and the broker calls ``commit()`` once per event-loop turn, after
-  it has handled every packet read in that turn and before it writes the acknowledgements. One turn is
-  one transaction, written with ``executemany``.
-* Work that cancels out inside one turn never reaches the disk: a delivery enqueued and acknowledged
-  (or removed) in the same turn is dropped from the buffer, and a message no delivery refers to any more
-  is not written at all. Message payloads are stored once (``messages``) and referenced by every
-  session queue entry (``outbound``); a trigger deletes a message when its last queue entry goes.
-* ``commit()`` runs on the event loop and blocks it for the write (and, with ``synchronous = "full"``,
-  the fsync). Measured with ``bench/broker.py --only qos1_durable`` on the 2-core dev machine: on the
-  loop, about 12,500-13,000 msgs/s with ``normal`` and 10,800-11,000 with ``full``; a variant that
-  sealed each turn's batch on the loop and wrote it on a ``StoreThread`` (acknowledgements written when
-  the write returned) made about 9,950 and 9,500: the thread hop and the GIL hand-over cost more than the
-  fsync it takes off the loop. So the commit stays on the loop, which also keeps commit-before-ack
-  trivially true on every path. A failed write raises ``PersistenceError`` and keeps the batch:
-  ``commit()`` retries it first next time, so nothing buffered is lost (but nothing may be acknowledged
-  until it succeeds).
-* Ids are assigned in memory (message ids, queue sequence numbers) so callers get them at once, without
-  a round trip; queue order per session is sequence order.
-* Queues are read, not loaded: ``load`` returns only the deliveries in flight and counts the queued ones;
-  ``page`` reads a session's next queued rows (the ``(client_id, seq)`` index), followed by those still
-  in the buffer, so an away session's backlog never has to fit in memory.
+Theory of operation
+-------------------
+``commit()`` runs on the event loop and blocks it for the write (and, with ``synchronous = "full"``, the
+fsync): a store thread was measured slower (bench/RESULTS.md, "Where the broker commits"), and on the loop
+commit-before-ack is trivially true on every path. A turn is written with ``executemany``. Message payloads
+are stored once (``messages``) and referenced by every session queue entry (``outbound``); a trigger
+deletes a message when its last queue entry goes. Ids (message ids, queue sequence numbers) are assigned
+in memory, so callers get them at once without a round trip; queue order per session is sequence order.
+``load`` returns only the deliveries in flight and counts the queued ones; ``page`` reads a session's next
+queued rows (the ``(client_id, seq)`` index), followed by those still in the buffer.
 """
 
 from __future__ import annotations

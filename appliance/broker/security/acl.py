@@ -1,42 +1,45 @@
 """Per-topic authorization from a mosquitto-compatible ACL file.
 
-Why it is built this way:
+The file format and the decision rules are mosquitto 2.x's ``acl_file`` (mosquitto.conf(5)), so a site
+keeps its file and its expectations; where we differ it is said below and in docs/broker-security.md.
 
-* The file format and the decision rules are mosquitto 2.x's ``acl_file``, so a site keeps its file and
-  its expectations:
-
-  - ``user <name>`` starts the rules of one user; ``topic`` lines before any ``user`` line apply to
-    clients that connected without a username.
-  - ``topic [read|write|readwrite|deny] <filter>`` grants (or, with ``deny``, refuses) access to the
-    topics a filter matches; without an access word the access is ``readwrite``.
-  - ``pattern [read|write|readwrite|deny] <filter>`` applies to every client; a level that is exactly
-    ``%c`` stands for the client id, exactly ``%u`` for the username (a pattern with ``%u`` never
-    applies to a client without a username), and - our extension, for the SDK topics that carry it -
-    exactly ``%x`` for the client id in upper-case hex (RFC 4648 base16 of its UTF-8 bytes).
-  - Decision: the client's own rules first, ``deny`` rules before the others, and the first rule whose
-    filter matches and carries the access decides; then the patterns the same way; otherwise denied.
-    When patterns exist, a client id or username containing ``+`` or ``#`` is denied everything, so it
-    cannot widen a pattern. A client id that is another client's ``%x`` (``414243`` for ``ABC``) gets no
-    ``%c`` topic that overlaps the other's ``%x`` topics (``clients/%c/#`` beside ``clients/%x/#``):
-    otherwise it reads and forges the other's SDK replies. ``%x`` takes precedence because every hex
-    string is a valid client id, while few client ids are upper-case hex of printable UTF-8 (a numeric id of even
-    length can be, ``2026`` is `` &``: such a client uses its ``clients/%x/`` topics, as the SDKs do).
-
-* ``can_receive`` is the delivery-time read check mosquitto makes for every message sent to a client,
-  so a subscription to ``#`` only ever carries the topics the client may read.
+Rules
+-----
+* ``user <name>`` starts the rules of one user; ``topic`` lines before any ``user`` line apply to clients
+  that connected without a username.
+* ``topic [read|write|readwrite|deny] <filter>`` grants (or, with ``deny``, refuses) access to the topics a
+  filter matches; without an access word the access is ``readwrite``.
+* ``pattern [read|write|readwrite|deny] <filter>`` applies to every client; a level that is exactly ``%c``
+  stands for the client id, exactly ``%u`` for the username (a pattern with ``%u`` never applies to a
+  client without a username), and - our extension, for the SDK topics that carry it - exactly ``%x`` for
+  the client id in upper-case hex (RFC 4648 base16 of its UTF-8 bytes).
+* Decision: the client's own rules first, ``deny`` rules before the others, and the first rule whose
+  filter matches and carries the access decides; then the patterns the same way; otherwise denied.
+* When patterns exist, a client id or username containing ``+`` or ``#`` is denied everything, so it
+  cannot widen a pattern.
+* A client id that is another client's ``%x`` (``414243`` for ``ABC``) gets no ``%c`` topic that overlaps
+  the other's ``%x`` topics (``clients/%c/#`` beside ``clients/%x/#``): otherwise it reads and forges the
+  other's SDK replies. ``%x`` takes precedence because every hex string is a valid client id, while few
+  client ids are upper-case hex of printable UTF-8 (a numeric id of even length can be, ``2026`` is
+  `` &``: such a client uses its ``clients/%x/`` topics, as the SDKs do).
+* ``can_receive`` is the delivery-time read check mosquitto makes for every message sent to a client, so a
+  subscription to ``#`` only ever carries the topics the client may read.
 * ``can_subscribe`` is stricter than mosquitto 2.0, which grants every SUBSCRIBE and only filters at
-  delivery: we refuse (SUBACK 0x87) a filter unless a read rule covers every topic it can match
-  (``sensors/#`` is covered by ``sensors/#`` or ``#``, not by ``sensors/a``); delivery is still checked.
-  A client learns at once that its subscription is useless instead of waiting for messages forever.
-* ``client_patterns`` (``[broker.auth] acl_client_patterns``) are patterns added after the file's own,
-  by default each client's ``clients/<id>/...`` topics and its state store notification topics, so a
-  site's ACL file keeps request/response clients working without writing them. A substituted value never
-  opens the state store's notification space (``clients/statestore/...``): only a rule that names it
-  does, so a client called ``statestore`` does not get everyone's notifications through
-  ``clients/%c/#``.
-* The checks run for every PUBLISH and every delivery, so decisions are cached per (client id,
-  username, topic, access). An ``Acl`` is otherwise immutable; SIGHUP builds a new one with ``Acl.load``
-  and the server swaps the reference (a bad file raises ``AclFileError`` and the old rules stay).
+  delivery: a filter is refused (SUBACK 0x87) unless a read rule covers every topic it can match
+  (``sensors/#`` is covered by ``sensors/#`` or ``#``, not by ``sensors/a``); delivery is still checked. A
+  client learns at once that its subscription is useless instead of waiting for messages forever.
+* ``client_patterns`` (``[broker.auth] acl_client_patterns``) are patterns added after the file's own, by
+  default each client's ``clients/<id>/...`` topics and its state store notification topics, so a site's
+  ACL file keeps request/response clients working without writing them. A substituted value never opens
+  the state store's notification space (``clients/statestore/...``): only a rule that names it does, so a
+  client called ``statestore`` does not get everyone's notifications through ``clients/%c/#``.
+
+Theory of operation
+-------------------
+The checks run for every PUBLISH and every delivery, so decisions are cached per (client id, username,
+topic, access); the cache is emptied when it reaches ``DECISION_CACHE_SIZE``. An ``Acl`` is otherwise
+immutable: SIGHUP builds a new one with ``Acl.load`` and the server swaps the reference (a bad file raises
+``AclFileError`` and the old rules stay).
 """
 
 from __future__ import annotations
