@@ -1,37 +1,41 @@
 """The bronze table: every landing line read once, ever, parsed and typed once, kept as partitioned Parquet.
 
-The JSON landing zone is what the ingest can make durable line by line (append, fsync, then PUBACK); it
-is the wrong thing to read on every run of every job, because parsing the lines - the envelope, then the
-payload inside it - was most of Spark's time. So ``compact`` moves sealed landing files into this table
-with Structured Streaming queries (``availableNow`` in ``pipeline compact`` and before ``batch``;
-continuous beside ``stream``), and every job reads the table, never the JSON:
+The JSON landing zone is what the ingest can make durable line by line (append, fsync, then PUBACK); it is
+the wrong thing to read on every run of every job, because parsing the lines - the envelope, then the
+payload inside it - is most of Spark's time. So ``compact`` moves sealed landing files into this table with
+Structured Streaming queries (``availableNow`` in ``pipeline compact`` and before ``batch``; continuous
+beside ``stream``), and every job reads the table, never the JSON::
 
     BRONZE/<kind>/date=YYYY-MM-DD/part-*.parquet   kind: events, metrics, quarantine
     BRONZE/<kind>/_spark_metadata/   the file sink's commit log: the files that are the table
     BRONZE/<kind>/_checkpoint/       the query's offsets and source log: the landing files already read
 
-A table and a query per kind, each with its own log, so a job reads only the kinds it needs and a
-streaming job's micro-batch of N bronze files is N landing files of its kind, as it was of the JSON.
+Rules
+-----
+* A table and a query per kind, each with its own log: a job reads only the kinds it needs, and a
+  streaming job's micro-batch of N bronze files is N landing files of its kind.
+* A row per landing line, blank lines aside: a landing record's fields as they were
+  (``schemas.LANDING``), plus what the jobs would otherwise parse again on every read: the telemetry
+  payload's fields (``t_temperature`` ... ``t_ts_ms``) with ``reason`` already the telemetry reject's
+  reason (events of output ``data``; ``telemetry.annotate``), and the metrics payload (``metrics_doc``,
+  ``schemas.METRICS``).
+* A line that is not a landing record is kept too, raw in ``payload``, with ``landing_error``
+  (``landing_lines``), so the quarantine still sees it.
+* ``landing_file`` and ``received_ms`` / ``sent_ms`` are kept so that "the earliest copy wins" does not
+  depend on the order the files were compacted in. ``date`` is the landing partition's receive date, so a
+  batch over dates reads only those partitions.
+* Every line is exactly one row: lines are read as text and parsed with ``from_json``, where Spark's JSON
+  source would make a JSON array its elements (or nothing for ``[]``). That reading is slower than the JSON
+  source, and it is paid once per line, here.
+* Exactly once: each query's checkpoint records which landing files each micro-batch took before it runs,
+  and the Parquet sink lists a micro-batch's files in ``_spark_metadata`` only when all are written.
 
-A row per landing line, blank lines aside. A landing record's fields as they were (``schemas.LANDING``),
-plus what the jobs would otherwise parse again on every read: the telemetry payload's fields
-(``t_temperature`` ... ``t_ts_ms``) with ``reason`` already the telemetry reject's reason (events of
-output ``data``; ``telemetry.annotate``), the metrics payload (``metrics_doc``, ``schemas.METRICS``). A
-line that is not a landing record is kept too, raw in ``payload``, with ``landing_error`` (``landing_lines``),
-so the quarantine still sees it. ``landing_file`` and ``received_ms`` / ``sent_ms`` are kept so that "the
-earliest copy wins" is decided as before, whatever order the files were compacted in. ``date`` is the
-landing partition's receive date, so a batch over dates reads only those partitions.
-
-Lines are read as text and parsed with ``from_json``: every line is exactly one row - a JSON array is one
-line that is not a record, where Spark's JSON source would make it its elements, or nothing for ``[]``.
-Reading that way cost three times the JSON source when every run did it; here it is paid once per line.
-
-Exactly once: each query's checkpoint records which landing files each micro-batch took before it runs,
-and the Parquet sink lists a micro-batch's files in ``_spark_metadata`` only when all are written. A
-compaction killed at any point starts again from its last committed micro-batch; files a killed attempt
+Theory of operation
+-------------------
+A compaction killed at any point starts again from its last committed micro-batch; files a killed attempt
 wrote are in no log, and readers that go through the log (``read``: Spark reading a table's root) never
-see them. The checkpoint lives inside the table: deleting the table deletes the record of what it read,
-so the next compaction reads the landing zone again from the start instead of skipping it.
+see them. The checkpoint lives inside the table: deleting the table deletes the record of what it read, so
+the next compaction reads the landing zone again from the start instead of skipping it.
 """
 
 from __future__ import annotations

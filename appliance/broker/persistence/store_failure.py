@@ -1,30 +1,34 @@
 """What the broker answers when ``broker.db`` cannot commit (a full disk, an I/O error, a read-only file).
 
-The rule is "commit before ack": an acknowledgement whose change is not on disk must not leave. Before,
-a failed commit held *every* byte of the turn, for every client, until the disk had room again: no
-CONNACK, no PINGRESP, not even the state store's error response - the gateway froze. Now only what
-depends on the failed commit is held back, and it is answered instead of waiting:
+The rule is "commit before ack": an acknowledgement whose change is not on disk must not leave. Only what
+depends on the failed commit is held back, and it is answered instead of waiting; everything else (CONNACK
+of a clean session, PINGRESP, the state store's error response) leaves as usual, so the gateway does not
+freeze while the disk is full.
 
-* **Acknowledgements written in the failing turn** (``HeldAck``: the broker notes where in the
-  connection's buffer each one starts whose handling buffered a change, by the store's ``revision``;
-  only an offset per acknowledgement, read back into a ``HeldAck`` if the commit fails): an MQTT 5
-  PUBACK/PUBREC is rewritten in place to the failure code (the rest of the buffer, other
-  acknowledgements included, leaves as it was); anything else - a CONNACK, SUBACK, UNSUBACK, PUBCOMP,
-  or any acknowledgement to a 3.1.1 client, which has no way to say no - is cut off with everything
-  after it and the connection is closed (a CONNACK becomes the failure CONNACK, other MQTT 5 packets
-  get DISCONNECT with the code first).
-  The client sends its unacknowledged packets again after reconnecting. What those packets changed is
-  *kept* and committed with the next successful commit (``BrokerStore`` retries the failed batch), so
-  their messages may still reach subscribers: at least once, never lost.
-* **While the store keeps failing** every request that would need a write is refused before it
-  changes anything (``refuse_publish`` and the other helpers below, called from the handlers), so memory does not grow with
-  changes that cannot be written: a QoS 1/2 PUBLISH that would be stored (a durable subscriber, a
-  retained message, a QoS 2 exchange of a durable session), a CONNECT of a durable session, and
-  SUBSCRIBE/UNSUBSCRIBE of a durable session. Everything else is served as usual: PINGREQ, QoS 0,
-  QoS 1/2 between non-durable sessions, clean sessions and their subscriptions, the services.
+Rules
+-----
+* **Acknowledgements written in the failing turn** (``HeldAck``): an MQTT 5 PUBACK/PUBREC is rewritten in
+  place to the failure code (the rest of the buffer, other acknowledgements included, leaves as it was);
+  anything else - a CONNACK, SUBACK, UNSUBACK, PUBCOMP, or any acknowledgement to a 3.1.1 client, which
+  has no way to say no - is cut off with everything after it and the connection is closed (a CONNACK
+  becomes the failure CONNACK, other MQTT 5 packets get DISCONNECT with the code first).
+* The client sends its unacknowledged packets again after reconnecting. What those packets changed is
+  *kept* and committed with the next successful commit (``BrokerStore`` retries the failed batch), so their
+  messages may still reach subscribers: at least once, never lost.
+* **While the store keeps failing** every request that would need a write is refused before it changes
+  anything (``refuse_publish`` and the other helpers below, called from the handlers), so memory does not
+  grow with changes that cannot be written: a QoS 1/2 PUBLISH that would be stored (a durable subscriber,
+  a retained message, a QoS 2 exchange of a durable session), a CONNECT of a durable session, and
+  SUBSCRIBE/UNSUBSCRIBE of a durable session. Everything else is served as usual: PINGREQ, QoS 0, QoS 1/2
+  between non-durable sessions, clean sessions and their subscriptions, the services.
+* The failure code is 0x97 Quota exceeded when SQLite reports the disk full, 0x80 Unspecified error for
+  any other failure (MQTT 3.1.1 CONNACK: return code 3, server unavailable).
 
-The failure code is 0x97 Quota exceeded when SQLite reports the disk full, 0x80 Unspecified error for
-any other failure (MQTT 3.1.1 CONNACK: return code 3, server unavailable). No asyncio, no time module.
+Theory of operation
+-------------------
+The broker notes where in the connection's buffer each acknowledgement starts whose handling buffered a
+change, by the store's ``revision``: only an offset per acknowledgement, read back into a ``HeldAck`` if
+the commit fails. No asyncio, no time module.
 """
 
 from __future__ import annotations

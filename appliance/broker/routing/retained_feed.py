@@ -1,23 +1,27 @@
 """Retained messages for new subscriptions, handed over a slice per loop turn.
 
-A subscription to ``#`` on a gateway holding 100,000 retained messages used to find, queue and store all
-of them while handling the SUBSCRIBE: 1.7 s in which no other client was served (not even a PINGREQ).
-Now a SUBSCRIBE starts a *feed*; each loop turn feeds at most ``TURN_BUDGET`` units of work (a tree
-level visited while looking for matches costs 1, a message handed over ``DELIVERY_COST``), shared by
-every feed, round-robin over the clients being fed, and the rest waits for the next turn. The rules:
+A SUBSCRIBE that matches many retained messages (``#`` on a gateway holding 100,000) must not stop the
+broker while they are found, queued and stored: it starts a *feed*, and each loop turn feeds at most
+``TURN_BUDGET`` units of work (a tree level visited while looking for matches costs 1, a message handed
+over ``DELIVERY_COST``), shared by every feed, round-robin over the clients being fed; the rest waits for
+the next turn. (What handling it all in the SUBSCRIBE cost: bench/RESULTS.md, "Moved from docstrings".)
 
-* **Order.** A client's feeds run in SUBSCRIBE order; each hands its messages over oldest topic first, as
-  before. A live message that reaches the client while its feeds run is newer than the retained message
-  of its topic: that retained message is then skipped (it would overwrite the newer value), so a client
-  never sees an older value of a topic after a newer one.
+Rules
+-----
+* **Order.** A client's feeds run in SUBSCRIBE order; each hands its messages over oldest topic first. A
+  live message that reaches the client while its feeds run is newer than the retained message of its
+  topic: that retained message is then skipped (it would overwrite the newer value), so a client never
+  sees an older value of a topic after a newer one.
 * **Flow control.** Messages go through ``Session.deliver`` (the in-flight window, the queue bounds) and a
   feed waits while its client is congested, its queue is over ``router.QUEUE_HIGH_WATER`` or it is away:
-  memory stays bounded by the client's pace, and nothing is dropped for being fed faster than it reads.
-  A waiting feed is looked at again every ``WAIT_RETRY`` seconds.
+  memory stays bounded by the client's pace, and nothing is dropped for being fed faster than it reads. A
+  waiting feed is looked at again every ``WAIT_RETRY`` seconds.
 * **End.** An UNSUBSCRIBE of the filter ends its feed (MQTT 5 3.10.4: nothing more is added for it); so
   does the end of the session. Deliveries to durable sessions are stored as they are handed over; a
   restart loses what a feed had not handed over yet (the subscription itself is stored).
 
+Theory of operation
+-------------------
 Time and scheduling come from ``runtime.Runtime``: no asyncio, no time module.
 """
 

@@ -1,26 +1,31 @@
 """Admission of password checks, so that PBKDF2 cannot be turned into a denial of service.
 
-A check of an unproven password costs about 0.15 s of CPU (210,000 PBKDF2-SHA512 rounds). Before this
-gate every such CONNECT queued one check in the default executor, unbounded and never cancelled: 200
-wrong-password CONNECTs sent and dropped in 0.12 s made a legitimate login wait 28-45 s. The rules:
+A check of an unproven password costs about 0.15 s of CPU (210,000 PBKDF2-SHA512 rounds), so checks that
+nobody bounds let a flood of wrong-password CONNECTs delay every legitimate login by tens of seconds
+(bench/RESULTS.md, "Moved from docstrings").
 
+Rules
+-----
 * **Bounded concurrency.** ``CHECK_SLOTS`` checks run at once; the others wait their turn in arrival
   order, at most ``MAX_WAITING`` of them (beyond that: CONNACK 0x89 Server busy).
-* **A check nobody waits for is skipped.** When a waiting check's turn comes and its client has closed
-  the connection, it is not run (``skipped`` counts them). A check already running cannot be interrupted
+* **A check nobody waits for is skipped.** When a waiting check's turn comes and its client has closed the
+  connection, it is not run (``skipped`` counts them). A check already running cannot be interrupted
   (PBKDF2 holds its thread); its result is thrown away.
-* **Failures are rate limited per source address** (an IPv4 address, an IPv6 /64, which is what one
-  host gets): a token bucket of ``FAILURE_BURST`` tokens refilled at ``FAILURE_REFILL_PER_SECOND``.
-  Every check takes a token when it is admitted and a check that succeeds gives it back, so what the
-  bucket limits is failed and still pending checks. An address without a token is refused at once,
-  without hashing: CONNACK 0x9F Connection rate exceeded (MQTT 5 section 3.2.2.2; MQTT 3.1.1 has no such
-  code and gets 3, Server unavailable: a temporary condition, where 4 or 5 would tell the device that
-  its credentials are wrong). The table holds at most ``MAX_ADDRESSES`` addresses; the least recently
-  seen one is forgotten first (it comes back with a full bucket, so memory stays bounded and a flood
-  that keeps going keeps its own empty bucket).
+* **Failures are rate limited per source address** (an IPv4 address, an IPv6 /64, which is what one host
+  gets): a token bucket of ``FAILURE_BURST`` tokens refilled at ``FAILURE_REFILL_PER_SECOND``. Every check
+  takes a token when it is admitted and a check that succeeds gives it back, so what the bucket limits is
+  failed and still pending checks. An address without a token is refused at once, without hashing:
+  CONNACK 0x9F Connection rate exceeded (MQTT 5 section 3.2.2.2; MQTT 3.1.1 has no such code and gets 3,
+  Server unavailable: a temporary condition, where 4 or 5 would tell the device that its credentials are
+  wrong).
+* The table holds at most ``MAX_ADDRESSES`` addresses; the least recently seen one is forgotten first (it
+  comes back with a full bucket, so memory stays bounded and a flood that keeps going keeps its own empty
+  bucket).
 
-Pure: time comes in as arguments; waiting is a ``wake`` callback the caller supplies with its place in
-the queue (``handle_connect`` passes a runtime future's ``set_result``).
+Theory of operation
+-------------------
+Pure: time comes in as arguments; waiting is a ``wake`` callback the caller supplies with its place in the
+queue (``handlers.connect`` passes a runtime future's ``set_result``).
 """
 
 from __future__ import annotations
