@@ -1,12 +1,14 @@
 """The pump of one endpoint: highest priority first, one priority per batch, start over after every batch.
 
+Theory of operation
+-------------------
 As in Edge Hub's ``StoringAsyncEndpointExecutor``: the endpoint has one queue per priority and a
 checkpointer per queue (here: the last offset done, kept in memory and in the store). After every batch
 the pump goes back to priority 0. Beyond Edge Hub, a batch is *preempted*: when a message of higher
 priority is stored, the sender stops handing out the rest of the batch, the acknowledged prefix is
 checkpointed and the pump starts over - so an alert waits for the messages already in flight, not for a
 whole batch sized for yesterday's link. Low priorities can starve on a link too slow for the high ones; that is the
-intended trade (the spec says so).
+intended trade (Azure/iotedge's Route_priority_and_TTL.md says so).
 
 Expired messages are never sent: the store skips them when reading, and a batch is filtered once more
 right before it goes out (it may have waited for the link). A failed batch is sent again after a backoff,
@@ -18,7 +20,9 @@ checkpoints, so a restart does not start them over. A store that cannot be writt
 end the pump: the checkpoint is not taken, the batch is read and sent again after a backoff (at least
 once: the endpoint may see it twice), and the failure is logged once, its end once.
 
-Nothing about one message may stop or stall the pump (issue 24):
+Rules
+-----
+Nothing about one message may stop or stall the pump (docs/forwarding.md, "Store, pump, upstream"):
 
 * A refused message is the only one retried: the messages of its batch the endpoint acknowledged, before
   it or after it, are taken off the queue (the checkpoint covers the acknowledged prefix, the others are

@@ -5,12 +5,14 @@ upstream PUBLISH - substituted into the topic template (``{device_id}``, ``{modu
 sent as user properties - so whatever the cloud would refuse must be refused where it enters, with a reason
 code the device sees, and nothing queued. A message the cloud refuses after it was acknowledged to the
 device sits at the head of its queue; one the client library refuses to encode (paho raises ``ValueError``
-for a ``#`` in a topic) used to end the pump. The same rules are checked again right before an upstream
+for a ``#`` in a topic) would end the pump. The same rules are checked again right before an upstream
 send (``upstream_problem``), so a message stored by an older gateway, a gateway id or a topic template
 cannot make a send the server must refuse either.
 
-The rules (MQTT 5 section 1.5.4, and what mosquitto's ``mosquitto_validate_utf8`` enforces, the strictest
-real server we know):
+Rules
+-----
+MQTT 5 section 1.5.4, and what mosquitto's ``mosquitto_validate_utf8`` enforces (the strictest real server
+we know):
 
 * no U+0000, no C0 or C1 control character (U+0001-U+001F, U+007F-U+009F), no surrogate, no Unicode
   non-character (U+FDD0-U+FDEF, U+xxFFFE, U+xxFFFF) in any string;

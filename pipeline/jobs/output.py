@@ -3,8 +3,8 @@ they change together or not at all.
 
 **One run, all outputs or none.** ``batch`` writes every output into a staging folder of its own
 (``OUT/_staging-<run>/<name>``) and only when all are written moves them into place (``commit_outputs``):
-a run that fails on its fourth output (a corrupt bronze file) used to leave three outputs of the new run
-beside the others of the old one. The move is a journal (``OUT/_commit.json``: what goes where) then
+otherwise a run that fails on its fourth output (a corrupt bronze file) would leave three outputs of the
+new run beside the others of the old one. The move is a journal (``OUT/_commit.json``: what goes where) then
 renames, each of a whole output (a full run) or of its rewritten ``date=`` partitions (a ranged one);
 a run that dies among the renames leaves the journal, and the next run (``finish_commit``, also called by
 the report) completes them before anything reads the outputs, so a reader after the next start sees one
@@ -12,8 +12,8 @@ run's outputs. Renames are cheap on a local or shared filesystem and HDFS; on ob
 copy (see docs/pipeline.md).
 
 Spark writes nothing but ``_SUCCESS`` for an empty DataFrame partitioned by ``date``, and a reader that
-infers the schema then fails (``UNABLE_TO_INFER_SCHEMA``) - a clean landing zone, with nothing in
-quarantine, crashed ``batch`` that way. So an output with no rows at all gets one Parquet file with no
+infers the schema then fails (``UNABLE_TO_INFER_SCHEMA``): a clean landing zone, with nothing in
+quarantine, would crash ``batch``. So an output with no rows at all gets one Parquet file with no
 rows and the full schema (``date`` included, as a column) at its root, which Spark, pyarrow and DuckDB
 all read as an empty table; the file goes as soon as the output has partitions. The jobs never read an
 output back: its row count is counted on the way to the files.
