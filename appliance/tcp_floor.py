@@ -5,9 +5,8 @@ Linux retransmits a segment when no acknowledgement came within its retransmissi
 milliseconds, so the timeout is ~200 ms. When the modem's rate then drops (to 9.6 kbit/s, a 1514-byte
 frame takes 1.26 s) every segment already queued in the modem outlasts that timeout: TCP retransmits
 data that was never lost, each copy takes its own turn on the slow link, the backed-off timer stalls the
-sender, and the round trips of the segments behind the copies grow again. On the HIL bridge bench, in the
-4 s after the drop, 1.6-3.2 kB of the gateway's 4-5 kB sent were such copies, and the alert raised then
-waited 3.2-3.7 s behind them (docs/forwarding.md "Retransmission floor").
+sender, and the round trips of the segments behind the copies grow again, so an alert raised then waits
+seconds behind them (measured on the HIL bridge bench: docs/forwarding.md "Retransmission floor").
 
 A socket cannot raise its own floor: ``TCP_RTO_MIN_US`` (Linux 6.15+) accepts at most the kernel's 200 ms
 (EINVAL above, measured on 6.18), and a route's ``rto_min`` or eBPF needs CAP_NET_ADMIN, which the

@@ -5,9 +5,10 @@ A manifest is a whole IoT Edge deployment file (``{"modulesContent": {"$edgeHub"
 ``{"$edgeHub": {"properties.desired": {...}}}`` document, or just the desired-properties object. Loading is
 all-or-nothing: the first bad field raises ``ManifestError`` naming its JSON path
 (``$.routes.alerts.priority``) - and for a route, the column in the route string - so the caller keeps the
-routes it is running. The schema is the spec's ``routes`` schema plus the fields of schemaVersion 1.1.0 that
-this gateway reads; schemaVersion 1.0 to 1.3 are accepted, as Edge Hub accepts them (its own sample
-deployments use 1.2), and the sections routes do not use (``mqttBroker``) are left alone.
+routes it is running. The schema is the ``routes`` schema of Azure/iotedge's Route_priority_and_TTL.md
+plus the fields of schemaVersion 1.1.0 that this gateway reads; schemaVersion 1.0 to 1.3 are accepted, as
+Edge Hub accepts them (its own sample deployments use 1.2), and the sections routes do not use
+(``mqttBroker``) are left alone.
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ Why it looks like this:
   instead of one each, which is what bounds ingest on an SD card. Each message sits in its own SAVEPOINT,
   so one that fails (store full, a constraint) is undone alone and the others still commit.
 * The priority and TTL are snapshotted into each entry when it is stored; a later manifest does not
-  change pending messages (the spec's "live deployment manifest changes").
+  change pending messages (Azure/iotedge's Route_priority_and_TTL.md, "live deployment manifest changes").
 * The offset of an entry is the message's sequence number, which is monotonic, so every queue is ordered
   by it and a checkpoint is just "everything up to offset N is done".
 * TTL is checked on read (expired entries are skipped, never returned) and again by ``cleanup``, which
-  deletes expired entries for every queue - whether or not its endpoint is up (Edge Hub issue #7509) - and
+  deletes expired entries for every queue - whether or not its endpoint is up (Azure/iotedge issue 7509) - and
   frees bodies that no queue references any more.
 * How often an endpoint refused an entry, and how often the link dropped while it was in flight
   (dead-letter candidates), is kept next to the checkpoints and forgotten with the entry, so a restart

@@ -17,7 +17,7 @@ from appliance.forwarding.conditions import MessageView, RouteCondition, compile
 from appliance.forwarding.lexer import RouteSyntaxError, Token, tokenize, unescape
 from appliance.forwarding.validity import level_problem
 
-#: Priority of a route that names none: below every explicit priority 0-9 (the spec's ">10").
+#: Priority of a route that names none: below every explicit priority 0-9 (Azure/iotedge's Route_priority_and_TTL.md: ">10").
 DEFAULT_PRIORITY = 10
 #: Edge Hub's default global TTL (storeAndForwardConfiguration.timeToLiveSecs), 2 hours.
 DEFAULT_TTL_S = 7200
