@@ -12,13 +12,13 @@ latest event time of the key's *admitted* rows (``progress``). A row may be step
 lateness`` has reached its ``ready_at`` (for a window: the window's end); until then it waits in the
 state. A row that arrives when its ``ready_at`` is already behind ``progress - lateness`` - its window was
 closed and written - is late and dropped. Spark's own watermark is one for the whole query, so one
-gateway's on-time data made another's backlog late; here a gateway draining a day-old backlog is judged
+gateway's on-time data would make another's backlog late; here a gateway draining a day-old backlog is judged
 by its own times only.
 
 **Admission: the receive horizon.** Several ingest processes land one gateway's messages, each into its
 own files, sealed up to a minute apart (or, after a crash, when the process is back). A key's progress
-taken from one writer's file made the same key's rows in another writer's later file late (a drained
-backlog lost half its readings). So a row moves its key's progress only once the stream can no longer
+taken from one writer's file would make the same key's rows in another writer's later file late (a
+drained backlog would lose half its readings). So a row moves its key's progress only once the stream can no longer
 be missing rows received before it: its cloud receive time (``received_ms``, the ingest's clock) is at or
 behind the **receive horizon**, the lower of
 
@@ -36,7 +36,7 @@ Each key with rows waiting sets an event-time timeout on the same watermark: whe
 horizon is ``idle_ms`` past the key's latest receive time, the key's waiting rows are all stepped and its
 windows closed (``closed``); a row for them that comes later is late. The clock is the cloud's receive
 time, not the Spark host's: Spark's processing-time timeout runs a micro-batch after every micro-batch,
-so a ``--once`` (``availableNow``) run never ended, and a replay of old data would close everything.
+so a ``--once`` (``availableNow``) run would never end, and a replay of old data would close everything.
 
 ``dedup``: copies of a message (same ``message_id``) are reduced to the earliest received one
 (``dedup.COPY_ORDER``) before the step sees them, whichever micro-batch brought which copy. Copies that
