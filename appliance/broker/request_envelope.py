@@ -2,9 +2,13 @@
 
 A service that answers requests (the state store, the firmware chunk service, the next one) publishes its
 reply from inside the broker, to a topic the *requester* chose: the Response Topic. Done carelessly that
-makes it a confused deputy, writing where the requester may not (the OTA chunk service once echoed a
-requester's text to a topic the ACL forbade her). So the envelope is not each service's business: a service
-declares its ``EnvelopeRules`` and calls ``open_request``, which checks, in this order:
+makes it a confused deputy, writing where the requester may not (a chunk service that echoes a requester's
+text to a topic the ACL forbids her). So the envelope is not each service's business: a service declares
+its ``EnvelopeRules`` and calls ``open_request``.
+
+Rules
+-----
+``open_request`` checks, in this order:
 
 1. the response topic, first: one that is not a topic name (a wildcard would reach every subscriber of the
    filter's range; NUL), a ``$`` topic (the broker's own), a topic any in-process service takes
@@ -19,6 +23,8 @@ declares its ``EnvelopeRules`` and calls ``open_request``, which checks, in this
    means 1.0, any supported major is served, anything else is answered status 505 with
    ``__supProtMajVer`` and ``__requestProtVer``, as the SDK executors do).
 
+Theory of operation
+-------------------
 ``respond`` publishes the reply with the request's correlation data at QoS 1 (and ``__protVer`` where the
 convention applies). It asks ``may_publish`` again at reply time: a service that queues requests (the
 firmware service answers after everything else) may reply after a SIGHUP took the right away, and then it
