@@ -2,11 +2,11 @@
 ``BrokerHandle`` for the in-process services.
 
 What each packet does lives in one module per packet family, as mosquitto's ``handle_*.c`` files:
-``handle_connect``, ``handle_publish`` (with the PUBACK/PUBREC/PUBREL/PUBCOMP flows),
-``handle_subscribe``; how connections and sessions end (DISCONNECT, wills, expiry, keep-alive) is
-``lifecycle``; holding publishers back for congested clients is ``backpressure``; packets that wait for
-an awaited step or the next loop turn are ``backlog``; what goes into
-``broker.db`` and how a restart reads it back is ``storage``. Those modules import neither asyncio nor
+``handlers.connect``, ``handlers.publish`` (with the PUBACK/PUBREC/PUBREL/PUBCOMP flows),
+``handlers.subscribe``; how connections and sessions end (DISCONNECT, wills, expiry, keep-alive) is
+``sessions.lifecycle``; holding publishers back for congested clients is ``sessions.backpressure``;
+packets that wait for an awaited step or the next loop turn are ``sessions.backlog``; what goes into
+``broker.db`` and how a restart reads it back is ``persistence.storage``. Those modules import neither asyncio nor
 time: the clock and the scheduler come in through ``runtime.Runtime``, so tests drive them with a fake
 clock (``tests/broker/pair.py``).
 
@@ -22,7 +22,7 @@ Why the core is built this way:
   ``on_publish``. A handler then returns an awaitable; the rest of that connection's batch waits in a
   backlog and its socket stops reading until the step is done, so one client's packets keep their order
   and other clients never wait.
-* Errors from bad input are ``ProtocolError``s with a reason code; ``lifecycle.fail`` is the one place
+* Errors from bad input are ``ProtocolError``s with a reason code; ``sessions.lifecycle.fail`` is the one place
   that turns one into a DISCONNECT (MQTT 5) or a plain close (3.1.1) and a log line with the client id.
 """
 

@@ -1,6 +1,6 @@
 """The mapping between the broker's live objects and ``broker.db``'s records, both ways.
 
-``persistence`` knows rows and transactions, the broker knows sessions, deliveries and messages; this
+``store`` knows rows and transactions, the broker knows sessions, deliveries and messages; this
 module is the one place that translates (mosquitto keeps the same seam between ``database.c`` and
 ``persist_*.c``): what a session, a will, a queued delivery and a retained message are stored as, and
 how a restart rebuilds the broker from what was stored. It only buffers changes in the store; the

@@ -1,7 +1,7 @@
 """The statements ``BrokerStore`` writes a turn's batch with, one per kind of change.
 
-They sit apart from the store's buffering logic so that ``persistence`` reads as what it does (buffer,
-cancel out, commit) and the SQL can be checked against ``persistence_schema``'s layout in one place.
+They sit apart from the store's buffering logic so that ``store`` reads as what it does (buffer,
+cancel out, commit) and the SQL can be checked against ``schema``'s layout in one place.
 """
 
 INSERT_MESSAGE = "INSERT INTO messages (id, topic, payload, properties, expires_at) VALUES (?, ?, ?, ?, ?)"
