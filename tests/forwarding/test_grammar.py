@@ -3,6 +3,7 @@ lexer and the function table that implement it: a token or function added to one
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -34,3 +35,18 @@ def test_the_builtins_listed_in_the_docs_are_the_ones_implemented() -> None:
     listed = re.search(r"Built-ins \(case-insensitive\): `([^`]+)`", text)
     assert listed is not None
     assert sorted(listed.group(1).split()) == sorted(BUILTINS)
+
+
+ROUTE_LANGUAGE = ("lexer", "condition_values", "condition_builtins", "conditions", "routes")
+IO = {"asyncio", "time", "socket", "ssl", "selectors", "threading", "sqlite3", "concurrent", "uvloop"}
+
+
+def test_the_route_language_imports_no_io() -> None:
+    """Pure, as Edge Hub's evaluator: the modules import no I/O, and of ours only each other (and validity)."""
+    allowed_own = {f"appliance.forwarding.{name}" for name in (*ROUTE_LANGUAGE, "validity")}
+    for name in ROUTE_LANGUAGE:
+        tree = ast.parse((ROOT / f"appliance/forwarding/{name}.py").read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        assert not {module.split(".")[0] for module in imported} & IO, name
+        assert {module for module in imported if module.startswith("appliance")} <= allowed_own, name
