@@ -40,7 +40,8 @@ from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import ProtocolError
 from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, BrokerConfig
-from appliance.broker.handlers.dispatch import HANDLERS, ReadFailure, unexpected
+from appliance.broker.context import Instant, read_clock
+from appliance.broker.handlers.dispatch import ReadFailure, handle_packets
 from appliance.broker.persistence import storage
 from appliance.broker.persistence.store import BrokerStore
 from appliance.broker.persistence.store_failure import CommitGate
@@ -53,11 +54,10 @@ from appliance.broker.security.acl import Acl
 from appliance.broker.security.auth import Authenticator
 from appliance.broker.security.login_gate import LoginGate
 from appliance.broker.sessions import lifecycle
-from appliance.broker.sessions.backlog import TURN_PACKET_BUDGET, Backlogs
+from appliance.broker.sessions.backlog import Backlogs
 from appliance.broker.sessions.backpressure import SLOW_CONSUMER_GRACE, Backpressure
 from appliance.broker.sessions.keepalive import KeepAlive
 from appliance.broker.sessions.session import (
-    ALLOWED_PACKETS,
     CLOSED,
     CONNECTED,
     Connection,
@@ -188,9 +188,9 @@ class Broker:
         if connection.state == CLOSED:
             return 0
         self.stats.bytes_received += len(data)
-        now = self.runtime.now()
+        now = read_clock(self.runtime)
         try:
-            packets = connection.receive(data, self.runtime.monotonic())
+            packets = connection.receive(data, now.monotonic)
         except ProtocolError as exc:
             # What came before the bad bytes still counts, in order (a CONNECT gets its CONNACK, then the
             # DISCONNECT with the reason); nothing after them can be framed, so reading stops.
@@ -201,7 +201,7 @@ class Broker:
                 backlog.extend(exc.parsed)
                 backlog.append(failure)  # type: ignore[arg-type]
             else:
-                self._process(link, [*exc.parsed, failure], 0, now)  # type: ignore[list-item]
+                self._process(link, deque([*exc.parsed, failure]), now)  # type: ignore[list-item]
             return 0
         if not packets:
             return 0
@@ -209,7 +209,7 @@ class Broker:
         if backlog is not None:
             backlog.extend(packets)
             return len(packets)
-        self._process(link, packets, 0, now)
+        self._process(link, deque(packets), now)
         if self._since_flush >= EARLY_FLUSH_DELIVERIES:
             # The event loop may hand us many more reads before it runs the scheduled flush (libuv
             # reads a busy socket repeatedly); past this many deliveries, write now (the store commits
@@ -240,35 +240,12 @@ class Broker:
 
     # -- packet dispatch ------------------------------------------------------------------------------
 
-    def _process(self, link: Link, packets: Sequence[pk.Packet], start: int, now: float) -> None:
-        connection = link.connection
-        count = len(packets)
-        index = start
-        budget = start + TURN_PACKET_BUDGET
-        try:
-            while index < count:
-                if index == budget:
-                    # Fairness: one read can hold thousands of packets (a flooding publisher); the rest
-                    # waits for later loop turns so every other client is served in between.
-                    self.backlogs.hold(link, None, deque(packets[index:]))
-                    break
-                packet = packets[index]
-                index += 1
-                if packet.type not in ALLOWED_PACKETS[connection.state]:
-                    raise unexpected(packet)
-                pending = HANDLERS[packet.type](self, link, packet, now)
-                if pending is not None:
-                    self.backlogs.hold(link, pending, deque(packets[index:]))
-                    break
-                if connection.state == CLOSED:
-                    break
-        except ProtocolError as exc:
-            lifecycle.fail(self, link, exc)
-        except Exception:
-            # A bug must cost one connection, never the broker.
-            log.exception("client %s (%s): internal error; closing", connection.client_id or "?", connection.peer)
-            lifecycle.close(self, link, rc.UNSPECIFIED_ERROR, "internal error")
-        self.mark(connection)
+    def _process(self, link: Link, packets: deque[pk.Packet], now: Instant) -> None:
+        """A fresh batch: handle what the dispatch loop can now; what it leaves waits in the backlog."""
+        pending = handle_packets(self, link, packets, now)
+        if pending is not None or (packets and link.connection.state != CLOSED):
+            self.backlogs.hold(link, pending, packets)
+        self.mark(link.connection)
 
     def receive_check(self) -> Callable[[Session, str], bool] | None:
         """A session's check of each delivery as it leaves: None while there is no ACL (per delivery)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from appliance.broker.codec.packets import Properties as Properties  # defined with the packets that carry them
 from appliance.broker.codec.reasons import (
     MALFORMED_PACKET,
     PROTOCOL_ERROR,
@@ -20,7 +21,6 @@ from appliance.broker.codec.reasons import (
     ProtocolError,
 )
 
-Properties = dict[int, Any]
 #: What the decoders read from: the reader's receive buffer is a bytearray, single packets are bytes.
 ByteSource = bytes | bytearray
 

@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from appliance.broker.transport.connection import Connection
+from appliance.broker.sessions.session import Connection
 from appliance.broker.transport.link import Link
 from appliance.runtime import Runtime, Timer
 

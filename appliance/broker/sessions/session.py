@@ -13,24 +13,28 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.reasons import PACKET_IDENTIFIER_NOT_FOUND
 from appliance.broker.codec.writer import encode_ack
-from appliance.broker.routing.delivery import Delivery, DeliveryJournal, Pager
+from appliance.broker.routing.delivery import Delivery, DeliveryJournal
 from appliance.broker.transport.connection import (
     ALLOWED_PACKETS,
     AUTHENTICATING,
     AWAITING_CONNECT,
     CLOSED,
     CONNECTED,
-    Connection,
 )
+from appliance.broker.transport.connection import Connection as _Connection
 
 __all__ = [
     "ALLOWED_PACKETS", "AUTHENTICATING", "AWAITING_CONNECT", "CLOSED", "CONNECTED", "MEMORY_QUEUE_BYTES",
     "NEVER_EXPIRES", "Connection", "Delivery", "DeliveryJournal", "Pager", "Session",
 ]
+
+#: A network connection with its ``Session`` attached (``transport.connection`` knows no sessions).
+Connection = _Connection["Session"]
 
 NEVER_EXPIRES = 0xFFFFFFFF
 #: How much of a durable session's backlog is read from the store ahead of the window (``_read_ahead``).
@@ -55,6 +59,16 @@ class _NoQueue(deque[Delivery]):
 
 
 NO_QUEUE: deque[Delivery] = _NoQueue()
+
+
+
+class Pager(Protocol):
+    """Reads a durable session's backlog back from the store, oldest first (``storage.StoredBacklog``):
+    the deliveries after ``session.cursor``, at most ``limit``, and once ``max_bytes`` of payload are
+    read no more (0: no byte budget); None when the store cannot be read now (the backlog stays as it
+    is and is read on a later acknowledgement)."""
+
+    def page(self, session: Session, limit: int, max_bytes: int = 0) -> list[Delivery] | None: ...
 
 
 class Session:

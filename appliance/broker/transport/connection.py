@@ -11,7 +11,7 @@ Anything else is a protocol error, mapped to a reason code by the caller in one 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.properties import TOPIC_ALIAS
@@ -23,8 +23,9 @@ from appliance.broker.codec.reasons import (
     ProtocolError,
 )
 
-if TYPE_CHECKING:
-    from appliance.broker.sessions.session import Session
+#: What a connection has attached once CONNECT is accepted (``session.Session``: this layer sits below
+#: sessions and does not import them; ``session.Connection`` is this class with its ``Session``).
+SessionT = TypeVar("SessionT")
 
 AWAITING_CONNECT, AUTHENTICATING, CONNECTED, CLOSED = "awaiting-connect", "authenticating", "connected", "closed"
 
@@ -44,7 +45,7 @@ ALLOWED_PACKETS: dict[str, frozenset[int]] = {
 }
 
 
-class Connection:
+class Connection(Generic[SessionT]):
     """The protocol state of one network connection (see the module docstring)."""
 
     __slots__ = (
@@ -70,7 +71,7 @@ class Connection:
         self.aliases_out: dict[str, int] = {}
         self.alias_maximum_in = topic_alias_maximum
         self.aliases_in: dict[int, str] = {}
-        self.session: Session | None = None
+        self.session: SessionT | None = None
         self.peer = peer
         self.request_problem_info = True
         self.clean_disconnect = False

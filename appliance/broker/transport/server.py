@@ -35,7 +35,7 @@ import socket
 import ssl
 from collections import OrderedDict
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from appliance.broker.broker import Broker
 from appliance.broker.config import ListenerConfig
@@ -86,12 +86,13 @@ class ClientProtocol(asyncio.BufferedProtocol):
 
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
-        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not subclasses of asyncio.Transport, but they have its methods.
+        self.transport = writer = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.connection.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         high = self.broker.limits.outbound_buffer_bytes
-        transport.set_write_buffer_limits(high=high, low=high // 4)
+        writer.set_write_buffer_limits(high=high, low=high // 4)
         self._deadlines.add(self)
         self.broker.connection_made(self)
 
