@@ -259,3 +259,7 @@ def test_the_writer_maps_failure_codes_to_mqtt311_ones() -> None:
     assert encode(pk.Suback(1, [1, 0x87, 0x8F]), pk.MQTT_311)[-3:] == bytes((1, 0x80, 0x80))
     assert encode(pk.Connack(False, 0x87), pk.MQTT_311) == bytes((0x20, 2, 0, 5))
     assert encode(pk.Connack(False, 0x86), pk.MQTT_311) == bytes((0x20, 2, 0, 4))
+    # A refusal because of the server's state is 3 "server unavailable" for 3.1.1, whoever encodes it: the
+    # login gate (0x89 busy, 0x9F rate exceeded) and a store that cannot commit (0x97 disk full, 0x80).
+    for reason in (0x89, 0x9F, 0x97, 0x80):
+        assert encode(pk.Connack(False, reason), pk.MQTT_311) == bytes((0x20, 2, 0, 3)), hex(reason)

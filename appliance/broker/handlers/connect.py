@@ -65,7 +65,7 @@ def handle_connect(context: HandlerContext, link: Link, connect: pk.Connect, now
         refusal = context.login_gate.admit(connection.peer, now.monotonic)
         if refusal is not None:
             why = "too many failed logins from this address" if refusal == rc.CONNECTION_RATE_EXCEEDED else "busy"
-            refuse(context, link, refusal if v5 else rc.SERVER_UNAVAILABLE, why)
+            refuse(context, link, refusal, why)
             return None
     return _connect_later(context, link, connect, verdict, delay)
 
@@ -173,7 +173,7 @@ def complete_connect(context: HandlerContext, link: Link, connect: pk.Connect, a
     if context.store_failing and store_failure.connect_needs_write(context, client_id, expiry):
         # Not logged per client: the store's failure is logged once (``store_health``).
         context.store_health.refused += 1
-        refuse(context, link, store_failure.connect_refusal(connection, context), store_failure.WHY, logging.DEBUG)
+        refuse(context, link, store_failure.failure_code(context), store_failure.WHY, logging.DEBUG)
         return
     revision = context.commits.revision()
     connection.accept_connect(connect, client_id, keep_alive, limits.max_inflight_messages)

@@ -196,7 +196,7 @@ def answer_failed_commit(context: HandlerContext, connection: Connection, held: 
                 _forget_inbound_qos2(context, connection.session, ack.packet_id)
             continue
         if ack.packet_type == pk.CONNACK:
-            refusal = pk.Connack(False, connect_refusal(connection, context), _reason(connection) or {})
+            refusal = pk.Connack(False, failure_code(context), _reason(connection) or {})
             kept += encode(refusal, connection.protocol_level)
         must_close = True
         position = len(out)
@@ -261,11 +261,6 @@ def connect_needs_write(context: HandlerContext, client_id: str, expiry: int) ->
     """A durable session is saved at CONNECT; replacing a stored one deletes it."""
     session = context.sessions.get(client_id) if client_id else None
     return expiry > 0 or (session is not None and session.journal is not None)
-
-
-def connect_refusal(connection: Connection, context: HandlerContext) -> int:
-    """The CONNACK code for a session that cannot be stored (3.1.1: 3, server unavailable)."""
-    return failure_code(context) if connection.v5 else rc.SERVER_UNAVAILABLE
 
 
 def unsubscribe_refused(context: HandlerContext, link: Link, count: int) -> list[int] | None:
