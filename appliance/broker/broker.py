@@ -22,7 +22,7 @@ Why the core is built this way:
   ``on_publish``. A handler then returns an awaitable; the rest of that connection's batch waits in a
   backlog and its socket stops reading until the step is done, so one client's packets keep their order
   and other clients never wait.
-* Errors from bad input are ``ProtocolError``s with a reason code; ``lifecycle.fail`` is the one place
+* Errors from bad input are ``MqttProtocolError``s with a reason code; ``lifecycle.fail`` is the one place
   that turns one into a DISCONNECT (MQTT 5) or a plain close (3.1.1) and a log line with the client id.
 """
 
@@ -38,14 +38,14 @@ from appliance.broker.api import BrokerService
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
-from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, BrokerConfig
 from appliance.broker.context import Instant, read_clock
 from appliance.broker.handlers.dispatch import ReadFailure, handle_packets
 from appliance.broker.persistence import storage
 from appliance.broker.persistence.store import BrokerStore
 from appliance.broker.persistence.store_failure import CommitGate
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.retain import RetainedMessages
 from appliance.broker.routing.retained_feed import RetainedFeeds
 from appliance.broker.routing.router import Router
@@ -191,7 +191,7 @@ class Broker:
         now = read_clock(self.runtime)
         try:
             packets = connection.receive(data, now.monotonic)
-        except ProtocolError as exc:
+        except MqttProtocolError as exc:
             # What came before the bad bytes still counts, in order (a CONNECT gets its CONNACK, then the
             # DISCONNECT with the reason); nothing after them can be framed, so reading stops.
             link.hold_reading("input error", True)
@@ -259,7 +259,7 @@ class Broker:
 
     # -- routing --------------------------------------------------------------------------------------
 
-    def route(self, message: Message, now: float, publisher: Link | None = None) -> bool:
+    def route(self, message: BrokerMessage, now: float, publisher: Link | None = None) -> bool:
         """Deliver ``message`` to every matching session (and retain it if asked); store the deliveries
         to durable sessions; hold ``publisher`` back for congested receivers. False if a QoS 1/2
         delivery was dropped because a receiver's queue is full (the publisher gets 0x97)."""
@@ -390,7 +390,7 @@ class Broker:
         properties: dict[int, Any] = {ident: value for ident, value in given.items() if value is not None}
         now = self.runtime.now()
         expires_at = now + message_expiry_interval if message_expiry_interval is not None else None
-        self.route(Message(topic, payload, qos, retain, properties, None, expires_at), now)
+        self.route(BrokerMessage(topic, payload, qos, retain, properties, None, expires_at), now)
         self.schedule_flush()
 
     def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:

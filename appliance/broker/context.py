@@ -32,7 +32,7 @@ from typing import NamedTuple, Protocol
 from appliance.broker.api import BrokerService
 from appliance.broker.config import LimitsConfig
 from appliance.broker.persistence.store import BrokerStore
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.retain import RetainedMessages
 from appliance.broker.routing.router import Router
 from appliance.broker.routing.topic_tree import SubscriptionOptions, SubscriptionTree
@@ -77,7 +77,7 @@ class Output(Protocol):
     def close_after_flush(self, link: Link) -> None:
         """Write what ``link``'s connection has pending (after the commit), then close it."""
 
-    def route(self, message: Message, now: float, publisher: Link | None = None) -> bool:
+    def route(self, message: BrokerMessage, now: float, publisher: Link | None = None) -> bool:
         """Deliver ``message`` to every matching session; False if a QoS 1/2 delivery was dropped."""
 
 

@@ -12,8 +12,8 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reader import PacketReader
-from appliance.broker.codec.reasons import ProtocolError
-from appliance.broker.routing.message import Message
+from appliance.broker.codec.reasons import MqttProtocolError
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.sessions.session import NO_QUEUE, Connection, Delivery, Session
 from testing.campaigns import campaign
 
@@ -50,7 +50,7 @@ def sent(connection: Connection) -> list[pk.Packet]:
 
 
 def delivery(payload: bytes = b"x", qos: int = 1, expires_at: float | None = None, topic: str = "t") -> Delivery:
-    return Delivery(Message(topic, payload, qos, False, {}, "origin", expires_at), qos, False, None)
+    return Delivery(BrokerMessage(topic, payload, qos, False, {}, "origin", expires_at), qos, False, None)
 
 
 def test_qos1_window_follows_receive_maximum_and_refills_on_puback() -> None:
@@ -241,13 +241,13 @@ def test_inbound_topic_alias_resolution_and_errors() -> None:
     aliased = pk.Publish("", b"", properties={pr.TOPIC_ALIAS: 2})
     connection.resolve_topic(aliased)
     assert aliased.topic == "a/b"
-    with pytest.raises(ProtocolError) as too_big:
+    with pytest.raises(MqttProtocolError) as too_big:
         connection.resolve_topic(pk.Publish("x", b"", properties={pr.TOPIC_ALIAS: 11}))
     assert too_big.value.reason_code == rc.TOPIC_ALIAS_INVALID
-    with pytest.raises(ProtocolError) as unknown:
+    with pytest.raises(MqttProtocolError) as unknown:
         connection.resolve_topic(pk.Publish("", b"", properties={pr.TOPIC_ALIAS: 3}))
     assert unknown.value.reason_code == rc.PROTOCOL_ERROR
-    with pytest.raises(ProtocolError) as empty:  # wildcards in a topic name are the reader's to reject
+    with pytest.raises(MqttProtocolError) as empty:  # wildcards in a topic name are the reader's to reject
         connection.resolve_topic(pk.Publish("", b""))
     assert empty.value.reason_code == rc.TOPIC_NAME_INVALID
 
@@ -267,7 +267,7 @@ def test_packets_larger_than_the_clients_maximum_are_not_sent() -> None:
 
 def test_v311_deliveries_carry_no_properties() -> None:
     session, connection = connected(v5=False)
-    message = Message("t", b"x", 1, False, {pr.CONTENT_TYPE: "text/plain"}, None)
+    message = BrokerMessage("t", b"x", 1, False, {pr.CONTENT_TYPE: "text/plain"}, None)
     session.deliver(Delivery(message, 1, False, [5]), NOW)
     raw = bytes(connection.out)
     assert raw == b"\x32\x06\x00\x01t\x00\x01x"

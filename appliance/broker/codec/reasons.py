@@ -1,6 +1,6 @@
 """MQTT 5 reason codes and the one exception the codec and session raise for bad input.
 
-Every protocol failure, whatever layer finds it, is reported as a ``ProtocolError`` carrying the MQTT 5
+Every protocol failure, whatever layer finds it, is reported as an ``MqttProtocolError`` carrying the MQTT 5
 reason code. The connection layer turns that into a DISCONNECT (MQTT 5) or a plain close (3.1.1) in one
 place, so no handler has to know how to end a connection.
 """
@@ -92,7 +92,7 @@ def reason_name(code: int) -> str:
     return NAMES.get(code, f"reason 0x{code:02X}")
 
 
-class ProtocolError(Exception):
+class MqttProtocolError(Exception):
     """Bad input from a peer: malformed bytes, a size limit, or a packet that breaks the protocol rules."""
 
     def __init__(self, reason_code: int, message: str) -> None:

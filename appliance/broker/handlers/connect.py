@@ -21,7 +21,7 @@ from typing import Any
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
-from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.codec.writer import encode
 from appliance.broker.context import HandlerContext, Instant, read_clock
 from appliance.broker.persistence import storage, store_failure
@@ -229,4 +229,4 @@ def complete_connect(context: HandlerContext, link: Link, connect: pk.Connect, a
 
 
 def handle_auth(context: HandlerContext, link: Link, packet: pk.Auth, now: Instant) -> None:
-    raise ProtocolError(rc.PROTOCOL_ERROR, "AUTH without enhanced authentication")
+    raise MqttProtocolError(rc.PROTOCOL_ERROR, "AUTH without enhanced authentication")

@@ -25,7 +25,7 @@ from typing import Any
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
-from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.context import HandlerContext, Instant
 from appliance.broker.handlers.connect import handle_auth, handle_connect
 from appliance.broker.handlers.publish import (
@@ -72,14 +72,14 @@ class ReadFailure:
     __slots__ = ("error",)
     type = -1
 
-    def __init__(self, error: ProtocolError) -> None:
+    def __init__(self, error: MqttProtocolError) -> None:
         self.error = error
 
 
-def unexpected(packet: pk.Packet | ReadFailure) -> ProtocolError:
+def unexpected(packet: pk.Packet | ReadFailure) -> MqttProtocolError:
     if isinstance(packet, ReadFailure):
         return packet.error
-    return ProtocolError(rc.PROTOCOL_ERROR, f"unexpected packet type {packet.type}")
+    return MqttProtocolError(rc.PROTOCOL_ERROR, f"unexpected packet type {packet.type}")
 
 
 def handle_packets(context: HandlerContext, link: Link, packets: deque[pk.Packet], now: Instant) -> Awaitable[None] | None:
@@ -105,7 +105,7 @@ def handle_packets(context: HandlerContext, link: Link, packets: deque[pk.Packet
 def failed(context: HandlerContext, link: Link, error: Exception) -> None:
     """Handling ``link``'s packets raised ``error``: bad input ends the connection with its reason code,
     a bug with 0x80 and a traceback in the log."""
-    if isinstance(error, ProtocolError):
+    if isinstance(error, MqttProtocolError):
         lifecycle.fail(context, link, error)
         return
     connection = link.connection

@@ -18,11 +18,11 @@ from appliance.broker.api import ACCEPTED, BrokerService, InboundPublish, Publis
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
-from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.codec.writer import encode_ack
 from appliance.broker.context import HandlerContext, Instant, read_clock
 from appliance.broker.persistence import store_failure
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.topic_tree import topic_matches
 from appliance.broker.sessions import lifecycle
 from appliance.broker.sessions.session import CLOSED, CONNECTED, Session
@@ -37,7 +37,7 @@ SERVICE_CACHE_TOPICS = 65536
 def handle_publish(context: HandlerContext, link: Link, publish: pk.Publish, now: Instant) -> Awaitable[None] | None:
     connection = link.connection
     if connection.state != CONNECTED:
-        raise ProtocolError(rc.PROTOCOL_ERROR, "PUBLISH before CONNACK")
+        raise MqttProtocolError(rc.PROTOCOL_ERROR, "PUBLISH before CONNACK")
     if connection.resolve_topic(publish):
         publish.frame = None
     context.stats.messages_received += 1
@@ -52,9 +52,9 @@ def handle_publish(context: HandlerContext, link: Link, publish: pk.Publish, now
         return None
     properties = publish.properties
     if properties and pr.SUBSCRIPTION_IDENTIFIER in properties:
-        raise ProtocolError(rc.PROTOCOL_ERROR, "PUBLISH from a client with a subscription identifier")
+        raise MqttProtocolError(rc.PROTOCOL_ERROR, "PUBLISH from a client with a subscription identifier")
     if qos == 2 and len(session.inbound_qos2) >= context.limits.receive_maximum:
-        raise ProtocolError(rc.RECEIVE_MAXIMUM_EXCEEDED, "too many unacknowledged QoS 2 messages")
+        raise MqttProtocolError(rc.RECEIVE_MAXIMUM_EXCEEDED, "too many unacknowledged QoS 2 messages")
     acl = context.acl
     if acl is not None and not acl.can_publish(connection.client_id, connection.username, publish.topic):
         log.info("client %s: publish to %r denied", connection.client_id, publish.topic)
@@ -92,7 +92,7 @@ def accept_publish(context: HandlerContext, link: Link, session: Session, publis
             if interval is not None:
                 expires_at = now.wall + interval
                 raw = None
-        message = Message(publish.topic, publish.payload, qos, publish.retain, properties,
+        message = BrokerMessage(publish.topic, publish.payload, qos, publish.retain, properties,
                           connection.client_id, expires_at, raw, connection.v5)
         queued = context.route(message, now.wall, link)
     if not qos:

@@ -11,7 +11,7 @@ import logging
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
-from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.codec.writer import encode
 from appliance.broker.context import HandlerContext, Instant
 from appliance.broker.persistence import store_failure
@@ -41,7 +41,7 @@ def handle_subscribe(context: HandlerContext, link: Link, subscribe: pk.Subscrib
         topic_filter = request.topic_filter
         shared = topic_filter.startswith("$share/")
         if shared and request.no_local and connection.v5:
-            raise ProtocolError(rc.PROTOCOL_ERROR, "no local on a shared subscription")
+            raise MqttProtocolError(rc.PROTOCOL_ERROR, "no local on a shared subscription")
         try:
             # Before anything else looks at it (the ACL, the store): a filter too deep costs nothing more.
             context.tree.check(topic_filter)

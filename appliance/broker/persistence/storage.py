@@ -25,7 +25,7 @@ from appliance.broker.persistence.store import (
     StoredSession,
     StoredWill,
 )
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.topic_tree import TopicError
 from appliance.broker.sessions.session import Connection, Delivery, Session
 from appliance.broker.sessions.will import will_delay
@@ -61,7 +61,7 @@ def stored_session(session: Session, connection: Connection, disconnected_at: fl
                          connection.username, disconnected_at, stored_will)
 
 
-def store_deliveries(context: HandlerContext, message: Message, durable: list[tuple[Session, Delivery]], now: float) -> None:
+def store_deliveries(context: HandlerContext, message: BrokerMessage, durable: list[tuple[Session, Delivery]], now: float) -> None:
     """Queue entries for the deliveries of ``message`` to durable sessions (the body is stored once).
     A delivery the session keeps in memory moves its cursor: the store's copy is not read back. One that
     went to the stored backlog of a connected client with nothing in flight is read back at once: no
@@ -86,7 +86,7 @@ def store_deliveries(context: HandlerContext, message: Message, durable: list[tu
             context.mark(session.connection)
 
 
-def stores_retained(context: HandlerContext, message: Message) -> bool:
+def stores_retained(context: HandlerContext, message: BrokerMessage) -> bool:
     """Whether a change of this retained message goes to the store. ``$SYS`` values describe this run
     only; they are republished after a restart, not stored."""
     return context.store is not None and not message.topic.startswith("$SYS/")
@@ -94,7 +94,7 @@ def stores_retained(context: HandlerContext, message: Message) -> bool:
 
 class StoredBacklog:
     """``session.Pager`` over ``broker.db``: a durable session's backlog, read back a window at a time
-    (``BrokerStore.page``), each row a fresh ``Message`` holding the payload once (no received frame)."""
+    (``BrokerStore.page``), each row a fresh ``BrokerMessage`` holding the payload once (no received frame)."""
 
     def __init__(self, store: BrokerStore) -> None:
         self.store = store
@@ -110,7 +110,7 @@ class StoredBacklog:
         for entry, stored in rows:
             if entry.seq in in_flight:
                 continue
-            message = Message(stored.topic, stored.payload, 1, False, properties_from(stored.properties), None,
+            message = BrokerMessage(stored.topic, stored.payload, 1, False, properties_from(stored.properties), None,
                               stored.expires_at)
             delivery = Delivery(message, entry.qos, entry.retain, list(entry.subscription_ids) or None)
             delivery.seq = entry.seq
@@ -131,7 +131,7 @@ def make_durable(context: HandlerContext, session: Session) -> None:
         session.byte_limit = context.queue_bytes_limit
 
 
-def store_retained(context: HandlerContext, message: Message) -> None:
+def store_retained(context: HandlerContext, message: BrokerMessage) -> None:
     """A retained message changed (an empty payload deletes it)."""
     store = context.store
     if store is None or not stores_retained(context, message):
@@ -149,9 +149,9 @@ def restore(context: HandlerContext, now: float) -> None:
     store = context.store
     assert store is not None
     state = store.load()
-    messages: dict[int, Message] = {}
+    messages: dict[int, BrokerMessage] = {}
     for message_id, stored in state.messages.items():
-        messages[message_id] = Message(stored.topic, stored.payload, 1, False, properties_from(stored.properties),
+        messages[message_id] = BrokerMessage(stored.topic, stored.payload, 1, False, properties_from(stored.properties),
                                        None, stored.expires_at)
     max_levels = context.limits.max_topic_levels
     for topic, retained in state.retained.items():
@@ -159,7 +159,7 @@ def restore(context: HandlerContext, now: float) -> None:
             # Stored before max_topic_levels existed (or was lowered): a client could not publish it now.
             log.warning("skipping the stored retained message on %.200r: more than %d levels", topic, max_levels)
             continue
-        context.retained.update(Message(topic, retained.payload, retained.qos, True,
+        context.retained.update(BrokerMessage(topic, retained.payload, retained.qos, True,
                                        properties_from(retained.properties), None, retained.expires_at))
     context.stats.retained_count = len(context.retained)
     for client_id, loaded in state.sessions.items():

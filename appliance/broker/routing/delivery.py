@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 
 
 class Delivery:
@@ -17,7 +17,7 @@ class Delivery:
 
     __slots__ = ("message", "qos", "retain", "subscription_ids", "packet_id", "released", "sent", "seq", "spilled")
 
-    def __init__(self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None) -> None:
+    def __init__(self, message: BrokerMessage, qos: int, retain: bool, subscription_ids: list[int] | None) -> None:
         self.message = message
         self.qos = qos
         self.retain = retain

@@ -15,7 +15,7 @@ the caller which connections now have bytes to flush and which durable deliverie
 
 from __future__ import annotations
 
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.topic_tree import Subscription, SubscriptionTree
 from appliance.broker.security.acl import Acl
 from appliance.broker.sessions.session import MEMORY_QUEUE_BYTES, Connection, Delivery, Session
@@ -46,7 +46,7 @@ class Router:
 
     def route(
         self,
-        message: Message,
+        message: BrokerMessage,
         now: float,
         touched: list[Connection],
         durable: list[tuple[Session, Delivery]],
@@ -131,7 +131,7 @@ class Router:
         return 1
 
     def _delivery(
-        self, message: Message, client_id: str, session: Session, subscriptions: tuple[Subscription, ...]
+        self, message: BrokerMessage, client_id: str, session: Session, subscriptions: tuple[Subscription, ...]
     ) -> Delivery | None:
         acl = self.acl
         if acl is not None and not acl.can_receive(client_id, session.username, message.topic):

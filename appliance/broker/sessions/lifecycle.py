@@ -18,11 +18,11 @@ import logging
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
-from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.codec.writer import PINGRESP_BYTES, encode
 from appliance.broker.context import HandlerContext, Instant
 from appliance.broker.persistence import storage
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.sessions.session import (
     AWAITING_CONNECT,
     CLOSED,
@@ -37,7 +37,7 @@ from appliance.broker.transport.link import Link
 log = logging.getLogger("appliance.broker")
 
 
-def fail(context: HandlerContext, link: Link, error: ProtocolError) -> None:
+def fail(context: HandlerContext, link: Link, error: MqttProtocolError) -> None:
     """The one place bad input ends a connection: log it with the client id, tell the client why.
 
     Before CONNACK the answer is a CONNACK with the reason (MQTT 5) or return code (3.1.1, where only an
@@ -79,7 +79,7 @@ def handle_disconnect(context: HandlerContext, link: Link, packet: pk.Disconnect
         expiry = packet.properties.get(pr.SESSION_EXPIRY_INTERVAL)
         if expiry is not None:
             if session.expiry_interval == 0 and expiry != 0:
-                raise ProtocolError(rc.PROTOCOL_ERROR, "session expiry set on DISCONNECT after connecting with 0")
+                raise MqttProtocolError(rc.PROTOCOL_ERROR, "session expiry set on DISCONNECT after connecting with 0")
             session.expiry_interval = min(expiry, context.limits.max_session_expiry)
     # MQTT 5 3.14.2.1: reason 0x04 means "disconnect, but do send my will".
     connection.clean_disconnect = packet.reason_code != rc.DISCONNECT_WITH_WILL
@@ -139,7 +139,7 @@ def publish_will(context: HandlerContext, client_id: str, will: pk.Will, now: fl
     properties.pop(pr.WILL_DELAY_INTERVAL, None)
     interval = properties.pop(pr.MESSAGE_EXPIRY_INTERVAL, None)
     expires_at = now + interval if interval is not None else None
-    context.route(Message(will.topic, will.payload, will.qos, will.retain, properties, client_id, expires_at), now)
+    context.route(BrokerMessage(will.topic, will.payload, will.qos, will.retain, properties, client_id, expires_at), now)
 
 
 def publish_wills_on_shutdown(context: HandlerContext, now: float) -> None:
@@ -183,7 +183,7 @@ def tick(context: HandlerContext, now: float) -> None:
         context.last_sys = now
         count_drops(context)
         for topic, payload in context.stats.snapshot(now):
-            context.route(Message(topic, payload, 0, True, {}, None), now)
+            context.route(BrokerMessage(topic, payload, 0, True, {}, None), now)
 
 
 def count_drops(context: HandlerContext) -> None:

@@ -20,7 +20,7 @@ from appliance.broker.codec.reasons import (
     PROTOCOL_ERROR,
     TOPIC_ALIAS_INVALID,
     TOPIC_NAME_INVALID,
-    ProtocolError,
+    MqttProtocolError,
 )
 
 #: What a connection has attached once CONNECT is accepted (``session.Session``: this layer sits below
@@ -90,7 +90,7 @@ class Connection(Generic[SessionT]):
         self.link: Any = None
 
     def receive(self, data: bytes, now: float) -> list[pk.Packet]:
-        """Parse every complete packet in ``data``; raises ``ProtocolError`` for bad input."""
+        """Parse every complete packet in ``data``; raises ``MqttProtocolError`` for bad input."""
         self.last_received = now
         return self.reader.feed(data)
 
@@ -121,16 +121,16 @@ class Connection(Generic[SessionT]):
             if alias is not None:
                 aliased = True
                 if alias > self.alias_maximum_in:
-                    raise ProtocolError(TOPIC_ALIAS_INVALID, f"topic alias {alias} above the maximum")
+                    raise MqttProtocolError(TOPIC_ALIAS_INVALID, f"topic alias {alias} above the maximum")
                 if publish.topic:
                     self.aliases_in[alias] = publish.topic
                 else:
                     topic = self.aliases_in.get(alias)
                     if topic is None:
-                        raise ProtocolError(PROTOCOL_ERROR, f"unknown topic alias {alias}")
+                        raise MqttProtocolError(PROTOCOL_ERROR, f"unknown topic alias {alias}")
                     publish.topic = topic
         if not publish.topic:
-            raise ProtocolError(TOPIC_NAME_INVALID, "empty topic name without a topic alias")
+            raise MqttProtocolError(TOPIC_NAME_INVALID, "empty topic name without a topic alias")
         return aliased
 
     def alias_for(self, topic: str) -> tuple[int, bool]:
