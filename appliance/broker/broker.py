@@ -2,21 +2,24 @@
 ``BrokerHandle`` for the in-process services.
 
 What each packet does lives in one module per packet family, as mosquitto's ``handle_*.c`` files:
-``handle_connect``, ``handle_publish`` (with the PUBACK/PUBREC/PUBREL/PUBCOMP flows),
-``handle_subscribe``; how connections and sessions end (DISCONNECT, wills, expiry, keep-alive) is
-``lifecycle``; holding publishers back for congested clients is ``backpressure``; packets that wait for
-an awaited step or the next loop turn are ``backlog``; what goes into
-``broker.db`` and how a restart reads it back is ``storage``. Those modules import neither asyncio nor
-time: the clock and the scheduler come in through ``runtime.Runtime``, so tests drive them with a fake
-clock (``tests/broker/pair.py``).
+``handlers/connect``, ``handlers/publish`` (with the PUBACK/PUBREC/PUBREL/PUBCOMP flows),
+``handlers/subscribe``, switched by ``handlers/dispatch`` (the table and the one dispatch loop); how
+connections and sessions end (DISCONNECT, wills, expiry, keep-alive) is ``sessions/lifecycle``; holding
+publishers back for congested clients is ``sessions/backpressure``; packets that wait for an awaited step
+or the next loop turn are ``sessions/backlog``; what goes into ``broker.db`` and how a restart reads it
+back is ``persistence/storage``. Those modules see this class only as a ``context.HandlerContext`` (the
+state they may touch and the ``Output`` port) and import neither asyncio nor time: the clock and the
+scheduler come in through ``runtime.Runtime``, so tests drive them with a fake clock
+(``tests/broker/pair.py``).
 
 Why the core is built this way:
 
 * Throughput in Python is per-message work, so the unit of work is a *batch*: the socket layer hands over
-  every packet of one read, they are all handled with one reading of the clock, and each connection that
-  got bytes is queued for ONE flush. The flush (``call_soon``, once per loop turn) first commits the
-  store, then writes every connection's buffer: a QoS 1/2 PUBACK/PUBREC can only leave after the message
-  it acknowledges is on disk ("we commit before we ack"). If the commit fails, only the acknowledgements
+  every packet of one read, they are all handled with one reading of the clock (``context.Instant``,
+  wall and monotonic), and each connection that got bytes is queued for ONE flush. The flush
+  (``call_soon``, once per loop turn) first commits the store, then writes every connection's buffer: a
+  QoS 1/2 PUBACK/PUBREC can only leave after the message it acknowledges is on disk ("we commit before
+  we ack"). If the commit fails, only the acknowledgements
   that waited on it are answered as failures; everything else is written as usual (``store_failure``).
 * Everything synchronous stays synchronous. Two steps must wait: checking a password and a service's
   ``on_publish``. A handler then returns an awaitable; the rest of that connection's batch waits in a
