@@ -63,7 +63,7 @@ from appliance.broker.sessions.keepalive import KeepAlive
 from appliance.broker.sessions.session import (
     CLOSED,
     CONNECTED,
-    Connection,
+    ClientConnection,
     Delivery,
     Session,
 )
@@ -119,7 +119,7 @@ class Broker:
         #: Recent session takeovers per client id (``handle_connect.flap_delay``).
         self.takeovers: dict[str, deque[float]] = {}
         self.keepalive = KeepAlive(self.runtime, lambda link: lifecycle.keepalive_expired(self, link))
-        self._dirty: list[Connection] = []
+        self._dirty: list[ClientConnection] = []
         self._flush_scheduled = False
         self._since_flush = 0
         self.backlogs = Backlogs(self)
@@ -313,7 +313,7 @@ class Broker:
 
     # -- writing --------------------------------------------------------------------------------------
 
-    def mark(self, connection: Connection) -> None:
+    def mark(self, connection: ClientConnection) -> None:
         """``connection`` has bytes to write: include it in the next flush."""
         if connection.out and not connection.flush_pending:
             connection.flush_pending = True
@@ -343,7 +343,7 @@ class Broker:
                 sent += self._write(connection, committed)
         self.stats.bytes_sent += sent
 
-    def _write(self, connection: Connection, committed: bool) -> int:
+    def _write(self, connection: ClientConnection, committed: bool) -> int:
         # Only held acknowledgements need settling, and only a failed commit closes: no call otherwise.
         if connection.held_acks:
             self.commits.settle(connection, committed)

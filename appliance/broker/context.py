@@ -41,7 +41,7 @@ from appliance.broker.security.auth import Authenticator
 from appliance.broker.security.login_gate import LoginGate
 from appliance.broker.sessions.backpressure import Backpressure
 from appliance.broker.sessions.keepalive import KeepAlive
-from appliance.broker.sessions.session import Connection, Session
+from appliance.broker.sessions.session import ClientConnection, Session
 from appliance.broker.sessions.will import PendingWills
 from appliance.broker.sys_topics import BrokerStats
 from appliance.broker.transport.link import Link
@@ -65,7 +65,7 @@ def read_clock(runtime: Runtime) -> Instant:
 class Output(Protocol):
     """Where what a handler produces goes; the core writes and commits it, never the handler."""
 
-    def mark(self, connection: Connection) -> None:
+    def mark(self, connection: ClientConnection) -> None:
         """``connection.out`` has bytes: write them in the next flush (after the commit)."""
 
     def schedule_flush(self) -> None:
@@ -86,7 +86,7 @@ class CommitPort(Protocol):
 
     def revision(self) -> int: ...
 
-    def hold(self, connection: Connection, revision: int, start: int) -> None: ...
+    def hold(self, connection: ClientConnection, revision: int, start: int) -> None: ...
 
 
 class RetainedFeedPort(Protocol):

@@ -104,7 +104,7 @@ async def _check_password(context: HandlerContext, link: Link, connect: pk.Conne
     finally:
         gate.leave()
     if verdict:
-        gate.succeeded(link.connection.peer, runtime.monotonic())
+        gate.succeeded(link.connection.peer, read_clock(runtime).monotonic)  # after the await: a new reading
     return verdict
 
 

@@ -27,7 +27,7 @@ from appliance.broker.persistence.store import (
 )
 from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.topic_tree import TopicError
-from appliance.broker.sessions.session import Connection, Delivery, Session
+from appliance.broker.sessions.session import ClientConnection, Delivery, Session
 from appliance.broker.sessions.will import will_delay
 
 log = logging.getLogger("appliance.broker")
@@ -51,7 +51,7 @@ def properties_from(stored: dict[str, Any] | Any) -> dict[int, Any]:
     return {PROPERTY_IDS[name]: value for name, value in stored.items() if name in PROPERTY_IDS}
 
 
-def stored_session(session: Session, connection: Connection, disconnected_at: float | None,
+def stored_session(session: Session, connection: ClientConnection, disconnected_at: float | None,
                    will: pk.Will | None) -> StoredSession:
     stored_will = None
     if will is not None:

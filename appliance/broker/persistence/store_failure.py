@@ -41,7 +41,7 @@ from appliance.broker.codec.writer import encode, encode_ack
 from appliance.broker.context import HandlerContext
 from appliance.broker.persistence.store import PersistenceError
 from appliance.broker.sessions import lifecycle
-from appliance.broker.sessions.session import CLOSED, Connection, Session
+from appliance.broker.sessions.session import CLOSED, ClientConnection, Session
 from appliance.broker.transport.link import Link
 from appliance.runtime import Timer
 from appliance.store_health import StoreHealth
@@ -81,7 +81,7 @@ class CommitGate:
             str(store.path) if store is not None else "broker store", log,
             f"requests that need a write are refused until a commit succeeds (retried every {COMMIT_RETRY} s)",
         )
-        self._closing: dict[Connection, bool] = {}
+        self._closing: dict[ClientConnection, bool] = {}
         self._retry: Timer | None = None
         self._next_attempt = 0.0
 
@@ -90,7 +90,7 @@ class CommitGate:
         store = self.context.store
         return store.revision if store is not None else 0
 
-    def hold(self, connection: Connection, revision: int, start: int) -> None:
+    def hold(self, connection: ClientConnection, revision: int, start: int) -> None:
         """If the store buffered a change since ``revision``, the acknowledgement encoded at
         ``connection.out[start]`` depends on this turn's commit. (Per message, ``accept_publish`` does
         the same inline.)"""
@@ -98,10 +98,10 @@ class CommitGate:
         if store is not None and store.revision != revision:
             connection.held_acks.append(start)
 
-    def forget(self, connection: Connection) -> None:
+    def forget(self, connection: ClientConnection) -> None:
         connection.held_acks.clear()
 
-    def settle(self, connection: Connection, committed: bool) -> None:
+    def settle(self, connection: ClientConnection, committed: bool) -> None:
         """Before ``connection.out`` is written: if the commit failed, answer what waited on it."""
         starts = connection.held_acks
         if not starts:
@@ -111,7 +111,7 @@ class CommitGate:
         if held and answer_failed_commit(self.context, connection, held):
             self._closing[connection] = held[-1].packet_type == pk.CONNACK
 
-    def close_if_refused(self, connection: Connection) -> None:
+    def close_if_refused(self, connection: ClientConnection) -> None:
         """After ``out`` was written: end the connection ``settle`` found must end."""
         connack_refused = self._closing.pop(connection, None)
         if connack_refused is not None:
@@ -172,14 +172,14 @@ def failure_code(context: HandlerContext) -> int:
     return rc.QUOTA_EXCEEDED if context.store_health.disk_full else rc.UNSPECIFIED_ERROR
 
 
-def _reason(connection: Connection) -> dict[int, Any] | None:
+def _reason(connection: ClientConnection) -> dict[int, Any] | None:
     return {pr.REASON_STRING: WHY} if connection.request_problem_info else None
 
 
 # -- the turn whose commit failed -----------------------------------------------------------------------
 
 
-def answer_failed_commit(context: HandlerContext, connection: Connection, held: list[HeldAck]) -> bool:
+def answer_failed_commit(context: HandlerContext, connection: ClientConnection, held: list[HeldAck]) -> bool:
     """Rewrite ``connection.out`` so that no acknowledgement in ``held`` claims success; returns whether
     the connection must close once what is left of ``out`` is written."""
     code = failure_code(context)

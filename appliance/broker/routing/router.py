@@ -18,7 +18,7 @@ from __future__ import annotations
 from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.topic_tree import Subscription, SubscriptionTree
 from appliance.broker.security.acl import Acl
-from appliance.broker.sessions.session import MEMORY_QUEUE_BYTES, Connection, Delivery, Session
+from appliance.broker.sessions.session import MEMORY_QUEUE_BYTES, ClientConnection, Delivery, Session
 
 #: Deliveries queued behind a connected client's Receive Maximum window past which the publishers
 #: feeding it are held back (and released again at QUEUE_LOW_WATER): memory stays bounded by TCP
@@ -48,9 +48,9 @@ class Router:
         self,
         message: BrokerMessage,
         now: float,
-        touched: list[Connection],
+        touched: list[ClientConnection],
         durable: list[tuple[Session, Delivery]],
-        congested: list[Connection],
+        congested: list[ClientConnection],
     ) -> int:
         """Deliver ``message`` to every matching session; returns the number of deliveries.
 
@@ -101,9 +101,9 @@ class Router:
         session: Session,
         delivery: Delivery,
         now: float,
-        touched: list[Connection],
+        touched: list[ClientConnection],
         durable: list[tuple[Session, Delivery]],
-        congested: list[Connection],
+        congested: list[ClientConnection],
     ) -> int:
         if not session.deliver(delivery, now):
             if delivery.qos:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 from appliance.broker.codec import packets as pk
 from appliance.broker.context import HandlerContext, read_clock
 from appliance.broker.handlers.dispatch import failed, handle_packets
-from appliance.broker.sessions.session import CLOSED, Connection
+from appliance.broker.sessions.session import CLOSED, ClientConnection
 from appliance.broker.transport.link import Link
 
 
@@ -27,9 +27,9 @@ class Backlogs:
 
     def __init__(self, context: HandlerContext) -> None:
         self.context = context
-        self.waiting: dict[Connection, deque[pk.Packet]] = {}
+        self.waiting: dict[ClientConnection, deque[pk.Packet]] = {}
 
-    def forget(self, connection: Connection) -> None:
+    def forget(self, connection: ClientConnection) -> None:
         self.waiting.pop(connection, None)
 
     def hold(self, link: Link, pending: Awaitable[None] | None, backlog: deque[pk.Packet]) -> None:

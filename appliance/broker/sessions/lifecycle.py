@@ -28,7 +28,7 @@ from appliance.broker.sessions.session import (
     CLOSED,
     CONNECTED,
     NEVER_EXPIRES,
-    Connection,
+    ClientConnection,
     Session,
 )
 from appliance.broker.sessions.will import will_delay
@@ -88,7 +88,7 @@ def handle_disconnect(context: HandlerContext, link: Link, packet: pk.Disconnect
     context.close_after_flush(link)
 
 
-def disconnected(context: HandlerContext, connection: Connection, now: float) -> None:
+def disconnected(context: HandlerContext, connection: ClientConnection, now: float) -> None:
     """The connection of a CONNECTED client ended, by whatever path; runs exactly once."""
     context.stats.clients_connected -= 1
     session = connection.session

@@ -1,6 +1,6 @@
 """The protocol state of one network connection, without I/O: what a connection has agreed.
 
-``Connection`` lives as long as one network connection: the reader, the negotiated limits (the client's
+``ClientConnection`` lives as long as one network connection: the reader, the negotiated limits (the client's
 Receive Maximum, Maximum Packet Size and Topic Alias Maximum), topic aliases both ways, keep-alive
 bookkeeping, and ``out``, the bytes waiting to be written. It never touches a socket: the server feeds it
 bytes and writes ``out`` once per loop turn.
@@ -24,7 +24,7 @@ from appliance.broker.codec.reasons import (
 )
 
 #: What a connection has attached once CONNECT is accepted (``session.Session``: this layer sits below
-#: sessions and does not import them; ``session.Connection`` is this class with its ``Session``).
+#: sessions and does not import them; ``session.ClientConnection`` is this class with its ``Session``).
 SessionT = TypeVar("SessionT")
 
 AWAITING_CONNECT, AUTHENTICATING, CONNECTED, CLOSED = "awaiting-connect", "authenticating", "connected", "closed"
@@ -45,7 +45,7 @@ ALLOWED_PACKETS: dict[str, frozenset[int]] = {
 }
 
 
-class Connection(Generic[SessionT]):
+class ClientConnection(Generic[SessionT]):
     """The protocol state of one network connection (see the module docstring)."""
 
     __slots__ = (

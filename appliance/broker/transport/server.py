@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, cast
 
 from appliance.broker.broker import Broker
 from appliance.broker.config import ListenerConfig
-from appliance.broker.sessions.session import AWAITING_CONNECT, Connection
+from appliance.broker.sessions.session import AWAITING_CONNECT, ClientConnection
 from appliance.broker.transport.certificates import CertificateFileError, date_problems
 from appliance.tcp_floor import keep_kernel_floor
 
@@ -73,7 +73,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         self.broker = broker
         limits = broker.limits
         self._websocket = websocket() if websocket is not None else None
-        self.connection = Connection(limits.max_packet_size, limits.topic_alias_maximum, "?")
+        self.connection = ClientConnection(limits.max_packet_size, limits.topic_alias_maximum, "?")
         self.connection.link = self
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
