@@ -47,7 +47,7 @@ from appliance.broker.codec.writer import encode  # noqa: E402
 from appliance.broker.config import BrokerConfig, LimitsConfig, ListenerConfig  # noqa: E402
 from appliance.broker.persistence.store import BrokerStore  # noqa: E402
 from appliance.broker.security.auth import Authenticator  # noqa: E402
-from appliance.broker.sessions.session import Connection  # noqa: E402
+from appliance.broker.sessions.session import ClientConnection  # noqa: E402
 
 PUBLISHERS = 4
 WINDOW = 64
@@ -61,7 +61,7 @@ class MemoryLink:
 
     def __init__(self, broker: Broker) -> None:
         limits = broker.limits
-        self.connection = Connection(limits.max_packet_size, limits.topic_alias_maximum, "memory")
+        self.connection = ClientConnection(limits.max_packet_size, limits.topic_alias_maximum, "memory")
         self.connection.link = self
         self.written: list[bytes] = []
         self.holds: set[str] = set()

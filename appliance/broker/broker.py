@@ -2,27 +2,30 @@
 ``BrokerHandle`` for the in-process services.
 
 What each packet does lives in one module per packet family, as mosquitto's ``handle_*.c`` files:
-``handlers.connect``, ``handlers.publish`` (with the PUBACK/PUBREC/PUBREL/PUBCOMP flows),
-``handlers.subscribe``; how connections and sessions end (DISCONNECT, wills, expiry, keep-alive) is
-``sessions.lifecycle``; holding publishers back for congested clients is ``sessions.backpressure``;
-packets that wait for an awaited step or the next loop turn are ``sessions.backlog``; what goes into
-``broker.db`` and how a restart reads it back is ``persistence.storage``. Those modules import neither asyncio nor
-time: the clock and the scheduler come in through ``runtime.Runtime``, so tests drive them with a fake
-clock (``tests/broker/pair.py``).
+``handlers/connect``, ``handlers/publish`` (with the PUBACK/PUBREC/PUBREL/PUBCOMP flows),
+``handlers/subscribe``, switched by ``handlers/dispatch`` (the table and the one dispatch loop); how
+connections and sessions end (DISCONNECT, wills, expiry, keep-alive) is ``sessions/lifecycle``; holding
+publishers back for congested clients is ``sessions/backpressure``; packets that wait for an awaited step
+or the next loop turn are ``sessions/backlog``; what goes into ``broker.db`` and how a restart reads it
+back is ``persistence/storage``. Those modules see this class only as a ``context.HandlerContext`` (the
+state they may touch and the ``Output`` port) and import neither asyncio nor time: the clock and the
+scheduler come in through ``runtime.Runtime``, so tests drive them with a fake clock
+(``tests/broker/pair.py``).
 
 Why the core is built this way:
 
 * Throughput in Python is per-message work, so the unit of work is a *batch*: the socket layer hands over
-  every packet of one read, they are all handled with one reading of the clock, and each connection that
-  got bytes is queued for ONE flush. The flush (``call_soon``, once per loop turn) first commits the
-  store, then writes every connection's buffer: a QoS 1/2 PUBACK/PUBREC can only leave after the message
-  it acknowledges is on disk ("we commit before we ack"). If the commit fails, only the acknowledgements
+  every packet of one read, they are all handled with one reading of the clock (``context.Instant``,
+  wall and monotonic), and each connection that got bytes is queued for ONE flush. The flush
+  (``call_soon``, once per loop turn) first commits the store, then writes every connection's buffer: a
+  QoS 1/2 PUBACK/PUBREC can only leave after the message it acknowledges is on disk ("we commit before
+  we ack"). If the commit fails, only the acknowledgements
   that waited on it are answered as failures; everything else is written as usual (``store_failure``).
 * Everything synchronous stays synchronous. Two steps must wait: checking a password and a service's
   ``on_publish``. A handler then returns an awaitable; the rest of that connection's batch waits in a
   backlog and its socket stops reading until the step is done, so one client's packets keep their order
   and other clients never wait.
-* Errors from bad input are ``ProtocolError``s with a reason code; ``sessions.lifecycle.fail`` is the one place
+* Errors from bad input are ``MqttProtocolError``s with a reason code; ``lifecycle.fail`` is the one place
   that turns one into a DISCONNECT (MQTT 5) or a plain close (3.1.1) and a log line with the client id.
 """
 
@@ -38,13 +41,14 @@ from appliance.broker.api import BrokerService
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
-from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, BrokerConfig
-from appliance.broker.handlers.dispatch import HANDLERS, ReadFailure, unexpected
+from appliance.broker.context import Instant, read_clock
+from appliance.broker.handlers.dispatch import ReadFailure, handle_packets
 from appliance.broker.persistence import storage
 from appliance.broker.persistence.store import BrokerStore
 from appliance.broker.persistence.store_failure import CommitGate
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.retain import RetainedMessages
 from appliance.broker.routing.retained_feed import RetainedFeeds
 from appliance.broker.routing.router import Router
@@ -53,14 +57,13 @@ from appliance.broker.security.acl import Acl
 from appliance.broker.security.auth import Authenticator
 from appliance.broker.security.login_gate import LoginGate
 from appliance.broker.sessions import lifecycle
-from appliance.broker.sessions.backlog import TURN_PACKET_BUDGET, Backlogs
+from appliance.broker.sessions.backlog import Backlogs
 from appliance.broker.sessions.backpressure import SLOW_CONSUMER_GRACE, Backpressure
 from appliance.broker.sessions.keepalive import KeepAlive
 from appliance.broker.sessions.session import (
-    ALLOWED_PACKETS,
     CLOSED,
     CONNECTED,
-    Connection,
+    ClientConnection,
     Delivery,
     Session,
 )
@@ -116,7 +119,7 @@ class Broker:
         #: Recent session takeovers per client id (``handle_connect.flap_delay``).
         self.takeovers: dict[str, deque[float]] = {}
         self.keepalive = KeepAlive(self.runtime, lambda link: lifecycle.keepalive_expired(self, link))
-        self._dirty: list[Connection] = []
+        self._dirty: list[ClientConnection] = []
         self._flush_scheduled = False
         self._since_flush = 0
         self.backlogs = Backlogs(self)
@@ -188,10 +191,10 @@ class Broker:
         if connection.state == CLOSED:
             return 0
         self.stats.bytes_received += len(data)
-        now = self.runtime.now()
+        now = read_clock(self.runtime)
         try:
-            packets = connection.receive(data, self.runtime.monotonic())
-        except ProtocolError as exc:
+            packets = connection.receive(data, now.monotonic)
+        except MqttProtocolError as exc:
             # What came before the bad bytes still counts, in order (a CONNECT gets its CONNACK, then the
             # DISCONNECT with the reason); nothing after them can be framed, so reading stops.
             link.hold_reading("input error", True)
@@ -201,7 +204,7 @@ class Broker:
                 backlog.extend(exc.parsed)
                 backlog.append(failure)  # type: ignore[arg-type]
             else:
-                self._process(link, [*exc.parsed, failure], 0, now)  # type: ignore[list-item]
+                self._process(link, deque([*exc.parsed, failure]), now)  # type: ignore[list-item]
             return 0
         if not packets:
             return 0
@@ -209,7 +212,7 @@ class Broker:
         if backlog is not None:
             backlog.extend(packets)
             return len(packets)
-        self._process(link, packets, 0, now)
+        self._process(link, deque(packets), now)
         if self._since_flush >= EARLY_FLUSH_DELIVERIES:
             # The event loop may hand us many more reads before it runs the scheduled flush (libuv
             # reads a busy socket repeatedly); past this many deliveries, write now (the store commits
@@ -240,35 +243,12 @@ class Broker:
 
     # -- packet dispatch ------------------------------------------------------------------------------
 
-    def _process(self, link: Link, packets: Sequence[pk.Packet], start: int, now: float) -> None:
-        connection = link.connection
-        count = len(packets)
-        index = start
-        budget = start + TURN_PACKET_BUDGET
-        try:
-            while index < count:
-                if index == budget:
-                    # Fairness: one read can hold thousands of packets (a flooding publisher); the rest
-                    # waits for later loop turns so every other client is served in between.
-                    self.backlogs.hold(link, None, deque(packets[index:]))
-                    break
-                packet = packets[index]
-                index += 1
-                if packet.type not in ALLOWED_PACKETS[connection.state]:
-                    raise unexpected(packet)
-                pending = HANDLERS[packet.type](self, link, packet, now)
-                if pending is not None:
-                    self.backlogs.hold(link, pending, deque(packets[index:]))
-                    break
-                if connection.state == CLOSED:
-                    break
-        except ProtocolError as exc:
-            lifecycle.fail(self, link, exc)
-        except Exception:
-            # A bug must cost one connection, never the broker.
-            log.exception("client %s (%s): internal error; closing", connection.client_id or "?", connection.peer)
-            lifecycle.close(self, link, rc.UNSPECIFIED_ERROR, "internal error")
-        self.mark(connection)
+    def _process(self, link: Link, packets: deque[pk.Packet], now: Instant) -> None:
+        """A fresh batch: handle what the dispatch loop can now; what it leaves waits in the backlog."""
+        pending = handle_packets(self, link, packets, now)
+        if pending is not None or (packets and link.connection.state != CLOSED):
+            self.backlogs.hold(link, pending, packets)
+        self.mark(link.connection)
 
     def receive_check(self) -> Callable[[Session, str], bool] | None:
         """A session's check of each delivery as it leaves: None while there is no ACL (per delivery)."""
@@ -282,7 +262,7 @@ class Broker:
 
     # -- routing --------------------------------------------------------------------------------------
 
-    def route(self, message: Message, now: float, publisher: Link | None = None) -> bool:
+    def route(self, message: BrokerMessage, now: float, publisher: Link | None = None) -> bool:
         """Deliver ``message`` to every matching session (and retain it if asked); store the deliveries
         to durable sessions; hold ``publisher`` back for congested receivers. False if a QoS 1/2
         delivery was dropped because a receiver's queue is full (the publisher gets 0x97)."""
@@ -333,7 +313,7 @@ class Broker:
 
     # -- writing --------------------------------------------------------------------------------------
 
-    def mark(self, connection: Connection) -> None:
+    def mark(self, connection: ClientConnection) -> None:
         """``connection`` has bytes to write: include it in the next flush."""
         if connection.out and not connection.flush_pending:
             connection.flush_pending = True
@@ -363,7 +343,7 @@ class Broker:
                 sent += self._write(connection, committed)
         self.stats.bytes_sent += sent
 
-    def _write(self, connection: Connection, committed: bool) -> int:
+    def _write(self, connection: ClientConnection, committed: bool) -> int:
         # Only held acknowledgements need settling, and only a failed commit closes: no call otherwise.
         if connection.held_acks:
             self.commits.settle(connection, committed)
@@ -413,7 +393,7 @@ class Broker:
         properties: dict[int, Any] = {ident: value for ident, value in given.items() if value is not None}
         now = self.runtime.now()
         expires_at = now + message_expiry_interval if message_expiry_interval is not None else None
-        self.route(Message(topic, payload, qos, retain, properties, None, expires_at), now)
+        self.route(BrokerMessage(topic, payload, qos, retain, properties, None, expires_at), now)
         self.schedule_flush()
 
     def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:

@@ -27,7 +27,7 @@ from appliance.broker.config import BrokerConfig, LimitsConfig, ListenerConfig
 from appliance.broker.persistence.store import BrokerStore
 from appliance.broker.security.acl import Acl
 from appliance.broker.security.auth import Authenticator
-from appliance.broker.sessions.session import Connection
+from appliance.broker.sessions.session import ClientConnection
 
 T = TypeVar("T")
 
@@ -177,7 +177,7 @@ class FakeClient:
         self.pair = pair
         self.level = level
         limits = pair.broker.limits
-        self.connection = Connection(limits.max_packet_size, limits.topic_alias_maximum, name)
+        self.connection = ClientConnection(limits.max_packet_size, limits.topic_alias_maximum, name)
         self.connection.link = self
         self.reader = PacketReader(protocol_level=level)
         self.inbox: list[pk.Packet] = []

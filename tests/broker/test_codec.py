@@ -2,7 +2,7 @@
 
 The property tests generate packets the given protocol version can express, encode them, feed the bytes
 back (whole and split at a random point) and expect the same packets. Garbage must only ever produce
-``ProtocolError`` (or nothing, if it looks like an incomplete packet).
+``MqttProtocolError`` (or nothing, if it looks like an incomplete packet).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from appliance.broker.codec.reasons import (
     TOPIC_NAME_INVALID,
     UNSUPPORTED_PROTOCOL_VERSION,
     V311_CONNACK_REASONS,
-    ProtocolError,
+    MqttProtocolError,
 )
 from appliance.broker.codec.writer import encode
 from testing.campaigns import campaign
@@ -146,7 +146,7 @@ def test_garbage_only_raises_protocol_errors(garbage: bytes, level: int) -> None
     reader = PacketReader(max_packet_size=1000, protocol_level=level)
     try:
         reader.feed(garbage)
-    except ProtocolError as exc:
+    except MqttProtocolError as exc:
         assert 0x80 <= exc.reason_code <= 0xA2
 
 
@@ -156,7 +156,7 @@ def test_mutated_valid_packets_only_raise_protocol_errors(batch: list[pk.Packet]
     wire = bytearray(b"".join(encode(packet, 5) for packet in batch))
     for _ in range(data.draw(st.integers(1, 4))):
         wire[data.draw(st.integers(0, len(wire) - 1))] = data.draw(st.integers(0, 255))
-    with contextlib.suppress(ProtocolError):
+    with contextlib.suppress(MqttProtocolError):
         PacketReader(protocol_level=5).feed(bytes(wire))
 
 
@@ -196,14 +196,14 @@ def test_specific_malformations_have_the_right_reason(wire: bytes, level: int, r
     if reason is None:
         assert len(reader.feed(wire)) == 1
     else:
-        with pytest.raises(ProtocolError) as info:
+        with pytest.raises(MqttProtocolError) as info:
             reader.feed(wire)
         assert info.value.reason_code == reason
 
 
 def test_oversized_packet_is_refused_from_its_header_alone() -> None:
     reader = PacketReader(max_packet_size=100)
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(MqttProtocolError) as info:
         reader.feed(b"\x30\xe8\x07")  # announces 1000 bytes; nothing else has arrived
     assert info.value.reason_code == PACKET_TOO_LARGE
 
@@ -231,7 +231,7 @@ def test_topic_names_are_decoded_once_and_every_copy_is_still_checked() -> None:
     first, second = reader.feed(encode(pk.Publish("site/1/temp", b"1"), 5) * 2)
     assert first.topic == "site/1/temp" and second.topic is first.topic
     for _ in range(2):
-        with pytest.raises(ProtocolError) as info:
+        with pytest.raises(MqttProtocolError) as info:
             reader.feed(b"\x30\x05\x00\x02a+\x00")
         assert info.value.reason_code == TOPIC_NAME_INVALID
 
@@ -259,3 +259,7 @@ def test_the_writer_maps_failure_codes_to_mqtt311_ones() -> None:
     assert encode(pk.Suback(1, [1, 0x87, 0x8F]), pk.MQTT_311)[-3:] == bytes((1, 0x80, 0x80))
     assert encode(pk.Connack(False, 0x87), pk.MQTT_311) == bytes((0x20, 2, 0, 5))
     assert encode(pk.Connack(False, 0x86), pk.MQTT_311) == bytes((0x20, 2, 0, 4))
+    # A refusal because of the server's state is 3 "server unavailable" for 3.1.1, whoever encodes it: the
+    # login gate (0x89 busy, 0x9F rate exceeded) and a store that cannot commit (0x97 disk full, 0x80).
+    for reason in (0x89, 0x9F, 0x97, 0x80):
+        assert encode(pk.Connack(False, reason), pk.MQTT_311) == bytes((0x20, 2, 0, 3)), hex(reason)

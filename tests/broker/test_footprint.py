@@ -3,7 +3,7 @@ allocation added by mistake (a deque, a set, a dict per session) goes over.
 
 The figure is deterministic for a given Python: the same packets build the same objects. It covers what
 the core allocates for a client that connected (MQTT 5, keep-alive 60 s, no subscription) and then says
-nothing: its ``Connection`` (made by the socket layer in production, here by ``IdleLink``), reader,
+nothing: its ``ClientConnection`` (made by the socket layer in production, here by ``IdleLink``), reader,
 ``Session``, the broker's tables and its keep-alive entry.
 The socket layer's share and the resident memory of a real gateway are measured from outside by
 ``bench/idle_connections.py`` (bench/RESULTS.md). Measured on Python 3.11 when the bound was set: 1,374
@@ -18,7 +18,7 @@ import tracemalloc
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.writer import encode
-from appliance.broker.sessions.session import Connection
+from appliance.broker.sessions.session import ClientConnection
 from tests.broker.pair import BrokerPair
 
 #: Bytes the core may keep per idle MQTT 5 client.
@@ -31,7 +31,7 @@ class IdleLink:
 
     __slots__ = ("connection", "written", "closed")
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: ClientConnection) -> None:
         self.connection = connection
         self.written = 0
         self.closed = False
@@ -55,7 +55,7 @@ def connect_idle(pair: BrokerPair, connects: list[bytes]) -> list[IdleLink]:
     limits = broker.limits
     links = []
     for connect in connects:
-        link = IdleLink(Connection(limits.max_packet_size, limits.topic_alias_maximum, "127.0.0.1:50000"))
+        link = IdleLink(ClientConnection(limits.max_packet_size, limits.topic_alias_maximum, "127.0.0.1:50000"))
         broker.connection_made(link)
         broker.data_received(link, connect)
         links.append(link)

@@ -8,14 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.broker.sessions.keepalive import REBUILD_FLOOR, KeepAlive
-from appliance.broker.transport.connection import Connection
+from appliance.broker.transport.connection import ClientConnection
 from testing.campaigns import campaign
 from tests.broker.pair import FakeRuntime
 
 
 class Link:
     def __init__(self, name: str, runtime: FakeRuntime) -> None:
-        self.connection = Connection(1 << 20, 0, name)
+        self.connection = ClientConnection(1 << 20, 0, name)
         self.connection.last_received = runtime.monotonic()
         self.connection.link = self
 

@@ -22,7 +22,7 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reader import PacketReader
-from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.codec.writer import encode
 from appliance.broker.handlers.subscribe import MAX_SUBSCRIPTIONS_PER_CLIENT
 from appliance.broker.routing.topic_tree import (
@@ -313,7 +313,7 @@ def test_400000_user_properties_are_refused_after_the_64th() -> None:
     def scenario(meter: Meter) -> None:
         reader = PacketReader(protocol_level=pk.MQTT_5)
         reader.max_user_properties = 64
-        with meter("decode"), pytest.raises(ProtocolError) as refused:
+        with meter("decode"), pytest.raises(MqttProtocolError) as refused:
             reader.feed(MANY_PROPERTIES)
         assert refused.value.reason_code == rc.QUOTA_EXCEEDED
 
@@ -383,7 +383,7 @@ def test_any_property_block_is_decoded_or_refused_within_the_cap(
     block = pr.encode_varint(len(raw)) + bytes(raw)
     try:
         decoded, end = pr.decode_properties(block, 0, len(block), kind, cap)
-    except ProtocolError as exc:
+    except MqttProtocolError as exc:
         assert exc.reason_code in (rc.QUOTA_EXCEEDED, rc.PROTOCOL_ERROR, rc.MALFORMED_PACKET)
         if exc.reason_code == rc.QUOTA_EXCEEDED:
             assert any(sum(1 for i, _ in entries if i == ident) > cap for ident in pr.REPEATABLE)

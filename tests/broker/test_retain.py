@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.retain import RetainedMessages
 from testing.campaigns import campaign
 from tests.broker.test_topic_tree import reference_matches
@@ -24,8 +24,8 @@ FILTERS = st.tuples(st.lists(FILTER_LEVELS, min_size=1, max_size=4), st.booleans
 ).filter(bool) | st.just("#")
 
 
-def retained(topic: str, payload: bytes = b"v", expires_at: float | None = None) -> Message:
-    return Message(topic, payload, 1, True, {}, "origin", expires_at)
+def retained(topic: str, payload: bytes = b"v", expires_at: float | None = None) -> BrokerMessage:
+    return BrokerMessage(topic, payload, 1, True, {}, "origin", expires_at)
 
 
 # (topic, action): 0 retain, 1 delete (empty payload), 2 retain already expired
@@ -36,7 +36,7 @@ OPERATIONS = st.lists(st.tuples(TOPICS, st.sampled_from([0, 0, 0, 1, 2])), max_s
 @given(OPERATIONS, st.lists(FILTERS, min_size=1, max_size=8))
 def test_matching_equals_a_scan_of_every_retained_topic(operations: list[tuple[str, int]], filters: list[str]) -> None:
     index = RetainedMessages()
-    reference: dict[str, Message] = {}  # insertion-ordered, like the scan it replaced
+    reference: dict[str, BrokerMessage] = {}  # insertion-ordered, like the scan it replaced
     for number, (topic, action) in enumerate(operations):
         if action == 1:
             assert index.update(retained(topic, b"")) == (topic in reference)
@@ -84,7 +84,7 @@ def test_deep_topics_share_edges_and_give_every_node_back(topics: list[str], fil
     again by deletions: every filter still finds exactly the scan's matches, in order, and deleting every
     topic leaves no node behind."""
     index = RetainedMessages()
-    reference: dict[str, Message] = {}
+    reference: dict[str, BrokerMessage] = {}
     for number, topic in enumerate(topics):
         message = retained(topic, str(number).encode())
         index.update(message)

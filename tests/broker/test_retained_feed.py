@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.retained_feed import DELIVERY_COST, TURN_BUDGET
 from appliance.broker.routing.router import QUEUE_HIGH_WATER
 from testing.campaigns import campaign
@@ -34,7 +34,7 @@ def pair(tmp_path: Path) -> Iterator[BrokerPair]:
 def retain(pair: BrokerPair, count: int, prefix: str = "r") -> None:
     """``count`` retained QoS 1 messages on ``{prefix}/{i}``, retained in that order."""
     for index in range(count):
-        pair.broker.retained.update(Message(f"{prefix}/{index}", f"old {index}".encode(), 1, True, {}, None, None))
+        pair.broker.retained.update(BrokerMessage(f"{prefix}/{index}", f"old {index}".encode(), 1, True, {}, None, None))
 
 
 def acknowledge(client: FakeClient, packets: list[pk.Packet]) -> list[pk.Publish]:

@@ -12,9 +12,9 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reader import PacketReader
-from appliance.broker.codec.reasons import ProtocolError
-from appliance.broker.routing.message import Message
-from appliance.broker.sessions.session import NO_QUEUE, Connection, Delivery, Session
+from appliance.broker.codec.reasons import MqttProtocolError
+from appliance.broker.routing.message import BrokerMessage
+from appliance.broker.sessions.session import NO_QUEUE, ClientConnection, Delivery, Session
 from testing.campaigns import campaign
 
 NOW = 1_000_000.0
@@ -34,8 +34,8 @@ class Journal:
         self.calls.append(("remove", seq, None))
 
 
-def connected(v5: bool = True, receive_maximum: int = 65535, alias_maximum: int = 0) -> tuple[Session, Connection]:
-    connection = Connection(1 << 20, 10, "test")
+def connected(v5: bool = True, receive_maximum: int = 65535, alias_maximum: int = 0) -> tuple[Session, ClientConnection]:
+    connection = ClientConnection(1 << 20, 10, "test")
     properties = {pr.RECEIVE_MAXIMUM: receive_maximum, pr.TOPIC_ALIAS_MAXIMUM: alias_maximum} if v5 else {}
     connection.accept_connect(pk.Connect(5 if v5 else 4, "c", properties=properties), "c", 60)
     session = Session("c", queue_limit=3)
@@ -43,14 +43,14 @@ def connected(v5: bool = True, receive_maximum: int = 65535, alias_maximum: int 
     return session, connection
 
 
-def sent(connection: Connection) -> list[pk.Packet]:
+def sent(connection: ClientConnection) -> list[pk.Packet]:
     packets = PacketReader(protocol_level=connection.protocol_level).feed(bytes(connection.out))
     connection.out.clear()
     return packets
 
 
 def delivery(payload: bytes = b"x", qos: int = 1, expires_at: float | None = None, topic: str = "t") -> Delivery:
-    return Delivery(Message(topic, payload, qos, False, {}, "origin", expires_at), qos, False, None)
+    return Delivery(BrokerMessage(topic, payload, qos, False, {}, "origin", expires_at), qos, False, None)
 
 
 def test_qos1_window_follows_receive_maximum_and_refills_on_puback() -> None:
@@ -108,7 +108,7 @@ def test_reconnect_resends_publish_with_dup_and_pubrel_for_released_qos2(level: 
     assert sent(connection) == [pk.PubRel(two.packet_id)]
     session.detach(NOW)
     session.deliver(delivery(b"three", qos=1), NOW)  # queued while away
-    fresh = Connection(1 << 20, 10, "again")
+    fresh = ClientConnection(1 << 20, 10, "again")
     fresh.accept_connect(pk.Connect(level, "c"), "c", 60)
     session.resume(fresh, NOW)
     again_one, pubrel, three = sent(fresh)
@@ -241,20 +241,20 @@ def test_inbound_topic_alias_resolution_and_errors() -> None:
     aliased = pk.Publish("", b"", properties={pr.TOPIC_ALIAS: 2})
     connection.resolve_topic(aliased)
     assert aliased.topic == "a/b"
-    with pytest.raises(ProtocolError) as too_big:
+    with pytest.raises(MqttProtocolError) as too_big:
         connection.resolve_topic(pk.Publish("x", b"", properties={pr.TOPIC_ALIAS: 11}))
     assert too_big.value.reason_code == rc.TOPIC_ALIAS_INVALID
-    with pytest.raises(ProtocolError) as unknown:
+    with pytest.raises(MqttProtocolError) as unknown:
         connection.resolve_topic(pk.Publish("", b"", properties={pr.TOPIC_ALIAS: 3}))
     assert unknown.value.reason_code == rc.PROTOCOL_ERROR
-    with pytest.raises(ProtocolError) as empty:  # wildcards in a topic name are the reader's to reject
+    with pytest.raises(MqttProtocolError) as empty:  # wildcards in a topic name are the reader's to reject
         connection.resolve_topic(pk.Publish("", b""))
     assert empty.value.reason_code == rc.TOPIC_NAME_INVALID
 
 
 def test_packets_larger_than_the_clients_maximum_are_not_sent() -> None:
     """MQTT 5 only: the client's Maximum Packet Size is a CONNECT property."""
-    connection = Connection(1 << 20, 10, "small")
+    connection = ClientConnection(1 << 20, 10, "small")
     connection.accept_connect(pk.Connect(5, "c", properties={pr.MAXIMUM_PACKET_SIZE: 100}), "c", 60)
     session = Session("c", queue_limit=10)
     session.resume(connection, NOW)
@@ -267,7 +267,7 @@ def test_packets_larger_than_the_clients_maximum_are_not_sent() -> None:
 
 def test_v311_deliveries_carry_no_properties() -> None:
     session, connection = connected(v5=False)
-    message = Message("t", b"x", 1, False, {pr.CONTENT_TYPE: "text/plain"}, None)
+    message = BrokerMessage("t", b"x", 1, False, {pr.CONTENT_TYPE: "text/plain"}, None)
     session.deliver(Delivery(message, 1, False, [5]), NOW)
     raw = bytes(connection.out)
     assert raw == b"\x32\x06\x00\x01t\x00\x01x"
@@ -288,7 +288,7 @@ def test_queued_bytes_is_always_the_sum_of_the_queued_payloads(steps: list[tuple
         elif action == "detach" and session.connection is not None:
             session.detach(NOW)
         elif action == "resume" and session.connection is None:
-            connection = Connection(1 << 20, 10, "test")
+            connection = ClientConnection(1 << 20, 10, "test")
             connection.accept_connect(pk.Connect(5, "c", properties={pr.RECEIVE_MAXIMUM: 2}), "c", 60)
             session.resume(connection, NOW)
         assert session.queued_bytes == sum(len(queued.message.payload) for queued in session.queue)

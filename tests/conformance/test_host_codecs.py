@@ -22,7 +22,7 @@ from appliance.broker.codec.reader import PacketReader
 from appliance.broker.codec.reasons import (
     V311_CONNACK_CODES,
     V311_CONNACK_REASONS,
-    ProtocolError,
+    MqttProtocolError,
 )
 from appliance.broker.codec.writer import encode
 from appliance.statestore import resp3
@@ -163,7 +163,7 @@ def reader_outcome(version: int, chunks: list[bytes]) -> dict[str, Any]:
     try:
         for chunk in chunks:
             packets += reader.feed(chunk)
-    except ProtocolError as exc:
+    except MqttProtocolError as exc:
         return {"error": exc.reason_code}
     if not packets:
         return {"incomplete": True}

@@ -9,9 +9,10 @@ version except where the protocol really differs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from appliance.broker.codec.properties import Properties
+#: A packet's MQTT 5 properties by identifier (``properties`` knows their types and encodes them).
+Properties = dict[int, Any]
 
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT, AUTH = 8, 9, 10, 11, 12, 13, 14, 15

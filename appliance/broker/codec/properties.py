@@ -12,15 +12,15 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from appliance.broker.codec.packets import Properties as Properties  # defined with the packets that carry them
 from appliance.broker.codec.reasons import (
     MALFORMED_PACKET,
     PROTOCOL_ERROR,
     QUOTA_EXCEEDED,
     TOPIC_ALIAS_INVALID,
-    ProtocolError,
+    MqttProtocolError,
 )
 
-Properties = dict[int, Any]
 #: What the decoders read from: the reader's receive buffer is a bytearray, single packets are bytes.
 ByteSource = bytes | bytearray
 
@@ -146,14 +146,14 @@ def decode_varint(data: ByteSource, pos: int, end: int) -> tuple[int, int]:
     shift = 0
     for _ in range(4):
         if pos >= end:
-            raise ProtocolError(MALFORMED_PACKET, "truncated variable byte integer")
+            raise MqttProtocolError(MALFORMED_PACKET, "truncated variable byte integer")
         byte = data[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
             return value, pos
         shift += 7
-    raise ProtocolError(MALFORMED_PACKET, "variable byte integer longer than four bytes")
+    raise MqttProtocolError(MALFORMED_PACKET, "variable byte integer longer than four bytes")
 
 
 def encode_utf8(value: str) -> bytes:
@@ -170,19 +170,19 @@ def decode_utf8(data: ByteSource, pos: int, end: int) -> tuple[str, int]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ProtocolError(MALFORMED_PACKET, "string is not valid UTF-8") from None
+        raise MqttProtocolError(MALFORMED_PACKET, "string is not valid UTF-8") from None
     if "\x00" in text:
-        raise ProtocolError(MALFORMED_PACKET, "string contains U+0000")
+        raise MqttProtocolError(MALFORMED_PACKET, "string contains U+0000")
     return text, pos
 
 
 def decode_binary(data: ByteSource, pos: int, end: int) -> tuple[bytes, int]:
     if pos + 2 > end:
-        raise ProtocolError(MALFORMED_PACKET, "truncated length prefix")
+        raise MqttProtocolError(MALFORMED_PACKET, "truncated length prefix")
     length = (data[pos] << 8) | data[pos + 1]
     pos += 2
     if pos + length > end:
-        raise ProtocolError(MALFORMED_PACKET, "string or binary data runs past the packet")
+        raise MqttProtocolError(MALFORMED_PACKET, "string or binary data runs past the packet")
     return bytes(data[pos : pos + length]), pos + length
 
 
@@ -230,29 +230,29 @@ def decode_properties(data: ByteSource, pos: int, end: int, kind: int,
         return {}, pos
     stop = pos + length
     if stop > end:
-        raise ProtocolError(MALFORMED_PACKET, "properties run past the packet")
+        raise MqttProtocolError(MALFORMED_PACKET, "properties run past the packet")
     properties: Properties = {}
     while pos < stop:
         ident, pos = decode_varint(data, pos, stop)
         type_ = TYPES.get(ident)
         if type_ is None:
-            raise ProtocolError(MALFORMED_PACKET, f"unknown property 0x{ident:02X}")
+            raise MqttProtocolError(MALFORMED_PACKET, f"unknown property 0x{ident:02X}")
         if kind not in ALLOWED[ident]:
-            raise ProtocolError(PROTOCOL_ERROR, f"property 0x{ident:02X} is not allowed in this packet")
+            raise MqttProtocolError(PROTOCOL_ERROR, f"property 0x{ident:02X} is not allowed in this packet")
         value: Any
         if type_ == BYTE:
             if pos >= stop:
-                raise ProtocolError(MALFORMED_PACKET, "truncated property")
+                raise MqttProtocolError(MALFORMED_PACKET, "truncated property")
             value = data[pos]
             pos += 1
         elif type_ == U16:
             if pos + 2 > stop:
-                raise ProtocolError(MALFORMED_PACKET, "truncated property")
+                raise MqttProtocolError(MALFORMED_PACKET, "truncated property")
             value = (data[pos] << 8) | data[pos + 1]
             pos += 2
         elif type_ == U32:
             if pos + 4 > stop:
-                raise ProtocolError(MALFORMED_PACKET, "truncated property")
+                raise MqttProtocolError(MALFORMED_PACKET, "truncated property")
             value = _U32.unpack_from(data, pos)[0]
             pos += 4
         elif type_ == VARINT:
@@ -268,10 +268,10 @@ def decode_properties(data: ByteSource, pos: int, end: int, kind: int,
         if ident in REPEATABLE:
             repeated = properties.setdefault(ident, [])
             if max_repeats is not None and len(repeated) >= max_repeats:
-                raise ProtocolError(QUOTA_EXCEEDED, f"more than {max_repeats} of property 0x{ident:02X} in one packet")
+                raise MqttProtocolError(QUOTA_EXCEEDED, f"more than {max_repeats} of property 0x{ident:02X} in one packet")
             repeated.append(value)
         elif ident in properties:
-            raise ProtocolError(PROTOCOL_ERROR, f"property 0x{ident:02X} appears twice")
+            raise MqttProtocolError(PROTOCOL_ERROR, f"property 0x{ident:02X} appears twice")
         else:
             properties[ident] = value
     _check_values(properties)
@@ -284,14 +284,14 @@ def _check_values(properties: Properties) -> None:
                   RETAIN_AVAILABLE, WILDCARD_SUBSCRIPTION_AVAILABLE, SUBSCRIPTION_IDENTIFIER_AVAILABLE,
                   SHARED_SUBSCRIPTION_AVAILABLE):
         if properties.get(ident, 0) > 1:
-            raise ProtocolError(PROTOCOL_ERROR, f"property 0x{ident:02X} must be 0 or 1")
+            raise MqttProtocolError(PROTOCOL_ERROR, f"property 0x{ident:02X} must be 0 or 1")
     if properties.get(RECEIVE_MAXIMUM) == 0:
-        raise ProtocolError(PROTOCOL_ERROR, "receive maximum of 0")
+        raise MqttProtocolError(PROTOCOL_ERROR, "receive maximum of 0")
     if properties.get(MAXIMUM_PACKET_SIZE) == 0:
-        raise ProtocolError(PROTOCOL_ERROR, "maximum packet size of 0")
+        raise MqttProtocolError(PROTOCOL_ERROR, "maximum packet size of 0")
     if properties.get(TOPIC_ALIAS) == 0:
-        raise ProtocolError(TOPIC_ALIAS_INVALID, "topic alias 0")
+        raise MqttProtocolError(TOPIC_ALIAS_INVALID, "topic alias 0")
     for sub_id in properties.get(SUBSCRIPTION_IDENTIFIER, ()):
         if sub_id == 0:
-            raise ProtocolError(PROTOCOL_ERROR, "subscription identifier 0")
+            raise MqttProtocolError(PROTOCOL_ERROR, "subscription identifier 0")
 

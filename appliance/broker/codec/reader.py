@@ -5,7 +5,7 @@ does, so the broker can handle a whole batch (and write its replies once) per so
 packets stay buffered; the reader remembers how many bytes the next packet needs so a large payload
 arriving in many small reads is not re-parsed on every read.
 
-Anything malformed raises ``ProtocolError`` with the MQTT 5 reason code (0x81 malformed packet, 0x82
+Anything malformed raises ``MqttProtocolError`` with the MQTT 5 reason code (0x81 malformed packet, 0x82
 protocol error, 0x95 packet too large, 0x84 unsupported protocol version); nothing else escapes.
 """
 
@@ -63,7 +63,7 @@ from appliance.broker.codec.reasons import (
     TOPIC_NAME_INVALID,
     UNSUPPORTED_PROTOCOL_VERSION,
     V311_CONNACK_REASONS,
-    ProtocolError,
+    MqttProtocolError,
 )
 
 #: The largest packet MQTT can frame: a 4-byte remaining length plus the 5-byte fixed header.
@@ -120,7 +120,7 @@ class PacketReader:
         packets: list[Packet] = []
         try:
             pos = self._parse_into(buf, packets)
-        except ProtocolError as exc:
+        except MqttProtocolError as exc:
             exc.parsed = packets
             raise
         if buf is pending:
@@ -152,10 +152,10 @@ class PacketReader:
                         break
                     shift += 7
                     if header == 5:
-                        raise ProtocolError(MALFORMED_PACKET, "remaining length longer than four bytes")
+                        raise MqttProtocolError(MALFORMED_PACKET, "remaining length longer than four bytes")
             total = header + length
             if total > max_size:
-                raise ProtocolError(PACKET_TOO_LARGE, f"packet of {total} bytes exceeds the maximum of {max_size}")
+                raise MqttProtocolError(PACKET_TOO_LARGE, f"packet of {total} bytes exceeds the maximum of {max_size}")
             if end - pos < total:
                 self._need = total
                 return pos
@@ -172,16 +172,16 @@ class PacketReader:
     def _publish(self, buf: bytes | bytearray, pos: int, end: int, first: int, frame_start: int) -> Publish:
         qos = (first >> 1) & 3
         if qos == 3:
-            raise ProtocolError(MALFORMED_PACKET, "PUBLISH with QoS 3")
+            raise MqttProtocolError(MALFORMED_PACKET, "PUBLISH with QoS 3")
         dup = bool(first & 8)
         if dup and not qos:
-            raise ProtocolError(MALFORMED_PACKET, "QoS 0 PUBLISH with DUP set")
+            raise MqttProtocolError(MALFORMED_PACKET, "QoS 0 PUBLISH with DUP set")
         if end - pos < 2:
-            raise ProtocolError(MALFORMED_PACKET, "truncated PUBLISH")
+            raise MqttProtocolError(MALFORMED_PACKET, "truncated PUBLISH")
         tlen = (buf[pos] << 8) | buf[pos + 1]
         pos += 2
         if pos + tlen > end:
-            raise ProtocolError(MALFORMED_PACKET, "topic runs past the packet")
+            raise MqttProtocolError(MALFORMED_PACKET, "topic runs past the packet")
         raw_topic = bytes(buf[pos : pos + tlen])
         topic = self._topics.get(raw_topic)
         if topic is None:
@@ -190,10 +190,10 @@ class PacketReader:
         packet_id = None
         if qos:
             if end - pos < 2:
-                raise ProtocolError(MALFORMED_PACKET, "truncated packet identifier")
+                raise MqttProtocolError(MALFORMED_PACKET, "truncated packet identifier")
             packet_id = (buf[pos] << 8) | buf[pos + 1]
             if not packet_id:
-                raise ProtocolError(PROTOCOL_ERROR, "packet identifier 0")
+                raise MqttProtocolError(PROTOCOL_ERROR, "packet identifier 0")
             pos += 2
         properties: Properties
         if self.protocol_level != MQTT_5:
@@ -212,11 +212,11 @@ class PacketReader:
         try:
             topic = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise ProtocolError(MALFORMED_PACKET, "topic is not valid UTF-8") from None
+            raise MqttProtocolError(MALFORMED_PACKET, "topic is not valid UTF-8") from None
         if "\x00" in topic:
-            raise ProtocolError(MALFORMED_PACKET, "topic contains U+0000")
+            raise MqttProtocolError(MALFORMED_PACKET, "topic contains U+0000")
         if "+" in topic or "#" in topic:
-            raise ProtocolError(TOPIC_NAME_INVALID, f"invalid topic name {topic!r}")
+            raise MqttProtocolError(TOPIC_NAME_INVALID, f"invalid topic name {topic!r}")
         self._check_levels(topic, "topic name")
         topics = self._topics
         if len(topics) >= TOPIC_CACHE_SIZE:
@@ -227,11 +227,11 @@ class PacketReader:
     def _check_levels(self, topic: str, what: str) -> None:
         limit = self.max_topic_levels
         if limit is not None and topic.count("/") >= limit:
-            raise ProtocolError(TOPIC_NAME_INVALID, f"{what} has more than {limit} levels")
+            raise MqttProtocolError(TOPIC_NAME_INVALID, f"{what} has more than {limit} levels")
 
     def _other(self, buf: bytes | bytearray, pos: int, end: int, kind: int, flags: int) -> Packet:
         if flags != _REQUIRED_FLAGS.get(kind, 0):
-            raise ProtocolError(MALFORMED_PACKET, f"reserved flags 0x{flags:X} in packet type {kind}")
+            raise MqttProtocolError(MALFORMED_PACKET, f"reserved flags 0x{flags:X} in packet type {kind}")
         v5 = self.protocol_level == MQTT_5
         ack = _ACKS.get(kind)  # one dict probe: the hot path (a tuple of globals is rebuilt per call)
         if ack is not None:
@@ -264,11 +264,11 @@ class PacketReader:
                 filters.append(topic_filter)
                 _check_filter_count(len(filters))
             if not filters:
-                raise ProtocolError(PROTOCOL_ERROR, "UNSUBSCRIBE without topic filters")
+                raise MqttProtocolError(PROTOCOL_ERROR, "UNSUBSCRIBE without topic filters")
             return Unsubscribe(packet_id, filters, properties)
         if kind in (DISCONNECT, AUTH):
             if kind == AUTH and not v5:
-                raise ProtocolError(MALFORMED_PACKET, "AUTH packet in MQTT 3.1.1")
+                raise MqttProtocolError(MALFORMED_PACKET, "AUTH packet in MQTT 3.1.1")
             reason = 0
             properties = {}
             if v5 and pos < end:
@@ -280,9 +280,9 @@ class PacketReader:
             return Disconnect(reason, properties) if kind == DISCONNECT else Auth(reason, properties)
         if kind == CONNACK:
             if end - pos < 2:
-                raise ProtocolError(MALFORMED_PACKET, "truncated CONNACK")
+                raise MqttProtocolError(MALFORMED_PACKET, "truncated CONNACK")
             if buf[pos] & 0xFE:
-                raise ProtocolError(MALFORMED_PACKET, "reserved CONNACK flags")
+                raise MqttProtocolError(MALFORMED_PACKET, "reserved CONNACK flags")
             session_present = bool(buf[pos] & 1)
             code = buf[pos + 1]
             pos += 2
@@ -292,7 +292,7 @@ class PacketReader:
                     properties, pos = decode_properties(buf, pos, end, CONNACK, self.max_user_properties)
             else:
                 if code not in V311_CONNACK_REASONS:
-                    raise ProtocolError(MALFORMED_PACKET, f"unknown CONNACK return code {code}")
+                    raise MqttProtocolError(MALFORMED_PACKET, f"unknown CONNACK return code {code}")
                 code = V311_CONNACK_REASONS[code]
             _expect_end(pos, end)
             return Connack(session_present, code, properties)
@@ -304,38 +304,38 @@ class PacketReader:
             codes = list(buf[pos:end])
             if not v5 and kind == UNSUBACK:
                 if codes:
-                    raise ProtocolError(MALFORMED_PACKET, "MQTT 3.1.1 UNSUBACK with a payload")
+                    raise MqttProtocolError(MALFORMED_PACKET, "MQTT 3.1.1 UNSUBACK with a payload")
             elif not codes:
                 # One reason code per topic filter, and a (UN)SUBSCRIBE has at least one (MQTT 5 3.9.3, 3.11.3).
-                raise ProtocolError(PROTOCOL_ERROR, "acknowledgement without reason codes")
+                raise MqttProtocolError(PROTOCOL_ERROR, "acknowledgement without reason codes")
             if kind == SUBACK:
                 return Suback(packet_id, codes, properties)
             return Unsuback(packet_id, codes, properties)
-        raise ProtocolError(MALFORMED_PACKET, f"reserved packet type {kind}")
+        raise MqttProtocolError(MALFORMED_PACKET, f"reserved packet type {kind}")
 
     def _connect(self, buf: bytes | bytearray, pos: int, end: int) -> Connect:
         name, pos = decode_utf8(buf, pos, end)
         if end - pos < 4:
-            raise ProtocolError(MALFORMED_PACKET, "truncated CONNECT")
+            raise MqttProtocolError(MALFORMED_PACKET, "truncated CONNECT")
         level = buf[pos]
         flags = buf[pos + 1]
         keep_alive = (buf[pos + 2] << 8) | buf[pos + 3]
         pos += 4
         if (name, level) not in (("MQTT", 4), ("MQTT", 5), ("MQIsdp", 3)):
             if name not in ("MQTT", "MQIsdp"):
-                raise ProtocolError(MALFORMED_PACKET, f"unknown protocol name {name!r}")
-            raise ProtocolError(UNSUPPORTED_PROTOCOL_VERSION, f"unsupported protocol level {level}")
+                raise MqttProtocolError(MALFORMED_PACKET, f"unknown protocol name {name!r}")
+            raise MqttProtocolError(UNSUPPORTED_PROTOCOL_VERSION, f"unsupported protocol level {level}")
         if flags & 1:
-            raise ProtocolError(MALFORMED_PACKET, "reserved CONNECT flag set")
+            raise MqttProtocolError(MALFORMED_PACKET, "reserved CONNECT flag set")
         v5 = level == MQTT_5
         self.protocol_level = MQTT_5 if v5 else MQTT_311
         will_flag = bool(flags & 0x04)
         will_qos = (flags >> 3) & 3
         will_retain = bool(flags & 0x20)
         if will_qos == 3 or (not will_flag and (will_qos or will_retain)):
-            raise ProtocolError(MALFORMED_PACKET, "invalid will flags")
+            raise MqttProtocolError(MALFORMED_PACKET, "invalid will flags")
         if not v5 and flags & 0x40 and not flags & 0x80:
-            raise ProtocolError(MALFORMED_PACKET, "password without user name")
+            raise MqttProtocolError(MALFORMED_PACKET, "password without user name")
         properties: Properties = {}
         if v5:
             properties, pos = decode_properties(buf, pos, end, props.CONNECT, self.max_user_properties)
@@ -349,7 +349,7 @@ class PacketReader:
             if not will_topic or "+" in will_topic or "#" in will_topic:
                 # A will is published as it stands: a filter there would reach subscribers as a topic
                 # name no PUBLISH may carry (mosquitto refuses such a CONNECT too).
-                raise ProtocolError(TOPIC_NAME_INVALID, f"invalid will topic {will_topic!r}")
+                raise MqttProtocolError(TOPIC_NAME_INVALID, f"invalid will topic {will_topic!r}")
             self._check_levels(will_topic, "will topic")
             will_payload, pos = decode_binary(buf, pos, end)
             will = Will(will_topic, will_payload, will_qos, will_retain, will_properties)
@@ -368,31 +368,31 @@ class PacketReader:
         if v5:
             properties, pos = decode_properties(buf, pos, end, SUBSCRIBE, self.max_user_properties)
             if len(properties.get(props.SUBSCRIPTION_IDENTIFIER, ())) > 1:
-                raise ProtocolError(PROTOCOL_ERROR, "more than one subscription identifier")
+                raise MqttProtocolError(PROTOCOL_ERROR, "more than one subscription identifier")
         requests: list[SubscribeRequest] = []
         while pos < end:
             topic_filter, pos = decode_utf8(buf, pos, end)
             if pos >= end:
-                raise ProtocolError(MALFORMED_PACKET, "topic filter without options")
+                raise MqttProtocolError(MALFORMED_PACKET, "topic filter without options")
             options = buf[pos]
             pos += 1
             qos = options & 3
             if qos == 3:
-                raise ProtocolError(MALFORMED_PACKET, "subscription with QoS 3")
+                raise MqttProtocolError(MALFORMED_PACKET, "subscription with QoS 3")
             if v5:
                 retain_handling = (options >> 4) & 3
                 if options & 0xC0 or retain_handling == 3:
-                    raise ProtocolError(MALFORMED_PACKET, "reserved subscription option bits")
+                    raise MqttProtocolError(MALFORMED_PACKET, "reserved subscription option bits")
                 requests.append(
                     SubscribeRequest(topic_filter, qos, bool(options & 4), bool(options & 8), retain_handling)
                 )
             else:
                 if options & 0xFC:
-                    raise ProtocolError(MALFORMED_PACKET, "reserved subscription option bits")
+                    raise MqttProtocolError(MALFORMED_PACKET, "reserved subscription option bits")
                 requests.append(SubscribeRequest(topic_filter, qos))
             _check_filter_count(len(requests))
         if not requests:
-            raise ProtocolError(PROTOCOL_ERROR, "SUBSCRIBE without topic filters")
+            raise MqttProtocolError(PROTOCOL_ERROR, "SUBSCRIBE without topic filters")
         return Subscribe(packet_id, requests, properties)
 
 
@@ -401,18 +401,18 @@ _ACKS: dict[int, type[PubAck | PubRec | PubRel | PubComp]] = {PUBACK: PubAck, PU
 
 def _check_filter_count(count: int) -> None:
     if count > MAX_FILTERS_PER_PACKET:
-        raise ProtocolError(QUOTA_EXCEEDED, f"more than {MAX_FILTERS_PER_PACKET} topic filters in one packet")
+        raise MqttProtocolError(QUOTA_EXCEEDED, f"more than {MAX_FILTERS_PER_PACKET} topic filters in one packet")
 
 
 def _packet_id(buf: bytes | bytearray, pos: int, end: int) -> tuple[int, int]:
     if end - pos < 2:
-        raise ProtocolError(MALFORMED_PACKET, "truncated packet identifier")
+        raise MqttProtocolError(MALFORMED_PACKET, "truncated packet identifier")
     packet_id = (buf[pos] << 8) | buf[pos + 1]
     if not packet_id:
-        raise ProtocolError(PROTOCOL_ERROR, "packet identifier 0")
+        raise MqttProtocolError(PROTOCOL_ERROR, "packet identifier 0")
     return packet_id, pos + 2
 
 
 def _expect_end(pos: int, end: int) -> None:
     if pos != end:
-        raise ProtocolError(MALFORMED_PACKET, "trailing bytes after the packet")
+        raise MqttProtocolError(MALFORMED_PACKET, "trailing bytes after the packet")

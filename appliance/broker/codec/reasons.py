@@ -1,6 +1,6 @@
 """MQTT 5 reason codes and the one exception the codec and session raise for bad input.
 
-Every protocol failure, whatever layer finds it, is reported as a ``ProtocolError`` carrying the MQTT 5
+Every protocol failure, whatever layer finds it, is reported as an ``MqttProtocolError`` carrying the MQTT 5
 reason code. The connection layer turns that into a DISCONNECT (MQTT 5) or a plain close (3.1.1) in one
 place, so no handler has to know how to end a connection.
 """
@@ -64,6 +64,9 @@ V311_CONNACK_CODES: dict[int, int] = {
     SERVER_UNAVAILABLE: 3,
     SERVER_BUSY: 3,
     SERVER_SHUTTING_DOWN: 3,
+    CONNECTION_RATE_EXCEEDED: 3,
+    QUOTA_EXCEEDED: 3,  # the store is full: the service is unavailable
+    UNSPECIFIED_ERROR: 3,
     BAD_USERNAME_OR_PASSWORD: 4,
     BAD_AUTHENTICATION_METHOD: 4,
     NOT_AUTHORIZED: 5,
@@ -89,7 +92,7 @@ def reason_name(code: int) -> str:
     return NAMES.get(code, f"reason 0x{code:02X}")
 
 
-class ProtocolError(Exception):
+class MqttProtocolError(Exception):
     """Bad input from a peer: malformed bytes, a size limit, or a packet that breaks the protocol rules."""
 
     def __init__(self, reason_code: int, message: str) -> None:

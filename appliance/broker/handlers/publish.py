@@ -13,23 +13,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING
 
 from appliance.broker.api import ACCEPTED, BrokerService, InboundPublish, PublishVerdict
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
-from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.codec.writer import encode_ack
+from appliance.broker.context import HandlerContext, Instant, read_clock
 from appliance.broker.persistence import store_failure
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.topic_tree import topic_matches
 from appliance.broker.sessions import lifecycle
 from appliance.broker.sessions.session import CLOSED, CONNECTED, Session
 from appliance.broker.transport.link import Link
-
-if TYPE_CHECKING:
-    from appliance.broker.broker import Broker
 
 log = logging.getLogger("appliance.broker")
 
@@ -37,55 +34,55 @@ log = logging.getLogger("appliance.broker")
 SERVICE_CACHE_TOPICS = 65536
 
 
-def handle_publish(broker: Broker, link: Link, publish: pk.Publish, now: float) -> Awaitable[None] | None:
+def handle_publish(context: HandlerContext, link: Link, publish: pk.Publish, now: Instant) -> Awaitable[None] | None:
     connection = link.connection
     if connection.state != CONNECTED:
-        raise ProtocolError(rc.PROTOCOL_ERROR, "PUBLISH before CONNACK")
+        raise MqttProtocolError(rc.PROTOCOL_ERROR, "PUBLISH before CONNACK")
     if connection.resolve_topic(publish):
         publish.frame = None
-    broker.stats.messages_received += 1
+    context.stats.messages_received += 1
     session = connection.session
     assert session is not None
     qos = publish.qos
-    broker.stats.received_by_qos[qos] += 1
-    packet_id = publish.packet_id
+    context.stats.received_by_qos[qos] += 1
+    packet_id: int = publish.packet_id  # type: ignore[assignment]  # only used for QoS 1/2, where it is set
     level = connection.protocol_level
     if qos == 2 and packet_id in session.inbound_qos2:
         connection.out += encode_ack(pk.PUBREC, packet_id, level)  # a duplicate: acknowledged, not routed again
         return None
     properties = publish.properties
     if properties and pr.SUBSCRIPTION_IDENTIFIER in properties:
-        raise ProtocolError(rc.PROTOCOL_ERROR, "PUBLISH from a client with a subscription identifier")
-    if qos == 2 and len(session.inbound_qos2) >= broker.limits.receive_maximum:
-        raise ProtocolError(rc.RECEIVE_MAXIMUM_EXCEEDED, "too many unacknowledged QoS 2 messages")
-    acl = broker.acl
+        raise MqttProtocolError(rc.PROTOCOL_ERROR, "PUBLISH from a client with a subscription identifier")
+    if qos == 2 and len(session.inbound_qos2) >= context.limits.receive_maximum:
+        raise MqttProtocolError(rc.RECEIVE_MAXIMUM_EXCEEDED, "too many unacknowledged QoS 2 messages")
+    acl = context.acl
     if acl is not None and not acl.can_publish(connection.client_id, connection.username, publish.topic):
         log.info("client %s: publish to %r denied", connection.client_id, publish.topic)
         if qos:
             connection.out += encode_ack(pk.PUBACK if qos == 1 else pk.PUBREC, packet_id, level, rc.NOT_AUTHORIZED)
         return None
-    if broker.service_filters:
-        services = services_for(broker, publish.topic)
+    if context.service_filters:
+        services = services_for(context, publish.topic)
         if services:
-            return _publish_via_services(broker, link, publish, services)
-    accept_publish(broker, link, session, publish, ACCEPTED, now)
+            return _publish_via_services(context, link, publish, services)
+    accept_publish(context, link, session, publish, ACCEPTED, now)
     return None
 
 
-def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Publish, verdict: PublishVerdict,
-                   now: float) -> None:
+def accept_publish(context: HandlerContext, link: Link, session: Session, publish: pk.Publish, verdict: PublishVerdict,
+                   now: Instant) -> None:
     connection = link.connection
     # Whether this PUBLISH buffered a change for the store, so that its acknowledgement waits on the
     # commit (``store_failure.CommitGate``): the store's revision read directly, since this runs per message.
-    store = broker.store
+    store = context.store
     revision = store.revision if store is not None else 0
     qos = publish.qos
     code = verdict.reason_code
     queued = True
     # A failure reason code means "not accepted": such a message is not routed either.
     if code < 0x80 and verdict.route:
-        if qos and broker.store_failing and store_failure.publish_needs_write(broker, session, publish):
-            store_failure.refuse_publish(broker, link, publish)
+        if qos and context.store_failing and store_failure.publish_needs_write(context, session, publish):
+            store_failure.refuse_publish(context, link, publish)
             return
         properties = publish.properties
         expires_at = None
@@ -93,11 +90,11 @@ def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Pub
         if properties:
             interval = properties.pop(pr.MESSAGE_EXPIRY_INTERVAL, None)
             if interval is not None:
-                expires_at = now + interval
+                expires_at = now.wall + interval
                 raw = None
-        message = Message(publish.topic, publish.payload, qos, publish.retain, properties,
+        message = BrokerMessage(publish.topic, publish.payload, qos, publish.retain, properties,
                           connection.client_id, expires_at, raw, connection.v5)
-        queued = broker.route(message, now, link)
+        queued = context.route(message, now.wall, link)
     if not qos:
         return
     if code >= 0x80:
@@ -110,7 +107,7 @@ def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Pub
     properties_out = {pr.REASON_STRING: reason} if reason else None
     out = connection.out
     start = len(out)
-    packet_id = publish.packet_id
+    packet_id: int = publish.packet_id  # type: ignore[assignment]  # QoS 1/2: the reader always sets it
     if qos == 1:
         out += encode_ack(pk.PUBACK, packet_id, connection.protocol_level, code, properties_out)
         if store is not None and store.revision != revision:
@@ -121,24 +118,24 @@ def accept_publish(broker: Broker, link: Link, session: Session, publish: pk.Pub
         if session.journal is not None and store is not None:
             store.add_inbound_qos2(session.client_id, packet_id)
     out += encode_ack(pk.PUBREC, packet_id, connection.protocol_level, code, properties_out)
-    broker.commits.hold(connection, revision, start)
+    context.commits.hold(connection, revision, start)
 
 
-def services_for(broker: Broker, topic: str) -> tuple[BrokerService, ...]:
-    cache = broker.service_cache
+def services_for(context: HandlerContext, topic: str) -> tuple[BrokerService, ...]:
+    cache = context.service_cache
     cached = cache.get(topic)
     if cached is None:
         if len(cache) > SERVICE_CACHE_TOPICS:
             cache.clear()
         found: list[BrokerService] = []
-        for topic_filter, service in broker.service_filters:
+        for topic_filter, service in context.service_filters:
             if service not in found and topic_matches(topic_filter, topic):
                 found.append(service)
         cached = cache[topic] = tuple(found)
     return cached
 
 
-async def _publish_via_services(broker: Broker, link: Link, publish: pk.Publish,
+async def _publish_via_services(context: HandlerContext, link: Link, publish: pk.Publish,
                                 services: tuple[BrokerService, ...]) -> None:
     connection = link.connection
     session = connection.session
@@ -171,59 +168,59 @@ async def _publish_via_services(broker: Broker, link: Link, publish: pk.Publish,
             break
         if result is not ACCEPTED:
             verdict = result
-    now = broker.runtime.now()
+    now = read_clock(context.runtime)  # after the await: a new batch
     if connection.state == CLOSED:
         # The publisher went away while the service worked; the message is still routed.
         if verdict.route:
-            accept_publish(broker, link, session, publish, verdict, now)
+            accept_publish(context, link, session, publish, verdict, now)
         return
-    accept_publish(broker, link, session, publish, verdict, now)
+    accept_publish(context, link, session, publish, verdict, now)
     if verdict.disconnect is not None:
-        lifecycle.close(broker, link, verdict.disconnect, verdict.reason_string or "closed by a service")
+        lifecycle.close(context, link, verdict.disconnect, verdict.reason_string or "closed by a service")
 
 
 # -- acknowledgements -------------------------------------------------------------------------------------
 
 
-def handle_puback(broker: Broker, link: Link, packet: pk.PubAck, now: float) -> None:
+def handle_puback(context: HandlerContext, link: Link, packet: pk.PubAck, now: Instant) -> None:
     connection = link.connection
     session = connection.session
     if session is not None:
-        session.on_puback(packet.packet_id, now)
-        backpressure = broker.backpressure
+        session.on_puback(packet.packet_id, now.wall)
+        backpressure = context.backpressure
         if connection.overloaded or backpressure.held_back:  # per message: skip the call when nothing is held
             backpressure.acknowledged(connection, session)
 
 
-def handle_pubrec(broker: Broker, link: Link, packet: pk.PubRec, now: float) -> None:
+def handle_pubrec(context: HandlerContext, link: Link, packet: pk.PubRec, now: Instant) -> None:
     session = link.connection.session
     if session is not None:
-        session.on_pubrec(packet.packet_id, packet.reason_code, now)
+        session.on_pubrec(packet.packet_id, packet.reason_code, now.wall)
 
 
-def handle_pubcomp(broker: Broker, link: Link, packet: pk.PubComp, now: float) -> None:
+def handle_pubcomp(context: HandlerContext, link: Link, packet: pk.PubComp, now: Instant) -> None:
     connection = link.connection
     session = connection.session
     if session is not None:
-        session.on_pubcomp(packet.packet_id, now)
-        broker.backpressure.acknowledged(connection, session)
+        session.on_pubcomp(packet.packet_id, now.wall)
+        context.backpressure.acknowledged(connection, session)
 
 
-def handle_pubrel(broker: Broker, link: Link, packet: pk.PubRel, now: float) -> None:
+def handle_pubrel(context: HandlerContext, link: Link, packet: pk.PubRel, now: Instant) -> None:
     connection = link.connection
     session = connection.session
     assert session is not None
     packet_id = packet.packet_id
     if packet_id in session.inbound_qos2:
-        if session.journal is not None and broker.store_failing:
-            store_failure.pubrel_refused(broker, link)
+        if session.journal is not None and context.store_failing:
+            store_failure.pubrel_refused(context, link)
             return
-        revision = broker.commits.revision()
+        revision = context.commits.revision()
         session.inbound_qos2.discard(packet_id)
-        if session.journal is not None and broker.store is not None:
-            broker.store.remove_inbound_qos2(session.client_id, packet_id)
+        if session.journal is not None and context.store is not None:
+            context.store.remove_inbound_qos2(session.client_id, packet_id)
         start = len(connection.out)
         connection.out += encode_ack(pk.PUBCOMP, packet_id, connection.protocol_level)
-        broker.commits.hold(connection, revision, start)
+        context.commits.hold(connection, revision, start)
     else:
         connection.out += encode_ack(pk.PUBCOMP, packet_id, connection.protocol_level, rc.PACKET_IDENTIFIER_NOT_FOUND)

@@ -7,19 +7,16 @@ No asyncio, no time module.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
-from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.codec.writer import encode
+from appliance.broker.context import HandlerContext, Instant
 from appliance.broker.persistence import store_failure
 from appliance.broker.routing.topic_tree import SubscriptionOptions, TopicError
 from appliance.broker.transport.link import Link
-
-if TYPE_CHECKING:
-    from appliance.broker.broker import Broker
 
 log = logging.getLogger("appliance.broker")
 
@@ -30,7 +27,7 @@ log = logging.getLogger("appliance.broker")
 MAX_SUBSCRIPTIONS_PER_CLIENT = 10_000
 
 
-def handle_subscribe(broker: Broker, link: Link, subscribe: pk.Subscribe, now: float) -> None:
+def handle_subscribe(context: HandlerContext, link: Link, subscribe: pk.Subscribe, now: Instant) -> None:
     connection = link.connection
     session = connection.session
     assert session is not None
@@ -38,21 +35,21 @@ def handle_subscribe(broker: Broker, link: Link, subscribe: pk.Subscribe, now: f
     sub_id = sub_ids[0] if sub_ids else None
     codes: list[int] = []
     retained_to_send: list[tuple[str, SubscriptionOptions]] = []
-    revision = broker.commits.revision()
-    unstorable = session.journal is not None and broker.store_failing
+    revision = context.commits.revision()
+    unstorable = session.journal is not None and context.store_failing
     for request in subscribe.subscriptions:
         topic_filter = request.topic_filter
         shared = topic_filter.startswith("$share/")
         if shared and request.no_local and connection.v5:
-            raise ProtocolError(rc.PROTOCOL_ERROR, "no local on a shared subscription")
+            raise MqttProtocolError(rc.PROTOCOL_ERROR, "no local on a shared subscription")
         try:
             # Before anything else looks at it (the ACL, the store): a filter too deep costs nothing more.
-            broker.tree.check(topic_filter)
+            context.tree.check(topic_filter)
         except TopicError as exc:
             log.info("client %s: bad topic filter %.200r: %s", connection.client_id, topic_filter, exc)
             codes.append(rc.TOPIC_FILTER_INVALID)
             continue
-        if broker.tree.count_of(connection.client_id) >= MAX_SUBSCRIPTIONS_PER_CLIENT and not broker.tree.holds(
+        if context.tree.count_of(connection.client_id) >= MAX_SUBSCRIPTIONS_PER_CLIENT and not context.tree.holds(
             connection.client_id, topic_filter
         ):
             log.info("client %s: subscription to %.200r refused: %d subscriptions already", connection.client_id,
@@ -60,45 +57,46 @@ def handle_subscribe(broker: Broker, link: Link, subscribe: pk.Subscribe, now: f
             codes.append(rc.QUOTA_EXCEEDED)
             continue
         if unstorable:  # a durable session's subscription would have to be stored (3.1.1: 0x80 failure)
-            broker.store_health.refused += 1
-            codes.append(store_failure.failure_code(broker))
+            context.store_health.refused += 1
+            codes.append(store_failure.failure_code(context))
             continue
-        if broker.acl is not None and not broker.acl.can_subscribe(connection.client_id, connection.username, topic_filter):
+        if context.acl is not None and not context.acl.can_subscribe(connection.client_id, connection.username, topic_filter):
             log.info("client %s: subscribe to %r denied", connection.client_id, topic_filter)
             codes.append(rc.NOT_AUTHORIZED)
             continue
         options = SubscriptionOptions(request.qos, request.no_local, request.retain_as_published,
                                       request.retain_handling, sub_id)
-        previous = broker.tree.subscribe(connection.client_id, topic_filter, options)
-        if session.journal is not None and broker.store is not None:
-            broker.store.save_subscription(connection.client_id, topic_filter, options)
+        previous = context.tree.subscribe(connection.client_id, topic_filter, options)
+        if session.journal is not None and context.store is not None:
+            context.store.save_subscription(connection.client_id, topic_filter, options)
         codes.append(request.qos)
         if not shared and (request.retain_handling == 0 or (request.retain_handling == 1 and previous is None)):
             retained_to_send.append((topic_filter, options))
     start = len(connection.out)
     connection.out += encode(pk.Suback(subscribe.packet_id, codes), connection.protocol_level)
-    broker.commits.hold(connection, revision, start)
+    context.commits.hold(connection, revision, start)
     for topic_filter, options in retained_to_send:
-        broker.retained_feeds.start(session, topic_filter, options, now)
+        context.retained_feeds.start(session, topic_filter, options, now.wall)
 
 
-def handle_unsubscribe(broker: Broker, link: Link, unsubscribe: pk.Unsubscribe, now: float) -> None:
+def handle_unsubscribe(context: HandlerContext, link: Link, unsubscribe: pk.Unsubscribe, now: Instant) -> None:
     connection = link.connection
     session = connection.session
     assert session is not None
-    codes: list[int] | None = []
-    revision = broker.commits.revision()
-    if session.journal is not None and broker.store_failing:
-        codes = store_failure.unsubscribe_refused(broker, link, len(unsubscribe.topic_filters))
-        if codes is None:
+    codes: list[int] = []
+    revision = context.commits.revision()
+    if session.journal is not None and context.store_failing:
+        refused = store_failure.unsubscribe_refused(context, link, len(unsubscribe.topic_filters))
+        if refused is None:
             return
+        codes = refused
     else:
         for topic_filter in unsubscribe.topic_filters:
-            removed = broker.tree.unsubscribe(connection.client_id, topic_filter)
-            broker.retained_feeds.cancel(connection.client_id, topic_filter)
-            if removed and session.journal is not None and broker.store is not None:
-                broker.store.delete_subscription(connection.client_id, topic_filter)
+            removed = context.tree.unsubscribe(connection.client_id, topic_filter)
+            context.retained_feeds.cancel(connection.client_id, topic_filter)
+            if removed and session.journal is not None and context.store is not None:
+                context.store.delete_subscription(connection.client_id, topic_filter)
             codes.append(rc.SUCCESS if removed else rc.NO_SUBSCRIPTION_EXISTED)
     start = len(connection.out)
     connection.out += encode(pk.Unsuback(unsubscribe.packet_id, codes), connection.protocol_level)
-    broker.commits.hold(connection, revision, start)
+    context.commits.hold(connection, revision, start)

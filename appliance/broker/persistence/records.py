@@ -143,7 +143,7 @@ def decode_properties(blob: bytes | None) -> dict[str, PropertyValue]:
         if isinstance(value, dict):
             decoded[name] = base64.b64decode(value["b64"])
         elif isinstance(value, list):
-            decoded[name] = [tuple(item) if isinstance(item, list) else item for item in value]  # type: ignore[misc]
+            decoded[name] = [tuple(item) if isinstance(item, list) else item for item in value]
         else:
             decoded[name] = value
     return decoded

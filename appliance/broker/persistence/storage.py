@@ -11,10 +11,11 @@ broker's flush commits them before it sends any acknowledgement. The one read af
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
+from appliance.broker.context import HandlerContext
 from appliance.broker.persistence.store import (
     BrokerStore,
     OutboundState,
@@ -24,13 +25,10 @@ from appliance.broker.persistence.store import (
     StoredSession,
     StoredWill,
 )
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.topic_tree import TopicError
-from appliance.broker.sessions.session import Connection, Delivery, Session
+from appliance.broker.sessions.session import ClientConnection, Delivery, Session
 from appliance.broker.sessions.will import will_delay
-
-if TYPE_CHECKING:
-    from appliance.broker.broker import Broker
 
 log = logging.getLogger("appliance.broker")
 
@@ -53,7 +51,7 @@ def properties_from(stored: dict[str, Any] | Any) -> dict[int, Any]:
     return {PROPERTY_IDS[name]: value for name, value in stored.items() if name in PROPERTY_IDS}
 
 
-def stored_session(session: Session, connection: Connection, disconnected_at: float | None,
+def stored_session(session: Session, connection: ClientConnection, disconnected_at: float | None,
                    will: pk.Will | None) -> StoredSession:
     stored_will = None
     if will is not None:
@@ -63,12 +61,12 @@ def stored_session(session: Session, connection: Connection, disconnected_at: fl
                          connection.username, disconnected_at, stored_will)
 
 
-def store_deliveries(broker: Broker, message: Message, durable: list[tuple[Session, Delivery]], now: float) -> None:
+def store_deliveries(context: HandlerContext, message: BrokerMessage, durable: list[tuple[Session, Delivery]], now: float) -> None:
     """Queue entries for the deliveries of ``message`` to durable sessions (the body is stored once).
     A delivery the session keeps in memory moves its cursor: the store's copy is not read back. One that
     went to the stored backlog of a connected client with nothing in flight is read back at once: no
     acknowledgement will come to do it."""
-    store = broker.store
+    store = context.store
     if store is None:
         return
     message_id = store.add_message(
@@ -85,18 +83,18 @@ def store_deliveries(broker: Broker, message: Message, durable: list[tuple[Sessi
             # The session's own row is buffered by now, so the read back finds it (each session is in
             # ``durable`` once per message).
             session.fill_window(now)
-            broker.mark(session.connection)
+            context.mark(session.connection)
 
 
-def stores_retained(broker: Broker, message: Message) -> bool:
+def stores_retained(context: HandlerContext, message: BrokerMessage) -> bool:
     """Whether a change of this retained message goes to the store. ``$SYS`` values describe this run
     only; they are republished after a restart, not stored."""
-    return broker.store is not None and not message.topic.startswith("$SYS/")
+    return context.store is not None and not message.topic.startswith("$SYS/")
 
 
 class StoredBacklog:
     """``session.Pager`` over ``broker.db``: a durable session's backlog, read back a window at a time
-    (``BrokerStore.page``), each row a fresh ``Message`` holding the payload once (no received frame)."""
+    (``BrokerStore.page``), each row a fresh ``BrokerMessage`` holding the payload once (no received frame)."""
 
     def __init__(self, store: BrokerStore) -> None:
         self.store = store
@@ -112,7 +110,7 @@ class StoredBacklog:
         for entry, stored in rows:
             if entry.seq in in_flight:
                 continue
-            message = Message(stored.topic, stored.payload, 1, False, properties_from(stored.properties), None,
+            message = BrokerMessage(stored.topic, stored.payload, 1, False, properties_from(stored.properties), None,
                               stored.expires_at)
             delivery = Delivery(message, entry.qos, entry.retain, list(entry.subscription_ids) or None)
             delivery.seq = entry.seq
@@ -120,23 +118,23 @@ class StoredBacklog:
         return deliveries
 
 
-def make_durable(broker: Broker, session: Session) -> None:
+def make_durable(context: HandlerContext, session: Session) -> None:
     """Give a session that outlives its connection its journal and its backlog in the store. A new
     backlog starts after every sequence number in use: what the store still holds for this client id
     belongs to an ended session whose deletion is not committed yet."""
-    store = broker.store
+    store = context.store
     assert store is not None
     session.journal = store
     if session.pager is None:
         session.pager = StoredBacklog(store)
         session.cursor = store.last_seq
-        session.byte_limit = broker.queue_bytes_limit
+        session.byte_limit = context.queue_bytes_limit
 
 
-def store_retained(broker: Broker, message: Message) -> None:
+def store_retained(context: HandlerContext, message: BrokerMessage) -> None:
     """A retained message changed (an empty payload deletes it)."""
-    store = broker.store
-    if store is None or not stores_retained(broker, message):
+    store = context.store
+    if store is None or not stores_retained(context, message):
         return
     if message.payload:
         store.set_retained(RetainedMessage(message.topic, message.payload, message.qos,
@@ -145,25 +143,25 @@ def store_retained(broker: Broker, message: Message) -> None:
         store.delete_retained(message.topic)
 
 
-def restore(broker: Broker, now: float) -> None:
+def restore(context: HandlerContext, now: float) -> None:
     """Rebuild sessions, subscriptions, deliveries in flight, retained messages and pending wills from the
     store; queued deliveries stay there (each session's backlog, read when its client returns)."""
-    store = broker.store
+    store = context.store
     assert store is not None
     state = store.load()
-    messages: dict[int, Message] = {}
+    messages: dict[int, BrokerMessage] = {}
     for message_id, stored in state.messages.items():
-        messages[message_id] = Message(stored.topic, stored.payload, 1, False, properties_from(stored.properties),
+        messages[message_id] = BrokerMessage(stored.topic, stored.payload, 1, False, properties_from(stored.properties),
                                        None, stored.expires_at)
-    max_levels = broker.limits.max_topic_levels
+    max_levels = context.limits.max_topic_levels
     for topic, retained in state.retained.items():
         if topic.count("/") >= max_levels:
             # Stored before max_topic_levels existed (or was lowered): a client could not publish it now.
             log.warning("skipping the stored retained message on %.200r: more than %d levels", topic, max_levels)
             continue
-        broker.retained.update(Message(topic, retained.payload, retained.qos, True,
+        context.retained.update(BrokerMessage(topic, retained.payload, retained.qos, True,
                                        properties_from(retained.properties), None, retained.expires_at))
-    broker.stats.retained_count = len(broker.retained)
+    context.stats.retained_count = len(context.retained)
     for client_id, loaded in state.sessions.items():
         stored_row = loaded.session
         disconnected_at = stored_row.disconnected_at
@@ -179,12 +177,12 @@ def restore(broker: Broker, now: float) -> None:
             if will.delay_interval:
                 props[pr.WILL_DELAY_INTERVAL] = will.delay_interval
             pending_will = pk.Will(will.topic, will.payload, will.qos, will.retain, props)
-            broker.wills.schedule(client_id, pending_will,
+            context.wills.schedule(client_id, pending_will,
                                   disconnected_at + will_delay(pending_will, stored_row.expiry_interval))
         # Sessions that expired while the gateway was down are restored too: ``start`` publishes their
         # wills (the ACL needs the session's user name) and then ends them.
-        session = Session(client_id, broker.limits.max_queued_messages, broker.queue_bytes_limit)
-        session.receive_check = broker.receive_check()
+        session = Session(client_id, context.limits.max_queued_messages, context.queue_bytes_limit)
+        session.receive_check = context.receive_check()
         session.expiry_interval = stored_row.expiry_interval
         session.username = stored_row.username
         session.disconnected_at = disconnected_at
@@ -196,7 +194,7 @@ def restore(broker: Broker, now: float) -> None:
         session.inbound_qos2 = set(loaded.inbound_qos2)
         for topic_filter, options in loaded.subscriptions.items():
             try:
-                broker.tree.subscribe(client_id, topic_filter, options)
+                context.tree.subscribe(client_id, topic_filter, options)
             except TopicError as exc:
                 # Invalid now, e.g. deeper than max_topic_levels (stored before the limit existed).
                 log.warning("client %s: dropping stored subscription %.200r: %s", client_id, topic_filter, exc)
@@ -211,7 +209,7 @@ def restore(broker: Broker, now: float) -> None:
                 delivery.sent = True
                 delivery.released = entry.state == OutboundState.PUBREL_SENT
             session.restore(delivery)
-        broker.sessions[client_id] = session
+        context.sessions[client_id] = session
     if state.sessions or state.retained:
         log.info("restored %d durable sessions and %d retained messages from %s", len(state.sessions),
                  len(state.retained), store.path)

@@ -97,8 +97,8 @@ class BrokerStore:
         """Use ``BrokerStore.open``."""
         self._db = connection
         self.path = path
-        self._next_message_id = 1 + (connection.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
-        self._next_seq = 1 + (connection.execute("SELECT coalesce(max(seq), 0) FROM outbound").fetchone()[0])
+        self._next_message_id: int = 1 + (connection.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
+        self._next_seq: int = 1 + (connection.execute("SELECT coalesce(max(seq), 0) FROM outbound").fetchone()[0])
         self._reset_buffer()
         self._failed: list[_Batch] = []
         #: Grows with every buffered change that needs a write (not with cancelled-out work): the broker

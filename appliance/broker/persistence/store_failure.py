@@ -35,22 +35,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.properties import decode_varint
 from appliance.broker.codec.writer import encode, encode_ack
+from appliance.broker.context import HandlerContext
 from appliance.broker.persistence.store import PersistenceError
 from appliance.broker.sessions import lifecycle
-from appliance.broker.sessions.session import CLOSED, Connection, Session
+from appliance.broker.sessions.session import CLOSED, ClientConnection, Session
 from appliance.broker.transport.link import Link
 from appliance.runtime import Timer
 from appliance.store_health import StoreHealth
-
-if TYPE_CHECKING:
-    from appliance.broker.broker import Broker
 
 WHY = "the broker cannot store this now (its database does not commit: disk full?)"
 #: Seconds between attempts to commit while the store fails; a turn in between does not try, so a full
@@ -80,75 +78,75 @@ class CommitGate:
     """The broker's commits: whether they succeed (``health``), the retry while they fail, and the
     acknowledgements of this turn that wait on the commit (``hold``, then ``settle`` when written)."""
 
-    def __init__(self, broker: Broker, log: logging.Logger) -> None:
-        self.broker = broker
-        store = broker.store
+    def __init__(self, context: HandlerContext, log: logging.Logger) -> None:
+        self.context = context
+        store = context.store
         self.health = StoreHealth(
             str(store.path) if store is not None else "broker store", log,
             f"requests that need a write are refused until a commit succeeds (retried every {COMMIT_RETRY} s)",
         )
-        self._closing: dict[Connection, bool] = {}
+        self._closing: dict[ClientConnection, bool] = {}
         self._retry: Timer | None = None
         self._next_attempt = 0.0
 
     def revision(self) -> int:
         """Take before handling a packet; ``hold`` compares (``BrokerStore.revision``)."""
-        store = self.broker.store
+        store = self.context.store
         return store.revision if store is not None else 0
 
-    def hold(self, connection: Connection, revision: int, start: int) -> None:
+    def hold(self, connection: ClientConnection, revision: int, start: int) -> None:
         """If the store buffered a change since ``revision``, the acknowledgement encoded at
         ``connection.out[start]`` depends on this turn's commit. (Per message, ``accept_publish`` does
         the same inline.)"""
-        store = self.broker.store
+        store = self.context.store
         if store is not None and store.revision != revision:
             connection.held_acks.append(start)
 
-    def forget(self, connection: Connection) -> None:
+    def forget(self, connection: ClientConnection) -> None:
         connection.held_acks.clear()
 
-    def settle(self, connection: Connection, committed: bool) -> None:
+    def settle(self, connection: ClientConnection, committed: bool) -> None:
         """Before ``connection.out`` is written: if the commit failed, answer what waited on it."""
         starts = connection.held_acks
         if not starts:
             return
         held = [HeldAck.at(connection.out, start) for start in starts] if not committed else []
         starts.clear()
-        if held and answer_failed_commit(self.broker, connection, held):
+        if held and answer_failed_commit(self.context, connection, held):
             self._closing[connection] = held[-1].packet_type == pk.CONNACK
 
-    def close_if_refused(self, connection: Connection) -> None:
+    def close_if_refused(self, connection: ClientConnection) -> None:
         """After ``out`` was written: end the connection ``settle`` found must end."""
         connack_refused = self._closing.pop(connection, None)
         if connack_refused is not None:
-            close_after_failed_commit(self.broker, connection.link, connack_refused)
+            close_after_failed_commit(self.context, connection.link, connack_refused)
 
     def commit(self) -> bool:
         """Commit what is buffered; False if it failed (or, while the store fails, if the next attempt
         is not due yet: the retry timer makes it)."""
-        broker = self.broker
-        store = broker.store
+        context = self.context
+        store = context.store
         assert store is not None
         if not store.has_pending:
             return True
         health = self.health
         healthy = health.healthy
         if not healthy:
-            now = broker.runtime.monotonic()
+            now = context.runtime.monotonic()
             if now < self._next_attempt:
                 self._schedule_retry(self._next_attempt - now)
                 return False
         try:
             store.commit()
         except PersistenceError as exc:
-            now = broker.runtime.monotonic()
+            now = context.runtime.monotonic()
             self._next_attempt = now + COMMIT_RETRY
             if health.failed(str(exc.__cause__ or exc), exc.disk_full, now):
                 self._state_changed()
             self._schedule_retry(COMMIT_RETRY)
             return False
         # Once per loop turn: while the store is healthy (the common case) no clock is read here.
-        if not healthy and health.succeeded(broker.runtime.monotonic()):
+        if not healthy and health.succeeded(context.runtime.monotonic()):
             self._state_changed()
         return True
 
@@ -160,35 +158,35 @@ class CommitGate:
 
     def _schedule_retry(self, delay: float) -> None:
         if self._retry is None:
-            self._retry = self.broker.runtime.call_later(delay, self._retry_commit)
+            self._retry = self.context.runtime.call_later(delay, self._retry_commit)
 
     def _retry_commit(self) -> None:
         """While the store fails, try again even if no client does anything: the gateway recovers by
         itself once the disk has room."""
         self._retry = None
-        self.broker.flush()
+        self.context.flush()
 
     def _state_changed(self) -> None:
-        self.broker.store_failing = not self.health.healthy
-        self.broker.stats.store_health(self.health)
-        self.broker.last_sys = 0.0  # ``$SYS`` at the next tick, not at the next interval
+        self.context.store_failing = not self.health.healthy
+        self.context.stats.store_health(self.health)
+        self.context.last_sys = 0.0  # ``$SYS`` at the next tick, not at the next interval
 
 
-def failure_code(broker: Broker) -> int:
-    return rc.QUOTA_EXCEEDED if broker.store_health.disk_full else rc.UNSPECIFIED_ERROR
+def failure_code(context: HandlerContext) -> int:
+    return rc.QUOTA_EXCEEDED if context.store_health.disk_full else rc.UNSPECIFIED_ERROR
 
 
-def _reason(connection: Connection) -> dict[int, Any] | None:
+def _reason(connection: ClientConnection) -> dict[int, Any] | None:
     return {pr.REASON_STRING: WHY} if connection.request_problem_info else None
 
 
 # -- the turn whose commit failed -----------------------------------------------------------------------
 
 
-def answer_failed_commit(broker: Broker, connection: Connection, held: list[HeldAck]) -> bool:
+def answer_failed_commit(context: HandlerContext, connection: ClientConnection, held: list[HeldAck]) -> bool:
     """Rewrite ``connection.out`` so that no acknowledgement in ``held`` claims success; returns whether
     the connection must close once what is left of ``out`` is written."""
-    code = failure_code(broker)
+    code = failure_code(context)
     out = connection.out
     kept = bytearray()
     position = 0
@@ -199,94 +197,89 @@ def answer_failed_commit(broker: Broker, connection: Connection, held: list[Held
         if connection.v5 and ack.packet_type in (pk.PUBACK, pk.PUBREC):
             kept += encode_ack(ack.packet_type, ack.packet_id, pk.MQTT_5, code, _reason(connection))
             if ack.packet_type == pk.PUBREC:
-                _forget_inbound_qos2(broker, connection.session, ack.packet_id)
+                _forget_inbound_qos2(context, connection.session, ack.packet_id)
             continue
         if ack.packet_type == pk.CONNACK:
-            refusal = pk.Connack(False, connect_refusal(connection, broker), _reason(connection) or {})
+            refusal = pk.Connack(False, failure_code(context), _reason(connection) or {})
             kept += encode(refusal, connection.protocol_level)
         must_close = True
         position = len(out)
         break
     kept += out[position:]
     out[:] = kept
-    broker.store_health.refused += len(held)
+    context.store_health.refused += len(held)
     return must_close
 
 
-def _forget_inbound_qos2(broker: Broker, session: Session | None, packet_id: int) -> None:
+def _forget_inbound_qos2(context: HandlerContext, session: Session | None, packet_id: int) -> None:
     """A refused QoS 2 PUBLISH gets no PUBREL: its packet id must not block a later message."""
     if session is None or packet_id not in session.inbound_qos2:
         return
     session.inbound_qos2.discard(packet_id)
-    if session.journal is not None and broker.store is not None:
-        broker.store.remove_inbound_qos2(session.client_id, packet_id)
+    if session.journal is not None and context.store is not None:
+        context.store.remove_inbound_qos2(session.client_id, packet_id)
 
 
-def close_after_failed_commit(broker: Broker, link: Link, connack_refused: bool) -> None:
+def close_after_failed_commit(context: HandlerContext, link: Link, connack_refused: bool) -> None:
     """End a connection whose acknowledgement could not be given. After a failure CONNACK nothing more
     is sent (no DISCONNECT), and no will: the CONNECT was not accepted."""
     connection = link.connection
     if connection.state == CLOSED:
         return
     if not connack_refused:
-        lifecycle.close(broker, link, failure_code(broker), WHY)
+        lifecycle.close(context, link, failure_code(context), WHY)
         return
     connection.state = CLOSED
     connection.clean_disconnect = True
-    lifecycle.disconnected(broker, connection, broker.runtime.now())
-    broker.close_after_flush(link)
+    lifecycle.disconnected(context, connection, context.runtime.now())
+    context.close_after_flush(link)
 
 
 # -- while the store keeps failing ----------------------------------------------------------------------
 
 
-def publish_needs_write(broker: Broker, session: Session, publish: pk.Publish) -> bool:
+def publish_needs_write(context: HandlerContext, session: Session, publish: pk.Publish) -> bool:
     """Whether accepting this QoS 1/2 PUBLISH would buffer a change for the store (an upper bound: the
     ACL and no-local are not looked at)."""
     if publish.retain and not publish.topic.startswith("$SYS/"):
         return True
     if publish.qos == 2 and session.journal is not None:
         return True
-    return broker.router.reaches_durable(publish.topic)
+    return context.router.reaches_durable(publish.topic)
 
 
-def refuse_publish(broker: Broker, link: Link, publish: pk.Publish) -> None:
+def refuse_publish(context: HandlerContext, link: Link, publish: pk.Publish) -> None:
     """MQTT 5: PUBACK/PUBREC with the failure code; 3.1.1: close without acknowledging."""
-    broker.store_health.refused += 1
+    context.store_health.refused += 1
     connection = link.connection
     if connection.v5:
         assert publish.packet_id is not None  # QoS 1/2
         packet_type = pk.PUBACK if publish.qos == 1 else pk.PUBREC
-        connection.out += encode_ack(packet_type, publish.packet_id, pk.MQTT_5, failure_code(broker),
+        connection.out += encode_ack(packet_type, publish.packet_id, pk.MQTT_5, failure_code(context),
                                      _reason(connection))
     else:
-        lifecycle.close(broker, link, failure_code(broker), WHY)
+        lifecycle.close(context, link, failure_code(context), WHY)
 
 
-def connect_needs_write(broker: Broker, client_id: str, expiry: int) -> bool:
+def connect_needs_write(context: HandlerContext, client_id: str, expiry: int) -> bool:
     """A durable session is saved at CONNECT; replacing a stored one deletes it."""
-    session = broker.sessions.get(client_id) if client_id else None
+    session = context.sessions.get(client_id) if client_id else None
     return expiry > 0 or (session is not None and session.journal is not None)
 
 
-def connect_refusal(connection: Connection, broker: Broker) -> int:
-    """The CONNACK code for a session that cannot be stored (3.1.1: 3, server unavailable)."""
-    return failure_code(broker) if connection.v5 else rc.SERVER_UNAVAILABLE
-
-
-def unsubscribe_refused(broker: Broker, link: Link, count: int) -> list[int] | None:
+def unsubscribe_refused(context: HandlerContext, link: Link, count: int) -> list[int] | None:
     """A durable session's UNSUBSCRIBE: MQTT 5 gets 0x80 per filter (UNSUBACK has no Quota exceeded);
     3.1.1 has no failure code, so the connection closes (returns None)."""
-    broker.store_health.refused += 1
+    context.store_health.refused += 1
     if link.connection.v5:
         return [rc.UNSPECIFIED_ERROR] * count
-    lifecycle.close(broker, link, failure_code(broker), WHY)
+    lifecycle.close(context, link, failure_code(context), WHY)
     return None
 
 
-def pubrel_refused(broker: Broker, link: Link) -> None:
+def pubrel_refused(context: HandlerContext, link: Link) -> None:
     """PUBCOMP of a durable session's QoS 2 exchange would need a write, and has no failure code: close;
     the client sends PUBREL again after reconnecting."""
-    broker.store_health.refused += 1
-    lifecycle.close(broker, link, failure_code(broker), WHY)
+    context.store_health.refused += 1
+    lifecycle.close(context, link, failure_code(context), WHY)
 

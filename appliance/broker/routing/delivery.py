@@ -1,16 +1,13 @@
 """One message on its way to one session, and the two ports through which a durable session reaches the
 store without doing I/O itself: ``DeliveryJournal`` (it records progress; ``persistence.BrokerStore``)
-and ``Pager`` (it reads the session's backlog back; ``storage.StoredBacklog``).
+here, and ``session.Pager`` (it reads the session's backlog back; ``storage.StoredBacklog``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from appliance.broker.routing.message import Message
-
-if TYPE_CHECKING:
-    from appliance.broker.sessions.session import Session
+from appliance.broker.routing.message import BrokerMessage
 
 
 class Delivery:
@@ -20,7 +17,7 @@ class Delivery:
 
     __slots__ = ("message", "qos", "retain", "subscription_ids", "packet_id", "released", "sent", "seq", "spilled")
 
-    def __init__(self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None) -> None:
+    def __init__(self, message: BrokerMessage, qos: int, retain: bool, subscription_ids: list[int] | None) -> None:
         self.message = message
         self.qos = qos
         self.retain = retain
@@ -44,11 +41,3 @@ class DeliveryJournal(Protocol):
 
     def remove_delivery(self, seq: int) -> None: ...
 
-
-class Pager(Protocol):
-    """Reads a durable session's backlog back from the store, oldest first (``storage.StoredBacklog``):
-    the deliveries after ``session.cursor``, at most ``limit``, and once ``max_bytes`` of payload are
-    read no more (0: no byte budget); None when the store cannot be read now (the backlog stays as it
-    is and is read on a later acknowledgement)."""
-
-    def page(self, session: Session, limit: int, max_bytes: int = 0) -> list[Delivery] | None: ...

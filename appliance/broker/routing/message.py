@@ -1,6 +1,6 @@
 """An application message inside the broker, from the PUBLISH that brought it to every delivery.
 
-One ``Message`` is shared by all the sessions it is delivered to. The expensive part of a delivery is
+One ``BrokerMessage`` is shared by all the sessions it is delivered to. The expensive part of a delivery is
 encoding, and most deliveries of one message differ only in QoS, the retain flag and the packet id, so
 the message caches what does not vary: the UTF-8 topic, the MQTT 5 property block, and the complete QoS 0
 frames. A fan-out to a hundred QoS 0 subscribers encodes the PUBLISH once per protocol version.
@@ -27,7 +27,7 @@ NO_PROPERTIES = b"\x00"
 _U16 = struct.Struct(">H")
 
 
-class Message:
+class BrokerMessage:
     """``properties`` are the PUBLISH properties that travel with the message (never a topic alias or a
     subscription identifier); ``expires_at`` is a wall-clock time (seconds) or None."""
 

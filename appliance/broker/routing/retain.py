@@ -19,7 +19,7 @@ from operator import attrgetter
 
 from appliance.broker.routing import edge_tree
 from appliance.broker.routing.edge_tree import EdgeNode
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 
 _FIRST_RETAINED = attrgetter("order")
 
@@ -32,7 +32,7 @@ class _Level(EdgeNode):
 
     def __init__(self, edge: str, span: int, depth: int) -> None:
         super().__init__(edge, span, depth)
-        self.message: Message | None = None
+        self.message: BrokerMessage | None = None
         self.order = 0
 
     def occupied(self) -> bool:
@@ -48,7 +48,7 @@ class RetainedMessages:
     def __len__(self) -> int:
         return self._count
 
-    def update(self, message: Message) -> bool:
+    def update(self, message: BrokerMessage) -> bool:
         """Store or (empty payload) delete the retained message of ``message.topic``; True if it changed."""
         if message.payload:
             node = edge_tree.insert(self._root, message.topic.split("/"), _Level)
@@ -59,12 +59,12 @@ class RetainedMessages:
             return True
         return self._delete(message.topic)
 
-    def matching(self, topic_filter: str, now: float) -> list[Message]:
+    def matching(self, topic_filter: str, now: float) -> list[BrokerMessage]:
         """Retained messages whose topic matches ``topic_filter`` (unshared), oldest topic first; all at
         once (a new subscription takes them a slice at a time through ``matches``)."""
         found = self.matches(topic_filter)
         found.find(None)
-        messages: list[Message] = []
+        messages: list[BrokerMessage] = []
         while (message := found.next()) is not None:
             if message.expired(now):
                 self._delete(message.topic)
@@ -184,7 +184,7 @@ class RetainedMatches:
             found.sort(key=_FIRST_RETAINED)
         return visited
 
-    def next(self) -> Message | None:
+    def next(self) -> BrokerMessage | None:
         """The next match's message (once ``complete``); None when every match was taken."""
         found = self._found
         while self._position < len(found):

@@ -29,16 +29,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from appliance.broker.context import HandlerContext
 from appliance.broker.persistence import storage
 from appliance.broker.routing.retain import RetainedMatches
 from appliance.broker.routing.router import QUEUE_HIGH_WATER
 from appliance.broker.routing.topic_tree import SubscriptionOptions
 from appliance.broker.sessions.session import Delivery, Session
-
-if TYPE_CHECKING:
-    from appliance.broker.broker import Broker
 
 #: Work per loop turn for all feeds together: about 10 ms here (a delivery to a durable session with its
 #: share of the commit costs ~20 us, a tree level visited ~1 us).
@@ -61,8 +58,8 @@ class _Feed:
 class RetainedFeeds:
     """Every feed still running, by client id (see the module docstring)."""
 
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    def __init__(self, context: HandlerContext) -> None:
+        self._context = context
         self._feeds: dict[str, deque[_Feed]] = {}
         self._scheduled = False
         #: What SUBSCRIBE handling may still feed at once before the next turn: a read of many SUBSCRIBEs
@@ -78,7 +75,7 @@ class RetainedFeeds:
         feeds = self._feeds.get(client_id)
         if feeds is None:
             feeds = self._feeds[client_id] = deque()
-            self._broker.router.live_topics[client_id] = set()
+            self._context.router.live_topics[client_id] = set()
         feeds.append(_Feed(session, topic_filter, options))
         if len(feeds) == 1 and self._spare > 0:
             # Most filters match a handful of messages: they leave with the SUBACK, as they always did.
@@ -98,7 +95,7 @@ class RetainedFeeds:
     def _schedule(self, delay: float) -> None:
         if not self._scheduled:
             self._scheduled = True
-            runtime = self._broker.runtime
+            runtime = self._context.runtime
             if delay:
                 runtime.call_later(delay, self._turn)
             else:
@@ -106,7 +103,7 @@ class RetainedFeeds:
 
     def _turn(self) -> None:
         self._scheduled = False
-        now = self._broker.runtime.now()
+        now = self._context.runtime.now()
         budget = TURN_BUDGET
         for client_id in list(self._feeds):
             if budget <= 0:
@@ -121,14 +118,14 @@ class RetainedFeeds:
 
     def _feed(self, client_id: str, budget: int, now: float) -> int:
         """Feed one client's feeds for up to ``budget``; returns the work done (0: it waits)."""
-        broker = self._broker
+        context = self._context
         feeds = self._feeds[client_id]
-        live_topics = broker.router.live_topics[client_id]
+        live_topics = context.router.live_topics[client_id]
         used = 0
         while feeds and used < budget:
             feed = feeds[0]
             session = feed.session
-            if broker.sessions.get(client_id) is not session:
+            if context.sessions.get(client_id) is not session:
                 feeds.clear()  # the session ended (or a clean start replaced it)
                 break
             connection = session.connection
@@ -136,7 +133,7 @@ class RetainedFeeds:
                 break
             matches = feed.matches
             if matches is None:
-                matches = feed.matches = broker.retained.matches(feed.topic_filter)
+                matches = feed.matches = context.retained.matches(feed.topic_filter)
             if not matches.complete:
                 used += matches.find(budget - used)
                 continue
@@ -145,21 +142,21 @@ class RetainedFeeds:
                 feeds.popleft()
                 continue
             used += DELIVERY_COST
-            if message.topic in live_topics or message.expired(now) or not broker.may_receive(session, message.topic):
+            if message.topic in live_topics or message.expired(now) or not context.may_receive(session, message.topic):
                 continue
             options = feed.options
             ids = [options.subscription_identifier] if options.subscription_identifier is not None else None
             delivery = Delivery(message, min(message.qos, options.qos), True, ids)
             if session.deliver(delivery, now):
-                broker.stats.messages_sent += 1
-                broker.router.sent_by_qos[delivery.qos] += 1
+                context.stats.messages_sent += 1
+                context.router.sent_by_qos[delivery.qos] += 1
                 if delivery.qos and session.durable:
-                    storage.store_deliveries(broker, message, [(session, delivery)], now)
-            broker.mark(connection)
+                    storage.store_deliveries(context, message, [(session, delivery)], now)
+            context.mark(connection)
         if not feeds:
             self._finish(client_id)
         return used
 
     def _finish(self, client_id: str) -> None:
         del self._feeds[client_id]
-        del self._broker.router.live_topics[client_id]
+        del self._context.router.live_topics[client_id]

@@ -15,10 +15,10 @@ the caller which connections now have bytes to flush and which durable deliverie
 
 from __future__ import annotations
 
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.topic_tree import Subscription, SubscriptionTree
 from appliance.broker.security.acl import Acl
-from appliance.broker.sessions.session import MEMORY_QUEUE_BYTES, Connection, Delivery, Session
+from appliance.broker.sessions.session import MEMORY_QUEUE_BYTES, ClientConnection, Delivery, Session
 
 #: Deliveries queued behind a connected client's Receive Maximum window past which the publishers
 #: feeding it are held back (and released again at QUEUE_LOW_WATER): memory stays bounded by TCP
@@ -46,11 +46,11 @@ class Router:
 
     def route(
         self,
-        message: Message,
+        message: BrokerMessage,
         now: float,
-        touched: list[Connection],
+        touched: list[ClientConnection],
         durable: list[tuple[Session, Delivery]],
-        congested: list[Connection],
+        congested: list[ClientConnection],
     ) -> int:
         """Deliver ``message`` to every matching session; returns the number of deliveries.
 
@@ -101,9 +101,9 @@ class Router:
         session: Session,
         delivery: Delivery,
         now: float,
-        touched: list[Connection],
+        touched: list[ClientConnection],
         durable: list[tuple[Session, Delivery]],
-        congested: list[Connection],
+        congested: list[ClientConnection],
     ) -> int:
         if not session.deliver(delivery, now):
             if delivery.qos:
@@ -131,7 +131,7 @@ class Router:
         return 1
 
     def _delivery(
-        self, message: Message, client_id: str, session: Session, subscriptions: tuple[Subscription, ...]
+        self, message: BrokerMessage, client_id: str, session: Session, subscriptions: tuple[Subscription, ...]
     ) -> Delivery | None:
         acl = self.acl
         if acl is not None and not acl.can_receive(client_id, session.username, message.topic):

@@ -85,7 +85,7 @@ _SUBSCRIBE = 4
 
 
 @dataclass(frozen=True, slots=True)
-class AclRule:
+class TopicAclRule:
     """One ``topic`` or ``pattern`` line; ``line`` is its 1-based line number for messages."""
 
     access: Access
@@ -93,7 +93,7 @@ class AclRule:
     line: int
 
 
-def _deny_first(rules: Sequence[AclRule]) -> tuple[AclRule, ...]:
+def _deny_first(rules: Sequence[TopicAclRule]) -> tuple[TopicAclRule, ...]:
     """mosquitto evaluates ``deny`` rules before the others, each group in file order."""
     return tuple(rule for rule in rules if rule.access == Access.DENY) + tuple(
         rule for rule in rules if rule.access != Access.DENY
@@ -125,9 +125,9 @@ class Acl:
 
     def __init__(
         self,
-        anonymous: Sequence[AclRule],
-        users: dict[str, Sequence[AclRule]],
-        patterns: Sequence[AclRule],
+        anonymous: Sequence[TopicAclRule],
+        users: dict[str, Sequence[TopicAclRule]],
+        patterns: Sequence[TopicAclRule],
         enforced: bool = True,
     ) -> None:
         self.anonymous = _deny_first(anonymous)
@@ -156,10 +156,10 @@ class Acl:
     def parse(cls, text: str, source: str = "<acl file>", client_patterns: Sequence[str] = ()) -> Acl:
         """Parse the mosquitto ACL format; ``AclFileError`` names ``source`` and the line number.
         ``client_patterns`` (``[access] filter``, as after ``pattern``) follow the file's patterns."""
-        anonymous: list[AclRule] = []
-        users: dict[str, list[AclRule]] = {}
-        patterns: list[AclRule] = []
-        current: list[AclRule] = anonymous
+        anonymous: list[TopicAclRule] = []
+        users: dict[str, list[TopicAclRule]] = {}
+        patterns: list[TopicAclRule] = []
+        current: list[TopicAclRule] = anonymous
         for number, raw_line in enumerate(text.splitlines(), start=1):
             line = raw_line.rstrip()
             if line.startswith("#"):
@@ -275,12 +275,12 @@ def filters_overlap(first: str, second: str) -> bool:
     return len(first_levels) == len(second_levels) or (len(longer) == shorter + 1 and longer[-1] == "#")
 
 
-def parse_pattern(text: str) -> AclRule:
+def parse_pattern(text: str) -> TopicAclRule:
     """One configured pattern (``[access] filter``, as after ``pattern`` in a file); ``AclFileError``."""
     return _parse_rule("pattern", text.strip(" "), "acl_client_patterns", 0)
 
 
-def _parse_rule(keyword: str, rest: str, source: str, number: int) -> AclRule:
+def _parse_rule(keyword: str, rest: str, source: str, number: int) -> TopicAclRule:
     """One ``topic``/``pattern`` rule; ``number`` is its line in ``source`` (0: a setting, no line)."""
     line = number or None
     if not rest:
@@ -297,7 +297,7 @@ def _parse_rule(keyword: str, rest: str, source: str, number: int) -> AclRule:
         validate_topic_filter(topic_filter)
     except TopicError as exc:
         raise AclFileError(source, str(exc), line=line) from exc
-    return AclRule(access, topic_filter, number)
+    return TopicAclRule(access, topic_filter, number)
 
 
 def _substitute(pattern: str, client_id: str, username: str | None) -> str | None:
@@ -324,7 +324,7 @@ def _substitute(pattern: str, client_id: str, username: str | None) -> str | Non
     return concrete
 
 
-def _apply(rule: AclRule, rule_filter: str, topic: str, wanted: int, subscribe: bool) -> bool | None:
+def _apply(rule: TopicAclRule, rule_filter: str, topic: str, wanted: int, subscribe: bool) -> bool | None:
     """True/False if this rule decides, None if it does not apply."""
     if topic.startswith("$") and not rule_filter.startswith("$"):
         return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 
 from appliance.broker.routing.router import QUEUE_LOW_WATER
-from appliance.broker.sessions.session import CLOSED, MEMORY_QUEUE_BYTES, Connection, Session
+from appliance.broker.sessions.session import CLOSED, MEMORY_QUEUE_BYTES, ClientConnection, Session
 from appliance.broker.transport.link import Link
 from appliance.runtime import Runtime, Timer
 
@@ -32,29 +32,29 @@ class Backpressure:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         #: Congested connections -> the publisher links held back for them.
-        self.held_back: dict[Connection, set[Link]] = {}
+        self.held_back: dict[ClientConnection, set[Link]] = {}
         #: How many congested connections hold each publisher back.
         self.holding: dict[Link, int] = {}
         #: Filled by ``Router.route`` with the congested connections a message reached.
-        self.congested_hits: list[Connection] = []
-        self._socket_timers: dict[Connection, Timer] = {}
+        self.congested_hits: list[ClientConnection] = []
+        self._socket_timers: dict[ClientConnection, Timer] = {}
 
     # -- the socket layer's flow control --------------------------------------------------------------
 
-    def socket_congested(self, target: Connection) -> None:
+    def socket_congested(self, target: ClientConnection) -> None:
         """``target``'s write buffer went over its high-water mark: hold back its publishers from now on,
         for at most SLOW_CONSUMER_GRACE."""
         self.held_back.setdefault(target, set())
         if target not in self._socket_timers:
             self._socket_timers[target] = self.runtime.call_later(SLOW_CONSUMER_GRACE, self._socket_grace_over, target)
 
-    def socket_drained(self, target: Connection) -> None:
+    def socket_drained(self, target: ClientConnection) -> None:
         timer = self._socket_timers.pop(target, None)
         if timer is not None:
             timer.cancel()
         self.release(target)
 
-    def _socket_grace_over(self, target: Connection) -> None:
+    def _socket_grace_over(self, target: ClientConnection) -> None:
         self._socket_timers.pop(target, None)
         log.info("client %s: slow consumer, dropping its QoS 0 messages", target.client_id or target.peer)
         target.overloaded = True
@@ -72,7 +72,7 @@ class Backpressure:
                     self.hold_back(publisher, connection)
         congested.clear()
 
-    def hold_back(self, publisher: Link, target: Connection) -> None:
+    def hold_back(self, publisher: Link, target: ClientConnection) -> None:
         held = self.held_back.get(target)
         if held is None:
             # Congested by its queue rather than its socket: no socket timer runs, so set our own; a
@@ -87,7 +87,7 @@ class Backpressure:
             if not count:
                 publisher.hold_reading("backpressure", True)
 
-    def release(self, target: Connection) -> None:
+    def release(self, target: ClientConnection) -> None:
         for publisher in self.held_back.pop(target, ()):
             count = self.holding.get(publisher, 0) - 1
             if count > 0:
@@ -96,7 +96,7 @@ class Backpressure:
                 self.holding.pop(publisher, None)
                 publisher.hold_reading("backpressure", False)
 
-    def acknowledged(self, connection: Connection, session: Session) -> None:
+    def acknowledged(self, connection: ClientConnection, session: Session) -> None:
         """After an acknowledgement: release publishers held back for this client's queue once it drained."""
         if not (connection.overloaded or self.held_back):
             return
@@ -116,10 +116,10 @@ class Backpressure:
 
     # -- queue congestion -----------------------------------------------------------------------------
 
-    def _arm_queue_grace(self, target: Connection, completed: int) -> None:
+    def _arm_queue_grace(self, target: ClientConnection, completed: int) -> None:
         self.runtime.call_later(SLOW_CONSUMER_GRACE, self._queue_grace_over, target, completed)
 
-    def _queue_grace_over(self, target: Connection, completed_before: int) -> None:
+    def _queue_grace_over(self, target: ClientConnection, completed_before: int) -> None:
         """Publishers have waited SLOW_CONSUMER_GRACE for this client's queue. If it acknowledged
         anything meanwhile it is merely slower than they are: keep holding them. If not, it is stuck:
         a slow consumer, and the publishers go free (its QoS 1/2 messages still queue for it)."""

@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from appliance.broker.transport.connection import Connection
+from appliance.broker.sessions.session import ClientConnection
 from appliance.broker.transport.link import Link
 from appliance.runtime import Runtime, Timer
 
@@ -46,7 +46,7 @@ class KeepAlive:
         self._expired = expired
         #: Entries ``[deadline, order, link or None once forgotten, seconds]``, a heap by deadline.
         self._heap: list[list[Any]] = []
-        self._entries: dict[Connection, list[Any]] = {}
+        self._entries: dict[ClientConnection, list[Any]] = {}
         self._order = itertools.count()
         self._timer: Timer | None = None
         self._timer_at = math.inf
@@ -65,7 +65,7 @@ class KeepAlive:
         heapq.heappush(self._heap, entry)
         self._arm()
 
-    def forget(self, connection: Connection) -> None:
+    def forget(self, connection: ClientConnection) -> None:
         """The connection is gone: stop watching it."""
         entry = self._entries.pop(connection, None)
         if entry is None:

@@ -14,33 +14,30 @@ timer): no asyncio, no time module, so the broker-pair tests drive all of it wit
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
-from appliance.broker.codec.reasons import ProtocolError
+from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.codec.writer import PINGRESP_BYTES, encode
+from appliance.broker.context import HandlerContext, Instant
 from appliance.broker.persistence import storage
-from appliance.broker.routing.message import Message
+from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.sessions.session import (
     AWAITING_CONNECT,
     CLOSED,
     CONNECTED,
     NEVER_EXPIRES,
-    Connection,
+    ClientConnection,
     Session,
 )
 from appliance.broker.sessions.will import will_delay
 from appliance.broker.transport.link import Link
 
-if TYPE_CHECKING:
-    from appliance.broker.broker import Broker
-
 log = logging.getLogger("appliance.broker")
 
 
-def fail(broker: Broker, link: Link, error: ProtocolError) -> None:
+def fail(context: HandlerContext, link: Link, error: MqttProtocolError) -> None:
     """The one place bad input ends a connection: log it with the client id, tell the client why.
 
     Before CONNACK the answer is a CONNACK with the reason (MQTT 5) or return code (3.1.1, where only an
@@ -54,10 +51,10 @@ def fail(broker: Broker, link: Link, error: ProtocolError) -> None:
         level = connection.reader.protocol_level
         if level == pk.MQTT_5 or error.reason_code == rc.UNSUPPORTED_PROTOCOL_VERSION:
             connection.out += encode(pk.Connack(False, error.reason_code), level)
-    close(broker, link, error.reason_code, error.message)
+    close(context, link, error.reason_code, error.message)
 
 
-def close(broker: Broker, link: Link, reason: int, why: str, abnormal: bool = True) -> None:
+def close(context: HandlerContext, link: Link, reason: int, why: str, abnormal: bool = True) -> None:
     """End a connection: MQTT 5 clients past CONNECT get DISCONNECT(reason) first."""
     connection = link.connection
     if connection.state == CLOSED:
@@ -69,12 +66,12 @@ def close(broker: Broker, link: Link, reason: int, why: str, abnormal: bool = Tr
     connection.state = CLOSED
     if was == CONNECTED:
         connection.clean_disconnect = not abnormal
-        disconnected(broker, connection, broker.runtime.now())
-    broker.mark(connection)
-    broker.close_after_flush(link)
+        disconnected(context, connection, context.runtime.now())
+    context.mark(connection)
+    context.close_after_flush(link)
 
 
-def handle_disconnect(broker: Broker, link: Link, packet: pk.Disconnect, now: float) -> None:
+def handle_disconnect(context: HandlerContext, link: Link, packet: pk.Disconnect, now: Instant) -> None:
     connection = link.connection
     session = connection.session
     assert session is not None
@@ -82,23 +79,23 @@ def handle_disconnect(broker: Broker, link: Link, packet: pk.Disconnect, now: fl
         expiry = packet.properties.get(pr.SESSION_EXPIRY_INTERVAL)
         if expiry is not None:
             if session.expiry_interval == 0 and expiry != 0:
-                raise ProtocolError(rc.PROTOCOL_ERROR, "session expiry set on DISCONNECT after connecting with 0")
-            session.expiry_interval = min(expiry, broker.limits.max_session_expiry)
+                raise MqttProtocolError(rc.PROTOCOL_ERROR, "session expiry set on DISCONNECT after connecting with 0")
+            session.expiry_interval = min(expiry, context.limits.max_session_expiry)
     # MQTT 5 3.14.2.1: reason 0x04 means "disconnect, but do send my will".
     connection.clean_disconnect = packet.reason_code != rc.DISCONNECT_WITH_WILL
     connection.state = CLOSED
-    disconnected(broker, connection, now)
-    broker.close_after_flush(link)
+    disconnected(context, connection, now.wall)
+    context.close_after_flush(link)
 
 
-def disconnected(broker: Broker, connection: Connection, now: float) -> None:
+def disconnected(context: HandlerContext, connection: ClientConnection, now: float) -> None:
     """The connection of a CONNECTED client ended, by whatever path; runs exactly once."""
-    broker.stats.clients_connected -= 1
+    context.stats.clients_connected -= 1
     session = connection.session
     if session is None or session.connection is not connection:
         return
     session.detach(now)
-    for service in broker.services:
+    for service in context.services:
         try:
             service.on_client_disconnected(session.client_id)
         except Exception:
@@ -109,106 +106,109 @@ def disconnected(broker: Broker, connection: Connection, now: float) -> None:
     if will is not None and not connection.clean_disconnect:
         delay = will_delay(will, session.expiry_interval) if connection.v5 else 0
         if delay:
-            broker.wills.schedule(session.client_id, will, now + delay)
+            context.wills.schedule(session.client_id, will, now + delay)
             delayed_will = will
         else:
-            publish_will(broker, session.client_id, will, now)
+            publish_will(context, session.client_id, will, now)
     if session.expiry_interval == 0:
-        end_session(broker, session)
-    elif broker.store is not None and session.journal is not None:
+        end_session(context, session)
+    elif context.store is not None and session.journal is not None:
         # Only a will still waiting is stored: a restart before its time schedules it again.
-        broker.store.save_session(storage.stored_session(session, connection, now, delayed_will))
+        context.store.save_session(storage.stored_session(session, connection, now, delayed_will))
 
 
-def end_session(broker: Broker, session: Session) -> None:
-    broker.tree.remove_client(session.client_id)
-    if broker.sessions.get(session.client_id) is session:
-        del broker.sessions[session.client_id]
-    if broker.store is not None and (session.journal is not None or session.durable):
-        broker.store.delete_session(session.client_id)
+def end_session(context: HandlerContext, session: Session) -> None:
+    context.tree.remove_client(session.client_id)
+    if context.sessions.get(session.client_id) is session:
+        del context.sessions[session.client_id]
+    if context.store is not None and (session.journal is not None or session.durable):
+        context.store.delete_session(session.client_id)
     session.journal = None
     session.pager = None
     session.clear()
 
 
-def publish_will(broker: Broker, client_id: str, will: pk.Will, now: float) -> None:
-    session = broker.sessions.get(client_id)
-    if broker.store is not None and session is not None and session.journal is not None:
-        broker.store.clear_will(client_id)  # committed with the deliveries below: published once
-    acl = broker.acl
+def publish_will(context: HandlerContext, client_id: str, will: pk.Will, now: float) -> None:
+    session = context.sessions.get(client_id)
+    if context.store is not None and session is not None and session.journal is not None:
+        context.store.clear_will(client_id)  # committed with the deliveries below: published once
+    acl = context.acl
     if acl is not None and not acl.can_publish(client_id, session.username if session is not None else None, will.topic):
         return
     properties = dict(will.properties)
     properties.pop(pr.WILL_DELAY_INTERVAL, None)
     interval = properties.pop(pr.MESSAGE_EXPIRY_INTERVAL, None)
     expires_at = now + interval if interval is not None else None
-    broker.route(Message(will.topic, will.payload, will.qos, will.retain, properties, client_id, expires_at), now)
+    context.route(BrokerMessage(will.topic, will.payload, will.qos, will.retain, properties, client_id, expires_at), now)
 
 
-def publish_wills_on_shutdown(broker: Broker, now: float) -> None:
+def publish_wills_on_shutdown(context: HandlerContext, now: float) -> None:
     """A shutdown is the server closing connections without the clients' DISCONNECT, so their wills are
     due (MQTT 5 3.1.2.5); mosquitto 2.0 publishes them too, delayed ones included (the delay cannot run
     out on a server that is going away). They go out while every client is still connected, so each
     connected subscriber gets them before its own DISCONNECT, and durable sessions find them queued
     after the restart."""
-    for link in list(broker.links):
+    for link in list(context.links):
         connection = link.connection
         session = connection.session
         if connection.state == CONNECTED and session is not None and session.connection is connection:
             will, session.will = session.will, None
             if will is not None:
-                publish_will(broker, session.client_id, will, now)
-    for client_id, will in broker.wills.due(float("inf")):
-        publish_will(broker, client_id, will, now)
+                publish_will(context, session.client_id, will, now)
+    for client_id, will in context.wills.due(float("inf")):
+        publish_will(context, client_id, will, now)
 
 
-def expire(broker: Broker, now: float) -> None:
+def expire(context: HandlerContext, now: float) -> None:
     """Publish the wills whose delay is over; end the sessions that expired (a will still pending goes
     out first: MQTT 5 3.1.3.2.2, the session ending ends the delay)."""
-    for client_id, will in broker.wills.due(now):
-        publish_will(broker, client_id, will, now)
-    for session in [s for s in broker.sessions.values() if s.connection is None and s.disconnected_at is not None]:
-        if session.expiry_interval != NEVER_EXPIRES and now >= session.disconnected_at + session.expiry_interval:
-            pending = broker.wills.cancel(session.client_id)
+    for client_id, will in context.wills.due(now):
+        publish_will(context, client_id, will, now)
+    for session in [s for s in context.sessions.values() if s.connection is None]:
+        disconnected_at = session.disconnected_at
+        if disconnected_at is None or session.expiry_interval == NEVER_EXPIRES:
+            continue
+        if now >= disconnected_at + session.expiry_interval:
+            pending = context.wills.cancel(session.client_id)
             if pending is not None:
-                publish_will(broker, session.client_id, pending, now)
-            end_session(broker, session)
+                publish_will(context, session.client_id, pending, now)
+            end_session(context, session)
 
 
-def tick(broker: Broker, now: float) -> None:
+def tick(context: HandlerContext, now: float) -> None:
     """The broker's one-second tick: due wills, expired sessions, and ``$SYS`` every ``sys_interval``."""
-    expire(broker, now)
-    interval = broker.limits.sys_interval
-    if interval and now - broker.last_sys >= interval:
-        broker.last_sys = now
-        count_drops(broker)
-        for topic, payload in broker.stats.snapshot(now):
-            broker.route(Message(topic, payload, 0, True, {}, None), now)
+    expire(context, now)
+    interval = context.limits.sys_interval
+    if interval and now - context.last_sys >= interval:
+        context.last_sys = now
+        count_drops(context)
+        for topic, payload in context.stats.snapshot(now):
+            context.route(BrokerMessage(topic, payload, 0, True, {}, None), now)
 
 
-def count_drops(broker: Broker) -> None:
+def count_drops(context: HandlerContext) -> None:
     """Bring the drop counters of ``broker.stats`` up to date (``$SYS``, the metrics endpoint)."""
-    broker.stats.publish_dropped = sum(s.dropped for s in broker.sessions.values())
-    broker.stats.queue_full = broker.router.queue_full
+    context.stats.publish_dropped = sum(s.dropped for s in context.sessions.values())
+    context.stats.queue_full = context.router.queue_full
 
 
 # -- keep-alive -------------------------------------------------------------------------------------------
 
 
-def start_keepalive(broker: Broker, link: Link, seconds: float) -> None:
+def start_keepalive(context: HandlerContext, link: Link, seconds: float) -> None:
     """Close the connection once it has sent nothing for ``seconds`` (``keepalive.KeepAlive``: one heap
     and one timer for every connection)."""
-    broker.keepalive.watch(link, seconds)
+    context.keepalive.watch(link, seconds)
 
 
-def keepalive_expired(broker: Broker, link: Link) -> None:
+def keepalive_expired(context: HandlerContext, link: Link) -> None:
     connection = link.connection
     if connection.state == CLOSED:
         return
     log.info("client %s: keep-alive timeout", connection.client_id or connection.peer)
-    close(broker, link, rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
-    broker.schedule_flush()
+    close(context, link, rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
+    context.schedule_flush()
 
 
-def handle_pingreq(broker: Broker, link: Link, packet: pk.PingReq, now: float) -> None:
+def handle_pingreq(context: HandlerContext, link: Link, packet: pk.PingReq, now: Instant) -> None:
     link.connection.out += PINGRESP_BYTES

@@ -1,7 +1,7 @@
 """Per-client protocol state, without I/O: what a session still owes (what a connection has agreed is
 ``connection``; its names are re-exported here, where most modules import them from).
 
-Two objects, because MQTT separates them: ``Connection`` lives as long as one network connection;
+Two objects, because MQTT separates them: ``ClientConnection`` lives as long as one network connection;
 ``Session`` outlives connections (clean start off, session expiry): outbound deliveries in flight (keyed
 by packet id, in send order), the queue behind the Receive Maximum window, the backlog in the store, and
 the inbound QoS 2 packet ids already acknowledged with PUBREC. Its methods are the QoS 1/2 flows: they
@@ -13,24 +13,28 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.reasons import PACKET_IDENTIFIER_NOT_FOUND
 from appliance.broker.codec.writer import encode_ack
-from appliance.broker.routing.delivery import Delivery, DeliveryJournal, Pager
+from appliance.broker.routing.delivery import Delivery, DeliveryJournal
 from appliance.broker.transport.connection import (
     ALLOWED_PACKETS,
     AUTHENTICATING,
     AWAITING_CONNECT,
     CLOSED,
     CONNECTED,
-    Connection,
 )
+from appliance.broker.transport.connection import ClientConnection as _Connection
 
 __all__ = [
     "ALLOWED_PACKETS", "AUTHENTICATING", "AWAITING_CONNECT", "CLOSED", "CONNECTED", "MEMORY_QUEUE_BYTES",
-    "NEVER_EXPIRES", "Connection", "Delivery", "DeliveryJournal", "Pager", "Session",
+    "NEVER_EXPIRES", "ClientConnection", "Delivery", "DeliveryJournal", "Pager", "Session",
 ]
+
+#: A network connection with its ``Session`` attached (``transport.connection`` knows no sessions).
+ClientConnection = _Connection["Session"]
 
 NEVER_EXPIRES = 0xFFFFFFFF
 #: How much of a durable session's backlog is read from the store ahead of the window (``_read_ahead``).
@@ -55,6 +59,16 @@ class _NoQueue(deque[Delivery]):
 
 
 NO_QUEUE: deque[Delivery] = _NoQueue()
+
+
+
+class Pager(Protocol):
+    """Reads a durable session's backlog back from the store, oldest first (``storage.StoredBacklog``):
+    the deliveries after ``session.cursor``, at most ``limit``, and once ``max_bytes`` of payload are
+    read no more (0: no byte budget); None when the store cannot be read now (the backlog stays as it
+    is and is read on a later acknowledgement)."""
+
+    def page(self, session: Session, limit: int, max_bytes: int = 0) -> list[Delivery] | None: ...
 
 
 class Session:
@@ -89,7 +103,7 @@ class Session:
         #: NO_QUEUE until something is queued (then a deque of its own for good).
         self.queue: deque[Delivery] = NO_QUEUE
         self._inbound_qos2: set[int] | None = None
-        self.connection: Connection | None = None
+        self.connection: ClientConnection | None = None
         self.will: pk.Will | None = None
         self.disconnected_at: float | None = None
         self.dropped = 0
@@ -228,7 +242,7 @@ class Session:
         self.fill_window(now)
         return delivery
 
-    def resume(self, connection: Connection, now: float) -> list[Delivery]:
+    def resume(self, connection: ClientConnection, now: float) -> list[Delivery]:
         """Attach a new connection and redeliver: unacknowledged PUBLISHes again with DUP, PUBRELs again,
         then the queue up to the window (MQTT 5 4.4). Returns deliveries that expired while waiting or
         that the ACL no longer lets this client read (both are dropped, not sent)."""
@@ -345,7 +359,7 @@ class Session:
         self.spilled = 0
         self.stored_bytes = 0
 
-    def _send_new(self, connection: Connection, delivery: Delivery, now: float) -> None:
+    def _send_new(self, connection: ClientConnection, delivery: Delivery, now: float) -> None:
         packet_id = self._next_packet_id
         inflight = self.inflight
         while packet_id in inflight:
@@ -371,7 +385,7 @@ class Session:
                 self.journal.remove_delivery(seq)
                 delivery.seq = 0
 
-    def _write_publish(self, connection: Connection, delivery: Delivery, now: float, dup: bool = False) -> None:
+    def _write_publish(self, connection: ClientConnection, delivery: Delivery, now: float, dup: bool = False) -> None:
         message = delivery.message
         if connection.v5 and connection.alias_maximum_out:
             alias, known = connection.alias_for(message.topic)

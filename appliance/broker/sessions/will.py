@@ -14,7 +14,8 @@ from appliance.broker.codec.properties import WILL_DELAY_INTERVAL
 
 
 def will_delay(will: Will, session_expiry: int) -> int:
-    return min(will.properties.get(WILL_DELAY_INTERVAL, 0), session_expiry)
+    delay: int = will.properties.get(WILL_DELAY_INTERVAL, 0)
+    return min(delay, session_expiry)
 
 
 class PendingWills:

@@ -1,6 +1,6 @@
 """The protocol state of one network connection, without I/O: what a connection has agreed.
 
-``Connection`` lives as long as one network connection: the reader, the negotiated limits (the client's
+``ClientConnection`` lives as long as one network connection: the reader, the negotiated limits (the client's
 Receive Maximum, Maximum Packet Size and Topic Alias Maximum), topic aliases both ways, keep-alive
 bookkeeping, and ``out``, the bytes waiting to be written. It never touches a socket: the server feeds it
 bytes and writes ``out`` once per loop turn.
@@ -11,7 +11,7 @@ Anything else is a protocol error, mapped to a reason code by the caller in one 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.properties import TOPIC_ALIAS
@@ -20,11 +20,12 @@ from appliance.broker.codec.reasons import (
     PROTOCOL_ERROR,
     TOPIC_ALIAS_INVALID,
     TOPIC_NAME_INVALID,
-    ProtocolError,
+    MqttProtocolError,
 )
 
-if TYPE_CHECKING:
-    from appliance.broker.sessions.session import Session
+#: What a connection has attached once CONNECT is accepted (``session.Session``: this layer sits below
+#: sessions and does not import them; ``session.ClientConnection`` is this class with its ``Session``).
+SessionT = TypeVar("SessionT")
 
 AWAITING_CONNECT, AUTHENTICATING, CONNECTED, CLOSED = "awaiting-connect", "authenticating", "connected", "closed"
 
@@ -44,7 +45,7 @@ ALLOWED_PACKETS: dict[str, frozenset[int]] = {
 }
 
 
-class Connection:
+class ClientConnection(Generic[SessionT]):
     """The protocol state of one network connection (see the module docstring)."""
 
     __slots__ = (
@@ -70,7 +71,7 @@ class Connection:
         self.aliases_out: dict[str, int] = {}
         self.alias_maximum_in = topic_alias_maximum
         self.aliases_in: dict[int, str] = {}
-        self.session: Session | None = None
+        self.session: SessionT | None = None
         self.peer = peer
         self.request_problem_info = True
         self.clean_disconnect = False
@@ -89,7 +90,7 @@ class Connection:
         self.link: Any = None
 
     def receive(self, data: bytes, now: float) -> list[pk.Packet]:
-        """Parse every complete packet in ``data``; raises ``ProtocolError`` for bad input."""
+        """Parse every complete packet in ``data``; raises ``MqttProtocolError`` for bad input."""
         self.last_received = now
         return self.reader.feed(data)
 
@@ -120,16 +121,16 @@ class Connection:
             if alias is not None:
                 aliased = True
                 if alias > self.alias_maximum_in:
-                    raise ProtocolError(TOPIC_ALIAS_INVALID, f"topic alias {alias} above the maximum")
+                    raise MqttProtocolError(TOPIC_ALIAS_INVALID, f"topic alias {alias} above the maximum")
                 if publish.topic:
                     self.aliases_in[alias] = publish.topic
                 else:
                     topic = self.aliases_in.get(alias)
                     if topic is None:
-                        raise ProtocolError(PROTOCOL_ERROR, f"unknown topic alias {alias}")
+                        raise MqttProtocolError(PROTOCOL_ERROR, f"unknown topic alias {alias}")
                     publish.topic = topic
         if not publish.topic:
-            raise ProtocolError(TOPIC_NAME_INVALID, "empty topic name without a topic alias")
+            raise MqttProtocolError(TOPIC_NAME_INVALID, "empty topic name without a topic alias")
         return aliased
 
     def alias_for(self, topic: str) -> tuple[int, bool]:

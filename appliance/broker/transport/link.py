@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from appliance.broker.sessions.session import Connection
+from appliance.broker.sessions.session import ClientConnection
 
 
 class Link(Protocol):
-    connection: Connection
+    connection: ClientConnection
 
     def write(self, data: bytes) -> None: ...
 

@@ -35,11 +35,11 @@ import socket
 import ssl
 from collections import OrderedDict
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from appliance.broker.broker import Broker
 from appliance.broker.config import ListenerConfig
-from appliance.broker.sessions.session import AWAITING_CONNECT, Connection
+from appliance.broker.sessions.session import AWAITING_CONNECT, ClientConnection
 from appliance.broker.transport.certificates import CertificateFileError, date_problems
 from appliance.startup_error import StartupError
 from appliance.tcp_floor import keep_kernel_floor
@@ -74,7 +74,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         self.broker = broker
         limits = broker.limits
         self._websocket = websocket() if websocket is not None else None
-        self.connection = Connection(limits.max_packet_size, limits.topic_alias_maximum, "?")
+        self.connection = ClientConnection(limits.max_packet_size, limits.topic_alias_maximum, "?")
         self.connection.link = self
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
@@ -87,12 +87,13 @@ class ClientProtocol(asyncio.BufferedProtocol):
 
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
-        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not subclasses of asyncio.Transport, but they have its methods.
+        self.transport = writer = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.connection.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         high = self.broker.limits.outbound_buffer_bytes
-        transport.set_write_buffer_limits(high=high, low=high // 4)
+        writer.set_write_buffer_limits(high=high, low=high // 4)
         self._deadlines.add(self)
         self.broker.connection_made(self)
 
