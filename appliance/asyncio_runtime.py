@@ -1,4 +1,9 @@
-"""``runtime.Runtime`` on an asyncio event loop: the production clock and scheduler of the broker."""
+"""``runtime.Runtime`` on an asyncio event loop: the production clock and scheduler of the gateway.
+
+The only module of ``appliance/`` that reads the system clocks and sleeps (``runtime.py`` says why).
+``wall_clock`` is the same clock for code that runs off the loop (the store threads, a command's
+process), where a loop's time cannot be read.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,11 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+def wall_clock() -> float:
+    """Wall-clock UNIX seconds, readable from any thread."""
+    return time.time()
 
 
 class AsyncioRuntime:
@@ -24,7 +34,7 @@ class AsyncioRuntime:
         return self._loop
 
     def now(self) -> float:
-        return time.time()
+        return wall_clock()
 
     def monotonic(self) -> float:
         return self.loop.time()

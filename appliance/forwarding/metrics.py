@@ -11,12 +11,12 @@ what an operator needs to see that forwarding goes on, and why a device's messag
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from appliance.asyncio_runtime import wall_clock
 from appliance.forwarding.queues import QueueDepth, QueueKey
 from appliance.prometheus import Family
 from appliance.store_health import StoreHealth
@@ -32,7 +32,7 @@ class LinkStats:
     bytes_sent: int = 0
     rate_bytes_per_s: float | None = None  # measured bottleneck
     rtt_s: float | None = None
-    clock: Callable[[], float] = field(default=time.time, repr=False)
+    clock: Callable[[], float] = field(default=wall_clock, repr=False)
     changed_ms: int = -1  # set from ``clock`` at creation: a link starts down
     _connected: bool = False
 
@@ -63,7 +63,7 @@ class ForwardingMetrics:
     counters: dict[str, Counter[QueueKey]] = field(default_factory=lambda: {name: Counter() for name in COUNTERS})
     links: dict[str, LinkStats] = field(default_factory=dict)
     #: Unix ms the counters started from (the process's start): what "never" means for a pump's head.
-    started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    started_ms: int = field(default_factory=lambda: int(wall_clock() * 1000))
     pumps: dict[str, PumpState] = field(default_factory=dict)
     refused: Counter[str] = field(default_factory=Counter)  # device messages refused at ingress, per reason
     unrouted: int = 0  # device messages no route took

@@ -255,8 +255,8 @@ def test_never_more_in_flight_than_the_upstreams_receive_maximum(tmp_path: Path)
             for n in range(60):
                 await add(n)
             while await thread.call(store.message_count):
-                client = pump.sender._client  # paho's own count of unacknowledged PUBLISHes
-                most = max(most, client._inflight_messages if client is not None else 0)
+                connection = pump.sender._connection  # paho's own count of unacknowledged PUBLISHes
+                most = max(most, connection.client._inflight_messages if connection is not None else 0)
                 await asyncio.sleep(0.002)
 
         sender, _ = run_bridge(tmp_path, slow.port, "5", scenario)
