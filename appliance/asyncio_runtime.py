@@ -53,6 +53,9 @@ class AsyncioRuntime:
     def sleep(self, delay: float) -> Awaitable[None]:
         return asyncio.sleep(delay)
 
+    def timeout(self, delay: float) -> asyncio.Timeout:
+        return asyncio.timeout(delay)
+
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         return self.loop.run_in_executor(None, fn, *args)
 

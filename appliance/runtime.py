@@ -22,6 +22,7 @@ instead of waiting (Azure IoT Edge injects its ``ISystemTime`` the same way).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine, Generator
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -57,6 +58,10 @@ class Runtime(Protocol):
 
     def sleep(self, delay: float) -> Awaitable[None]:
         """For a spawned coroutine: resume ``delay`` seconds later (0: after the other ready work)."""
+
+    def timeout(self, delay: float) -> AbstractAsyncContextManager[object]:
+        """For a coroutine: a block that is cancelled after ``delay`` seconds and then raises ``TimeoutError``
+        (``asyncio.timeout``'s contract: a cancellation from outside still propagates)."""
 
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         """Run ``fn`` where it cannot stall the loop (a worker thread) and await its result."""

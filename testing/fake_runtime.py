@@ -26,10 +26,11 @@ Two drivers, one clock and one timer heap:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -84,7 +85,7 @@ class FakeRuntime:
         self._ready: deque[tuple[Callable[..., object], tuple[Any, ...]]] = deque()
         self._timers: list[tuple[float, int, FakeTimer]] = []
         self._order = itertools.count()
-        self._tasks: set[Coroutine[Any, Any, None]] = set()
+        self._tasks: set[Coroutine[Any, Any, None]] = set()  # coroutine objects (``cr_running``)
         self._loop_tasks: set[asyncio.Task[None]] = set()
         self._timer_added = asyncio.Event() if loop is not None else None
 
@@ -133,6 +134,18 @@ class FakeRuntime:
         self.call_later(delay, future.set_result, None)
         return future
 
+    @contextlib.asynccontextmanager
+    async def timeout(self, delay: float) -> AsyncIterator[None]:
+        """``asyncio.timeout`` whose deadline is on the fake clock (on a loop only)."""
+        assert self.loop is not None, "timeout is for a FakeRuntime on a loop"
+        loop = self.loop
+        async with asyncio.timeout(None) as deadline:
+            timer = self.call_later(delay, lambda: deadline.reschedule(loop.time()))
+            try:
+                yield
+            finally:
+                timer.cancel()
+
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         if self.loop is not None:
             done: asyncio.Future[T] = self.loop.create_future()
@@ -149,7 +162,7 @@ class FakeRuntime:
         for task in list(self._loop_tasks):
             task.cancel()
         for coroutine in list(self._tasks):
-            if not coroutine.cr_running:  # the one calling close (``Broker.stop``) ends by itself
+            if not getattr(coroutine, "cr_running", False):  # the one calling close (``Broker.stop``) ends by itself
                 coroutine.close()
                 self._tasks.discard(coroutine)
 

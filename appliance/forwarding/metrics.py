@@ -15,6 +15,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from appliance.asyncio_runtime import wall_clock
 from appliance.forwarding.queues import QueueDepth, QueueKey
@@ -122,7 +123,7 @@ class ForwardingMetrics:
         """The queues per endpoint and priority, and the links, for the gateway's Prometheus page. Every
         name carries its unit (``_seconds``, ``_bytes``, ``_messages``) or is a count of messages."""
         snapshot = self.snapshot(depths, now_ms)
-        kinds = (
+        kinds: tuple[tuple[str, str, Literal["gauge", "counter"], str], ...] = (
             ("depth", "appliance_forwarding_queue_messages", "gauge", "messages waiting in the queue"),
             ("oldest_age_s", "appliance_forwarding_queue_oldest_age_seconds", "gauge",
              "age of the oldest waiting message (0: none waiting)"),

@@ -95,7 +95,11 @@ async def _handshake(sock: socket.socket, tls: ssl.SSLContext, host: str) -> ssl
 async def _fd_ready(sock: Any, write: bool) -> None:
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[None] = loop.create_future()
-    (loop.add_writer if write else loop.add_reader)(sock, lambda: ready.done() or ready.set_result(None))
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    (loop.add_writer if write else loop.add_reader)(sock, wake)
     try:
         await ready
     finally:
@@ -187,7 +191,7 @@ class PahoConnection:
         self.closed = asyncio.Event()
         v5 = settings.protocol == "5"
         client = _ConnectedClient(
-            mqtt.CallbackAPIVersion.VERSION2,
+            mqtt.CallbackAPIVersion.VERSION2,  # type: ignore[attr-defined]
             client_id=client_id,
             protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
             clean_session=None if v5 else True,

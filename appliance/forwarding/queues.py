@@ -434,7 +434,8 @@ class MessageStore:
             "SELECT seq, endpoint, priority, enqueued_ms, dead_ms, reason, envelope, payload FROM dead_letters "
             "ORDER BY id DESC LIMIT ?", (limit,),
         ).fetchall()
-        return [DeadLetter(*row[:6], _readable_message(row[6], row[7])) for row in reversed(rows)]
+        return [DeadLetter(seq, endpoint, priority, enqueued_ms, dead_ms, reason, _readable_message(envelope, payload))
+                for seq, endpoint, priority, enqueued_ms, dead_ms, reason, envelope, payload in reversed(rows)]
 
     def cleanup(self) -> Counter[QueueKey]:
         """Delete expired entries and the bodies they kept alive; returns expired counts per queue.

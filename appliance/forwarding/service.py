@@ -147,7 +147,7 @@ class ForwardingService(ServiceDefaults):
             log.warning("forwarding: enabled without a manifest: no routes; device messages are acknowledged, "
                         "not forwarded, and counted as unrouted")
             self._write_status()
-        elif not self.reload():
+        elif not self.load_manifest():
             raise ServiceStartError(f"forwarding manifest {self.config.manifest} rejected: {self._load_error}")
         self.store = await self.thread.call(
             MessageStore,
@@ -303,7 +303,11 @@ class ForwardingService(ServiceDefaults):
 
     # -- routes
 
-    def reload(self) -> bool:
+    def reload(self) -> None:
+        """SIGHUP: the manifest again."""
+        self.load_manifest()
+
+    def load_manifest(self) -> bool:
         """Load the manifest file; on any error keep the running routes. Returns True if swapped."""
         path = self.config.manifest
         if path is None:
@@ -353,7 +357,7 @@ class ForwardingService(ServiceDefaults):
             except OSError:
                 continue
             if mtime != self._manifest_mtime:
-                self.reload()
+                self.load_manifest()
 
     # -- housekeeping
 

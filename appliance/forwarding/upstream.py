@@ -388,7 +388,7 @@ class UpstreamSender:
         item = items[0]
         properties = None
         if self.settings.protocol == "5":
-            properties = Properties(PacketTypes.PUBLISH)
+            properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
             properties.UserProperty = identity_properties(item, self.gateway_id, sent_ms)
             if item.message.content_type:
                 properties.ContentType = item.message.content_type
@@ -410,7 +410,7 @@ class UpstreamSender:
         CONNACK). Topic aliases are never used, so the server's Topic Alias Maximum cannot be exceeded."""
         user_properties = list(getattr(properties, "UserProperty", None) or ())
         content_type = getattr(properties, "ContentType", None)
-        packed = properties.pack() if properties is not None else None
+        packed = properties.pack() if properties is not None else None  # type: ignore[no-untyped-call]
         if packed is None and self.settings.protocol == "5":
             packed = b"\0"  # paho sends an empty property block
         size = publish_size(topic, len(payload), packed)

@@ -14,7 +14,6 @@ What the LEDs mean:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import enum
 import logging
@@ -25,7 +24,9 @@ from collections.abc import Callable, Iterator
 from gpiozero import LED, Button, Device, OutputDevice
 from gpiozero.exc import PinWarning
 
+from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.hardware.config import GpioConfig
+from appliance.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def pin_library() -> str:
     with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch), unavailable_as_one_error():
         Device.ensure_pin_factory()
     factory = Device.pin_factory
+    assert factory is not None
     Device.pin_factory = None
     factory.close()
     return type(factory).__name__
@@ -86,7 +88,8 @@ def backlog_level(queued: int, slow_from: int, fast_from: int) -> BacklogLevel:
 class ModemPowerRelay:
     """The relay in the modem's supply line. Energised (``on``) means the modem has power."""
 
-    def __init__(self, pin: int, active_high: bool) -> None:
+    def __init__(self, pin: int, active_high: bool, runtime: Runtime | None = None) -> None:
+        self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
         self._device = OutputDevice(pin, active_high=active_high, initial_value=True)
 
     @property
@@ -97,7 +100,7 @@ class ModemPowerRelay:
         """Cut the supply, wait ``off_seconds`` so the modem's capacitors drain, restore it."""
         self._device.off()
         try:
-            await asyncio.sleep(off_seconds)
+            await self.runtime.sleep(off_seconds)
         finally:
             self._device.on()
 
@@ -111,11 +114,14 @@ class StatusPanel:
     def __init__(
         self,
         config: GpioConfig,
-        on_short_press: Callable[[], None],
-        on_long_press: Callable[[], None],
+        on_short_press: Callable[[], object],
+        on_long_press: Callable[[], object],
+        runtime: Runtime | None = None,
     ) -> None:
         """Claims every configured pin; if one cannot be claimed (no pin library on this machine, a pin
-        held by another program) the pins already claimed are released before the error propagates."""
+        held by another program) the pins already claimed are released before the error propagates.
+        ``runtime`` times the relay's power cycle."""
+        self.runtime = runtime
         self._config = config
         self._on_short_press = on_short_press
         self._on_long_press = on_long_press
@@ -137,7 +143,7 @@ class StatusPanel:
         self._uplink = LED(config.uplink_led) if config.uplink_led is not None else None
         self._backlog = LED(config.backlog_led) if config.backlog_led is not None else None
         if config.modem_relay is not None:
-            self.relay = ModemPowerRelay(config.modem_relay, config.relay_active_high)
+            self.relay = ModemPowerRelay(config.modem_relay, config.relay_active_high, self.runtime)
         if config.button is not None:
             # pull_up: the button shorts the pin to ground, the usual wiring on Pi HATs.
             self._button = Button(config.button, pull_up=True, hold_time=config.long_press_seconds)
