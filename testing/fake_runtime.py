@@ -20,7 +20,8 @@ Two drivers, one clock and one timer heap:
   thread, a serial port): ``sleep`` and ``waiter`` hand out the loop's futures, ``spawn`` makes a task,
   and only the timers are fake. ``await elapse(seconds)`` moves the clock timer by timer and lets the
   loop run what each one woke before the next fires; ``await sleeper()`` waits (on an event, not by
-  polling) until some coroutine sleeps on the fake clock.
+  polling) until some coroutine sleeps on the fake clock; ``run_until`` jumps from timer to timer until
+  a condition holds.
 """
 
 from __future__ import annotations
@@ -245,6 +246,20 @@ class FakeRuntime:
                 self._timer_added.clear()
                 await self._timer_added.wait()
         return deadline
+
+    async def run_until(self, condition: Callable[[], bool], within: float) -> None:
+        """Jump the clock from one timer to the next (each fired at its own time, what it woke run) until
+        ``condition()`` holds; fail if that needs more than ``within`` seconds of fake time. Only for code
+        whose every wait is on the fake clock meanwhile (a modem that answers nothing, a refused connect)."""
+        end = self.time + within
+        while True:
+            await self.settle()
+            if condition():
+                return
+            deadline = await self.sleeper()
+            assert deadline <= end, f"not within {within} s of fake time (next timer at {deadline - self.time:+.3f} s)"
+            self.time = max(self.time, deadline)
+            self._fire_due(self.time)
 
     # -- internals --------------------------------------------------------------------------------------
 
