@@ -16,6 +16,7 @@ from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.routes import Endpoint, RouteResult
 from appliance.store_thread import StoreThread
+from testing.fake_runtime import FakeRuntime
 from tests.forwarding.endpoints_for_tests import (
     BrokenWindowEndpoint,
     DroppingEndpoint,
@@ -42,11 +43,15 @@ def msg(n: int) -> Message:
     return Message("/messages/events", "devices/d/messages/events", b"x" * 20, "d", properties=[("n", str(n))])
 
 
-async def _with_pump(tmp_path: Path, endpoint: RecordingEndpoint, scenario, **options: float) -> ForwardingMetrics:
+async def _with_pump(tmp_path: Path, endpoint: RecordingEndpoint, scenario, fake_clock: bool = False,
+                     **options: float) -> ForwardingMetrics:
+    """``fake_clock``: the pump's backoffs on a ``FakeRuntime`` (``pump.runtime``) that the scenario moves."""
     thread = StoreThread("test-store")
     store = MessageStore(tmp_path / "forwarding.db")
     metrics = ForwardingMetrics()
-    pump = Pump(endpoint, store, thread, metrics, retry_min_s=0.01, retry_max_s=0.02, **options)  # type: ignore[arg-type]
+    runtime = FakeRuntime.on_running_loop() if fake_clock else None
+    pump = Pump(endpoint, store, thread, metrics, retry_min_s=0.01, retry_max_s=0.02,  # type: ignore[arg-type]
+                runtime=runtime, **options)
 
     async def add(n: int, priority: int, ttl: int = 60) -> None:
         await thread.call(store.add, msg(n), [RouteResult(UP, priority, ttl)])
@@ -276,6 +281,8 @@ def test_a_pump_task_that_ends_anyway_is_started_again(tmp_path: Path) -> None:
     endpoint = RecordingEndpoint(batch_size=10)
 
     async def scenario(pump: Pump, add, store, thread) -> None:
+        runtime = pump.runtime
+        assert isinstance(runtime, FakeRuntime)
         pump.start()
         first = pump.task
         assert first is not None
@@ -283,12 +290,15 @@ def test_a_pump_task_that_ends_anyway_is_started_again(tmp_path: Path) -> None:
         first.cancel()  # not the service's stop: something else ended it
         await asyncio.gather(first, return_exceptions=True)
         assert not pump.running and pump.state.restarts == 1
-        await asyncio.wait_for(until(lambda: pump.task is not first), 5)
+        await runtime.elapse(4.999)
+        assert pump.task is first  # not before its restart backoff
+        await runtime.elapse(0.001)
+        assert pump.task is not first
         await add(1, 0)
         await endpoint.wait_for(1)
         assert pump.running
 
-    metrics = asyncio.run(_with_pump(tmp_path, endpoint, scenario, restart_min_s=0.01, restart_max_s=0.02))
+    metrics = asyncio.run(_with_pump(tmp_path, endpoint, scenario, fake_clock=True, restart_min_s=5, restart_max_s=5))
     assert metrics.pumps["upstream"].restarts == 1
 
 
