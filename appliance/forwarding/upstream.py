@@ -110,16 +110,6 @@ def _abandon_acks(futures: list[asyncio.Future[float]]) -> None:
             future.exception()
 
 
-async def _first_of(event: asyncio.Event, sleep: Any) -> None:
-    """Until ``event`` is set or ``sleep`` (a runtime's sleep) has ended, whichever comes first."""
-    waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(sleep)}
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
-
-
 class UpstreamSender:
     """The bridge's policy; ``LinkEvents`` of the ``PahoConnection`` it has open (one at a time)."""
 
@@ -208,7 +198,7 @@ class UpstreamSender:
             if self._link_changed.is_set():
                 self._backoff.reset()  # the link went or came back meanwhile: a new link, try at once (or wait for it)
             elif not self._stopping:
-                await _first_of(self._link_changed, self.runtime.sleep(self._backoff.next_delay()))
+                await self._wait(self._link_changed, self._backoff.next_delay())
 
     async def _session(self, sock: Any) -> bool:
         """Run one MQTT connection on ``sock`` until it closes, the link goes down or the bridge stops.
@@ -225,15 +215,22 @@ class UpstreamSender:
             while not connection.closed.is_set():
                 if self._stopping or not self._link_up:
                     connection.disconnect()  # a polite DISCONNECT if it leaves soon; the socket is closed anyway
-                    await _first_of(connection.closed, self.runtime.sleep(CLOSE_TIMEOUT_S))
+                    await self._wait(connection.closed, CLOSE_TIMEOUT_S)
                     break
-                await _first_of(connection.closed, self.runtime.sleep(TICK_S))
+                await self._wait(connection.closed, TICK_S)
                 accepted = accepted or self._ready_flag
                 if not connection.closed.is_set():
                     self._tick(connection)
         finally:
             self._abandon(connection)
         return accepted
+
+    async def _wait(self, event: asyncio.Event, seconds: float) -> None:
+        """Until ``event`` is set or ``seconds`` have passed on the runtime's clock. ``runtime.timeout``, not
+        ``wait_for``: on 3.11 ``wait_for`` can drop a ``stop()``'s cancellation."""
+        with contextlib.suppress(TimeoutError):
+            async with self.runtime.timeout(seconds):
+                await event.wait()
 
     def _tick(self, connection: PahoConnection) -> None:
         """Keep-alive: busy, the link must make progress; idle, paho's PINGREQ/PINGRESP rule; before the

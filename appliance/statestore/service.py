@@ -341,17 +341,10 @@ class StateStoreService(ServiceDefaults):
             if delay == 0:
                 await self.runtime.sleep(0)  # a large backlog: let requests in between batches
                 continue
-            await self._sleep_unless_woken(delay)
-
-    async def _sleep_unless_woken(self, delay: float) -> None:
-        """Until ``delay`` seconds have passed on the runtime's clock or a SET with PX wakes the sweeper."""
-        woken = asyncio.ensure_future(self._wake_sweeper.wait())
-        slept = asyncio.ensure_future(self.runtime.sleep(delay))
-        try:
-            await asyncio.wait({woken, slept}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            woken.cancel()
-            slept.cancel()
+            with contextlib.suppress(TimeoutError):
+                # runtime.timeout, not wait_for: on 3.11 wait_for can drop a stop()'s cancellation
+                async with self.runtime.timeout(delay):
+                    await self._wake_sweeper.wait()
 
     def _require_thread(self) -> StoreThread:
         if self.thread is None:
