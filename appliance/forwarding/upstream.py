@@ -10,10 +10,9 @@ Rules
 * QoS 1, and a message counts as sent only once its PUBACK (and those of the messages before it) is in:
   the pump takes messages off their queue after that, never before (at-least-once; the message id is
   stable across retries).
-* Two formats (docs/message-format.md): ``message`` publishes each message with its ``gw-*`` user
-  properties, at most ``estimate.window()`` unacknowledged; ``batch`` packs the pump's batch into
-  PUBLISHes of ``packed_window().chunk_bytes`` (``batch.py``), at most a window's worth of them
-  unacknowledged. Never more than the server's Receive Maximum.
+* In flight: in the ``message`` format at most ``estimate.window()`` PUBLISHes unacknowledged, in the
+  ``batch`` format (``upstream_publish.py`` says what goes in a PUBLISH) a window's worth of packed
+  PUBLISHes; never more than the server's Receive Maximum.
 * Expiry is judged again for every PUBLISH as it is handed to the link: an expired message never goes on
   the wire.
 * Reconnecting: exponential backoff with jitter, and a fresh ``PahoConnection`` per connection.
@@ -36,20 +35,10 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-
 from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.backoff import Backoff
-from appliance.forwarding.batch import encode_batch
 from appliance.forwarding.config import UpstreamConfig
-from appliance.forwarding.endpoints import (
-    Refused,
-    SendFailed,
-    Unsendable,
-    identity_properties,
-    message_id,
-)
+from appliance.forwarding.endpoints import Refused, SendFailed, Unsendable
 from appliance.forwarding.liveness import Liveness
 from appliance.forwarding.metrics import LinkStats
 from appliance.forwarding.paho_link import (
@@ -62,33 +51,12 @@ from appliance.forwarding.paho_link import (
 )
 from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.routes import UPSTREAM
-from appliance.forwarding.validity import publish_size, upstream_problem
+from appliance.forwarding.upstream_publish import PublishFormat, wire_size
 from appliance.forwarding.window import LinkEstimate, Window
 from appliance.runtime import Runtime, wall_ms
 from appliance.tcp_floor import retransmission_floor_s
 
 log = logging.getLogger(__name__)
-
-
-def wire_size(topic: str, payload: bytes, properties: Properties | None) -> int:
-    """Roughly the PUBLISH packet's size: what the link actually carries for it."""
-    size = 2 + 2 + 2 + len(topic) + 8 + len(payload)
-    for key, value in getattr(properties, "UserProperty", None) or ():
-        size += 5 + len(key) + len(value)
-    return size
-
-
-def pack(batch: list[QueuedMessage], chunk_bytes: int) -> list[list[QueuedMessage]]:
-    """Consecutive runs of ``batch`` of at most ``chunk_bytes`` payload each (at least one message)."""
-    chunks: list[list[QueuedMessage]] = []
-    size = 0
-    for item in batch:
-        if not chunks or size + item.size > chunk_bytes:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(item)
-        size += item.size
-    return chunks
 
 
 #: How often keep-alive (liveness and paho's PINGREQ) is looked at.
@@ -120,6 +88,7 @@ class UpstreamSender:
         self.settings = settings
         self.gateway_id = gateway_id
         self.stats = stats
+        self.format = PublishFormat(settings, gateway_id)
         self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
         self.estimate = LinkEstimate()
         self._ready = asyncio.Event()
@@ -347,11 +316,7 @@ class UpstreamSender:
         await self._ready.wait()
 
     def topic_for(self, item: QueuedMessage) -> str:
-        m = item.message
-        return self.settings.topic_template.format(
-            gateway_id=self.gateway_id, device_id=m.device_id, module_id=m.module_id or "", output=m.output or "",
-            message_id=message_id(item, self.gateway_id), priority=item.priority,
-        )
+        return self.format.topic_for(item)
 
     def publish_direct(self, topic: str, payload: bytes) -> None:
         """Fire-and-forget QoS 1 (gateway metrics): skipped while disconnected, never queued."""
@@ -368,29 +333,6 @@ class UpstreamSender:
             limit = max(1, min(limit, self._max_packet - 512))
         return self.estimate.packed_window(limit)
 
-    def _groups(self, batch: list[QueuedMessage]) -> list[list[QueuedMessage]]:
-        """The messages of each PUBLISH that ``batch`` goes out as."""
-        if self.settings.format == "batch":
-            chunk = self.window().chunk_bytes
-            assert chunk is not None
-            return pack(batch, chunk)
-        return [[item] for item in batch]
-
-    def _unit(self, items: list[QueuedMessage], sent_ms: int) -> tuple[str, bytes, Properties | None]:
-        """(topic, payload, properties) of the PUBLISH of ``items``, stamped ``sent_ms`` (this attempt)."""
-        if self.settings.format == "batch":
-            priority = items[0].priority
-            return (self.settings.batch_topic.format(gateway_id=self.gateway_id, priority=priority),
-                    encode_batch(self.gateway_id, priority, sent_ms, items), None)
-        item = items[0]
-        properties = None
-        if self.settings.protocol == "5":
-            properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-            properties.UserProperty = identity_properties(item, self.gateway_id, sent_ms)
-            if item.message.content_type:
-                properties.ContentType = item.message.content_type
-        return self.topic_for(item), item.message.payload, properties
-
     def _in_flight_limit(self) -> int:
         """PUBLISHes that may be unacknowledged, re-read after every ack so it follows the link; never more
         than the server's Receive Maximum (MQTT 5 section 3.3.4: a server closes the connection, 0x93, and
@@ -400,20 +342,6 @@ class UpstreamSender:
             return min(window.messages, self._receive_max)
         assert window.bytes is not None
         return min(max(2, -(-window.bytes // window.chunk_bytes)), self._receive_max)
-
-    def _check_unit(self, topic: str, payload: bytes, properties: Properties | None) -> None:
-        """Raise ``Unsendable`` for a PUBLISH that a conforming MQTT 5 server must refuse: control
-        characters in its topic or properties, more bytes than the server's Maximum Packet Size (from its
-        CONNACK). Topic aliases are never used, so the server's Topic Alias Maximum cannot be exceeded."""
-        user_properties = list(getattr(properties, "UserProperty", None) or ())
-        content_type = getattr(properties, "ContentType", None)
-        packed = properties.pack() if properties is not None else None  # type: ignore[no-untyped-call]
-        if packed is None and self.settings.protocol == "5":
-            packed = b"\0"  # paho sends an empty property block
-        size = publish_size(topic, len(payload), packed)
-        problem = upstream_problem(topic, user_properties, content_type, size, self._max_packet)
-        if problem is not None:
-            raise Unsendable(problem.detail, [])
 
     async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
         """Publish with at most ``_in_flight_limit()`` unacknowledged; stop handing out PUBLISHes once
@@ -457,7 +385,7 @@ class UpstreamSender:
                 refused.extend(item.seq for item in published[index])
                 refusal = refusal or exc.reason
 
-        groups = self._groups(batch)
+        groups = self.format.groups(batch, self.window().chunk_bytes)
         filled = len(groups) >= self._in_flight_limit()  # the window, not the queue, bounded this batch
         try:
             for items in groups:
@@ -474,8 +402,8 @@ class UpstreamSender:
                     expired_run += len(items)
                     continue
                 try:
-                    topic, payload, properties = self._unit(live, sent_ms)
-                    self._check_unit(topic, payload, properties)
+                    topic, payload, properties = self.format.unit(live, sent_ms)
+                    self.format.check(topic, payload, properties, self._max_packet)
                     mid = connection.publish(topic, payload, properties)
                 except PublishNotQueued as exc:
                     raise SendFailed(f"publish failed: {exc}") from None
