@@ -216,6 +216,10 @@ class FakeRuntime:
             heapq.heappop(self._timers)
         return self._timers[0][0] if self._timers else None
 
+    def deadlines(self) -> list[float]:
+        """When each live timer fires (monotonic), earliest first: which coroutines sleep until when."""
+        return sorted(when for when, _, timer in self._timers if not timer.cancelled)
+
     async def settle(self) -> None:
         """Let the loop run what is ready (and what that makes ready) before the clock moves on."""
         assert self.loop is not None, "settle is for a FakeRuntime on a loop"
