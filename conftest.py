@@ -75,6 +75,8 @@ UNIT_MODULES = frozenset(
         "tests/test_backoff.py",
         "tests/test_campaigns.py",
         "tests/test_prometheus.py",
+        "tests/test_runtime_port.py",
+        "tests/testing/test_fake_runtime.py",
         "tests/test_tool_connection.py",
         "tests/test_worker_groups.py",
         "tests/hardware/test_config.py",

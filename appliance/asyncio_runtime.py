@@ -1,4 +1,9 @@
-"""``runtime.Runtime`` on an asyncio event loop: the production clock and scheduler of the broker."""
+"""``runtime.Runtime`` on an asyncio event loop: the production clock and scheduler of the gateway.
+
+The only module of ``appliance/`` that reads the system clocks and sleeps (``runtime.py`` says why).
+``wall_clock`` is the same clock for code that runs off the loop (the store threads, a command's
+process), where a loop's time cannot be read.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,11 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+def wall_clock() -> float:
+    """Wall-clock UNIX seconds, readable from any thread."""
+    return time.time()
 
 
 class AsyncioRuntime:
@@ -24,10 +34,12 @@ class AsyncioRuntime:
         return self._loop
 
     def now(self) -> float:
-        return time.time()
+        return wall_clock()
 
     def monotonic(self) -> float:
-        return self.loop.time()
+        # The clock itself, not ``loop.time()``: uvloop's is the time its loop iteration began, in whole
+        # milliseconds, and the bridge measures acks and the pump the gap between batches within one.
+        return time.monotonic()
 
     def call_soon(self, callback: Callable[..., object], *args: Any) -> None:
         self.loop.call_soon(callback, *args)
@@ -42,6 +54,9 @@ class AsyncioRuntime:
 
     def sleep(self, delay: float) -> Awaitable[None]:
         return asyncio.sleep(delay)
+
+    def timeout(self, delay: float) -> asyncio.Timeout:
+        return asyncio.timeout(delay)
 
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         return self.loop.run_in_executor(None, fn, *args)

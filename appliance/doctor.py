@@ -23,13 +23,13 @@ import shutil
 import socket
 import stat
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
 from appliance import run_state
+from appliance.asyncio_runtime import wall_clock
 from appliance.broker.config import ListenerConfig
 from appliance.broker.transport.certificates import (
     NEAR_EXPIRY,
@@ -75,7 +75,7 @@ def check_certificates(listeners: Iterable[ListenerConfig], now: datetime | None
     CA) when it uses TLS: expired, not yet valid, or expiring within ``certificates.NEAR_EXPIRY`` is a
     problem here (the gateway only warns at start). An expired upstream certificate keeps the cloud link
     down for ever, which the link check alone reports without the reason."""
-    now = now or datetime.now(UTC)
+    now = now or datetime.fromtimestamp(wall_clock(), UTC)
     findings = []
     files = {(path, role) for listener in listeners
              for path, role in ((listener.certfile, "certfile"), (listener.cafile, "cafile")) if path is not None}
@@ -287,7 +287,7 @@ def check_forwarding(config: GatewayConfig, thresholds: Thresholds, now_ms: int 
         return []
     running = run_state.running(config.data_dir)
     pid = running.pid if running is not None else None
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    now_ms = int(wall_clock() * 1000) if now_ms is None else now_ms
     return [
         *forwarding_doctor.check_manifest(config.forwarding),
         *forwarding_doctor.check_running_routes(config.data_dir, pid),

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 import uvloop
 
 from appliance import run_state
+from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.broker.api import BrokerService, ServiceStartError
 from appliance.broker.broker import Broker
 from appliance.broker.config import BrokerConfig, queued_bytes_default
@@ -36,6 +37,7 @@ from appliance.hardware.factory_reset import (
 )
 from appliance.metrics_server import MetricsServer
 from appliance.prometheus import Family
+from appliance.runtime import Runtime
 from appliance.sdnotify import Notifier
 from appliance.startup_error import StartupError
 
@@ -46,23 +48,26 @@ def build_services(
     config: GatewayConfig,
     on_factory_reset: Callable[[], None] = lambda: None,
     status_report: Callable[[], Mapping[str, object]] = dict,
+    runtime: Runtime | None = None,
 ) -> list[BrokerService]:
     """Every in-process service the broker hosts, in start order. Subsystems add themselves here.
 
     ``on_factory_reset`` is the hardware button's long press; ``serve`` stops, resets and exits for a restart.
     ``status_report`` is what the button's short press logs about the broker.
     The hardware starts before forwarding, which takes its modem link state (no upstream connection attempts
-    while the modem is not registered) and drives its uplink and backlog LEDs (``docs/hardware.md``)."""
+    while the modem is not registered) and drives its uplink and backlog LEDs (``docs/hardware.md``).
+    Every service reads time through ``runtime``, the broker's."""
+    runtime = runtime if runtime is not None else AsyncioRuntime()
     services: list[BrokerService] = []
     if config.statestore.enabled:
         from appliance.statestore.service import StateStoreService
 
-        services.append(StateStoreService(config.statestore, config.data_dir))
+        services.append(StateStoreService(config.statestore, config.data_dir, runtime))
         from appliance.firmware.service import FirmwareService
 
         # Over-the-air updates of the thermostats (docs/firmware.md): they watch the desired version in the
         # state store, so the firmware service comes with it.
-        services.append(FirmwareService(config.data_dir))
+        services.append(FirmwareService(config.data_dir, runtime=runtime))
     hardware = None
     bridge = config.forwarding.enabled and config.forwarding.upstream.host is not None
     if config.hardware.enabled:
@@ -70,13 +75,13 @@ def build_services(
 
         # With a bridge the uplink LED means "connected to the cloud"; the bridge drives it.
         hardware = HardwareService(
-            config.hardware, on_factory_reset, status_report, uplink_led_follows_modem=not bridge
+            config.hardware, on_factory_reset, status_report, uplink_led_follows_modem=not bridge, runtime=runtime
         )
         services.append(hardware)
     if config.forwarding.enabled:
         from appliance.forwarding.service import ForwardingService
 
-        services.append(ForwardingService(config.forwarding, config.data_dir, config.gateway_id, hardware))
+        services.append(ForwardingService(config.forwarding, config.data_dir, config.gateway_id, hardware, runtime))
     return services
 
 
@@ -134,9 +139,10 @@ async def serve(config: GatewayConfig) -> int:
     async def broker_metrics() -> list[Family]:
         return broker.metrics()
 
+    runtime = AsyncioRuntime()  # one clock and scheduler for the broker and every service
     broker = Broker(
         resolve_queued_bytes(config), store, authenticator, acl,
-        build_services(config, restart_after_factory_reset, broker_status),
+        build_services(config, restart_after_factory_reset, broker_status, runtime), runtime=runtime,
     )
     # One Prometheus page for the whole gateway: the broker's figures and every service's.
     metrics = MetricsServer([broker_metrics, *(service.metrics for service in broker.services)])
@@ -179,7 +185,7 @@ async def serve(config: GatewayConfig) -> int:
         # Pings come from this loop, so a stuck loop stops them and systemd restarts the gateway.
         # They stop too while a service is not healthy (a forwarding pump down): systemd restarts the gateway.
         watchdog = asyncio.create_task(
-            notifier.ping_watchdog_forever(lambda: all(service.healthy() for service in broker.services)),
+            notifier.ping_watchdog_forever(lambda: all(service.healthy() for service in broker.services), runtime),
             name="systemd-watchdog")
         for service in broker.services:
             service.show_ready()

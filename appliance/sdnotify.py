@@ -14,11 +14,13 @@ stop while a service reports itself unhealthy (a forwarding pump that failed and
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
 from collections.abc import Callable, Mapping
+
+from appliance.asyncio_runtime import AsyncioRuntime
+from appliance.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +69,12 @@ class Notifier:
     def watchdog(self) -> bool:
         return self.notify("WATCHDOG=1")
 
-    async def ping_watchdog_forever(self, healthy: Callable[[], bool] = lambda: True) -> None:
+    async def ping_watchdog_forever(self, healthy: Callable[[], bool] = lambda: True,
+                                    runtime: Runtime | None = None) -> None:
         """Run as a task on the gateway's loop; returns at once if no watchdog is configured. No ping while
         ``healthy()`` says no (a forwarding pump is down): if that lasts, systemd restarts the gateway.
-        The change is logged each way."""
+        The change is logged each way. ``runtime`` times the pings."""
+        clock: Runtime = runtime if runtime is not None else AsyncioRuntime()
         interval = self._watchdog_interval
         if interval is None or not self.enabled:
             return
@@ -85,7 +89,7 @@ class Notifier:
                 fed = False
                 log.error("systemd watchdog: a service is not healthy; the watchdog is no longer fed, systemd "
                           "restarts the gateway if this lasts")
-            await asyncio.sleep(interval)
+            await clock.sleep(interval)
 
 
 def watchdog_interval(environ: Mapping[str, str]) -> float | None:

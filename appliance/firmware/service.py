@@ -2,7 +2,7 @@
 
 Low priority is built from three things. Requests are queued (``ChunkQueue``: bounded, one per client) and
 acknowledged at once, so ``on_publish`` never holds the broker. One worker task serves the queue one chunk
-at a time, yielding to the event loop before each (``asyncio.sleep(0)``: whatever the loop has ready, such
+at a time, yielding to the event loop before each (``Runtime.sleep(0)``: whatever the loop has ready, such
 as set point requests and their notifications, runs first). And each thermostat has at most one chunk
 outstanding: it asks for the next only after the last arrived, so a fleet update puts at most one chunk per
 thermostat in the broker's queues, ahead of a set point notification to that same thermostat. A full queue
@@ -23,6 +23,7 @@ import contextlib
 import logging
 from pathlib import Path
 
+from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.broker.api import (
     QUOTA_EXCEEDED,
     BrokerHandle,
@@ -41,6 +42,7 @@ from appliance.firmware.protocol import (
     parse_request,
 )
 from appliance.firmware.repository import Repository
+from appliance.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,8 @@ ENVELOPE = EnvelopeRules(service="the firmware service", requests="firmware requ
 class FirmwareService(ServiceDefaults):
     topic_filters = (REQUEST_TOPIC,)
 
-    def __init__(self, data_dir: Path, queue_limit: int = QUEUE_LIMIT) -> None:
+    def __init__(self, data_dir: Path, queue_limit: int = QUEUE_LIMIT, runtime: Runtime | None = None) -> None:
+        self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
         self.repository = Repository(Path(data_dir) / "firmware")
         self.queue = ChunkQueue(queue_limit)
         self.served = 0  # chunks answered (a counter for tests and status)
@@ -103,7 +106,7 @@ class FirmwareService(ServiceDefaults):
             if not len(self.queue):
                 self._wake.clear()
                 await self._wake.wait()
-            await asyncio.sleep(0)  # after whatever else the loop has ready
+            await self.runtime.sleep(0)  # after whatever else the loop has ready
             item = self.queue.pop()
             if item is None or self._broker is None:
                 continue

@@ -12,7 +12,6 @@ instead of retrying them - and everything queued behind them - until they expire
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -21,6 +20,7 @@ from appliance.forwarding.identity import gateway_properties
 from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.routes import Endpoint
 from appliance.forwarding.window import LinkEstimate, Window
+from appliance.runtime import Runtime, wall_ms
 
 
 class SendFailed(Exception):
@@ -105,8 +105,9 @@ class BrokeredSender:
     as the broker has it.
     """
 
-    def __init__(self, endpoint: Endpoint, broker: BrokerHandle, gateway_id: str) -> None:
+    def __init__(self, endpoint: Endpoint, broker: BrokerHandle, gateway_id: str, runtime: Runtime) -> None:
         self.id = endpoint.id
+        self.runtime = runtime
         self.topic = f"devices/{gateway_id}/modules/{endpoint.module}/inputs/{endpoint.input}"
         self.broker = broker
         self.gateway_id = gateway_id
@@ -119,7 +120,7 @@ class BrokeredSender:
         return self.estimate.window()
 
     async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
-        sent_ms = int(time.time() * 1000)
+        sent_ms = wall_ms(self.runtime)
         for item in batch:
             self.broker.publish(
                 self.topic,

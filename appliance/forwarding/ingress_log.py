@@ -11,7 +11,6 @@ waiting.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 #: Seconds between two lines of one reason.
@@ -19,8 +18,8 @@ INTERVAL_S = 60.0
 
 
 class RefusalLog:
-    def __init__(self, log: logging.Logger, interval_s: float = INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, log: logging.Logger, clock: Callable[[], float], interval_s: float = INTERVAL_S) -> None:
+        """``clock``: monotonic seconds (``Runtime.monotonic``)."""
         self.log = log
         self.interval_s = interval_s
         self.clock = clock

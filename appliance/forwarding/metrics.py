@@ -11,12 +11,13 @@ what an operator needs to see that forwarding goes on, and why a device's messag
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
+from appliance.asyncio_runtime import wall_clock
 from appliance.forwarding.queues import QueueDepth, QueueKey
 from appliance.prometheus import Family
 from appliance.store_health import StoreHealth
@@ -32,7 +33,7 @@ class LinkStats:
     bytes_sent: int = 0
     rate_bytes_per_s: float | None = None  # measured bottleneck
     rtt_s: float | None = None
-    clock: Callable[[], float] = field(default=time.time, repr=False)
+    clock: Callable[[], float] = field(default=wall_clock, repr=False)
     changed_ms: int = -1  # set from ``clock`` at creation: a link starts down
     _connected: bool = False
 
@@ -63,7 +64,7 @@ class ForwardingMetrics:
     counters: dict[str, Counter[QueueKey]] = field(default_factory=lambda: {name: Counter() for name in COUNTERS})
     links: dict[str, LinkStats] = field(default_factory=dict)
     #: Unix ms the counters started from (the process's start): what "never" means for a pump's head.
-    started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    started_ms: int = field(default_factory=lambda: int(wall_clock() * 1000))
     pumps: dict[str, PumpState] = field(default_factory=dict)
     refused: Counter[str] = field(default_factory=Counter)  # device messages refused at ingress, per reason
     unrouted: int = 0  # device messages no route took
@@ -122,7 +123,7 @@ class ForwardingMetrics:
         """The queues per endpoint and priority, and the links, for the gateway's Prometheus page. Every
         name carries its unit (``_seconds``, ``_bytes``, ``_messages``) or is a count of messages."""
         snapshot = self.snapshot(depths, now_ms)
-        kinds = (
+        kinds: tuple[tuple[str, str, Literal["gauge", "counter"], str], ...] = (
             ("depth", "appliance_forwarding_queue_messages", "gauge", "messages waiting in the queue"),
             ("oldest_age_s", "appliance_forwarding_queue_oldest_age_seconds", "gauge",
              "age of the oldest waiting message (0: none waiting)"),

@@ -53,14 +53,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-import time
 from collections.abc import Callable, Collection
 
+from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.backoff import Backoff
 from appliance.forwarding.endpoints import EndpointSender, Refused, SendFailed, Unsendable
 from appliance.forwarding.metrics import ForwardingMetrics, PumpState
 from appliance.forwarding.queues import MessageStore, QueuedMessage, UnreadableEntry
 from appliance.forwarding.routes import DEFAULT_PRIORITY
+from appliance.runtime import Runtime, wall_ms
 from appliance.store_thread import StoreThread
 
 log = logging.getLogger(__name__)
@@ -84,10 +85,13 @@ class Pump:
         max_link_drops: int = 3,
         restart_min_s: float = 0.5,
         restart_max_s: float = 30.0,
+        runtime: Runtime | None = None,
     ) -> None:
         """``on_checkpoint`` runs after every batch taken off a queue (the backlog LED follows the depth);
         a message the endpoint refuses ``max_refusals`` times goes to the dead letters, as does one alone
-        in flight at the ``max_link_drops``-th drop of the link."""
+        in flight at the ``max_link_drops``-th drop of the link. Time (backoffs, the gap between batches,
+        expiry) comes from ``runtime``."""
+        self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
         self.sender = sender
         self.store = store
         self.thread = thread
@@ -141,7 +145,7 @@ class Pump:
         why = "cancelled" if task.cancelled() else repr(task.exception())
         log.error("endpoint %s: the pump ended (%s); starting it again in %.1f s (restart %d)", self.sender.id,
                   why, delay, self.state.restarts)
-        asyncio.get_running_loop().call_later(delay, lambda: None if self._stopped else self.start())
+        self.runtime.call_later(delay, lambda: None if self._stopped else self.start())
 
     def notify(self, priority: int) -> None:
         """A message of ``priority`` was stored for this endpoint."""
@@ -175,7 +179,7 @@ class Pump:
                 if self.store_failures == 1:
                     log.warning("endpoint %s: the store cannot be written (%s); what was sent is sent again "
                                 "once it can", self.sender.id, exc)
-                await asyncio.sleep(self._retry.next_delay())
+                await self.runtime.sleep(self._retry.next_delay())
             except Exception:
                 self.state.running = False
                 self.state.restarts += 1
@@ -184,7 +188,7 @@ class Pump:
                 delay = self._restart.next_delay()
                 log.exception("endpoint %s: the pump failed; starting it again in %.1f s (restart %d)",
                               self.sender.id, delay, self.state.restarts)
-                await asyncio.sleep(delay)
+                await self.runtime.sleep(delay)
 
     async def _read(self) -> tuple[int, list[QueuedMessage]]:
         """The next batch: of the highest priority that has messages waiting, and its priority. An entry
@@ -219,10 +223,10 @@ class Pump:
                 self._restart.reset()
                 await self.wake.wait()
                 continue
-            now_ms = int(time.time() * 1000)
+            now_ms = wall_ms(self.runtime)
             live = [item for item in batch if item.expires_ms > now_ms]
             if last_done is not None:
-                self.sender.estimate.note_gap(time.monotonic() - last_done)
+                self.sender.estimate.note_gap(self.runtime.monotonic() - last_done)
             self.preempt.clear()
             self._sending_priority = priority
             try:
@@ -235,7 +239,7 @@ class Pump:
                 self.metrics.count("retries", self.sender.id, priority, len(live))
                 delay = self._retry.next_delay()
                 log.info("endpoint %s: batch of %d failed (%s); retrying in %.2fs", self.sender.id, len(live), exc, delay)
-                await asyncio.sleep(delay)
+                await self.runtime.sleep(delay)
                 continue
             except Exception as exc:  # a fault while handling these messages: isolate it, never stop on it
                 last_done = None
@@ -247,7 +251,7 @@ class Pump:
             self._restart.reset()
             self._faults_in_row = 0
             if await self._complete(priority, batch, live, count):
-                last_done = time.monotonic()
+                last_done = self.runtime.monotonic()
 
     async def _complete(self, priority: int, batch: list[QueuedMessage], live: list[QueuedMessage], count: int,
                         acked: Collection[int] = ()) -> bool:
@@ -274,7 +278,7 @@ class Pump:
             self.store_failures = 0
         self._checkpoints[priority] = offset  # the store forgot the refusals of what it checkpointed
         self.batches += 1
-        self.state.head_moved_ms = int(time.time() * 1000)
+        self.state.head_moved_ms = wall_ms(self.runtime)
         self._batch_done.set()
         self.on_checkpoint()
         self.metrics.count("sent", self.sender.id, priority, sent)
@@ -320,7 +324,7 @@ class Pump:
         """Move ``seqs`` to the dead letters with ``reason``; one WARNING line says ``why`` (or the reason)."""
         moved = await self.thread.call(self.store.dead_letter, self.sender.id, priority, seqs, reason)
         self.metrics.count("dead_lettered", self.sender.id, priority, moved)
-        self.state.head_moved_ms = int(time.time() * 1000)
+        self.state.head_moved_ms = wall_ms(self.runtime)
         self.on_checkpoint()
         log.warning("endpoint %s: %d messages of priority %d %s; moved to the dead letters", self.sender.id, moved,
                     priority, why or f"cannot be sent ({reason})")

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.asyncio_runtime import wall_clock
 from appliance.forwarding.messages import Message
 from appliance.forwarding.routes import RouteResult
 
@@ -183,7 +183,7 @@ class MessageStore:
         path: Path,
         max_bytes: int | None = None,
         check_entire_queue_on_cleanup: bool = False,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = wall_clock,
     ) -> None:
         self.path = Path(path)
         self.max_bytes = max_bytes
@@ -434,7 +434,8 @@ class MessageStore:
             "SELECT seq, endpoint, priority, enqueued_ms, dead_ms, reason, envelope, payload FROM dead_letters "
             "ORDER BY id DESC LIMIT ?", (limit,),
         ).fetchall()
-        return [DeadLetter(*row[:6], _readable_message(row[6], row[7])) for row in reversed(rows)]
+        return [DeadLetter(seq, endpoint, priority, enqueued_ms, dead_ms, reason, _readable_message(envelope, payload))
+                for seq, endpoint, priority, enqueued_ms, dead_ms, reason, envelope, payload in reversed(rows)]
 
     def cleanup(self) -> Counter[QueueKey]:
         """Delete expired entries and the bodies they kept alive; returns expired counts per queue.

@@ -29,13 +29,13 @@ import json
 import logging
 import os
 import sqlite3
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from appliance import atomic_file
+from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.broker.api import (
     ACCEPTED,
     QUOTA_EXCEEDED,
@@ -64,6 +64,7 @@ from appliance.forwarding.routes import (
 from appliance.forwarding.upstream import UpstreamSender
 from appliance.forwarding.validity import InvalidMessage
 from appliance.prometheus import Family
+from appliance.runtime import Runtime, wall_ms
 from appliance.store_health import StoreHealth
 from appliance.store_thread import StoreThread
 
@@ -104,7 +105,9 @@ def with_expiry(results: list[RouteResult], expiry_s: int) -> list[RouteResult]:
 class ForwardingService(ServiceDefaults):
     topic_filters = ("devices/#",)
 
-    def __init__(self, config: ForwardingConfig, data_dir: Path, gateway_id: str, hardware: LinkPanel | None = None) -> None:
+    def __init__(self, config: ForwardingConfig, data_dir: Path, gateway_id: str, hardware: LinkPanel | None = None,
+                 runtime: Runtime | None = None) -> None:
+        self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
         self.config = config
         self.hardware = hardware
         self._backlog_dirty = asyncio.Event()
@@ -113,7 +116,7 @@ class ForwardingService(ServiceDefaults):
         self._committer: asyncio.Task[None] | None = None
         self.data_dir = Path(data_dir)
         self.gateway_id = gateway_id
-        self.figures = ForwardingMetrics()
+        self.figures = ForwardingMetrics(started_ms=wall_ms(self.runtime))
         self.evaluator = Evaluator(())
         self.manifest: Manifest | None = None
         self.store: MessageStore | None = None
@@ -127,7 +130,7 @@ class ForwardingService(ServiceDefaults):
         #: Whether ``forwarding.db`` commits, logged once per change (a full disk is not a line per publish).
         self.health = StoreHealth(str(self.data_dir / STORE_FILE), log,
                                   "device messages to forward are refused until a commit succeeds")
-        self.refusal_log = RefusalLog(log)
+        self.refusal_log = RefusalLog(log, self.runtime.monotonic)
 
     # -- lifecycle
 
@@ -144,17 +147,18 @@ class ForwardingService(ServiceDefaults):
             log.warning("forwarding: enabled without a manifest: no routes; device messages are acknowledged, "
                         "not forwarded, and counted as unrouted")
             self._write_status()
-        elif not self.reload():
+        elif not self.load_manifest():
             raise ServiceStartError(f"forwarding manifest {self.config.manifest} rejected: {self._load_error}")
         self.store = await self.thread.call(
             MessageStore,
             self.data_dir / STORE_FILE,
             self.config.max_store_bytes,
             self.config.check_entire_queue_on_cleanup,
+            self.runtime.now,
         )
         if self.config.upstream.host is not None:
-            stats = self.figures.links.setdefault(UPSTREAM, LinkStats())
-            self.upstream = UpstreamSender(self.config.upstream, self.gateway_id, stats)
+            stats = self.figures.links.setdefault(UPSTREAM, LinkStats(clock=self.runtime.now))
+            self.upstream = UpstreamSender(self.config.upstream, self.gateway_id, stats, self.runtime)
             if self.hardware is not None:
                 self.upstream.on_connection_change = self.hardware.show_uplink
                 self.upstream.set_link(self.hardware.link_up)  # before the thread starts: no attempt while down
@@ -231,7 +235,7 @@ class ForwardingService(ServiceDefaults):
             # MQTT 3.1.1 has no negative PUBACK: its connection closes unacknowledged and the device resends.
             return PublishVerdict(code, "the gateway cannot store messages now",
                                   disconnect=None if message.protocol_level == 5 else code)
-        self.health.succeeded(time.monotonic())
+        self.health.succeeded(self.runtime.monotonic())
         self.figures.add("dropped", dropped)
         self._backlog_dirty.set()
         for result in results:
@@ -243,7 +247,7 @@ class ForwardingService(ServiceDefaults):
     def _store_failed(self, exc: sqlite3.Error) -> bool:
         """Note a failed store call (logged once per change of state); returns whether the disk is full."""
         disk_full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-        self.health.failed(str(exc), disk_full, time.monotonic())
+        self.health.failed(str(exc), disk_full, self.runtime.monotonic())
         return disk_full
 
     async def _store(self, message: Message, results: list[RouteResult]) -> tuple[int, Counter[QueueKey]]:
@@ -288,18 +292,22 @@ class ForwardingService(ServiceDefaults):
                 sender = self.upstream
             else:
                 assert self._broker is not None
-                sender = BrokeredSender(endpoint, self._broker, self.gateway_id)
+                sender = BrokeredSender(endpoint, self._broker, self.gateway_id, self.runtime)
             if sender is None:
                 return None
             pump = Pump(sender, self.store, self.thread, self.figures, on_checkpoint=self._backlog_dirty.set,
-                        max_link_drops=self.config.max_link_drops)
+                        max_link_drops=self.config.max_link_drops, runtime=self.runtime)
             self.pumps[endpoint.id] = pump
             pump.start()
         return pump
 
     # -- routes
 
-    def reload(self) -> bool:
+    def reload(self) -> None:
+        """SIGHUP: the manifest again."""
+        self.load_manifest()
+
+    def load_manifest(self) -> bool:
         """Load the manifest file; on any error keep the running routes. Returns True if swapped."""
         path = self.config.manifest
         if path is None:
@@ -323,7 +331,7 @@ class ForwardingService(ServiceDefaults):
     def _write_status(self, error: str | None = None) -> None:
         status = {
             "pid": os.getpid(),
-            "updated_ms": int(time.time() * 1000),
+            "updated_ms": wall_ms(self.runtime),
             "manifest": str(self.config.manifest) if self.config.manifest else None,
             "error": error,
             "global_ttl_s": self.evaluator.global_ttl_s,
@@ -343,13 +351,13 @@ class ForwardingService(ServiceDefaults):
         """Reload when the manifest's modification time changes (checked every ``watch_interval_s``)."""
         assert self.config.manifest is not None
         while True:
-            await asyncio.sleep(self.config.watch_interval_s)
+            await self.runtime.sleep(self.config.watch_interval_s)
             try:
                 mtime = self.config.manifest.stat().st_mtime
             except OSError:
                 continue
             if mtime != self._manifest_mtime:
-                self.reload()
+                self.load_manifest()
 
     # -- housekeeping
 
@@ -361,13 +369,13 @@ class ForwardingService(ServiceDefaults):
             except sqlite3.Error as exc:  # a full disk must not end the cleanup for good: next round
                 self._store_failed(exc)
                 expired = Counter()
-            self.health.tick(time.monotonic())
+            self.health.tick(self.runtime.monotonic())
             if expired:
                 self._backlog_dirty.set()
                 self.figures.add("expired", expired)
                 log.info("forwarding: cleanup removed %d expired messages: %s", sum(expired.values()),
                          ", ".join(f"{e}_Pri{p}={n}" for (e, p), n in sorted(expired.items())))
-            await asyncio.sleep(self.config.cleanup_interval_s)
+            await self.runtime.sleep(self.config.cleanup_interval_s)
 
     async def _backlog_loop(self, hardware: LinkPanel) -> None:
         assert self.store is not None
@@ -375,12 +383,12 @@ class ForwardingService(ServiceDefaults):
             await self._backlog_dirty.wait()
             self._backlog_dirty.clear()
             hardware.show_backlog(await self.thread.call(self.store.entry_count))
-            await asyncio.sleep(BACKLOG_REFRESH_S)  # a rate limit: changes meanwhile wait for the next round
+            await self.runtime.sleep(BACKLOG_REFRESH_S)  # a rate limit: changes meanwhile wait for the next round
 
     async def metrics_document(self) -> bytes:
         assert self.store is not None
         depths = await self.thread.call(self.store.depths)
-        return self.figures.to_json(self.gateway_id, depths, int(time.time() * 1000), self.health)
+        return self.figures.to_json(self.gateway_id, depths, wall_ms(self.runtime), self.health)
 
     async def _metrics_loop(self) -> None:
         """Every ``metrics_interval_s`` from the start: the document retained on ``$SYS``, sent upstream, and
@@ -396,10 +404,10 @@ class ForwardingService(ServiceDefaults):
                 await asyncio.to_thread(atomic_file.write_bytes, self.data_dir / METRICS_FILE, document + b"\n")
             except OSError as exc:  # a full disk: the store's health says so; the next round tries again
                 log.debug("forwarding: cannot write %s: %s", METRICS_FILE, exc)
-            await asyncio.sleep(self.config.metrics_interval_s)
+            await self.runtime.sleep(self.config.metrics_interval_s)
 
     async def metrics(self) -> list[Family]:
         """The queues and links, and whether ``forwarding.db`` commits, for the gateway's Prometheus page."""
         assert self.store is not None
         depths = await self.thread.call(self.store.depths)
-        return [*self.figures.families(depths, int(time.time() * 1000)), *self.health.families("forwarding")]
+        return [*self.figures.families(depths, wall_ms(self.runtime)), *self.health.families("forwarding")]

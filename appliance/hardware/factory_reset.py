@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from appliance import atomic_file
+from appliance.asyncio_runtime import wall_clock
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def existing_databases(data_dir: Path) -> list[Path]:
 
 def write_backup(data_dir: Path, now: float | None = None) -> Path:
     """Pack a consistent copy of every gateway database into ``backups/factory-reset-<UTC time>.tar.gz``."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(wall_clock() if now is None else now))
     backup_dir = data_dir / BACKUP_DIR_NAME
     backup_dir.mkdir(mode=0o700, exist_ok=True)
     target = backup_dir / f"factory-reset-{stamp}.tar.gz"
@@ -85,7 +86,7 @@ def _manifest(stamp: str) -> bytes:
 def _manifest_info(stamp: str) -> tarfile.TarInfo:
     info = tarfile.TarInfo("MANIFEST")
     info.size = len(_manifest(stamp))
-    info.mtime = int(time.time())
+    info.mtime = int(wall_clock())
     return info
 
 

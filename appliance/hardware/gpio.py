@@ -1,9 +1,11 @@
 """Status LEDs, the service button and the modem power relay, through gpiozero.
 
-gpiozero does the pin work (blink threads, button hold timing, debouncing) and runs its callbacks on its own
-threads; this module only decides *what* the pins show and calls plain callables. It never touches asyncio:
-the caller (``HardwareService``) hands in callbacks that hop onto the event loop with
-``call_soon_threadsafe``. Tests use gpiozero's own ``MockFactory``, so the code under test is real gpiozero.
+gpiozero does the pin work (button hold timing, debouncing) and runs the button's callbacks on its own
+threads; this module decides *what* the pins show and calls plain callables. The caller
+(``HardwareService``) hands in button callbacks that hop onto the event loop with ``call_soon_threadsafe``.
+Blinking is timed by the ``Runtime`` port (``Blink``), not by gpiozero's blink thread, so the rhythm is
+tested on the fake clock; ``show_*`` and ``close`` are called on the event loop. Tests use gpiozero's own
+``MockFactory``, so the pins under test are real gpiozero devices.
 
 What the LEDs mean:
 
@@ -14,7 +16,6 @@ What the LEDs mean:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import enum
 import logging
@@ -25,7 +26,9 @@ from collections.abc import Callable, Iterator
 from gpiozero import LED, Button, Device, OutputDevice
 from gpiozero.exc import PinWarning
 
+from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.hardware.config import GpioConfig
+from appliance.runtime import Runtime, Timer
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,7 @@ def pin_library() -> str:
     with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch), unavailable_as_one_error():
         Device.ensure_pin_factory()
     factory = Device.pin_factory
+    assert factory is not None
     Device.pin_factory = None
     factory.close()
     return type(factory).__name__
@@ -86,7 +90,8 @@ def backlog_level(queued: int, slow_from: int, fast_from: int) -> BacklogLevel:
 class ModemPowerRelay:
     """The relay in the modem's supply line. Energised (``on``) means the modem has power."""
 
-    def __init__(self, pin: int, active_high: bool) -> None:
+    def __init__(self, pin: int, active_high: bool, runtime: Runtime | None = None) -> None:
+        self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
         self._device = OutputDevice(pin, active_high=active_high, initial_value=True)
 
     @property
@@ -97,12 +102,32 @@ class ModemPowerRelay:
         """Cut the supply, wait ``off_seconds`` so the modem's capacitors drain, restore it."""
         self._device.off()
         try:
-            await asyncio.sleep(off_seconds)
+            await self.runtime.sleep(off_seconds)
         finally:
             self._device.on()
 
     def close(self) -> None:
         self._device.close()
+
+
+class Blink:
+    """An LED blinking on the runtime's clock, on first, until ``stop``."""
+
+    def __init__(self, led: LED, on_s: float, off_s: float, runtime: Runtime) -> None:
+        self._led = led
+        self._on_s, self._off_s = on_s, off_s
+        self._runtime = runtime
+        self._timer: Timer | None = None
+        self._turn(True)
+
+    def _turn(self, on: bool) -> None:
+        self._led.value = on
+        self._timer = self._runtime.call_later(self._on_s if on else self._off_s, self._turn, not on)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class StatusPanel:
@@ -111,11 +136,14 @@ class StatusPanel:
     def __init__(
         self,
         config: GpioConfig,
-        on_short_press: Callable[[], None],
-        on_long_press: Callable[[], None],
+        on_short_press: Callable[[], object],
+        on_long_press: Callable[[], object],
+        runtime: Runtime | None = None,
     ) -> None:
         """Claims every configured pin; if one cannot be claimed (no pin library on this machine, a pin
-        held by another program) the pins already claimed are released before the error propagates."""
+        held by another program) the pins already claimed are released before the error propagates.
+        ``runtime`` times the blinking and the relay's power cycle."""
+        self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
         self._config = config
         self._on_short_press = on_short_press
         self._on_long_press = on_long_press
@@ -125,6 +153,7 @@ class StatusPanel:
         self.relay: ModemPowerRelay | None = None
         self._button: Button | None = None
         self._backlog_shown: BacklogLevel | None = None
+        self._blinks: dict[LED, Blink] = {}
         self._held = False
         try:
             self._claim_pins(config)
@@ -137,7 +166,7 @@ class StatusPanel:
         self._uplink = LED(config.uplink_led) if config.uplink_led is not None else None
         self._backlog = LED(config.backlog_led) if config.backlog_led is not None else None
         if config.modem_relay is not None:
-            self.relay = ModemPowerRelay(config.modem_relay, config.relay_active_high)
+            self.relay = ModemPowerRelay(config.modem_relay, config.relay_active_high, self.runtime)
         if config.button is not None:
             # pull_up: the button shorts the pin to ground, the usual wiring on Pi HATs.
             self._button = Button(config.button, pull_up=True, hold_time=config.long_press_seconds)
@@ -145,11 +174,24 @@ class StatusPanel:
             self._button.when_held = self._long_press
             self._button.when_released = self._released
         if self._power is not None:
-            self._power.blink(*SLOW_BLINK)
+            self._blink(self._power, SLOW_BLINK)
+
+    def _blink(self, led: LED, times: tuple[float, float]) -> None:
+        self._stop_blinking(led)
+        self._blinks[led] = Blink(led, *times, self.runtime)
+
+    def _steady(self, led: LED, on: bool) -> None:
+        self._stop_blinking(led)
+        led.value = on
+
+    def _stop_blinking(self, led: LED) -> None:
+        blink = self._blinks.pop(led, None)
+        if blink is not None:
+            blink.stop()
 
     def show_ready(self) -> None:
         if self._power is not None:
-            self._power.on()
+            self._steady(self._power, True)
 
     def show_uplink(self, up: bool) -> None:
         if self._uplink is not None:
@@ -162,11 +204,9 @@ class StatusPanel:
             return
         self._backlog_shown = level
         if level is BacklogLevel.EMPTY:
-            self._backlog.off()
-        elif level is BacklogLevel.BACKLOG:
-            self._backlog.blink(*SLOW_BLINK)
+            self._steady(self._backlog, False)
         else:
-            self._backlog.blink(*FAST_BLINK)
+            self._blink(self._backlog, SLOW_BLINK if level is BacklogLevel.BACKLOG else FAST_BLINK)
 
     def _pressed(self) -> None:
         self._held = False
@@ -180,6 +220,9 @@ class StatusPanel:
             self._on_short_press()
 
     def close(self) -> None:
+        for blink in self._blinks.values():
+            blink.stop()
+        self._blinks.clear()
         for device in (self._power, self._uplink, self._backlog, self._button, self.relay):
             if device is not None:
                 device.close()

@@ -17,9 +17,10 @@ port held by another program) is missing hardware, not a stuck modem: it is logg
 by a modem that is not there (a wired uplink may carry it; the bridge's own backoff covers no uplink at
 all). Once the port has opened the modem is fitted, and from then on a lost port is the recovery above.
 
-Deadlines are ``asyncio.timeout`` blocks, not ``asyncio.wait_for``: on Python 3.11 ``wait_for`` returns the
-inner result and drops a cancellation that arrives in the turn the inner await completes, and a monitor
-loop that loses its cancellation never stops (the gateway's shutdown hung on it).
+Time comes from the ``Runtime`` port: deadlines are ``runtime.timeout`` blocks (``asyncio.timeout``'s
+contract), not ``asyncio.wait_for``: on Python 3.11 ``wait_for`` returns the inner result and drops a
+cancellation that arrives in the turn the inner await completes, and a monitor loop that loses its
+cancellation never stops (the gateway's shutdown hung on it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Protocol
 
 import serial
 
+from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.backoff import Backoff
 from appliance.hardware.at import AtConnection, Noise, Response, Urc
 from appliance.hardware.config import ModemConfig
@@ -42,6 +44,7 @@ from appliance.hardware.modem_status import (
     parse_csq,
     parse_registration,
 )
+from appliance.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,8 @@ class PowerSwitch(Protocol):
 class AtChannel:
     """One open serial port speaking AT: ``command()`` waits for the final result; URCs go to ``on_urc``."""
 
-    def __init__(self, port: str, baudrate: int, on_urc: Callable[[str], None]) -> None:
+    def __init__(self, port: str, baudrate: int, on_urc: Callable[[str], None], runtime: Runtime | None = None) -> None:
+        self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
         self._port = port
         self._baudrate = baudrate
         self._on_urc = on_urc
@@ -107,7 +111,7 @@ class AtChannel:
             self._waiter = asyncio.get_running_loop().create_future()
             self._serial.write(self._protocol.send(command))
             try:
-                async with asyncio.timeout(timeout):
+                async with self.runtime.timeout(timeout):
                     return await self._waiter
             except TimeoutError:
                 raise ModemTimeout(f"{command}: no answer within {timeout:g} s") from None
@@ -139,10 +143,12 @@ class AtChannel:
 class ModemMonitor:
     """Polls the modem, keeps ``status``, signals link changes, and recovers a modem that stops answering."""
 
-    def __init__(self, config: ModemConfig, power_switch: PowerSwitch | None = None) -> None:
+    def __init__(self, config: ModemConfig, power_switch: PowerSwitch | None = None,
+                 runtime: Runtime | None = None) -> None:
+        self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
         self._config = config
         self._power_switch = power_switch
-        self._channel = AtChannel(config.port, config.baudrate, self._urc)
+        self._channel = AtChannel(config.port, config.baudrate, self._urc, self.runtime)
         self._backoff = Backoff(config.backoff_initial, config.backoff_max)
         self._news = asyncio.Event()  # set by RDY and registration URCs: something worth a poll now
         self._link_listeners: list[LinkListener] = []
@@ -215,7 +221,7 @@ class ModemMonitor:
                         self._config.port, exc, self._config.poll_interval,
                     )
                     self._changed()
-                await asyncio.sleep(self._config.poll_interval)
+                await self.runtime.sleep(self._config.poll_interval)
                 continue
             if self.present is False:
                 log.info("modem port %s opened: the link counts as down until the modem registers", self._config.port)
@@ -255,12 +261,12 @@ class ModemMonitor:
                 return
             delay = self._backoff.next_delay()
             log.warning("modem did not come back within %g s; next attempt in %g s", self._config.ready_timeout, delay)
-            await asyncio.sleep(delay)
+            await self.runtime.sleep(delay)
 
     async def _wait_until_ready(self) -> bool:
         """After a cycle: reopen, poll until registered, waking early on RDY; give up after ``ready_timeout``."""
         try:
-            async with asyncio.timeout(self._config.ready_timeout):
+            async with self.runtime.timeout(self._config.ready_timeout):
                 await self._until_registered()
         except TimeoutError:
             return False
@@ -281,7 +287,7 @@ class ModemMonitor:
     async def _wait_for_news(self, timeout: float) -> None:
         self._news.clear()
         try:
-            async with asyncio.timeout(timeout):
+            async with self.runtime.timeout(timeout):
                 await self._news.wait()
         except TimeoutError:
             pass

@@ -27,6 +27,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
+from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.broker.api import (
     ACCEPTED,
     BrokerHandle,
@@ -39,6 +40,7 @@ from appliance.hardware.gpio import GpioUnavailable, StatusPanel, unavailable_as
 from appliance.hardware.modem import LinkListener, ModemMonitor
 from appliance.hardware.modem_status import ModemStatus
 from appliance.prometheus import Family, counter, gauge
+from appliance.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +56,12 @@ class HardwareService(ServiceDefaults):
         on_factory_reset: Callable[[], None],
         status_report: Callable[[], Mapping[str, object]] = dict,
         uplink_led_follows_modem: bool = True,
+        runtime: Runtime | None = None,
     ) -> None:
         """``on_factory_reset`` is the long press: the gateway stops, resets (``factory_reset.py``) and
         exits to be restarted. ``status_report`` gives what a short press logs from the broker (clients...);
         the forwarding backlog is the last value shown on the backlog LED."""
+        self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
         self._config = config
         self._status_report = status_report
         self._on_factory_reset = on_factory_reset
@@ -94,7 +98,7 @@ class HardwareService(ServiceDefaults):
         if self._config.gpio.enabled:
             self.panel = self._open_panel(loop)
         if self._config.modem.enabled:
-            self.modem = ModemMonitor(self._config.modem, self.panel.relay if self.panel else None)
+            self.modem = ModemMonitor(self._config.modem, self.panel.relay if self.panel else None, self.runtime)
             self.modem.on_status(self._publish_modem)
             self.modem.on_link_change(self._link_changed)
             self._modem_task = asyncio.create_task(self.modem.run(), name="modem-monitor")
@@ -107,6 +111,7 @@ class HardwareService(ServiceDefaults):
                     self._config.gpio,
                     on_short_press=lambda: loop.call_soon_threadsafe(self.log_status),
                     on_long_press=lambda: loop.call_soon_threadsafe(self.request_factory_reset),
+                    runtime=self.runtime,
                 )
         except GpioUnavailable as exc:
             log.warning("GPIO not available, running without status LEDs, button and modem relay: %s", exc)

@@ -54,11 +54,11 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.broker.api import (
     BrokerHandle,
     InboundPublish,
@@ -67,6 +67,7 @@ from appliance.broker.api import (
 )
 from appliance.broker.request_envelope import EnvelopeRules, Request, open_request, respond
 from appliance.prometheus import Family
+from appliance.runtime import Runtime, wall_ms
 from appliance.statestore import errors, resp3
 from appliance.statestore.acl import KeyAuthorizer
 from appliance.statestore.commands import (
@@ -116,10 +117,6 @@ STORE_FAILURE_MESSAGE = "the state store could not complete the request (storage
 CONSUMED = PublishVerdict(route=False)
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 #: The request/response envelope (``appliance.broker.request_envelope``): the SDKs' RPC convention, and
 #: no response topic in the notification space (a response there would forge a notification).
 ENVELOPE = EnvelopeRules(
@@ -150,13 +147,14 @@ class StateStoreService(ServiceDefaults):
         self,
         config: StateStoreConfig,
         data_dir: Path,
-        clock_ms: Callable[[], int] = wall_clock_ms,
+        runtime: Runtime | None = None,
         store_factory: StoreFactory = StateStore,
     ) -> None:
-        """``clock_ms`` and ``store_factory`` exist for tests: a controlled clock, a store with hooks."""
+        """``runtime``: the clock (HLC timestamps and expiry are its wall time) and the sweeper's sleeps;
+        ``store_factory`` exists for tests: a store with hooks."""
+        self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
         self.config = config
         self.data_dir = Path(data_dir)
-        self.clock_ms = clock_ms
         self.store_factory = store_factory
         self.thread: StoreThread | None = None
         self.authorizer = KeyAuthorizer(config.acl)
@@ -213,7 +211,7 @@ class StateStoreService(ServiceDefaults):
             self._respond(request, b"", [("__stat", STATUS_INTERNAL_ERROR), ("__stMsg", STORE_FAILURE_MESSAGE)])
             return CONSUMED
         if reply.changes:  # a change was committed: writes work (a read proves nothing about them)
-            self.health.succeeded(time.monotonic())
+            self.health.succeeded(self.runtime.monotonic())
         properties = [("__stat", STATUS_OK)]
         if reply.version is not None:
             properties.append(("__ts", str(reply.version)))
@@ -225,7 +223,7 @@ class StateStoreService(ServiceDefaults):
 
     def _store_failed(self, exc: sqlite3.Error) -> None:
         disk_full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-        self.health.failed(str(exc), disk_full, time.monotonic())
+        self.health.failed(str(exc), disk_full, self.runtime.monotonic())
 
     def _respond(self, request: Request, payload: bytes, properties: list[tuple[str, str]]) -> None:
         respond(ENVELOPE, self._require_broker(), request, payload, properties)
@@ -237,7 +235,7 @@ class StateStoreService(ServiceDefaults):
         try:
             command = parse_command(message.payload)
             self._authorize(message.username, command)
-            now = self.clock_ms()
+            now = wall_ms(self.runtime)
             timestamp = self._timestamp(message, "__ts", errors.TIMESTAMP_SKEW, now)
             fencing_token = self._timestamp(message, "__ft", errors.FENCING_TOKEN_SKEW, now)
             if isinstance(command, KeyNotifyCommand):
@@ -282,7 +280,7 @@ class StateStoreService(ServiceDefaults):
         """Runs on the store thread. ``now`` is read here, when the store acts, so an entry that expired
         while the request waited in the queue is already absent."""
         store = self._require_store()
-        now = self.clock_ms()
+        now = wall_ms(self.runtime)
         if isinstance(command, SetCommand):
             assert timestamp is not None  # checked on the loop
             outcome = store.set(command, timestamp, fencing_token, now)
@@ -319,7 +317,7 @@ class StateStoreService(ServiceDefaults):
     def _expire_due(self) -> tuple[list[Change], int | None, int]:
         """Runs on the store thread: remove what is due, and say when the next deadline is."""
         store = self._require_store()
-        now = self.clock_ms()
+        now = wall_ms(self.runtime)
         changes = store.expire(now)
         return changes, store.next_expiry(), now
 
@@ -332,7 +330,7 @@ class StateStoreService(ServiceDefaults):
             try:
                 changes, due, now = await self._require_thread().call(self._expire_due)
                 if changes:
-                    self.health.succeeded(time.monotonic())
+                    self.health.succeeded(self.runtime.monotonic())
                 self._publish_changes(changes)
                 if len(changes) == EXPIRE_BATCH:
                     delay = 0
@@ -342,12 +340,13 @@ class StateStoreService(ServiceDefaults):
                 self._store_failed(exc)
             except Exception:
                 log.exception("state store expiry sweep failed")
-            self.health.tick(time.monotonic())
+            self.health.tick(self.runtime.monotonic())
             if delay == 0:
-                await asyncio.sleep(0)  # a large backlog: let requests in between batches
+                await self.runtime.sleep(0)  # a large backlog: let requests in between batches
                 continue
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):  # not wait_for: on 3.11 it can drop a stop()'s cancellation
+                # runtime.timeout, not wait_for: on 3.11 wait_for can drop a stop()'s cancellation
+                async with self.runtime.timeout(delay):
                     await self._wake_sweeper.wait()
 
     def _require_thread(self) -> StoreThread:

@@ -6,18 +6,16 @@ encoded packets to ``Broker.data_received`` and runs what became ready; what the
 back with the codec's reader. Nothing opens a socket and nothing waits: ``advance(seconds)`` moves the
 clock and fires the timers that fall due on the way, in order, so a 30 s keep-alive takes microseconds.
 
-The fake runtime drives coroutines itself (``spawn``): they may await ``sleep``, ``run_blocking`` and
-each other, which is all the broker core awaits when it has no services.
+The fake runtime (``testing/fake_runtime.py``, shared by every layer) drives coroutines itself
+(``spawn``): they may await ``sleep``, ``run_blocking`` and each other, which is all the broker core
+awaits when it has no services.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
-from collections import deque
-from collections.abc import Callable, Coroutine, Generator
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from appliance.broker.broker import Broker
 from appliance.broker.codec import packets as pk
@@ -28,146 +26,9 @@ from appliance.broker.persistence.store import BrokerStore
 from appliance.broker.security.acl import Acl
 from appliance.broker.security.auth import Authenticator
 from appliance.broker.sessions.session import ClientConnection
+from testing.fake_runtime import FakeRuntime
 
 T = TypeVar("T")
-
-#: Wall-clock time at which every fake clock starts (2023-11-14); monotonic time starts at 0.
-WALL_CLOCK_START = 1_700_000_000.0
-
-
-class FakeFuture(Generic[T]):
-    def __init__(self) -> None:
-        self.done = False
-        self.result: Any = None
-        self._callbacks: list[Callable[[], None]] = []
-
-    def set_result(self, value: T) -> None:
-        self.done = True
-        self.result = value
-        for callback in self._callbacks:
-            callback()
-
-    def __await__(self) -> Generator[FakeFuture[T], None, T]:
-        if not self.done:
-            yield self
-        return self.result  # type: ignore[no-any-return]
-
-
-class FakeTimer:
-    def __init__(self, callback: Callable[..., object], args: tuple[Any, ...]) -> None:
-        self.callback = callback
-        self.args = args
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class FakeRuntime:
-    """``appliance.runtime.Runtime`` on a clock that moves only when told to."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.time = start
-        self._ready: deque[tuple[Callable[..., object], tuple[Any, ...]]] = deque()
-        self._timers: list[tuple[float, int, FakeTimer]] = []
-        self._order = itertools.count()
-        self._tasks: set[Coroutine[Any, Any, None]] = set()
-
-    def now(self) -> float:
-        return WALL_CLOCK_START + self.time
-
-    def monotonic(self) -> float:
-        return self.time
-
-    def call_soon(self, callback: Callable[..., object], *args: Any) -> None:
-        self._ready.append((callback, args))
-
-    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> FakeTimer:
-        timer = FakeTimer(callback, args)
-        heapq.heappush(self._timers, (self.time + max(0.0, delay), next(self._order), timer))
-        return timer
-
-    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        self._tasks.add(coroutine)
-        self.call_soon(self._step, coroutine)
-
-    def sleep(self, delay: float) -> FakeFuture[None]:
-        future: FakeFuture[None] = FakeFuture()
-        self.call_later(delay, future.set_result, None)
-        return future
-
-    def run_blocking(self, fn: Callable[..., T], *args: Any) -> FakeFuture[T]:
-        future: FakeFuture[T] = FakeFuture()
-        self.call_soon(lambda: future.set_result(fn(*args)))
-        return future
-
-    def waiter(self) -> FakeFuture[None]:
-        return FakeFuture()
-
-    def close(self) -> None:
-        for coroutine in list(self._tasks):
-            if not coroutine.cr_running:  # the one calling close (``Broker.stop``) ends by itself
-                coroutine.close()
-                self._tasks.discard(coroutine)
-
-    # -- driving --------------------------------------------------------------------------------------
-
-    def run(self) -> None:
-        """Run everything ready now (what it schedules with ``call_soon`` too), and timers already due."""
-        while True:
-            while self._ready:
-                callback, args = self._ready.popleft()
-                callback(*args)
-            if not self._fire_due(self.time):
-                return
-
-    def step(self) -> None:
-        """One event-loop iteration: the callbacks ready now (not those they schedule), then due timers."""
-        for _ in range(len(self._ready)):
-            callback, args = self._ready.popleft()
-            callback(*args)
-        self._fire_due(self.time)
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock by ``seconds``, firing every timer due on the way at its own time."""
-        target = self.time + seconds
-        self.run()
-        while self._timers and self._timers[0][0] <= target:
-            self.time = max(self.time, self._timers[0][0])
-            self.run()
-        self.time = target
-        self.run()
-
-    def complete(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine to its end at the current time (``Broker.start``/``stop``)."""
-        box: list[T] = []
-
-        async def wrapper() -> None:
-            box.append(await coroutine)
-
-        self.spawn(wrapper())
-        self.run()
-        assert box, "the coroutine waits for something only time can bring; use advance()"
-        return box[0]
-
-    def _fire_due(self, now: float) -> bool:
-        fired = False
-        while self._timers and self._timers[0][0] <= now:
-            _, _, timer = heapq.heappop(self._timers)
-            if not timer.cancelled:
-                fired = True
-                self.call_soon(timer.callback, *timer.args)
-        return fired
-
-    def _step(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        try:
-            awaited = coroutine.send(None)
-        except StopIteration:
-            self._tasks.discard(coroutine)
-            return
-        if not isinstance(awaited, FakeFuture):
-            raise TypeError(f"a coroutine on the fake runtime awaited {awaited!r}")
-        awaited._callbacks.append(lambda: self.call_soon(self._step, coroutine))
 
 
 class FakeClient:

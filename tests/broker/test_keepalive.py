@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from appliance.broker.sessions.keepalive import REBUILD_FLOOR, KeepAlive
 from appliance.broker.transport.connection import ClientConnection
 from testing.campaigns import campaign
-from tests.broker.pair import FakeRuntime
+from testing.fake_runtime import FakeRuntime
 
 
 class Link:

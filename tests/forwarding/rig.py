@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -16,6 +15,7 @@ from typing import Any
 from appliance import run_state
 from hil_tests.rig.relay import RelayThread
 from testing.processes import ROOT, GatewayProcess, MosquittoProcess
+from testing.waiting import wait_until
 from tests.forwarding.peers import Collector, Device
 
 
@@ -70,20 +70,15 @@ backoff_max_s = 0.3
     def wait_for_log_count(self, pattern: str, count: int, timeout: float = 10.0) -> None:
         """Until ``count`` log lines match: for events that also happened at startup (a routes load)."""
         regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while sum(1 for line in self.gateway.output().splitlines() if regex.search(line)) < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"fewer than {count} log lines match {pattern!r}:\n{self.gateway.output()}")
-            time.sleep(0.02)
+        wait_until(lambda: sum(1 for line in self.gateway.output().splitlines() if regex.search(line)) >= count,
+                   timeout, lambda: f"{count} log lines matching {pattern!r}:\n{self.gateway.output()}")
 
     def wait_for_log_total(self, pattern: str, total: int, timeout: float = 15.0) -> None:
         """Until the numbers captured by ``pattern`` over all log lines add up to ``total``."""
         regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while sum(int(m.group(1)) for line in self.gateway.output().splitlines() if (m := regex.search(line))) < total:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{pattern!r} does not add up to {total}:\n{self.gateway.output()}")
-            time.sleep(0.02)
+        wait_until(lambda: sum(int(m.group(1)) for line in self.gateway.output().splitlines()
+                               if (m := regex.search(line))) >= total,
+                   timeout, lambda: f"{pattern!r} adding up to {total}:\n{self.gateway.output()}")
 
     def device(self, device_id: str, protocol: int = 5) -> Device:
         """A paho device over MQTT 5 (``protocol`` 5) or 3.1.1 (4)."""

@@ -16,6 +16,8 @@ from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.routes import Endpoint, RouteResult
 from appliance.store_thread import StoreThread
+from testing import waiting
+from testing.fake_runtime import FakeRuntime
 from tests.forwarding.endpoints_for_tests import (
     BrokenWindowEndpoint,
     DroppingEndpoint,
@@ -32,21 +34,19 @@ def metrics_of(pump: Pump) -> ForwardingMetrics:
     return pump.metrics
 
 
-async def until(condition, step_s: float = 0.005) -> None:
-    """Until ``condition()`` holds, looked at every ``step_s`` (bounded by the caller's wait_for)."""
-    while not condition():
-        await asyncio.sleep(step_s)
-
-
 def msg(n: int) -> Message:
     return Message("/messages/events", "devices/d/messages/events", b"x" * 20, "d", properties=[("n", str(n))])
 
 
-async def _with_pump(tmp_path: Path, endpoint: RecordingEndpoint, scenario, **options: float) -> ForwardingMetrics:
+async def _with_pump(tmp_path: Path, endpoint: RecordingEndpoint, scenario, fake_clock: bool = False,
+                     **options: float) -> ForwardingMetrics:
+    """``fake_clock``: the pump's backoffs on a ``FakeRuntime`` (``pump.runtime``) that the scenario moves."""
     thread = StoreThread("test-store")
     store = MessageStore(tmp_path / "forwarding.db")
     metrics = ForwardingMetrics()
-    pump = Pump(endpoint, store, thread, metrics, retry_min_s=0.01, retry_max_s=0.02, **options)  # type: ignore[arg-type]
+    runtime = FakeRuntime.on_running_loop() if fake_clock else None
+    pump = Pump(endpoint, store, thread, metrics, retry_min_s=0.01, retry_max_s=0.02,  # type: ignore[arg-type]
+                runtime=runtime, **options)
 
     async def add(n: int, priority: int, ttl: int = 60) -> None:
         await thread.call(store.add, msg(n), [RouteResult(UP, priority, ttl)])
@@ -139,7 +139,7 @@ def test_a_message_refused_three_times_goes_to_the_dead_letters_and_the_queue_mo
             await add(n, 4)
         pump.start()
         await endpoint.wait_for(4)
-        await asyncio.wait_for(until(lambda: metrics_of(pump).counters["dead_lettered"][("upstream", 4)] == 1), 5)
+        await waiting.until(lambda: metrics_of(pump).counters["dead_lettered"][("upstream", 4)] == 1, 5)
         letters = await thread.call(store.dead_letters)
         assert [d.message.app_property("n") for d in letters] == ["2"]
         assert await thread.call(store.message_count) == 0
@@ -183,8 +183,7 @@ def test_a_store_that_cannot_be_written_does_not_end_the_pump(tmp_path: Path, ca
         blocker = sqlite3.connect(tmp_path / "forwarding.db", isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
         endpoint.release.set()
-        while pump.store_failures < 3:
-            await asyncio.sleep(0.01)
+        await waiting.until(lambda: pump.store_failures >= 3, 5, "three failed checkpoints")
         assert pump.task is not None and not pump.task.done()
         blocker.execute("ROLLBACK")
         blocker.close()
@@ -213,7 +212,7 @@ def test_an_exception_on_one_message_dead_letters_it_and_the_pump_goes_on(
         for n in range(5):
             await add(n, 3)
         pump.start()
-        await asyncio.wait_for(until(lambda: pump.metrics.counters["dead_lettered"][("upstream", 3)] == 1), 5)
+        await waiting.until(lambda: pump.metrics.counters["dead_lettered"][("upstream", 3)] == 1, 5)
         await add(100, 0)
         await endpoint.wait_for(5)
         [letter] = await thread.call(store.dead_letters)
@@ -236,8 +235,8 @@ def test_a_message_the_link_drops_on_is_dead_lettered_and_its_count_survives_a_r
             await add(n, 2)
         pump.start()
         # Dropped with 2, 3, 4 in flight (2 is blamed, the first unacknowledged); then 2 alone.
-        await asyncio.wait_for(until(lambda: len(endpoint.drops) == 2), 5)
-        await asyncio.wait_for(until(lambda: store.link_drops("upstream", 2, 3) == 2), 5)
+        await waiting.until(lambda: len(endpoint.drops) == 2, 5)
+        await waiting.until(lambda: store.link_drops("upstream", 2, 3) == 2, 5)
 
     asyncio.run(_with_pump(tmp_path, endpoint, first_run, max_link_drops=3))
     assert endpoint.drops == [[2, 3, 4], [2]]
@@ -276,6 +275,8 @@ def test_a_pump_task_that_ends_anyway_is_started_again(tmp_path: Path) -> None:
     endpoint = RecordingEndpoint(batch_size=10)
 
     async def scenario(pump: Pump, add, store, thread) -> None:
+        runtime = pump.runtime
+        assert isinstance(runtime, FakeRuntime)
         pump.start()
         first = pump.task
         assert first is not None
@@ -283,12 +284,15 @@ def test_a_pump_task_that_ends_anyway_is_started_again(tmp_path: Path) -> None:
         first.cancel()  # not the service's stop: something else ended it
         await asyncio.gather(first, return_exceptions=True)
         assert not pump.running and pump.state.restarts == 1
-        await asyncio.wait_for(until(lambda: pump.task is not first), 5)
+        await runtime.elapse(4.999)
+        assert pump.task is first  # not before its restart backoff
+        await runtime.elapse(0.001)
+        assert pump.task is not first
         await add(1, 0)
         await endpoint.wait_for(1)
         assert pump.running
 
-    metrics = asyncio.run(_with_pump(tmp_path, endpoint, scenario, restart_min_s=0.01, restart_max_s=0.02))
+    metrics = asyncio.run(_with_pump(tmp_path, endpoint, scenario, fake_clock=True, restart_min_s=5, restart_max_s=5))
     assert metrics.pumps["upstream"].restarts == 1
 
 
@@ -301,7 +305,7 @@ def test_a_sender_that_fails_on_every_message_goes_to_the_supervisor_not_the_dea
         for n in range(10):
             await add(n, 5)
         pump.start()
-        await asyncio.wait_for(until(lambda: pump.state.restarts == 1), 5)
+        await waiting.until(lambda: pump.state.restarts == 1, 5)
         assert not pump.running
         assert len(await thread.call(store.dead_letters)) == 3
 

@@ -20,7 +20,9 @@ from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.service import QUOTA_EXCEEDED, ForwardingService
 from appliance.forwarding.upstream import UpstreamSender
 from appliance.forwarding.validity import upstream_problem
+from testing import waiting
 from testing.campaigns import campaign
+from testing.fake_runtime import FakeRuntime
 
 #: No upstream is configured, so what is stored stays queued and can be counted afterwards.
 ROUTES = '{"schemaVersion": "1.1.0", "routes": {"all": {"route": "FROM /messages/* INTO $upstream", "priority": 9}}}'
@@ -97,6 +99,35 @@ def test_message_expiry_interval_shortens_the_ttl_and_never_lengthens_it(tmp_pat
             await service.stop()
 
     assert asyncio.run(body()) == [600, 30, 600]
+
+
+def test_expired_messages_leave_the_store_at_the_cleanup_interval_on_the_service_clock(tmp_path: Path) -> None:
+    """The service's clock is its runtime's: messages stored with a 10 s TTL stay in the store until the
+    cleanup that runs every 60 s comes round, and leave then, counted as expired - a minute in microseconds."""
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(ROUTES.replace('"priority": 9', '"priority": 9, "timeToLiveSecs": 10'))
+    config = ForwardingConfig(enabled=True, manifest=manifest, cleanup_interval_s=60, metrics_interval_s=3600)
+
+    async def body() -> None:
+        runtime = FakeRuntime.on_running_loop()
+        service = ForwardingService(config, tmp_path, "gw1", runtime=runtime)
+        await service.start(SilentBroker())
+        assert service.store is not None
+        try:
+            for n in range(3):
+                assert await service.on_publish(publish(n)) is ACCEPTED
+            await waiting.until(lambda: 60.0 in runtime.deadlines(), what="the first cleanup done, the next due")
+            await runtime.elapse(59.999)
+            assert service.figures.counters["expired"][("upstream", 9)] == 0  # expired at 10 s, not yet removed
+            assert await service.thread.call(service.store.message_count) == 3
+            await runtime.elapse(0.001)
+            await waiting.until(lambda: service.figures.counters["expired"][("upstream", 9)] == 3,
+                                what="the cleanup at 60 s")
+            assert await service.thread.call(service.store.message_count) == 0
+        finally:
+            await service.stop()
+
+    asyncio.run(body())
 
 
 def test_a_store_that_cannot_commit_refuses_with_quota_exceeded_logs_once_and_recovers(

@@ -28,6 +28,7 @@ from appliance.forwarding.upstream import UpstreamSender
 from appliance.store_thread import StoreThread
 from hil_tests.rig.relay import RelayThread
 from testing import waiting
+from testing.fake_runtime import FakeRuntime
 from testing.processes import MosquittoProcess, free_port
 from tests.forwarding.peers import Collector, batch_records
 
@@ -40,7 +41,10 @@ def msg(n: int, size: int = 50) -> Message:
 
 
 def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[..., Awaitable[None]],
-               topic_template: str = DEFAULT_TOPIC_TEMPLATE, **settings: Any) -> tuple[UpstreamSender, ForwardingMetrics]:
+               topic_template: str = DEFAULT_TOPIC_TEMPLATE, fake_clock: bool = False,
+               **settings: Any) -> tuple[UpstreamSender, ForwardingMetrics]:
+    """``fake_clock``: the bridge and the pump on a ``FakeRuntime`` (``pump.runtime``), which the scenario
+    moves; the sockets stay real."""
     settings = {"keepalive_s": 2, **settings}
     upstream = UpstreamConfig(host="127.0.0.1", port=port, protocol=protocol, backoff_min_s=0.05, backoff_max_s=0.2,
                               topic_template=topic_template, **settings)
@@ -49,8 +53,9 @@ def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[...,
     async def main() -> UpstreamSender:
         thread = StoreThread("test-store")
         store = MessageStore(tmp_path / "forwarding.db")
-        sender = UpstreamSender(upstream, "gw1", metrics.links.setdefault("upstream", LinkStats()))
-        pump = Pump(sender, store, thread, metrics, retry_min_s=0.01, retry_max_s=0.1)
+        runtime = FakeRuntime.on_running_loop() if fake_clock else None
+        sender = UpstreamSender(upstream, "gw1", metrics.links.setdefault("upstream", LinkStats()), runtime)
+        pump = Pump(sender, store, thread, metrics, retry_min_s=0.01, retry_max_s=0.1, runtime=runtime)
 
         async def add(n: int, priority: int = 0, size: int = 50) -> None:
             await thread.call(store.add, msg(n, size), [RouteResult(UP, priority, 60)])
@@ -255,8 +260,8 @@ def test_never_more_in_flight_than_the_upstreams_receive_maximum(tmp_path: Path)
             for n in range(60):
                 await add(n)
             while await thread.call(store.message_count):
-                client = pump.sender._client  # paho's own count of unacknowledged PUBLISHes
-                most = max(most, client._inflight_messages if client is not None else 0)
+                connection = pump.sender._connection  # paho's own count of unacknowledged PUBLISHes
+                most = max(most, connection.client._inflight_messages if connection is not None else 0)
                 await asyncio.sleep(0.002)
 
         sender, _ = run_bridge(tmp_path, slow.port, "5", scenario)
@@ -281,7 +286,7 @@ def test_batch_window_follows_the_measured_link(tmp_path: Path, mosquitto: Mosqu
     assert window.bytes >= 2 * window.chunk_bytes
 
 
-def test_bridge_over_tls_verifies_the_cloud_and_delivers(tmp_path: Path) -> None:
+def test_bridge_over_tls_verifies_the_cloud_and_delivers(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """TLS on the event loop: the handshake without blocking it, records larger than one read, and a
     certificate that does not match is refused (no connection, messages stay queued)."""
     # mosquitto drops root privileges before it reads its certificate: not from pytest's private tmp dir.
@@ -314,14 +319,24 @@ def test_bridge_over_tls_verifies_the_cloud_and_delivers(tmp_path: Path) -> None
 
         async def refused(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
             await add(0)
-            await asyncio.sleep(1)  # several attempts at the backoff ceiling of 0.2 s
+            runtime = pump.runtime
+            assert isinstance(runtime, FakeRuntime)
+            # Each attempt's handshake fails for real; the backoff between them (up to its 0.2 s ceiling) is
+            # on the fake clock: a second of it is several attempts at the ceiling.
+            await runtime.run_until(lambda: runtime.time >= 1.0, within=1.2)
             assert await thread.call(store.message_count) == 1
 
         other = tmp_path / "other.pem"
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=other",
                         "-keyout", str(tmp_path / "other-key.pem"), "-out", str(other)], check=True, capture_output=True)
-        untrusting, _ = run_bridge(tmp_path / "wrong", tls_port, "5", refused, tls=True, ca_file=other)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="appliance.forwarding.upstream"):
+            untrusting, _ = run_bridge(tmp_path / "wrong", tls_port, "5", refused, tls=True, ca_file=other,
+                                       fake_clock=True)
         assert untrusting.connects == 0
+        failures = [r for r in caplog.records if "connect failed" in r.getMessage()]
+        assert len(failures) >= 6, [r.getMessage() for r in failures]  # 0.05, 0.1, then 0.2 s apart at most
+        assert "certificate verify failed" in failures[0].getMessage()
     shutil.rmtree(readable)
 
 

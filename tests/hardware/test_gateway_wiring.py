@@ -12,7 +12,6 @@ import re
 import signal
 import sqlite3
 import statistics
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -105,12 +104,10 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def blink_period(pin: MockPin, changes: int = 6, timeout: float = 5.0) -> float:
-    """The median time between the pin's next ``changes`` state changes (the LED must be blinking)."""
+    """The median time between the pin's next ``changes`` state changes (the LED must be blinking; run
+    from a worker thread while the gateway's loop blinks it: the pin's history is all there is to watch)."""
     pin.clear_states()
-    deadline = time.monotonic() + timeout
-    while len(pin.states) <= changes:  # gpiozero's blink thread appends; nothing to wait on but the list
-        assert time.monotonic() < deadline, f"pin not blinking: {pin.states}"
-        time.sleep(0.02)
+    waiting.wait_until(lambda: len(pin.states) > changes, timeout, lambda: f"pin not blinking: {pin.states}")
     return statistics.median(state.timestamp for state in pin.states[2:])
 
 

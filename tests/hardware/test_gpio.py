@@ -1,14 +1,13 @@
 """Status LEDs, button and relay on gpiozero's own MockFactory: real gpiozero, mock pins.
 
-Blink timings are read from the pins' state history (the time since the previous change). gpiozero blinks
-from a thread on the real clock, so a loaded machine can only make a change late, never early: each interval
-is held to its lower bound strictly, and the quickest of several like intervals to the rhythm (a blink that
-was slow or fast by design differs by 5x; a late wake-up of one change does not move the quickest).
+Blinking and the relay's off time are timed by the runtime, so they are judged on the fake clock
+(``testing/fake_runtime.py``): the test moves it and reads the pin just before and at each change, to the
+millisecond, whatever the machine's load. The button's hold time is gpiozero's own (its thread, the real
+clock): that check keeps a lower bound only, which load cannot break.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from appliance.hardware.gpio import (
     StatusPanel,
     backlog_level,
 )
-from testing.waiting import wait_until
+from testing.fake_runtime import FakeRuntime
 
 POWER, UPLINK, BACKLOG, BUTTON, RELAY = 17, 27, 22, 23, 24
 
@@ -52,7 +51,12 @@ def presses() -> Presses:
 
 
 @pytest.fixture
-def panel(factory: MockFactory, presses: Presses) -> Iterator[StatusPanel]:
+def runtime() -> FakeRuntime:
+    return FakeRuntime()
+
+
+@pytest.fixture
+def panel(factory: MockFactory, presses: Presses, runtime: FakeRuntime) -> Iterator[StatusPanel]:
     config = GpioConfig(
         enabled=True,
         power_led=POWER,
@@ -64,42 +68,36 @@ def panel(factory: MockFactory, presses: Presses) -> Iterator[StatusPanel]:
         backlog_slow_from=1,
         backlog_fast_from=100,
     )
-    status_panel = StatusPanel(config, on_short_press=presses.on_short, on_long_press=presses.on_long)
+    status_panel = StatusPanel(config, on_short_press=presses.on_short, on_long_press=presses.on_long, runtime=runtime)
     yield status_panel
     status_panel.close()
 
 
-def wait_for_states(pin: MockPin, count: int, timeout: float = 5.0) -> None:
-    wait_until(lambda: len(pin.states) >= count, timeout, lambda: f"pin reached only {len(pin.states)} states")
-
-
-#: gpiozero's own tolerance for a change on time; a change may come later than that on a busy machine.
+#: Fake seconds before a change at which the pin still shows the old state.
+JUST_BEFORE = 0.001
+#: gpiozero's own tolerance for its hold timer firing early (its thread, the real clock).
 EARLY_S = 0.05
-#: How far the quickest of several like intervals may be from the rhythm.
-RHYTHM_S = 0.15
 
 
-def assert_blinks(pin: MockPin, first: bool, on: float, off: float, changes: int) -> None:
-    """The pin went off, then ``first``, then alternated ``changes`` times with the given on/off times."""
-    states = pin.states[: changes + 2]
-    assert [s.state for s in states] == [False] + [first if i % 2 == 0 else not first for i in range(changes + 1)]
-    intervals = {True: [], False: []}  # by the state the pin left
-    for before, change in zip(states[1:], states[2:], strict=False):
-        intervals[before.state].append(change.timestamp)
-    for state, expected in ((True, on), (False, off)):
-        assert all(t >= expected - EARLY_S for t in intervals[state]), (state, intervals)
-        if intervals[state]:
-            assert min(intervals[state]) <= expected + RHYTHM_S, (state, intervals)
+def assert_blinks(pin: MockPin, runtime: FakeRuntime, on: float, off: float, periods: int) -> None:
+    """From now (the blink's start, on first): on for ``on`` seconds, off for ``off``, ``periods`` times."""
+    for _ in range(periods):
+        for state, span in ((True, on), (False, off)):
+            assert pin.state is state
+            runtime.advance(span - JUST_BEFORE)
+            assert pin.state is state, f"changed before its {span} s were up"
+            runtime.advance(JUST_BEFORE)
+            assert pin.state is not state, f"not changed after its {span} s"
 
 
-def test_power_led_blinks_slowly_while_starting_then_stays_on_when_ready(factory: MockFactory, panel: StatusPanel) -> None:
+def test_power_led_blinks_slowly_while_starting_then_stays_on_when_ready(
+        factory: MockFactory, panel: StatusPanel, runtime: FakeRuntime) -> None:
     pin = factory.pin(POWER)
-    wait_for_states(pin, 6)
     on, off = SLOW_BLINK
-    assert_blinks(pin, True, on, off, 4)
+    assert_blinks(pin, runtime, on, off, 3)
     panel.show_ready()
     pin.clear_states()
-    time.sleep(on + off)  # a whole blink period: a steady LED changes nothing in it
+    runtime.advance(10 * (on + off))  # a steady LED changes nothing
     assert pin.state is True and len(pin.states) == 1
 
 
@@ -111,25 +109,26 @@ def test_uplink_led_follows_the_link(factory: MockFactory, panel: StatusPanel) -
     assert pin.state is False
 
 
-def test_backlog_led_is_off_then_blinks_slow_then_fast(factory: MockFactory, panel: StatusPanel) -> None:
+def test_backlog_led_is_off_then_blinks_slow_then_fast(factory: MockFactory, panel: StatusPanel,
+                                                        runtime: FakeRuntime) -> None:
     pin = factory.pin(BACKLOG)
     panel.show_backlog(0)
     assert pin.state is False and len(pin.states) == 1
     panel.show_backlog(5)
-    wait_for_states(pin, 5)
-    assert_blinks(pin, True, *SLOW_BLINK, 3)
+    assert_blinks(pin, runtime, *SLOW_BLINK, 2)
     panel.show_backlog(0)
     assert pin.state is False
-    pin.clear_states()
+    runtime.advance(5.0)
+    assert pin.state is False  # the slow blink stopped with it
     panel.show_backlog(500)
-    wait_for_states(pin, 8)
     on, off = FAST_BLINK
-    assert_blinks(pin, True, on, off, 6)
-    seen = len(pin.states)
+    assert_blinks(pin, runtime, on, off, 3)
+    runtime.advance(on / 2)
     panel.show_backlog(501)  # same level: the blink keeps its rhythm instead of restarting
-    wait_for_states(pin, seen + 1)
-    assert pin.states[seen].timestamp <= max(on, off) + RHYTHM_S + 0.35  # a restart would begin with a 0 s change
-    assert pin.states[seen].timestamp >= min(on, off) - EARLY_S
+    runtime.advance(on / 2 - JUST_BEFORE)
+    assert pin.state is True
+    runtime.advance(JUST_BEFORE)
+    assert pin.state is False  # off when the first on-time was up, not a full on-time after the call
 
 
 def test_a_short_press_asks_for_status_and_no_reset(factory: MockFactory, panel: StatusPanel, presses: Presses) -> None:
@@ -147,29 +146,31 @@ def test_a_long_press_fires_the_reset_once_after_the_hold_time(factory: MockFact
     assert presses.long.wait(3.0)
     assert presses.long_at is not None
     assert presses.long_at - pressed_at >= 0.3 - EARLY_S  # never before the hold time; late only by load
-    button.drive_high()
-    time.sleep(0.05)  # release handling is synchronous in MockPin; this only lets a stray thread show up
+    button.drive_high()  # release handling is synchronous in MockPin
     assert presses.short_count == 0
 
 
 @pytest.mark.parametrize("active_high", [True, False])
-def test_relay_power_cycle_cuts_power_for_the_configured_time(factory: MockFactory, active_high: bool) -> None:
-    relay = ModemPowerRelay(RELAY, active_high=active_high)
+def test_relay_power_cycle_cuts_power_for_the_configured_time(factory: MockFactory, runtime: FakeRuntime,
+                                                              active_high: bool) -> None:
+    relay = ModemPowerRelay(RELAY, active_high=active_high, runtime=runtime)
     pin = factory.pin(RELAY)
     try:
         assert relay.powered and pin.state is active_high
-        pin.clear_states()
-        asyncio.run(relay.power_cycle(0.2))
-        assert relay.powered
-        assert [state.state for state in pin.states] == [active_high, not active_high, active_high]
-        assert pin.states[1].timestamp <= EARLY_S  # cut at once
-        assert pin.states[2].timestamp >= 0.2 - EARLY_S  # off for the whole time asked (longer only by load)
+        runtime.spawn(relay.power_cycle(0.2))
+        runtime.run()
+        assert not relay.powered and pin.state is not active_high  # cut at once
+        runtime.advance(0.2 - JUST_BEFORE)
+        assert not relay.powered  # off for the whole time asked
+        runtime.advance(JUST_BEFORE)
+        assert relay.powered and pin.state is active_high
     finally:
         relay.close()
 
 
-def test_pins_left_out_of_the_config_are_not_driven(factory: MockFactory) -> None:
-    panel = StatusPanel(GpioConfig(enabled=True, uplink_led=UPLINK), on_short_press=lambda: None, on_long_press=lambda: None)
+def test_pins_left_out_of_the_config_are_not_driven(factory: MockFactory, runtime: FakeRuntime) -> None:
+    panel = StatusPanel(GpioConfig(enabled=True, uplink_led=UPLINK), on_short_press=lambda: None,
+                        on_long_press=lambda: None, runtime=runtime)
     try:
         panel.show_ready()
         panel.show_backlog(10_000)

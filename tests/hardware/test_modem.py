@@ -1,6 +1,11 @@
 """The modem driver and monitor against ``ModemEmulator`` on a real pty pair, with the relay on gpiozero's
 ``MockFactory``: the relay's output pin is wired (``MockConnectedPin``) to an input the emulator watches,
-so a power cycle really reaches the "modem"."""
+so a power cycle really reaches the "modem".
+
+Timeouts, backoffs and the relay's off time are judged on the fake runtime (``testing/fake_runtime.py``):
+its clock stands still while the emulator answers in real time, so a reply is never late, and moves only
+when the test moves it, so each deadline is checked to the millisecond instead of within a real-time bound.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from appliance.hardware.config import ModemConfig
 from appliance.hardware.gpio import ModemPowerRelay
 from appliance.hardware.modem import AtChannel, ModemMonitor, ModemTimeout
 from appliance.hardware.modem_status import Registration
+from testing.fake_runtime import FakeRuntime
 from testing.waiting import until
 from tests.hardware.modem_emulator import ModemEmulator
 
@@ -126,60 +132,89 @@ def test_registration_urcs_move_the_link_between_polls(emulator: ModemEmulator) 
     assert monitor.status.registration["CEREG"] is Registration.ROAMING
 
 
+class TimedRelay:
+    """The relay as the monitor's power switch, noting on the fake clock when each cycle cuts and restores."""
+
+    def __init__(self, relay: ModemPowerRelay, runtime: FakeRuntime) -> None:
+        relay.runtime = runtime
+        self.relay, self.runtime = relay, runtime
+        self.cut: list[float] = []
+        self.restored: list[float] = []
+
+    async def power_cycle(self, off_seconds: float) -> None:
+        self.cut.append(self.runtime.monotonic())
+        await self.relay.power_cycle(off_seconds)
+        self.restored.append(self.runtime.monotonic())
+
+
 def test_a_hung_modem_is_power_cycled_and_comes_back(emulator: ModemEmulator, relay: ModemPowerRelay) -> None:
-    monitor = ModemMonitor(config(emulator.port), power_switch=relay)
     changes: list[bool] = []
-    monitor.on_link_change(changes.append)
     boots_before = emulator.boots  # the relay's initial "on" already booted it once
 
-    async def body() -> None:
-        await until(lambda: monitor.link_up)
-        emulator.hung = True
-        await until(lambda: not monitor.link_up)
-        await until(lambda: monitor.link_up)
+    async def main() -> TimedRelay:
+        runtime = FakeRuntime.on_running_loop()
+        switch = TimedRelay(relay, runtime)
+        monitor = ModemMonitor(config(emulator.port), power_switch=switch, runtime=runtime)
+        monitor.on_link_change(changes.append)
 
-    asyncio.run(with_monitor(monitor, body))
+        async def body() -> None:
+            await until(lambda: monitor.link_up)
+            emulator.hung = True
+            await runtime.run_until(lambda: not monitor.link_up, within=2.0)  # two unanswered commands
+            await runtime.run_until(lambda: bool(switch.restored), within=1.0)
+            await until(lambda: monitor.link_up)  # it boots, says RDY and answers: in real time, clock still
+
+        await with_monitor(monitor, body)
+        assert emulator.boots == boots_before + 1 and monitor.status.power_cycles == 1
+        return switch
+
+    switch = asyncio.run(main())
     assert changes == [True, False, True]
-    assert emulator.boots == boots_before + 1 and monitor.status.power_cycles == 1
     assert relay.powered
+    assert [b - a for a, b in zip(switch.cut, switch.restored, strict=True)] == pytest.approx([0.05], abs=1e-9)
     relay_pin = Device.pin_factory.pin(RELAY_PIN)  # type: ignore[union-attr]
-    # initial high, then off for power_off_seconds, then on again
-    assert [state.state for state in relay_pin.states[-2:]] == [False, True]
-    assert relay_pin.states[-1].timestamp >= 0.05 - 0.005  # off for power_off_seconds at least (longer only by load)
+    assert [state.state for state in relay_pin.states[-2:]] == [False, True]  # initial high, then off, then on
 
 
 def test_a_modem_that_stays_dead_is_retried_with_growing_backoff(emulator: ModemEmulator, relay: ModemPowerRelay) -> None:
-    monitor = ModemMonitor(config(emulator.port, ready_timeout=0.4), power_switch=relay)
+    """Each attempt: the relay off for ``power_off_seconds``, ``ready_timeout`` to come back, then a
+    backoff that doubles (0.2 s, then 0.4 s, the ceiling): the cycles start exactly that far apart."""
 
-    async def body() -> None:
-        await until(lambda: monitor.link_up)
-        emulator.stays_dead = True
-        emulator.hung = True
-        await until(lambda: monitor.status.power_cycles >= 3, timeout=10.0)
+    async def main() -> tuple[ModemMonitor, TimedRelay]:
+        runtime = FakeRuntime.on_running_loop()
+        switch = TimedRelay(relay, runtime)
+        monitor = ModemMonitor(config(emulator.port, ready_timeout=0.4), power_switch=switch, runtime=runtime)
 
-    asyncio.run(with_monitor(monitor, body))
+        async def body() -> None:
+            await until(lambda: monitor.link_up)
+            emulator.stays_dead = True
+            emulator.hung = True
+            await runtime.run_until(lambda: len(switch.cut) >= 4, within=10.0)
+
+        await with_monitor(monitor, body)
+        return monitor, switch
+
+    monitor, switch = asyncio.run(main())
     assert not monitor.link_up and not monitor.status.responding
-    relay_pin = Device.pin_factory.pin(RELAY_PIN)  # type: ignore[union-attr]
-    # states: initial, (off, on) per cycle. Time an "off" follows the previous "on" = ready wait + backoff.
-    offs = [state.timestamp for state in relay_pin.states[1:] if not state.state]
-    assert len(offs) >= 3
-    gap_after_first, gap_after_second = offs[1], offs[2]
-    assert gap_after_first == pytest.approx(0.4 + 0.2, abs=0.15)
-    assert gap_after_second == pytest.approx(0.4 + 0.4, abs=0.15)
+    gaps = [later - earlier for earlier, later in zip(switch.cut, switch.cut[1:], strict=False)]
+    assert gaps == pytest.approx([0.05 + 0.4 + 0.2, 0.05 + 0.4 + 0.4, 0.05 + 0.4 + 0.4], abs=1e-9)  # float sums only
 
 
 def test_a_command_to_a_hung_modem_times_out(emulator: ModemEmulator) -> None:
     emulator.hung = True
 
     async def body() -> None:
-        channel = AtChannel(emulator.port, 115200, lambda line: None)
+        runtime = FakeRuntime.on_running_loop()
+        channel = AtChannel(emulator.port, 115200, lambda line: None, runtime)
         channel.open()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
         try:
+            command = asyncio.create_task(channel.command("AT", 0.2))
+            await runtime.sleeper()  # written, waiting for its answer
+            await runtime.elapse(0.199)
+            assert not command.done()  # never before the deadline
+            await runtime.elapse(0.001)
             with pytest.raises(ModemTimeout):
-                await channel.command("AT", 0.2)
-            assert loop.time() - started == pytest.approx(0.2, abs=0.1)
+                await command
             emulator.hung = False
             assert (await channel.command("AT", 2.0)).ok  # the abandoned command left no stale state
         finally:
@@ -210,22 +245,33 @@ def test_a_port_that_is_not_there_does_not_hold_forwarding_back_and_is_taken_up_
     """No modem fitted (or not enumerated yet): one warning, no power cycles, the link is not gated; when the
     port appears the modem is used, and the link waits for its registration like any modem's."""
     port = tmp_path / "ttyUSB2"
-    monitor = ModemMonitor(config(str(port)))
     changes: list[bool] = []
-    monitor.on_link_change(changes.append)
+    monitors: list[ModemMonitor] = []
 
-    async def body() -> None:
-        await until(lambda: monitor.present is False and monitor.link_up)
-        emulator.creg = emulator.cereg = 2  # searching: once the port opens, the link must go down
-        await asyncio.sleep(4 * 0.2)  # several retries of the port (poll_interval 0.2 s): still one warning
-        port.symlink_to(emulator.port)
-        await until(lambda: monitor.present is True and not monitor.link_up, timeout=3.0)
-        emulator.creg = emulator.cereg = 1
-        emulator.send_urc("+CEREG: 1")
-        await until(lambda: monitor.link_up, timeout=3.0)
+    async def main() -> None:
+        runtime = FakeRuntime.on_running_loop()
+        monitor = ModemMonitor(config(str(port)), runtime=runtime)
+        monitor.on_link_change(changes.append)
+        monitors.append(monitor)
+
+        async def body() -> None:
+            await until(lambda: monitor.present is False and monitor.link_up)
+            emulator.creg = emulator.cereg = 2  # searching: once the port opens, the link must go down
+            await runtime.sleeper()
+            await runtime.elapse(4 * 0.2)  # several retries of the port (poll_interval 0.2 s): still one warning
+            assert monitor.present is False
+            port.symlink_to(emulator.port)
+            await runtime.elapse(0.2)  # the next retry opens it
+            await until(lambda: monitor.present is True and not monitor.link_up, timeout=3.0)
+            emulator.creg = emulator.cereg = 1
+            emulator.send_urc("+CEREG: 1")
+            await until(lambda: monitor.link_up, timeout=3.0)
+
+        await with_monitor(monitor, body)
 
     with caplog.at_level(logging.INFO, logger="appliance.hardware.modem"):
-        asyncio.run(with_monitor(monitor, body))
+        asyncio.run(main())
+    monitor = monitors[0]
     assert changes == [True, False, True]
     warnings = [record for record in caplog.records if record.levelno >= logging.WARNING]
     assert [record.getMessage() for record in warnings] == [

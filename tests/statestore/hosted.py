@@ -1,19 +1,19 @@
 """The broker and the state store service in the test process, on their own event loop thread.
 
 The gateway-process tests cannot reach inside the service; these can: the service is built here with a
-store class that has test hooks (a commit the test holds, a disk that fills up) and a clock the test moves.
+store class that has test hooks (a commit the test holds, a disk that fills up) and a runtime whose clock the test moves.
 Everything else is the real thing - the broker, its listener on a real socket (port 0), SQLite files under
 ``tmp_path`` and paho-mqtt clients.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
+from appliance.runtime import Runtime
 from appliance.statestore.client import StateStoreClient
 from appliance.statestore.config import StateStoreConfig
-from appliance.statestore.service import StateStoreService, StoreFactory, wall_clock_ms
+from appliance.statestore.service import StateStoreService, StoreFactory
 from appliance.statestore.store import StateStore
 from testing.inprocess import InProcessBroker
 
@@ -26,9 +26,9 @@ class HostedGateway(InProcessBroker):
         data_dir: Path,
         config: StateStoreConfig | None = None,
         store_factory: StoreFactory = StateStore,
-        clock_ms: Callable[[], int] = wall_clock_ms,
+        runtime: Runtime | None = None,
     ) -> None:
-        self.service = StateStoreService(config or StateStoreConfig(), data_dir, clock_ms=clock_ms, store_factory=store_factory)
+        self.service = StateStoreService(config or StateStoreConfig(), data_dir, runtime, store_factory)
         super().__init__(data_dir, [self.service])
         self._clients: list[StateStoreClient] = []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import paho.mqtt.client as mqtt
@@ -12,7 +13,6 @@ from appliance.statestore.commands import GetCommand, SetCommand
 from appliance.statestore.hlc import Hlc
 from appliance.statestore.protocol import REQUEST_TOPIC
 from appliance.statestore.resp3 import encode_array
-from appliance.statestore.service import wall_clock_ms
 from testing.processes import GatewayProcess
 from tests.statestore.raw_mqtt import TIMEOUT, RawClient
 
@@ -89,7 +89,7 @@ def test_served_requests_are_not_routed_to_ordinary_subscribers(raw: RawClient) 
 
 def versioned_request(raw: RawClient, payload: bytes, version: str) -> dict[str, str]:
     raw.publish(REQUEST_TOPIC, payload, response_topic=f"clients/{raw.client_id}/resp", correlation_data=b"v",
-                user_properties=[("__protVer", version), ("__ts", str(Hlc(wall_clock_ms(), 0, "raw")))])
+                user_properties=[("__protVer", version), ("__ts", str(Hlc(time.time_ns() // 1_000_000, 0, "raw")))])
     reply = raw.next_message()
     assert reply.properties.CorrelationData == b"v"
     return {"payload": reply.payload.decode(), **dict(reply.properties.UserProperty)}

@@ -19,13 +19,23 @@ from typing import Any
 
 import pytest
 
+from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.statestore.client import Notification, StatusError
 from appliance.statestore.commands import GetCommand, SetCommand
 from appliance.statestore.config import StateStoreConfig
-from appliance.statestore.service import wall_clock_ms
 from appliance.statestore.store import FILE_NAME, Quotas, StateStore
 from tests.statestore.hosted import HostedGateway
 from tests.statestore.raw_mqtt import TIMEOUT, RawClient
+
+
+class ShiftedRuntime(AsyncioRuntime):
+    """The production runtime with its wall clock ``shift_s`` ahead, moved by the test: the gateway's
+    clock jumps to a deadline while the clients' clocks (and the loop's timers) stay where they are."""
+
+    shift_s = 0.0
+
+    def now(self) -> float:
+        return super().now() + self.shift_s
 
 
 class HeldCommitStore(StateStore):
@@ -179,9 +189,9 @@ def test_a_full_disk_fails_the_request_cleanly_and_recovery_needs_no_restart(
 
 
 def test_an_expired_key_reads_absent_on_the_wire_before_the_sweep_removes_it(tmp_path: Path) -> None:
-    offset = [0]
+    runtime = ShiftedRuntime()
     config = StateStoreConfig(sweep_interval_ms=3_600_000)  # the sweep sleeps until the deadline (or an hour)
-    with HostedGateway(tmp_path, config, SweepWatchingStore, clock_ms=lambda: wall_clock_ms() + offset[0]) as gateway:
+    with HostedGateway(tmp_path, config, SweepWatchingStore, runtime) as gateway:
         store = gateway.store
         assert isinstance(store, SweepWatchingStore)
         client, watcher = gateway.client("setter"), gateway.client("watcher")
@@ -191,7 +201,7 @@ def test_an_expired_key_reads_absent_on_the_wire_before_the_sweep_removes_it(tmp
         assert notes.get(timeout=TIMEOUT).value == b"v"
         assert store.swept_with_deadline.wait(TIMEOUT)  # the SET woke the sweep; it now sleeps ~10 minutes
 
-        offset[0] = 600_000  # the gateway's clock is at the deadline: the key has expired
+        runtime.shift_s = 600.0  # the gateway's clock is at the deadline: the key has expired
         assert client.request(GetCommand(b"k").encode()).payload == b"$-1\r\n"
         assert stored_row(tmp_path, b"k") == (b"v",)  # the sweep has not run: the row is still in the file
         assert notes.empty()

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from appliance.broker.api import InboundPublish
 from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
 from appliance.broker.security.acl import Acl, AclFileError
+from appliance.runtime import wall_ms
 from appliance.statestore import errors
 from appliance.statestore.acl import AclRule
 from appliance.statestore.commands import (
@@ -34,9 +35,11 @@ from appliance.statestore.notify import notification_topic
 from appliance.statestore.protocol import REQUEST_TOPIC
 from appliance.statestore.resp3 import encode_array
 from appliance.statestore.service import StateStoreService
+from testing import waiting
 from testing.campaigns import campaign
+from testing.fake_runtime import WALL_CLOCK_START, FakeRuntime
 
-T0 = 1_700_000_000_000
+T0 = int(WALL_CLOCK_START * 1000)  # the fake runtime's wall clock at its start, in ms
 T = TypeVar("T")
 
 
@@ -53,15 +56,12 @@ class Published:
 class RecordingBroker:
     published: list[Published] = field(default_factory=list)
     disconnected: list[tuple[str, int]] = field(default_factory=list)
-    changed: asyncio.Event | None = None
     acl: Acl | None = None  # the broker's real ACL; None: no acl_file, everything allowed
 
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False, **props: Any) -> None:
         self.published.append(
             Published(topic, payload, qos, props.get("correlation_data"), dict(props.get("user_properties") or []))
         )
-        if self.changed is not None:
-            self.changed.set()
 
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         self.disconnected.append((client_id, reason_code))
@@ -77,8 +77,8 @@ class RecordingBroker:
 
 
 class Harness:
-    def __init__(self, service: StateStoreService, broker: RecordingBroker, clock: list[int]) -> None:
-        self.service, self.broker, self.clock = service, broker, clock
+    def __init__(self, service: StateStoreService, broker: RecordingBroker, runtime: FakeRuntime) -> None:
+        self.service, self.broker, self.runtime = service, broker, runtime
 
     def request(
         self,
@@ -90,7 +90,7 @@ class Harness:
     ) -> Published:
         props = []
         if timestamp == "auto":
-            timestamp = str(Hlc(self.clock[0], 0, client_id))
+            timestamp = str(Hlc(wall_ms(self.runtime), 0, client_id))
         if timestamp is not None:
             props.append(("__ts", timestamp))
         if fencing_token is not None:
@@ -112,11 +112,11 @@ class Harness:
 def harness(tmp_path: Path) -> Any:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    clock = [T0]
+    runtime = FakeRuntime(loop=loop)  # its wall clock starts at T0
     broker = RecordingBroker()
-    service = StateStoreService(StateStoreConfig(max_keys=3), tmp_path, clock_ms=lambda: clock[0])
+    service = StateStoreService(StateStoreConfig(max_keys=3), tmp_path, runtime)
     loop.run_until_complete(service.start(broker))
-    yield Harness(service, broker, clock)
+    yield Harness(service, broker, runtime)
     loop.run_until_complete(service.stop())
     loop.close()
     asyncio.set_event_loop(None)
@@ -253,31 +253,28 @@ def test_disconnect_drops_registrations(harness: Harness) -> None:
 
 
 def test_the_sweep_notifies_delete_at_the_deadline(harness: Harness) -> None:
+    """Expiry on the fake clock: nothing 1 ms before the deadline, the DELETE notification at it."""
     harness.request(KeyNotifyCommand(b"k").encode(), client_id="watcher")
-    harness.clock[0] = T0
     harness.request(SetCommand(b"k", b"v", expire_ms=50).encode())
-    harness.broker.changed = asyncio.Event()
 
-    async def wait_for_delete() -> Published:
-        while True:
-            harness.broker.changed.clear()  # type: ignore[union-attr]
-            for item in harness.broker.published:
-                if item.payload.endswith(b"DELETE\r\n"):
-                    return item
-            await asyncio.wait_for(harness.broker.changed.wait(), 5)  # type: ignore[union-attr]
+    def deletes() -> list[Published]:
+        return [item for item in harness.broker.published if item.payload.endswith(b"DELETE\r\n")]
 
-    harness.clock[0] = T0 + 50  # the service reads time through this clock; the sweep wakes on its own timer
-    note = run(harness, asyncio.wait_for(wait_for_delete(), 5))
-    assert note.topic == notification_topic("watcher", b"k")
+    run(harness, harness.runtime.elapse(0.049))
+    assert deletes() == []
+    run(harness, harness.runtime.elapse(0.001))  # the SET woke the sweep, which now sleeps until the deadline
+    run(harness, waiting.until(lambda: bool(deletes()), what="the DELETE notification"))  # a store thread trip
+    assert [note.topic for note in deletes()] == [notification_topic("watcher", b"k")]
 
 
 def test_acl(tmp_path: Path) -> None:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     rules = (AclRule("alice", "alice/", ("read", "write")), AclRule("*", "public/", ("read",)))
-    service = StateStoreService(StateStoreConfig(acl=rules), tmp_path, clock_ms=lambda: T0)
+    runtime = FakeRuntime(loop=loop)
+    service = StateStoreService(StateStoreConfig(acl=rules), tmp_path, runtime)
     loop.run_until_complete(service.start(RecordingBroker()))
-    harness = Harness(service, service._broker, [T0])  # type: ignore[arg-type]
+    harness = Harness(service, service._broker, runtime)  # type: ignore[arg-type]
     try:
         denied = b"-ERR not authorized\r\n"
         assert harness.request(SetCommand(b"alice/x", b"v").encode(), username="alice").payload == b"+OK\r\n"

@@ -1,0 +1,101 @@
+"""One runtime for the whole gateway: no module of ``appliance/`` reads a clock or sleeps by itself.
+
+Time is an input (``appliance/runtime.py``): the broker, forwarding, the state store, the firmware service
+and the hardware get it from the ``Runtime`` port, so their tests move a fake clock instead of waiting.
+This test reads every module's syntax tree and lists each direct clock read or sleep outside the
+adapters; a new one fails here with its file and line.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+APPLIANCE = Path(__file__).resolve().parents[1] / "appliance"
+
+#: ``time`` functions that read a clock or sleep (``time.strftime`` and ``time.gmtime`` only format).
+TIME_FUNCTIONS = {"time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns", "sleep"}
+
+#: Modules that may read the clocks themselves, and why.
+ADAPTERS = {
+    "asyncio_runtime.py": "the Runtime adapter on asyncio: the one reader of the system clocks",
+    "broker/transport/server.py": "the broker's socket layer, itself the asyncio adapter of the broker "
+                                  "(a BufferedProtocol): its connect-deadline wheel runs on loop.call_at",
+    "forwarding/cli.py": "a command-line tool: one blocking process with no event loop; its wait is the "
+                         "command's own --timeout",
+    "statestore/cli.py": "a command-line tool: one blocking process with no event loop; it holds a lock for "
+                         "the --hold the operator asked",
+    "firmware/cli.py": "a command-line tool: one blocking process with no event loop; listening for N "
+                       "seconds is the command's point",
+    "statestore/client/blocking.py": "the devices' client library, not the gateway: blocking calls on "
+                                     "paho's network thread, HLC stamps from the device's own clock",
+    "statestore/client/lease.py": "the devices' client library: a blocking lock wait with a deadline",
+}
+
+
+def direct_clock_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of each clock read or sleep that does not go through a runtime."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ("time", "asyncio"):
+            names = TIME_FUNCTIONS if node.module == "time" else {"sleep"}
+            found += [(node.lineno, f"from {node.module} import {a.name}") for a in node.names if a.name in names]
+        if not isinstance(node, ast.Attribute) or not isinstance(node.value, (ast.Name, ast.Attribute, ast.Call)):
+            continue
+        owner = node.value
+        owner_name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+        if isinstance(owner, ast.Call) and isinstance(owner.func, (ast.Name, ast.Attribute)):
+            called = owner.func.id if isinstance(owner.func, ast.Name) else owner.func.attr
+            owner_name = "loop" if called in ("get_running_loop", "get_event_loop") else ""
+        if owner_name == "time" and node.attr in TIME_FUNCTIONS:
+            found.append((node.lineno, f"time.{node.attr}"))
+        elif owner_name == "asyncio" and node.attr == "sleep":
+            found.append((node.lineno, "asyncio.sleep"))
+        elif owner_name == "datetime" and node.attr in ("now", "utcnow", "today"):
+            found.append((node.lineno, f"datetime.{node.attr}"))
+        elif "loop" in owner_name.lower() and node.attr == "time":
+            found.append((node.lineno, f"{owner_name}.time"))
+    return sorted(found)
+
+
+def modules() -> list[Path]:
+    return sorted(APPLIANCE.rglob("*.py"))
+
+
+def test_no_module_outside_the_adapters_reads_a_clock_or_sleeps() -> None:
+    offenders = [
+        f"appliance/{path.relative_to(APPLIANCE)}:{line}: {what}"
+        for path in modules() if str(path.relative_to(APPLIANCE)) not in ADAPTERS
+        for line, what in direct_clock_uses(ast.parse(path.read_text(), str(path)))
+    ]
+    assert offenders == [], "use the Runtime port (appliance/runtime.py):\n" + "\n".join(offenders)
+
+
+def test_every_allowed_module_exists_and_still_needs_its_exception() -> None:
+    """An exception that is no longer needed is removed, not kept as a licence for the next one."""
+    for name in ADAPTERS:
+        path = APPLIANCE / name
+        assert path.exists(), name
+        assert direct_clock_uses(ast.parse(path.read_text())), f"{name} no longer reads a clock: drop it"
+
+
+@pytest.mark.parametrize("source, what", [
+    ("import time\ntime.monotonic()", "time.monotonic"),
+    ("import time\nx = time.time", "time.time"),
+    ("import time\ntime.sleep(1)", "time.sleep"),
+    ("from time import monotonic", "from time import monotonic"),
+    ("import asyncio\nawait asyncio.sleep(0)", "asyncio.sleep"),
+    ("self._loop.time()", "_loop.time"),
+    ("asyncio.get_running_loop().time()", "loop.time"),
+    ("datetime.now(UTC)", "datetime.now"),
+])
+def test_each_kind_of_direct_clock_use_is_found(source: str, what: str) -> None:
+    tree = ast.parse(source.replace("await ", ""))
+    assert [found for _, found in direct_clock_uses(tree)] == [what]
+
+
+def test_the_runtime_and_formatting_are_not_clock_reads() -> None:
+    source = "runtime.monotonic()\nself.runtime.sleep(1)\ntime.strftime('%Y', time.gmtime(0))\nrecord.time"
+    assert direct_clock_uses(ast.parse(source)) == []
