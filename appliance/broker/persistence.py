@@ -91,6 +91,42 @@ class _Batch:
 
 
 
+#: The per-message progress of durable deliveries: an acknowledged delivery's DELETE and the next one's
+#: UPDATE alternate in a turn's operations (one of each per QoS 1 message, ``_grouped``).
+_PROGRESS = (sql.MARK_DELIVERY, sql.DELETE_DELIVERY)
+
+
+def _grouped(operations: list[tuple[str, tuple[object, ...]]]) -> list[tuple[str, list[tuple[object, ...]]]]:
+    """The turn's operations as (statement, parameter rows), one ``executemany`` each, same effect as
+    applying them one by one in order. Consecutive operations with the same statement form one group.
+    Besides, in a stretch of nothing but progress operations (``_PROGRESS``), every UPDATE goes before
+    every DELETE: each touches one row by ``seq``, the UPDATEs of one row keep their order, and a DELETE
+    ends its row (a finished delivery gets no more updates, ``Session._finished``; an UPDATE after it
+    would change nothing anyway), so every row ends as before and the stretch costs two statements
+    instead of two per message."""
+    grouped: list[tuple[str, list[tuple[object, ...]]]] = []
+    index = 0
+    count = len(operations)
+    while index < count:
+        statement = operations[index][0]
+        if statement in _PROGRESS:
+            marks: list[tuple[object, ...]] = []
+            deletes: list[tuple[object, ...]] = []
+            while index < count and operations[index][0] in _PROGRESS:
+                statement, params = operations[index]
+                (marks if statement is sql.MARK_DELIVERY else deletes).append(params)
+                index += 1
+            grouped += [(sql.MARK_DELIVERY, marks)] if marks else []
+            grouped += [(sql.DELETE_DELIVERY, deletes)] if deletes else []
+            continue
+        rows = []
+        while index < count and operations[index][0] is statement:
+            rows.append(operations[index][1])
+            index += 1
+        grouped.append((statement, rows))
+    return grouped
+
+
 class BrokerStore:
     """The open ``broker.db``. Mutators buffer; ``commit()`` writes one transaction. Not thread-safe
     from one thread at a time (the event loop's)."""
@@ -386,18 +422,11 @@ class BrokerStore:
                 self._db.executemany(sql.INSERT_MESSAGE, batch.messages)
             if batch.deliveries:
                 self._db.executemany(sql.INSERT_DELIVERY, batch.deliveries)
-            start = 0
-            operations = batch.operations
-            while start < len(operations):
-                statement = operations[start][0]
-                end = start + 1
-                while end < len(operations) and operations[end][0] is statement:
-                    end += 1
-                if end - start == 1:
-                    self._db.execute(statement, operations[start][1])
+            for statement, rows in _grouped(batch.operations):
+                if len(rows) == 1:
+                    self._db.execute(statement, rows[0])
                 else:
-                    self._db.executemany(statement, [params for _, params in operations[start:end]])
-                start = end
+                    self._db.executemany(statement, rows)
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             if self._db.in_transaction:
