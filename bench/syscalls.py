@@ -36,7 +36,7 @@ import psutil
 if __package__ in (None, ""):  # run by path: make ``bench`` and ``tests`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.broker import PERSISTENT_SCENARIOS, RUNNERS, Sizes, Target, brokers  # noqa: E402
+from bench.broker import PERSISTENT_SCENARIOS, RUNNERS, Sizes, brokers  # noqa: E402
 from bench.mqtt_load import Schedule, raise_fd_limit  # noqa: E402
 
 SCENARIOS = ("qos0_fanin", "qos1", "qos1_durable")
