@@ -179,6 +179,10 @@ def test_mutated_valid_packets_only_raise_protocol_errors(batch: list[pk.Packet]
         (b"\x30\x04\x00\x02a\x00", 4, MALFORMED_PACKET),  # NUL in topic
         (b"\x30\x04\x00\x02a#", 4, TOPIC_NAME_INVALID),  # wildcard in a topic name
         (b"\x30\x04\x00\x02+/", 4, TOPIC_NAME_INVALID),
+        (b"\x40\x02\x00\x00", 4, PROTOCOL_ERROR),  # PUBACK with packet id 0 (the short form's own parser)
+        (b"\x40\x02\x00\x00", 5, PROTOCOL_ERROR),
+        (b"\x41\x02\x00\x01", 4, MALFORMED_PACKET),  # PUBACK with reserved flags
+        (b"\x40\x01\x00", 5, MALFORMED_PACKET),  # truncated packet id
         (b"\x40\x05\x00\x01\x00\x02\x26", 5, MALFORMED_PACKET),  # property runs past the end
         (b"\x40\x06\x00\x01\x00\x02\x24\x01", 5, PROTOCOL_ERROR),  # maximum QoS in a PUBACK
         (b"\x30\x09\x00\x01a\x05\x02\x00\x00\x00\x01", 5, None),  # message expiry: fine

@@ -164,6 +164,13 @@ class PacketReader:
             kind = first >> 4
             if kind == PUBLISH:
                 append(self._publish(buf, start, stop, first, pos))
+            elif first == 0x40 and length == 2:
+                # PUBACK without reason code (3.1.1, and MQTT 5's usual short form): one per QoS 1
+                # delivery, so parsed here rather than through ``_other`` and its helpers.
+                packet_id = (buf[start] << 8) | buf[start + 1]
+                if not packet_id:
+                    raise ProtocolError(PROTOCOL_ERROR, "packet identifier 0")
+                append(PubAck(packet_id, 0, {}))
             else:
                 append(self._other(buf, start, stop, kind, first & 0x0F))
             pos = stop
