@@ -263,3 +263,17 @@ def test_the_writer_maps_failure_codes_to_mqtt311_ones() -> None:
     assert encode(pk.Suback(1, [1, 0x87, 0x8F]), pk.MQTT_311)[-3:] == bytes((1, 0x80, 0x80))
     assert encode(pk.Connack(False, 0x87), pk.MQTT_311) == bytes((0x20, 2, 0, 5))
     assert encode(pk.Connack(False, 0x86), pk.MQTT_311) == bytes((0x20, 2, 0, 4))
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_every_part_of_a_publish_is_bytes_whatever_the_reads_were(kind: type) -> None:
+    """The payload and the received frame are kept in messages (and hashed, stored, forwarded): they are
+    bytes whether a read was bytes or something like it, and whether the packet came whole or in parts."""
+    wire = encode(pk.Publish("a/b", b"payload", 1, packet_id=7), pk.MQTT_311)
+    for cut in (len(wire), 3):
+        reader = PacketReader()
+        packets = reader.feed(kind(wire[:cut])) + reader.feed(kind(wire[cut:]))
+        [publish] = packets
+        assert isinstance(publish, pk.Publish)
+        assert type(publish.payload) is bytes and publish.payload == b"payload"
+        assert type(publish.frame) is bytes and publish.frame == wire

@@ -114,22 +114,24 @@ class PacketReader:
             pending += data
             if len(pending) < self._need:
                 return []
-            buf: bytes | bytearray = pending
+            # Parsed as bytes, so that the topic, payload and frame are slices of it, without a copy each
+            # (slices of a bytearray are bytearrays). Emptied at once: at no moment more than the two copies.
+            buf = bytes(pending)
+            pending.clear()
         else:
-            buf = data
+            # A bytearray or memoryview (type checkers let them pass as bytes) is copied once.
+            buf = data if data.__class__ is bytes else bytes(data)
         packets: list[Packet] = []
         try:
             pos = self._parse_into(buf, packets)
         except ProtocolError as exc:
             exc.parsed = packets
             raise
-        if buf is pending:
-            del pending[:pos]
-        elif pos < len(buf):
+        if pos < len(buf):
             pending += buf[pos:]
         return packets
 
-    def _parse_into(self, buf: bytes | bytearray, packets: list[Packet]) -> int:
+    def _parse_into(self, buf: bytes, packets: list[Packet]) -> int:
         end = len(buf)
         pos = 0
         self._need = 0
@@ -176,11 +178,11 @@ class PacketReader:
             pos = stop
         return pos
 
-    def _publish(self, buf: bytes | bytearray, pos: int, end: int, first: int, frame_start: int) -> Publish:
+    def _publish(self, buf: bytes, pos: int, end: int, first: int, frame_start: int) -> Publish:
         qos = (first >> 1) & 3
         if qos == 3:
             raise ProtocolError(MALFORMED_PACKET, "PUBLISH with QoS 3")
-        dup = bool(first & 8)
+        dup = (first & 8) != 0
         if dup and not qos:
             raise ProtocolError(MALFORMED_PACKET, "QoS 0 PUBLISH with DUP set")
         if end - pos < 2:
@@ -189,7 +191,7 @@ class PacketReader:
         pos += 2
         if pos + tlen > end:
             raise ProtocolError(MALFORMED_PACKET, "topic runs past the packet")
-        raw_topic = bytes(buf[pos : pos + tlen])
+        raw_topic = buf[pos : pos + tlen]
         topic = self._topics.get(raw_topic)
         if topic is None:
             topic = self._topic_name(raw_topic)
@@ -210,8 +212,7 @@ class PacketReader:
             pos += 1
         else:
             properties, pos = decode_properties(buf, pos, end, props.PUBLISH, self.max_user_properties)
-        return Publish(topic, bytes(buf[pos:end]), qos, bool(first & 1), dup, packet_id, properties,
-                       bytes(buf[frame_start:end]))
+        return Publish(topic, buf[pos:end], qos, (first & 1) != 0, dup, packet_id, properties, buf[frame_start:end])
 
     def _topic_name(self, raw: bytes) -> str:
         """Decode and check a PUBLISH topic name (MQTT 5 3.3.2.1: UTF-8, no U+0000, no wildcards; empty
