@@ -114,10 +114,9 @@ class PacketReader:
             pending += data
             if len(pending) < self._need:
                 return []
-            # Parsed as bytes, so that the topic, payload and frame are slices of it, without a copy each
-            # (slices of a bytearray are bytearrays). Emptied at once: at no moment more than the two copies.
+            # Parsed as bytes, so that the topic, payload and frame are slices of it without a further
+            # copy each (slices of a bytearray are bytearrays, which ``bytes()`` copied once more).
             buf = bytes(pending)
-            pending.clear()
         else:
             # A bytearray or memoryview (type checkers let them pass as bytes) is copied once.
             buf = data if data.__class__ is bytes else bytes(data)
@@ -127,7 +126,9 @@ class PacketReader:
         except ProtocolError as exc:
             exc.parsed = packets
             raise
-        if pos < len(buf):
+        if pending:
+            del pending[:pos]
+        elif pos < len(buf):
             pending += buf[pos:]
         return packets
 
