@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 GATEWAY_STAMP := $(VENV)/.gateway
-SYSTEM_PACKAGES := mosquitto mosquitto-clients systemd iproute2 nftables openjdk-17-jre-headless prometheus dosfstools mtools fdisk e2fsprogs
+SYSTEM_PACKAGES := mosquitto mosquitto-clients strace systemd iproute2 nftables openjdk-17-jre-headless prometheus dosfstools mtools fdisk e2fsprogs
 PYTEST_ARGS ?=
 
 .PHONY: run test test-busy check test-slow venv system-deps bench clean image-tree test-image image-system-deps image

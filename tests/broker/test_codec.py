@@ -179,6 +179,10 @@ def test_mutated_valid_packets_only_raise_protocol_errors(batch: list[pk.Packet]
         (b"\x30\x04\x00\x02a\x00", 4, MALFORMED_PACKET),  # NUL in topic
         (b"\x30\x04\x00\x02a#", 4, TOPIC_NAME_INVALID),  # wildcard in a topic name
         (b"\x30\x04\x00\x02+/", 4, TOPIC_NAME_INVALID),
+        (b"\x40\x02\x00\x00", 4, PROTOCOL_ERROR),  # PUBACK with packet id 0 (the short form's own parser)
+        (b"\x40\x02\x00\x00", 5, PROTOCOL_ERROR),
+        (b"\x41\x02\x00\x01", 4, MALFORMED_PACKET),  # PUBACK with reserved flags
+        (b"\x40\x01\x00", 5, MALFORMED_PACKET),  # truncated packet id
         (b"\x40\x05\x00\x01\x00\x02\x26", 5, MALFORMED_PACKET),  # property runs past the end
         (b"\x40\x06\x00\x01\x00\x02\x24\x01", 5, PROTOCOL_ERROR),  # maximum QoS in a PUBACK
         (b"\x30\x09\x00\x01a\x05\x02\x00\x00\x00\x01", 5, None),  # message expiry: fine
@@ -263,3 +267,17 @@ def test_the_writer_maps_failure_codes_to_mqtt311_ones() -> None:
     # login gate (0x89 busy, 0x9F rate exceeded) and a store that cannot commit (0x97 disk full, 0x80).
     for reason in (0x89, 0x9F, 0x97, 0x80):
         assert encode(pk.Connack(False, reason), pk.MQTT_311) == bytes((0x20, 2, 0, 3)), hex(reason)
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_every_part_of_a_publish_is_bytes_whatever_the_reads_were(kind: type) -> None:
+    """The payload and the received frame are kept in messages (and hashed, stored, forwarded): they are
+    bytes whether a read was bytes or something like it, and whether the packet came whole or in parts."""
+    wire = encode(pk.Publish("a/b", b"payload", 1, packet_id=7), pk.MQTT_311)
+    for cut in (len(wire), 3):
+        reader = PacketReader()
+        packets = reader.feed(kind(wire[:cut])) + reader.feed(kind(wire[cut:]))
+        [publish] = packets
+        assert isinstance(publish, pk.Publish)
+        assert type(publish.payload) is bytes and publish.payload == b"payload"
+        assert type(publish.frame) is bytes and publish.frame == wire

@@ -11,6 +11,8 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from appliance.broker.persistence.store import (
     SCHEMA_VERSION,
@@ -134,6 +136,73 @@ def test_state_changes_within_a_turn_update_the_buffered_row(db_path: Path) -> N
     store.commit()
     (delivery,) = store.load().sessions["c"].outbound
     assert (delivery.seq, delivery.packet_id, delivery.state) == (seq, 5, OutboundState.PUBREL_SENT)
+
+
+@st.composite
+def progress_turns(draw: st.DrawFn) -> list[list[tuple[str, int, int]]]:
+    """Turns of progress operations on 6 committed deliveries, each delivery's as the broker makes them:
+    marks (packet id, QoS 2 PUBREL) and at most one removal, last; interleaved across deliveries, with
+    session updates (a statement of another kind) anywhere between."""
+    turns = []
+    removed: set[int] = set()
+    for _ in range(draw(st.integers(1, 3))):
+        lanes = []
+        for index in range(6):
+            if index in removed:
+                continue
+            ops = [("mark", index, draw(st.integers(1, 9))) for _ in range(draw(st.integers(0, 2)))]
+            if draw(st.booleans()):
+                ops.append(("remove", index, 0))
+                removed.add(index)
+            lanes.append(ops)
+        turn = [("session", 0, draw(st.integers(0, 9))) for _ in range(draw(st.integers(0, 2)))]
+        while any(lanes):
+            lane = draw(st.sampled_from([lane for lane in lanes if lane]))
+            turn.append(lane.pop(0))
+            if draw(st.integers(0, 5)) == 0:
+                turn.append(("session", 0, draw(st.integers(0, 9))))
+        turns.append(turn)
+    return turns
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(turns=progress_turns())
+def test_a_turn_of_progress_writes_what_its_operations_say_in_order(tmp_path: Path,
+                                                                      turns: list[list[tuple[str, int, int]]]) -> None:
+    """The commit groups a turn's per-message UPDATEs and DELETEs into one statement each (two per turn
+    instead of two per message); the rows must end as applying each operation in its order says."""
+    path = tmp_path / f"{len(list(tmp_path.iterdir()))}.db"
+    store = BrokerStore.open(path)
+    store.save_session(StoredSession("c", 5, 60))
+    seqs = [store.enqueue("c", store.add_message(StoredMessage("t", bytes([i]))), 2) for i in range(6)]
+    store.commit()
+    expected: dict[int, tuple[int, OutboundState]] = {seq: (0, OutboundState.QUEUED) for seq in seqs}
+    disconnected_at = None
+    for turn in turns:
+        for kind, index, value in turn:
+            seq = seqs[index]
+            if kind == "session":
+                disconnected_at = float(value)
+                store.set_disconnected("c", disconnected_at)
+            elif kind == "remove":
+                store.remove_delivery(seq)
+                del expected[seq]
+            elif expected[seq][1] is OutboundState.QUEUED:
+                store.mark_publish_sent(seq, value)
+                expected[seq] = (value, OutboundState.PUBLISH_SENT)
+            else:
+                store.mark_pubrel_sent(seq, expected[seq][0])
+                expected[seq] = (expected[seq][0], OutboundState.PUBREL_SENT)
+        store.commit()
+    with closing(sqlite3.connect(path)) as connection:
+        rows = connection.execute("SELECT seq, packet_id, state FROM outbound ORDER BY seq").fetchall()
+        left = connection.execute("SELECT count(*) FROM messages").fetchone()[0]
+        stored_disconnect = connection.execute("SELECT disconnected_at FROM sessions").fetchone()[0]
+    store.close()
+    assert [(seq, packet_id or 0, OutboundState(state)) for seq, packet_id, state in rows] == \
+        [(seq, *expected[seq]) for seq in sorted(expected)]
+    assert left == len(expected)
+    assert stored_disconnect == disconnected_at
 
 
 def test_queue_order_is_enqueue_order_across_commits(db_path: Path) -> None:

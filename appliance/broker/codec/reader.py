@@ -114,22 +114,25 @@ class PacketReader:
             pending += data
             if len(pending) < self._need:
                 return []
-            buf: bytes | bytearray = pending
+            # Parsed as bytes, so that the topic, payload and frame are slices of it without a further
+            # copy each (slices of a bytearray are bytearrays, which ``bytes()`` copied once more).
+            buf = bytes(pending)
         else:
-            buf = data
+            # A bytearray or memoryview (type checkers let them pass as bytes) is copied once.
+            buf = data if data.__class__ is bytes else bytes(data)
         packets: list[Packet] = []
         try:
             pos = self._parse_into(buf, packets)
         except MqttProtocolError as exc:
             exc.parsed = packets
             raise
-        if buf is pending:
+        if pending:
             del pending[:pos]
         elif pos < len(buf):
             pending += buf[pos:]
         return packets
 
-    def _parse_into(self, buf: bytes | bytearray, packets: list[Packet]) -> int:
+    def _parse_into(self, buf: bytes, packets: list[Packet]) -> int:
         end = len(buf)
         pos = 0
         self._need = 0
@@ -164,16 +167,23 @@ class PacketReader:
             kind = first >> 4
             if kind == PUBLISH:
                 append(self._publish(buf, start, stop, first, pos))
+            elif first == 0x40 and length == 2:
+                # PUBACK without reason code (3.1.1, and MQTT 5's usual short form): one per QoS 1
+                # delivery, so parsed here rather than through ``_other`` and its helpers.
+                packet_id = (buf[start] << 8) | buf[start + 1]
+                if not packet_id:
+                    raise MqttProtocolError(PROTOCOL_ERROR, "packet identifier 0")
+                append(PubAck(packet_id, 0, {}))
             else:
                 append(self._other(buf, start, stop, kind, first & 0x0F))
             pos = stop
         return pos
 
-    def _publish(self, buf: bytes | bytearray, pos: int, end: int, first: int, frame_start: int) -> Publish:
+    def _publish(self, buf: bytes, pos: int, end: int, first: int, frame_start: int) -> Publish:
         qos = (first >> 1) & 3
         if qos == 3:
             raise MqttProtocolError(MALFORMED_PACKET, "PUBLISH with QoS 3")
-        dup = bool(first & 8)
+        dup = (first & 8) != 0
         if dup and not qos:
             raise MqttProtocolError(MALFORMED_PACKET, "QoS 0 PUBLISH with DUP set")
         if end - pos < 2:
@@ -182,7 +192,7 @@ class PacketReader:
         pos += 2
         if pos + tlen > end:
             raise MqttProtocolError(MALFORMED_PACKET, "topic runs past the packet")
-        raw_topic = bytes(buf[pos : pos + tlen])
+        raw_topic = buf[pos : pos + tlen]
         topic = self._topics.get(raw_topic)
         if topic is None:
             topic = self._topic_name(raw_topic)
@@ -203,8 +213,7 @@ class PacketReader:
             pos += 1
         else:
             properties, pos = decode_properties(buf, pos, end, props.PUBLISH, self.max_user_properties)
-        return Publish(topic, bytes(buf[pos:end]), qos, bool(first & 1), dup, packet_id, properties,
-                       bytes(buf[frame_start:end]))
+        return Publish(topic, buf[pos:end], qos, (first & 1) != 0, dup, packet_id, properties, buf[frame_start:end])
 
     def _topic_name(self, raw: bytes) -> str:
         """Decode and check a PUBLISH topic name (MQTT 5 3.3.2.1: UTF-8, no U+0000, no wildcards; empty

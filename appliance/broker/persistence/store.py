@@ -76,17 +76,18 @@ __all__ = [
 ]
 
 DB_FILENAME = "broker.db"
+#: ``OutboundState.QUEUED`` as stored, looked up once (``enqueue`` runs per durable delivery).
+_QUEUED = int(OutboundState.QUEUED)
 
 
 @dataclass(slots=True)
 class _Batch:
-    """One turn's changes, in the order they must be applied."""
+    """One turn's changes, in the order they must be applied: ``operations`` are (statement, parameter
+    rows), one ``executemany`` each."""
 
     messages: list[tuple[object, ...]]
     deliveries: list[tuple[object, ...]]
-    operations: list[tuple[str, tuple[object, ...]]]
-
-
+    operations: list[tuple[str, list[tuple[object, ...]]]]
 
 
 class BrokerStore:
@@ -106,15 +107,41 @@ class BrokerStore:
         self.revision = 0
 
     def _buffer(self, operation: tuple[str, tuple[object, ...]]) -> None:
-        """Every buffered statement goes through here, so ``revision`` counts it."""
-        self._operations.append(operation)
+        """Every buffered statement but the deliveries' progress goes through here, so ``revision``
+        counts it. The same statement as the one before joins its rows (one ``executemany``)."""
+        if self._marks or self._deletes:
+            self._end_progress()
+        statement, params = operation
+        operations = self._operations
+        if operations and operations[-1][0] is statement:
+            operations[-1][1].append(params)
+        else:
+            operations.append((statement, [params]))
         self.revision += 1
+
+    def _end_progress(self) -> None:
+        """Close the stretch of progress (``_mark``, ``remove_delivery``) buffered since the last other
+        statement: its UPDATEs, then its DELETEs. A durable QoS 1 message makes one of each, alternating
+        (an acknowledgement, then the next PUBLISH), so they are kept apart and written as two statements
+        per turn instead of two per message. The effect is the same as in their order: each touches one
+        row by ``seq``, the UPDATEs of one row keep their order, and a DELETE ends its row (a finished
+        delivery gets no more updates, ``Session._finished``; one after it would change nothing). Other
+        statements keep their place before and after the stretch."""
+        if self._marks:
+            self._operations.append((sql.MARK_DELIVERY, self._marks))
+            self._marks = []
+        if self._deletes:
+            self._operations.append((sql.DELETE_DELIVERY, self._deletes))
+            self._deletes = []
 
     def _reset_buffer(self) -> None:
         self._new_messages: dict[int, tuple[object, ...]] = {}
         self._new_message_refs: dict[int, int] = {}
         self._new_deliveries: dict[int, list[object]] = {}
-        self._operations: list[tuple[str, tuple[object, ...]]] = []
+        self._operations: list[tuple[str, list[tuple[object, ...]]]] = []
+        #: The open stretch of progress operations (``_end_progress``).
+        self._marks: list[tuple[object, ...]] = []
+        self._deletes: list[tuple[object, ...]] = []
 
     @classmethod
     def open(cls, path: Path, synchronous: str = "normal") -> BrokerStore:
@@ -248,8 +275,8 @@ class BrokerStore:
         seq = self._next_seq
         self._next_seq += 1
         self.revision += 1
-        ids = ",".join(str(identifier) for identifier in subscription_ids) or None
-        self._new_deliveries[seq] = [seq, client_id, message_id, qos, int(retain), ids, None, int(OutboundState.QUEUED)]
+        ids = ",".join(map(str, subscription_ids)) if subscription_ids else None
+        self._new_deliveries[seq] = [seq, client_id, message_id, qos, int(retain), ids, None, _QUEUED]
         if message_id in self._new_message_refs:
             self._new_message_refs[message_id] += 1
         return seq
@@ -268,7 +295,7 @@ class BrokerStore:
             row[6] = packet_id
             row[7] = int(state)
         else:
-            self._operations.append((sql.MARK_DELIVERY, (packet_id, int(state), seq)))  # ``_buffer``, inline: per message
+            self._marks.append((packet_id, int(state), seq))  # counted as ``_buffer`` would: per message
             self.revision += 1
 
     def remove_delivery(self, seq: int) -> None:
@@ -276,7 +303,7 @@ class BrokerStore:
         if seq in self._new_deliveries:
             self._drop_new_delivery(seq)
         else:
-            self._operations.append((sql.DELETE_DELIVERY, (seq,)))  # ``_buffer``, inline: per message
+            self._deletes.append((seq,))  # counted as ``_buffer`` would: per message
             self.revision += 1
 
     @property
@@ -354,7 +381,7 @@ class BrokerStore:
     @property
     def has_pending(self) -> bool:
         """Whether ``commit`` has anything to write (cheap; call it every turn)."""
-        return bool(self._new_deliveries or self._operations or self._failed)
+        return bool(self._new_deliveries or self._operations or self._marks or self._deletes or self._failed)
 
     def commit(self) -> None:
         """Write every buffered change in one transaction. Raises ``PersistenceError`` (changes kept)."""
@@ -367,6 +394,7 @@ class BrokerStore:
 
     def _take_batch(self) -> _Batch | None:
         """Detach the buffered changes (None if there are none)."""
+        self._end_progress()
         if not (self._new_deliveries or self._operations or self._new_messages):
             return None
         messages = [row for message_id, row in self._new_messages.items() if self._new_message_refs[message_id] > 0]
@@ -384,18 +412,11 @@ class BrokerStore:
                 self._db.executemany(sql.INSERT_MESSAGE, batch.messages)
             if batch.deliveries:
                 self._db.executemany(sql.INSERT_DELIVERY, batch.deliveries)
-            start = 0
-            operations = batch.operations
-            while start < len(operations):
-                statement = operations[start][0]
-                end = start + 1
-                while end < len(operations) and operations[end][0] is statement:
-                    end += 1
-                if end - start == 1:
-                    self._db.execute(statement, operations[start][1])
+            for statement, rows in batch.operations:
+                if len(rows) == 1:
+                    self._db.execute(statement, rows[0])
                 else:
-                    self._db.executemany(statement, [params for _, params in operations[start:end]])
-                start = end
+                    self._db.executemany(statement, rows)
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             if self._db.in_transaction:

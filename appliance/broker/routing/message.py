@@ -86,7 +86,10 @@ class BrokerMessage:
             if qos == 0 and first == 0x30:
                 return raw
             if qos and first == 0x30 | (qos << 1):
-                offset = self._id_offset or self._find_id_offset(raw)
+                offset = self._id_offset
+                if not offset:
+                    # After the fixed header and the topic; a remaining length below 128 is one byte.
+                    offset = self._id_offset = 4 + ((raw[2] << 8) | raw[3]) if raw[1] < 0x80 else self._find_id_offset(raw)
                 return raw[:offset] + _U16.pack(packet_id or 0) + raw[offset + 2 :]
         if qos == 0 and simple:
             key = (2 if v5 else 0) | (1 if retain else 0)

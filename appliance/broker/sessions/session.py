@@ -302,7 +302,10 @@ class Session:
                 queue.popleft()
                 message = delivery.message
                 self.queued_bytes -= len(message.payload)
-                if message.expired(now) or (may_read is not None and not may_read(self, message.topic)):
+                expires_at = message.expires_at  # ``message.expired``, inline: per delivery
+                if (expires_at is not None and now >= expires_at) or (
+                    may_read is not None and not may_read(self, message.topic)
+                ):
                     expired.append(delivery)
                     self._finished(delivery)
                     if not delivery.qos:
