@@ -316,7 +316,8 @@ def main(argv=None) -> int:
             print(f"generated {args.records:,} records ({size / 1e6:,.0f} MB of JSON lines) and the next day, {day}, "
                   f"{day_records:,} records ({day_size / 1e6:,.0f} MB) in {time.monotonic() - started:.0f}s", flush=True)
         unland(work / "landing", held)
-        shutil.rmtree(work / "landing" / "_bronze", ignore_errors=True)  # fresh: nothing compacted yet
+        for folder in (work / "landing" / "_bronze", work / "spark"):  # fresh: nothing compacted or written yet
+            shutil.rmtree(folder, ignore_errors=True)
         duckdb = [sys.executable, __file__, "--workdir", str(work), "--engine"]
         for name, command, before in [
             ("spark fresh", spark_command(work, args.master), None),
