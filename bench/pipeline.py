@@ -1,27 +1,31 @@
-"""Benchmark (not a test): the batch job on Spark local[2] vs. the same computation in DuckDB.
+"""Benchmark (not a test): the batch command on Spark local[2] vs. the same computation in DuckDB, fresh
+and incremental, on the same landing files.
 
-    .venv/bin/python bench/pipeline.py --records 1000000
+    .venv/bin/python bench/pipeline.py --records 10000000
 
-1. Generates N synthetic telemetry records (default 10 million) as landing-zone JSON lines, 1% of them
-   redelivered duplicates, from --gateways gateways and --devices thermostats reporting once a minute.
-2. Runs, each in its own process so that its memory is measured alone (peak RSS of the process tree,
-   sampled every 0.1 s; for Spark that is the Python driver, the JVM and the Python workers), on fresh
-   outputs, one after the other:
-   * the whole ``python -m pipeline batch --master local[2]`` command on fresh data, end to end: JVM
-     start, compaction of every landing file into the bronze table (``LANDING/_bronze``), every output
-     written and counted, with the command's own defaults (driver memory, shuffle partitions);
-   * the same command with ``--no-compact`` once the bronze table exists (what a run costs when a cron
-     ``compact`` or the streaming job keeps the table up to date);
-   * DuckDB (2 threads): the same deduplication (first copy by receive time, landing file, send time),
-     rollups, change log and latency percentiles in SQL, written as Parquet, once from the JSON landing
-     files (parsing the payloads itself) and once from the bronze table's Parquet (the columns those
-     outputs read, as Spark reads them). Like for like but for what only Spark does: it validates
-     readings and writes three more outputs (queue counters, SLA, quarantine: empty or a copy of the
-     latency windows on this data, which has no metrics and no rejects), and starts a JVM (~10 s of the
-     Spark figures at any size); over JSON DuckDB does not validate the payloads either.
-3. Prints wall time, records/s, peak memory and the load average during each run (the machine is
-   shared), the ratios, and checks that every run gives the same row counts for the three outputs all of
-   them write.
+1. Generates the history, N synthetic telemetry records (default 10 million) as landing-zone JSON lines,
+   1% of them redelivered duplicates, from --gateways gateways and --devices thermostats reporting once a
+   minute, and the next day's records (a day of the fleet), held back.
+2. Runs, each in its own process (its memory and CPU time measured alone: the process tree's peak RSS
+   and user + system seconds, sampled every 0.1 s; for Spark the Python driver, the JVM and the Python
+   workers), one after the other:
+   * **spark fresh**: the whole ``python -m pipeline batch --master local[2]`` command as an operator runs
+     it on the history, nothing compacted or computed yet: JVM start, compaction of every landing file
+     into the bronze table (``LANDING/_bronze``), every output written and counted;
+   * **duckdb fresh** (2 threads): the same deduplication (first copy by receive time, landing file, send
+     time), rollups, change log and latency percentiles in SQL from the same JSON files, as Parquet;
+   * then the next day lands, and **spark incremental**: ``batch --from DAY``, the daily run: it compacts
+     the new files only and reads and rewrites only the dates the day can touch
+     (``JobSettings.read_dates``/``output_dates``);
+   * **duckdb incremental**: the same SQL over the JSON files of those receive dates, its outputs kept to
+     those output dates.
+   Like for like but for what only Spark does: it validates readings and writes more outputs (queue
+   counters, SLA, firmware, quarantine: empty or small on this data), keeps a bronze table a later run
+   reads instead of the JSON, and starts a JVM.
+3. Prints wall time, CPU seconds, records/s, peak memory and the load average during each run (the
+   machine may be shared: read CPU seconds then), both ratios (fresh, incremental), and checks that both
+   engines give the same row counts for the three outputs they both write. The children's standard
+   error goes to ``WORKDIR/logs``.
 
 See bench/RESULTS-pipeline.md.
 """
@@ -39,6 +43,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -54,15 +59,17 @@ WINDOW = "5 minutes"
 
 # -- data ------------------------------------------------------------------------------------------------
 def generate(landing: Path, records: int, gateways: int, devices: int, seed: int = 7,
-             chunk: int = 1_000_000) -> int:
-    """Write ``records`` landing records (duplicates included) as JSON lines; returns bytes written."""
-    rng = np.random.default_rng(seed)
+             chunk: int = 1_000_000, first: int = 0, tag: str = "bench") -> int:
+    """Write ``records`` landing records (duplicates included) as JSON lines; returns bytes written.
+    ``first``: the sequence number of the first reading (a reading a minute per thermostat, thermostat
+    ``seq % devices``, minute ``seq // devices`` after T0); ``tag`` goes into the file names."""
+    rng = np.random.default_rng(seed + first)
     folder = landing / "events"
     written = 0
     originals = int(records / 1.01)
     for start in range(0, originals, chunk):
         n = min(chunk, originals - start)
-        seq = np.arange(start, start + n)
+        seq = np.arange(first + start, first + start + n)
         device = seq % devices
         minute = seq // devices
         gateway = device % gateways
@@ -104,12 +111,12 @@ def generate(landing: Path, records: int, gateways: int, devices: int, seed: int
         frame = pd.concat([frame, copies], ignore_index=True)
         hours = pd.to_datetime(frame["received_ms"], unit="ms", utc=True).dt.strftime("date=%Y-%m-%d/hour=%H")
         for partition, rows in frame.groupby(hours, sort=False):
-            path = folder / partition / f"part-bench-{start // chunk:04d}.jsonl"
+            path = folder / partition / f"part-{tag}-{start // chunk:04d}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             text = rows.to_json(orient="records", lines=True)
             path.write_text(text)
             written += len(text)
-        print(f"generate: {start + n:,}/{originals:,} originals and their copies", file=sys.stderr, flush=True)
+        print(f"generate {tag}: {start + n:,}/{originals:,} originals and their copies", file=sys.stderr, flush=True)
     return written
 
 
@@ -138,7 +145,7 @@ def spark_result(output: str) -> dict:
 
 DUCKDB_SQL = """
 CREATE TEMP TABLE landed AS
-SELECT * FROM read_json('{events}', format = 'newline_delimited', filename = true, columns = {{
+SELECT * FROM read_json({events}, format = 'newline_delimited', filename = true, columns = {{
     message_id: 'VARCHAR', gateway_id: 'VARCHAR', device_id: 'VARCHAR', output: 'VARCHAR', priority: 'INTEGER',
     enqueued_ms: 'BIGINT', sent_ms: 'BIGINT', received_ms: 'BIGINT', payload: 'VARCHAR'}});
 
@@ -155,23 +162,6 @@ SELECT gateway_id, device_id, message_id,
 FROM events WHERE output = 'data';
 """
 
-# The same rows from the bronze table (compaction parsed the payloads): what the batch job reads once it
-# exists, the columns the three outputs need, each message's first copy in the job's order (dedup.COPY_ORDER).
-# A glob of the table's files, not its _spark_metadata log: right for a table no compaction was killed in.
-DUCKDB_BRONZE = """
-CREATE TEMP TABLE events AS
-SELECT message_id, gateway_id, device_id, output, priority, enqueued_ms, received_ms, reason,
-       t_temperature, t_set_point, t_heater, t_ts_ms
-FROM read_parquet('{bronze}/events/date=*/*.parquet')
-WHERE landing_error IS NULL
-QUALIFY row_number() OVER (PARTITION BY message_id ORDER BY received_ms, landing_file, sent_ms) = 1;
-
-CREATE TEMP TABLE readings AS
-SELECT gateway_id, device_id, message_id, t_temperature AS temperature, t_set_point AS set_point,
-       t_heater AS heater, t_ts_ms AS reading_ms
-FROM events WHERE output = 'data' AND reason IS NULL;
-"""
-
 DUCKDB_OUTPUTS = """
 COPY (
   SELECT gateway_id, device_id, time_bucket(INTERVAL 5 MINUTE, make_timestamp(reading_ms * 1000)) AS window_start,
@@ -180,6 +170,7 @@ COPY (
          arg_max(set_point, reading_ms) AS set_point_last, avg(heater::INTEGER) AS heater_duty_cycle,
          strftime(time_bucket(INTERVAL 5 MINUTE, make_timestamp(reading_ms * 1000)), '%Y-%m-%d') AS date
   FROM readings WHERE temperature IS NOT NULL GROUP BY ALL
+  HAVING date BETWEEN '{first}' AND '{last}'
 ) TO '{out}/rollups' (FORMAT PARQUET, PARTITION_BY (date), OVERWRITE_OR_IGNORE);
 
 COPY (
@@ -188,7 +179,7 @@ COPY (
            lag(set_point) OVER (PARTITION BY gateway_id, device_id ORDER BY reading_ms, message_id) AS previous_set_point,
            temperature, message_id, strftime(make_timestamp(reading_ms * 1000), '%Y-%m-%d') AS date
     FROM readings WHERE temperature IS NOT NULL
-  ) WHERE previous_set_point IS DISTINCT FROM set_point
+  ) WHERE previous_set_point IS DISTINCT FROM set_point AND date BETWEEN '{first}' AND '{last}'
 ) TO '{out}/setpoint_changes' (FORMAT PARQUET, PARTITION_BY (date), OVERWRITE_OR_IGNORE);
 
 COPY (
@@ -198,25 +189,35 @@ COPY (
          max(received_ms - enqueued_ms) AS latency_max_ms,
          strftime(time_bucket(INTERVAL 5 MINUTE, make_timestamp(received_ms * 1000)), '%Y-%m-%d') AS date
   FROM events GROUP BY ALL
+  HAVING date BETWEEN '{first}' AND '{last}'
 ) TO '{out}/delivery_latency' (FORMAT PARQUET, PARTITION_BY (date), OVERWRITE_OR_IGNORE);
 """
 
 
-def run_duckdb(work: Path, threads: int, source: str) -> dict:
-    """``source``: ``json`` (the landing files) or ``bronze`` (the table a Spark run compacted)."""
+def run_duckdb(work: Path, threads: int, received_from: str | None) -> dict:
+    """The three outputs in DuckDB from the landing JSON: all of it (``received_from`` None), or, as
+    ``batch --from received_from`` does, the receive dates that run reads and the output dates it
+    rewrites (``JobSettings.read_dates`` / ``output_dates``, the command's default ``--late-days``)."""
     started = time.monotonic()
     import duckdb
+
+    from pipeline.jobs.settings import JobSettings
 
     out = work / "duckdb"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     connection = duckdb.connect(config={"threads": threads})
     ready = time.monotonic()
-    if source == "json":
-        connection.execute(DUCKDB_SQL.format(events=work / "landing" / "events" / "*" / "*" / "*.jsonl"))
+    events = work / "landing" / "events"
+    if received_from is None:
+        files, (first, last) = [str(events / "*" / "*" / "*.jsonl")], ("0000-00-00", "9999-99-99")
     else:
-        connection.execute(DUCKDB_BRONZE.format(bronze=work / "landing" / "_bronze"))
-    connection.execute(DUCKDB_OUTPUTS.format(out=out))
+        settings = JobSettings(str(work / "landing"), str(out), received_from=received_from)
+        files = [str(events / f"date={day}" / "*" / "*.jsonl") for day in settings.read_dates()
+                 if (events / f"date={day}").is_dir()]
+        first, last = settings.output_dates()
+    connection.execute(DUCKDB_SQL.format(events="[" + ", ".join(f"'{name}'" for name in files) + "]"))
+    connection.execute(DUCKDB_OUTPUTS.format(out=out, first=first, last=last))
     counts = {
         name: connection.execute(f"SELECT count(*) FROM read_parquet('{out / name}/*/*.parquet')").fetchone()[0]
         for name in OUTPUTS
@@ -225,22 +226,42 @@ def run_duckdb(work: Path, threads: int, source: str) -> dict:
     return {"startup_s": ready - started, "job_s": done - ready, "counts": counts}
 
 
-def measured(command: list[str]) -> tuple[str, int, float, tuple[float, float]]:
-    """Run a child; returns its standard output, the peak RSS of its process tree, the wall time and the
-    lowest and highest 1-minute load average seen while it ran."""
+class Measured(NamedTuple):
+    output: str
+    peak_rss: int  # bytes, the process tree's
+    wall_s: float
+    cpu_s: float  # user + system of every process of the tree
+    load: tuple[float, float]  # lowest and highest 1-minute load average while it ran
+
+
+def measured(command: list[str], log: Path) -> Measured:
+    """Run a child (its standard error into ``log``: Spark's progress bars and warnings) and measure it.
+    CPU time is summed per process of the tree (the Python driver, the JVM, Python workers), each
+    process's last reading, sampled every 0.1 s: a process that lives less than that is missed."""
     started = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                               env=dict(os.environ, SPARK_LOCAL_IP=os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")))
-    peak, loads, stop = [0], [os.getloadavg()[0]], threading.Event()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as errors:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=ROOT,
+                                   env=dict(os.environ, SPARK_LOCAL_IP=os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")))
+    peak, loads, cpu, stop = [0], [os.getloadavg()[0]], {}, threading.Event()
 
     def sample():
         root = psutil.Process(process.pid)
         while not stop.is_set():
             try:
                 tree = [root, *root.children(recursive=True)]
-                peak[0] = max(peak[0], sum(p.memory_info().rss for p in tree if p.is_running()))
             except psutil.Error:
-                pass
+                tree = []
+            rss = 0
+            for member in tree:
+                try:
+                    with member.oneshot():
+                        rss += member.memory_info().rss
+                        times = member.cpu_times()
+                        cpu[member.pid] = times.user + times.system
+                except psutil.Error:
+                    pass
+            peak[0] = max(peak[0], rss)
             loads.append(os.getloadavg()[0])
             stop.wait(0.1)
 
@@ -250,72 +271,112 @@ def measured(command: list[str]) -> tuple[str, int, float, tuple[float, float]]:
     stop.set()
     sampler.join()
     if process.returncode:
-        raise SystemExit(f"{' '.join(command)} failed with status {process.returncode}")
-    return output, peak[0], time.monotonic() - started, (min(loads), max(loads))
+        raise SystemExit(f"{' '.join(command)} failed with status {process.returncode} (see {log})")
+    return Measured(output, peak[0], time.monotonic() - started, sum(cpu.values()), (min(loads), max(loads)))
+
+
+def next_day(records: int, devices: int) -> tuple[int, str]:
+    """The first reading of the day after the history's last one (sequence number), and that day."""
+    last_minute = int(records / 1.01) // devices
+    day = (last_minute // 1440 + 1)
+    return day * 1440 * devices, time.strftime("%Y-%m-%d", time.gmtime(T0_MS / 1000 + day * 86_400))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=10_000_000)
+    parser.add_argument("--records", type=int, default=10_000_000, help="the history, landed before the fresh run")
+    parser.add_argument("--day-records", type=int,
+                        help="the next day, landed before the incremental run (default: a day of the fleet, "
+                             "--devices readings a minute, at most --records)")
     parser.add_argument("--gateways", type=int, default=20)
     parser.add_argument("--devices", type=int, default=2_000)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--workdir", help="keep data and outputs here (default: a temporary folder, removed)")
     parser.add_argument("--reuse-data", action="store_true", help="keep the landing zone already in --workdir")
-    parser.add_argument("--bronze-exists", action="store_true",
-                        help="keep the bronze table already in --workdir (a 'pipeline compact' over its landing zone) "
-                             "and skip the fresh compact + batch run")
-    parser.add_argument("--engine", choices=["duckdb-json", "duckdb-bronze"], help=argparse.SUPPRESS)  # child mode
+    parser.add_argument("--engine", help=argparse.SUPPRESS)  # child mode: duckdb-all or duckdb-from-YYYY-MM-DD
     args = parser.parse_args(argv)
 
     if args.engine:  # child mode: DuckDB in its own process
-        print(json.dumps(run_duckdb(Path(args.workdir), threads=2, source=args.engine.removeprefix("duckdb-"))))
+        received_from = None if args.engine == "duckdb-all" else args.engine.removeprefix("duckdb-from-")
+        print(json.dumps(run_duckdb(Path(args.workdir), threads=2, received_from=received_from)))
         return 0
 
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    day_first, day = next_day(args.records, args.devices)
+    day_records = min(args.day_records or int(1440 * args.devices * 1.01), args.records)
+    held = work / "next-day"  # the next day's landing files, generated with the history, landed later
     runs = []
     try:
         if not (work / "landing").is_dir() or not args.reuse_data:
-            shutil.rmtree(work / "landing", ignore_errors=True)
+            for folder in (work / "landing", held):
+                shutil.rmtree(folder, ignore_errors=True)
             started = time.monotonic()
             size = generate(work / "landing", args.records, args.gateways, args.devices)
-            print(f"generated {args.records:,} records ({size / 1e6:,.0f} MB of JSON lines) "
-                  f"in {time.monotonic() - started:.0f}s", flush=True)
-        if not args.bronze_exists:
-            shutil.rmtree(work / "landing" / "_bronze", ignore_errors=True)  # fresh: nothing compacted yet
-        fresh = [] if args.bronze_exists else [("spark: compact + batch, fresh", spark_command(work, args.master))]
-        for name, command in [
-            *fresh,
-            ("spark: batch, bronze exists", [*spark_command(work, args.master), "--no-compact"]),
-            ("duckdb: JSON landing files", [sys.executable, __file__, "--workdir", str(work), "--engine", "duckdb-json"]),
-            ("duckdb: bronze Parquet", [sys.executable, __file__, "--workdir", str(work), "--engine", "duckdb-bronze"]),
+            day_size = generate(held, day_records, args.gateways, args.devices, first=day_first, tag=f"day-{day}")
+            print(f"generated {args.records:,} records ({size / 1e6:,.0f} MB of JSON lines) and the next day, {day}, "
+                  f"{day_records:,} records ({day_size / 1e6:,.0f} MB) in {time.monotonic() - started:.0f}s", flush=True)
+        unland(work / "landing", held)
+        for folder in (work / "landing" / "_bronze", work / "spark"):  # fresh: nothing compacted or written yet
+            shutil.rmtree(folder, ignore_errors=True)
+        duckdb = [sys.executable, __file__, "--workdir", str(work), "--engine"]
+        for name, command, before in [
+            ("spark fresh", spark_command(work, args.master), None),
+            ("duckdb fresh", [*duckdb, "duckdb-all"], None),
+            ("spark incremental", [*spark_command(work, args.master), "--from", day], lambda: land(held, work / "landing")),
+            ("duckdb incremental", [*duckdb, f"duckdb-from-{day}"], None),
         ]:
-            shutil.rmtree(work / "spark", ignore_errors=True)
-            output, peak, wall, load = measured(command)
-            result = spark_result(output) if name.startswith("spark") else json.loads(output.strip().splitlines()[-1])
-            runs.append((name, wall, peak, load, result))
-            print(f"{name}: {wall:.1f}s, peak {peak / 2**20:,.0f} MB, load {load[0]:.1f}-{load[1]:.1f}", flush=True)
+            if before:
+                before()
+            if name.startswith("duckdb"):
+                shutil.rmtree(work / "duckdb", ignore_errors=True)
+            run = measured(command, work / "logs" / f"{name.replace(' ', '-')}.log")
+            result = spark_result(run.output) if name.startswith("spark") else json.loads(run.output.strip().splitlines()[-1])
+            runs.append((name, run, result))
+            print(f"{name}: {run.wall_s:.1f}s, CPU {run.cpu_s:.1f}s, peak {run.peak_rss / 2**20:,.0f} MB, "
+                  f"load {run.load[0]:.1f}-{run.load[1]:.1f}", flush=True)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
 
-    n = args.records
-    print(f"\n{'run':<34}{'wall s':>8}{'records/s':>12}{'peak MB':>9}{'load avg':>12}")
-    for name, wall, peak, load, _ in runs:
-        print(f"{name:<34}{wall:>8.1f}{n / wall:>12,.0f}{peak / 2**20:>9,.0f}{load[0]:>6.1f}-{load[1]:<5.1f}")
-    for name, _, _, _, result in runs:
+    print(f"\nhistory {args.records:,} records, then the next day ({day}) {day_records:,}")
+    print(f"{'run':<20}{'wall s':>8}{'CPU s':>8}{'records/s':>12}{'peak MB':>9}{'load avg':>12}")
+    for name, run, _ in runs:
+        n = args.records if "fresh" in name else day_records
+        print(f"{name:<20}{run.wall_s:>8.1f}{run.cpu_s:>8.1f}{n / run.wall_s:>12,.0f}{run.peak_rss / 2**20:>9,.0f}"
+              f"{run.load[0]:>6.1f}-{run.load[1]:<5.1f}")
+    for name, _, result in runs:
         detail = result["seconds"] if "seconds" in result else {"sql": round(result["job_s"], 1),
                                                                  "start": round(result["startup_s"], 1)}
         print(f"{name} seconds:", json.dumps(detail))
-    walls = {name: wall for name, wall, *_ in runs}
-    print(f"spark batch with bronze / duckdb over bronze: x{walls['spark: batch, bronze exists'] / walls['duckdb: bronze Parquet']:.1f}; "
-          f"/ duckdb over JSON: x{walls['spark: batch, bronze exists'] / walls['duckdb: JSON landing files']:.1f}")
-    counts = [{name: result["counts"].get(name) for name in OUTPUTS} for *_, result in runs]
-    print("output rows:", json.dumps(counts[0]))
-    if any(count != counts[0] for count in counts):
-        print("WARNING: the runs disagree on output row counts:", counts, file=sys.stderr)
-        return 1
-    return 0
+    walls = {name: run.wall_s for name, run, _ in runs}
+    cpus = {name: run.cpu_s for name, run, _ in runs}
+    for mode in ("fresh", "incremental"):
+        print(f"{mode}: spark / duckdb wall x{walls[f'spark {mode}'] / walls[f'duckdb {mode}']:.1f}, "
+              f"CPU x{cpus[f'spark {mode}'] / cpus[f'duckdb {mode}']:.1f}")
+    disagree = 0
+    for mode in ("fresh", "incremental"):
+        counts = [{name: result["counts"].get(name) for name in OUTPUTS} for name, _, result in runs if mode in name]
+        print(f"{mode} output rows:", json.dumps(counts[0]))
+        if any(count != counts[0] for count in counts):
+            print(f"WARNING: the {mode} runs disagree on output row counts:", counts, file=sys.stderr)
+            disagree = 1
+    return disagree
+
+
+def unland(landing: Path, held: Path) -> None:
+    """Move the next day's files back out of the landing zone (a rerun over kept data)."""
+    for path in sorted(landing.rglob("part-day-*.jsonl")):
+        target = held / path.relative_to(landing)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        path.rename(target)
+
+
+def land(held: Path, landing: Path) -> None:
+    """The next day's files into the landing zone, as the ingest seals them (a rename each)."""
+    for path in sorted(held.rglob("*.jsonl")):
+        target = landing / path.relative_to(held)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        path.rename(target)
 
 
 if __name__ == "__main__":

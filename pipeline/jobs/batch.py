@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -157,22 +158,39 @@ def first_events(lines: DataFrame, candidate_key: CandidateKey = hashed_key) -> 
     return kept.persist(StorageLevel.MEMORY_AND_DISK)
 
 
+#: How many outputs are written at once. Spark runs the jobs of several threads side by side: while one
+#: output's job is in a stage of one task (an aggregate coalesced to one partition, the write of a small
+#: output) or in the driver (planning, committing and listing its files), another's tasks use the idle
+#: core. Tasks still run at most one per core (the scheduler's slots), so memory is as for one output.
+CONCURRENT_WRITES = 3
+
+
 def run_batch(spark: SparkSession, settings: JobSettings, progress: Callable[[str], None] = print) -> dict[str, int]:
     """Write every output (compaction first, see ``build``); returns the row count of each. The outputs
-    are staged, then moved into place together (``output.commit_outputs``): a run that fails changes
-    none of them."""
+    are staged, ``CONCURRENT_WRITES`` at a time, then moved into place together (``output.commit_outputs``):
+    a run that fails changes none of them."""
     if finish_commit(spark, settings.out):
         progress(f"[commit] completed the interrupted commit of an earlier run in {settings.out}")
     outputs = build(spark, settings, progress)
     staging = staging_folder(settings.out)
-    counts = {}
+
+    def write(number: int, name: str, frame: DataFrame) -> int:
+        started = time.monotonic()
+        progress(f"[{number}/{len(outputs)}] {name} -> {settings.output(name)} (staged)")
+        rows = write_output(spark, frame, f"{staging}/{name}")
+        progress(f"[{number}/{len(outputs)}] {name}: {rows} rows in {time.monotonic() - started:.1f}s")
+        return rows
+
     try:
-        for number, (name, frame) in enumerate(outputs.items(), start=1):
-            started = time.monotonic()
-            progress(f"[{number}/{len(outputs)}] {name} -> {settings.output(name)} (staged)")
-            counts[name] = write_output(spark, frame, f"{staging}/{name}")
-            progress(f"[{number}/{len(outputs)}] {name}: {counts[name]} rows in {time.monotonic() - started:.1f}s")
-    except Exception:
+        with ThreadPoolExecutor(CONCURRENT_WRITES, thread_name_prefix="output") as pool:
+            futures = {name: pool.submit(write, number, name, frame)
+                       for number, (name, frame) in enumerate(outputs.items(), start=1)}
+            try:
+                counts = {name: future.result() for name, future in futures.items()}
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)  # the outputs not started yet are not written
+                raise
+    except BaseException:
         finish_commit(spark, settings.out)  # no journal: removes the staged outputs, the old ones stay
         raise
     finally:

@@ -51,6 +51,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
 from pipeline.jobs import telemetry
+from pipeline.jobs.files import HadoopFiles
 from pipeline.jobs.schemas import LANDING, METRICS, TELEMETRY
 from pipeline.jobs.source import StreamOptions, landing_glob, with_times
 from pipeline.records import EVENTS, KINDS
@@ -216,19 +217,10 @@ class RebuildRefused(Exception):
 def landing_files_read(spark: SparkSession, bronze: str, kind: str) -> list[str]:
     """The landing files a kind's compaction has read, from its checkpoint's source log (JSON lines with a
     ``path``, the compacted ``N.compact`` files included): what the table was made of."""
-    jvm = spark.sparkContext._jvm
-    folder = jvm.org.apache.hadoop.fs.Path(f"{table(bronze, kind)}/{CHECKPOINT}/sources/0")
-    fs = folder.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.exists(folder):
-        return []
+    files = HadoopFiles(spark)
     paths = set()
-    for status in fs.listStatus(folder):
-        stream = fs.open(status.getPath())
-        try:
-            text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-        finally:
-            stream.close()
-        for line in text.splitlines():
+    for log in files.children(f"{table(bronze, kind)}/{CHECKPOINT}/sources/0"):
+        for line in files.read_text(log).splitlines():
             if line.startswith("{"):
                 paths.add(json.loads(line)["path"])
     return sorted(paths)
@@ -240,26 +232,21 @@ def rebuild(spark: SparkSession, landing: str, bronze: str, kind: str, force: bo
     again from every landing file there is. Refused (``RebuildRefused``) when landing files the table was
     made of are gone (archived after compaction): the rebuilt table would lack their rows; ``force``
     rebuilds anyway. Returns where the old table went, and what the compaction read."""
-    jvm = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path
-    old = hadoop_path(table(bronze, kind))
-    fs = old.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    files = HadoopFiles(spark)
     read = landing_files_read(spark, bronze, kind)
-    missing = [path for path in read if not fs.exists(hadoop_path(path))]
+    missing = [path for path in read if not files.exists(path)]
     if missing and not force:
         raise RebuildRefused(f"{len(missing)} of the {len(read)} landing files the {kind} table was made of are gone "
                              f"(first: {missing[0]}); restore them first, or --force to rebuild without their rows")
     aside = f"{table(bronze, kind)}.replaced-{int(time.time() * 1000)}"
-    if fs.exists(old):
-        fs.rename(old, hadoop_path(aside))
+    if files.exists(table(bronze, kind)):
+        files.rename(table(bronze, kind), aside)
     return aside, compact(spark, landing, bronze, kinds=(kind,))
 
 
 def _make_dir(spark: SparkSession, path: str) -> None:
     """Through Hadoop's FileSystem (any store): a folder a reader or a streaming source can start on."""
-    jvm = spark.sparkContext._jvm
-    folder = jvm.org.apache.hadoop.fs.Path(str(path))
-    folder.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).mkdirs(folder)
+    HadoopFiles(spark).mkdirs(path)
 
 
 def from_records(spark: SparkSession, rows: list[dict], landing_file: str = "memory", kind: str = EVENTS) -> DataFrame:

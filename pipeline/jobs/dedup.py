@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from pipeline.jobs.schemas import QUARANTINE_OUTPUT
+
 KEY = "message_id"
 COPY_ORDER = ("received_ms", "landing_file", "sent_ms")
 REJECT_KEY = "_reject_key"
@@ -91,16 +93,8 @@ def first_rejects(frame: DataFrame) -> DataFrame:
 
 
 
-QUARANTINE_COLUMNS = ("received_ms", "stage", "reason", "message_id", "gateway_id", "device_id", "topic", "payload",
-                      "payload_base64")
-QUARANTINE_OUTPUT = (
-    "gateway_id string, received_ms long, stage string, reason string, message_id string, device_id string, "
-    "topic string, payload string, payload_base64 string"
-)
-
-
 def first_rejects_stream(rejects: DataFrame, remember_ms: int) -> DataFrame:
-    """Rejects (``QUARANTINE_COLUMNS``, ``REJECT_KEY``, ``landing_file``, ``sent_ms``) in streaming, one per
+    """Rejects (``schemas.QUARANTINE_OUTPUT``'s computed columns, ``REJECT_KEY``, ``landing_file``, ``sent_ms``) in streaming, one per
     key. A reject is no window: it is written in the micro-batch that brings it (the earliest received of
     the copies that micro-batch has), and its key is remembered per gateway for ``remember_ms`` of that
     gateway's receive time, so a later copy is dropped and the state stays bounded."""
@@ -110,8 +104,6 @@ def first_rejects_stream(rejects: DataFrame, remember_ms: int) -> DataFrame:
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     from pipeline.jobs.ordered import first_copies as first_copies_pandas
-
-    names = [name.split()[0] for name in QUARANTINE_OUTPUT.split(", ")]
 
     def run(key, chunks, state):
         seen, progress = ({}, None) if not state.exists else (json.loads(state.get[0]), state.get[1])
@@ -123,15 +115,12 @@ def first_rejects_stream(rejects: DataFrame, remember_ms: int) -> DataFrame:
         seen = {k: t for k, t in seen.items() if t > (progress or 0) - remember_ms}
         state.update((json.dumps(seen), progress))
         if len(rows):
-            yield rows.assign(gateway_id=key[0])[names]
+            yield rows.assign(gateway_id=key[0])[QUARANTINE_OUTPUT.names]
 
     keyed = rejects.withColumn("gateway_id", F.coalesce("gateway_id", F.lit("")))
     folded = keyed.groupBy("gateway_id").applyInPandasWithState(
-        run, QUARANTINE_OUTPUT, "seen string, progress long", "append", GroupStateTimeout.NoTimeout
+        run, QUARANTINE_OUTPUT.ddl, "seen string, progress long", "append", GroupStateTimeout.NoTimeout
     )
     at = F.timestamp_millis("received_ms")
-    return folded.select(
-        "stage", "reason", "message_id", F.when(F.col("gateway_id") != "", F.col("gateway_id")).alias("gateway_id"),
-        "device_id", "topic", "received_ms", at.alias("received_at"), "payload", "payload_base64",
-        F.date_format(at, "yyyy-MM-dd").alias("date"),
-    )
+    return QUARANTINE_OUTPUT.select(folded, {"gateway_id": F.when(F.col("gateway_id") != "", F.col("gateway_id")),
+                                      "received_at": at, "date": F.date_format(at, "yyyy-MM-dd")})

@@ -35,9 +35,9 @@ from pyspark.sql import functions as F
 
 from pipeline.jobs.bronze import METRICS_DOC
 from pipeline.jobs.ordered import OrderedFold, StreamTiming
+from pipeline.jobs.schemas import COUNTERS, DELIVERY_LATENCY_OUTPUT, QUEUE_COUNTERS_OUTPUT
 from pipeline.jobs.windows import parse_duration_ms, window_columns, window_start_ms
 
-COUNTERS = ("sent", "expired", "dropped", "retries", "dead_lettered")
 # The gateway's own order of its metrics documents: boot ("" for gateways that send none) and sequence
 # (ts_ms for those), boots ordered by their first receipt (the cloud's clock).
 BOOT, SEQ = "boot", "seq"
@@ -70,24 +70,23 @@ def latency(events: DataFrame, window: str) -> DataFrame:
         (F.col("received_ms") - F.col("sent_ms")).alias("_transit_ms"),
     )
     ordered = F.col("_latencies")
-    start, end, date = window_columns("window_start_ms", window_ms)
-    return (
+    computed = (
         measured.groupBy("window_start_ms", "gateway_id", "priority")
         .agg(F.count(F.lit(1)).alias("delivered"), F.array_sort(F.collect_list("latency_ms")).alias("_latencies"),
              F.max("latency_ms").alias("latency_max_ms"), F.min("_transit_ms").alias("clock_offset_ms"))
-        .select(
-            "gateway_id", "priority", start, end, "delivered",
-            *[F.try_element_at(ordered, F.greatest(F.ceil(F.lit(q) * F.size(ordered)), F.lit(1)).cast("int")).alias(name)
-              for q, name in zip(QUANTILES, ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms"), strict=True)],
-            "latency_max_ms", "clock_offset_ms", clock_suspect(), date,
-        )
+        .withColumns({
+            name: F.try_element_at(ordered, F.greatest(F.ceil(F.lit(q) * F.size(ordered)), F.lit(1)).cast("int"))
+            for q, name in zip(QUANTILES, ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms"), strict=True)
+        })
     )
+    return latency_written(computed, window_ms)
 
 
-LATENCY_OUTPUT = (
-    "gateway_id string, priority int, window_start_ms long, delivered long, latency_p50_ms long, "
-    "latency_p95_ms long, latency_p99_ms long, latency_max_ms long, clock_offset_ms long"
-)
+def latency_written(computed: DataFrame, window_ms: int) -> DataFrame:
+    """The ``DELIVERY_LATENCY_OUTPUT`` columns (batch's aggregate, streaming's fold) as the output writes them."""
+    start, end, date = window_columns("window_start_ms", window_ms)
+    return DELIVERY_LATENCY_OUTPUT.select(
+        computed, {"window_start": start, "window_end": end, "clock_suspect": clock_suspect(), "date": date})
 
 
 def latency_step(window_ms: int):
@@ -107,9 +106,7 @@ def latency_step(window_ms: int):
             ranks = [max(math.ceil(q * len(values)), 1) - 1 for q in QUANTILES]
             out.append((key[0], priority, start, len(values), *[int(values[r]) for r in ranks], int(values[-1]),
                         int(group["transit_ms"].min())))
-        columns = ["gateway_id", "priority", "window_start_ms", "delivered", "latency_p50_ms", "latency_p95_ms",
-                   "latency_p99_ms", "latency_max_ms", "clock_offset_ms"]
-        return pd.DataFrame(out, columns=columns), None
+        return pd.DataFrame(out, columns=DELIVERY_LATENCY_OUTPUT.names), None
 
     return step
 
@@ -120,15 +117,10 @@ def latency_stream(events: DataFrame, window: str, timing: StreamTiming | int, r
     window_ms = parse_duration_ms(window)
     fold = OrderedFold(
         keys=("gateway_id",), time_ms="received_ms", columns=("received_ms", "priority", "enqueued_ms", "sent_ms"),
-        output=LATENCY_OUTPUT, step=latency_step(window_ms),
+        output=DELIVERY_LATENCY_OUTPUT.ddl, step=latency_step(window_ms),
         ready_at=lambda times: times - times % window_ms + window_ms, dedup=True, remember_ms=remember_ms,
     )
-    folded = fold.stream(events.where(F.col("gateway_id").isNotNull()), timing)
-    start, end, date = window_columns("window_start_ms", window_ms)
-    return folded.select(
-        "gateway_id", "priority", start, end, "delivered", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms",
-        "latency_max_ms", "clock_offset_ms", clock_suspect(), date,
-    )
+    return latency_written(fold.stream(events.where(F.col("gateway_id").isNotNull()), timing), window_ms)
 
 
 def queue_samples(metrics: DataFrame) -> DataFrame:
@@ -146,13 +138,6 @@ def queue_samples(metrics: DataFrame) -> DataFrame:
         F.col("ts_ms").alias("sample_ms"), F.timestamp_millis("ts_ms").alias("sample_at"), "received_ms", BOOT, SEQ,
         *[F.col(f"q.{name}").alias(name) for name in COUNTERS + GAUGES],
     )
-
-
-COUNTERS_OUTPUT = (
-    "gateway_id string, endpoint string, priority int, window_start_ms long, window_end_ms long, samples long, "
-    + ", ".join(f"{name} long" for name in COUNTERS)
-    + ", depth_max long, oldest_age_s_max double"
-)
 
 
 def in_gateway_order(rows: pd.DataFrame, boots: dict[str, int]) -> pd.DataFrame:
@@ -174,7 +159,7 @@ def counter_step(window_ms: int):
         if last and "_seq" in last:  # a copy of a document stepped before (a redelivery in a later window)
             rows = rows[~((rows[BOOT] == last["_boot"]) & (rows[SEQ] <= last["_seq"]))].reset_index(drop=True)
             if rows.empty:
-                return pd.DataFrame(columns=[name.split()[0] for name in COUNTERS_OUTPUT.split(", ")]), last
+                return pd.DataFrame(columns=QUEUE_COUNTERS_OUTPUT.names), last
         same_boot = rows[BOOT].eq(rows[BOOT].shift(1, fill_value=(last or {}).get("_boot")))
         increases = {}
         for name in COUNTERS:
@@ -195,7 +180,7 @@ def counter_step(window_ms: int):
         tail = rows.iloc[-1]
         remembered = {name: int(0 if pd.isna(tail[name]) else tail[name]) for name in COUNTERS}
         latest = sorted(boots.items(), key=lambda item: item[1])[-_KEPT_BOOTS:]
-        return out, {**remembered, "_boot": str(tail[BOOT]), "_seq": int(tail[SEQ]), "_boots": dict(latest)}
+        return out[QUEUE_COUNTERS_OUTPUT.names], {**remembered, "_boot": str(tail[BOOT]), "_seq": int(tail[SEQ]), "_boots": dict(latest)}
 
     return step
 
@@ -205,7 +190,7 @@ def counters_fold(window_ms: int) -> OrderedFold:
         keys=("gateway_id", "endpoint", "priority"),
         time_ms="received_ms",  # the window's clock: the cloud's (see queue_samples)
         columns=("received_ms", "sample_ms", *COUNTERS, *GAUGES, BOOT, SEQ),
-        output=COUNTERS_OUTPUT,
+        output=QUEUE_COUNTERS_OUTPUT.ddl,
         step=counter_step(window_ms),
         ready_at=lambda times: times - times % window_ms + window_ms,  # a window is stepped once it is closed
     )
@@ -219,7 +204,7 @@ def queue_counters(samples: DataFrame, window: str, timing: StreamTiming | int |
     else:
         folded = _queue_counters_batch(samples, window_ms)
     start, end, date = window_columns("window_start_ms", window_ms)
-    return folded.select("*", start, end, date).drop("window_start_ms", "window_end_ms")
+    return QUEUE_COUNTERS_OUTPUT.select(folded, {"window_start": start, "window_end": end, "date": date})
 
 
 def _queue_counters_batch(samples: DataFrame, window_ms: int) -> DataFrame:
@@ -248,9 +233,7 @@ def _queue_counters_batch(samples: DataFrame, window_ms: int) -> DataFrame:
         *[F.sum(f"_{name}").alias(name) for name in COUNTERS],
         F.max("depth").alias("depth_max"),
         F.max("oldest_age_s").alias("oldest_age_s_max"),
-    ).withColumn("window_end_ms", F.col("window_start_ms") + window_ms).select(
-        *[name.split()[0] for name in COUNTERS_OUTPUT.split(", ")]  # the streaming fold's columns, in its order
-    )
+    ).withColumn("window_end_ms", F.col("window_start_ms") + window_ms).select(*QUEUE_COUNTERS_OUTPUT.names)
 
 
 def sla(latency_rows: DataFrame, counter_rows: DataFrame, upstream_endpoint: str = "upstream") -> DataFrame:

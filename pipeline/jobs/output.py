@@ -27,6 +27,8 @@ import time
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
+from pipeline.jobs.files import HadoopFiles, name_of
+
 PARTITION = "date"
 JOURNAL = "_commit.json"  # OUT/_commit.json: a run's outputs being moved into place (``commit_outputs``)
 STAGING_PREFIX = "_staging-"
@@ -54,22 +56,14 @@ def _keep_schema_when_empty(spark: SparkSession, frame: DataFrame, path: str) ->
     """Through Hadoop's FileSystem, so that it works on any store the job writes to. The zero-row file is
     ``frame`` limited to no row, which Spark plans as an empty relation in the JVM (``createDataFrame([])``
     would start Python workers to serialise nothing)."""
-    jvm = spark.sparkContext._jvm
-    root = jvm.org.apache.hadoop.fs.Path(path)
-    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    children = [status.getPath() for status in fs.listStatus(root)]
-    if any(child.getName().startswith(f"{PARTITION}=") for child in children):
+    files = HadoopFiles(spark)
+    children = files.children(path)
+    if any(name_of(child).startswith(f"{PARTITION}=") for child in children):
         for child in children:
-            if child.getName().startswith("part-"):  # the empty-schema file of an earlier run
-                fs.delete(child, False)
+            if name_of(child).startswith("part-"):  # the empty-schema file of an earlier run
+                files.delete(child)
         return
     frame.limit(0).coalesce(1).write.mode("overwrite").parquet(path)
-
-
-def _fs(spark: SparkSession, path: str):
-    jvm = spark.sparkContext._jvm
-    root = jvm.org.apache.hadoop.fs.Path(path)
-    return jvm, root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
 
 
 def staging_folder(out: str) -> str:
@@ -83,61 +77,53 @@ def commit_outputs(spark: SparkSession, out: str, staging: str, outputs: dict[st
     """Move the staged outputs into ``out``, each by its mode: ``WHOLE`` replaces the old output,
     ``PARTITIONS`` (a ranged run's partitioned outputs) replaces each staged ``date=`` partition's namesake
     and keeps the others. The journal goes first."""
-    jvm, fs = _fs(spark, out)
-    journal = jvm.org.apache.hadoop.fs.Path(f"{out.rstrip('/')}/{JOURNAL}")
-    stream = fs.create(journal, True)
-    stream.write(bytearray(json.dumps({"staging": staging, "outputs": outputs}).encode()))
-    stream.close()
+    HadoopFiles(spark).write_text(f"{out.rstrip('/')}/{JOURNAL}", json.dumps({"staging": staging, "outputs": outputs}))
     finish_commit(spark, out)
 
 
 def finish_commit(spark: SparkSession, out: str) -> bool:
     """Complete the commit a journal in ``out`` describes (every step may already be done); True when
     there was one. Leftover staging folders of runs that failed before their commit are removed."""
-    jvm, fs = _fs(spark, out)
-    Path = jvm.org.apache.hadoop.fs.Path
-    root = Path(out)
-    journal = Path(f"{out.rstrip('/')}/{JOURNAL}")
-    if not fs.exists(root):
+    files = HadoopFiles(spark)
+    root = out.rstrip("/")
+    journal = f"{root}/{JOURNAL}"
+    if not files.exists(root):
         return False
-    if not fs.exists(journal):
-        for status in fs.listStatus(root):
-            if status.getPath().getName().startswith(STAGING_PREFIX):
-                fs.delete(status.getPath(), True)
+    if not files.exists(journal):
+        for child in files.children(root):
+            if name_of(child).startswith(STAGING_PREFIX):
+                files.delete(child, recursive=True)
         return False
-    stream = fs.open(journal)
-    try:
-        plan = json.loads(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
-    finally:
-        stream.close()
+    plan = json.loads(files.read_text(journal))
     staging = plan["staging"]
-    trash = Path(f"{staging}-replaced")
-    fs.mkdirs(trash)
+    trash = f"{staging}-replaced"
+    files.mkdirs(trash)
     for name, mode in plan["outputs"].items():
-        staged, target = Path(f"{staging}/{name}"), Path(f"{out.rstrip('/')}/{name}")
-        if not fs.exists(staged):
+        staged, target = f"{staging}/{name}", f"{root}/{name}"
+        if not files.exists(staged):
             continue  # moved already
         if mode == WHOLE:
-            if fs.exists(target):
-                fs.rename(target, Path(f"{trash}/{name}"))
-            fs.rename(staged, target)
+            if files.exists(target):
+                files.rename(target, f"{trash}/{name}")
+            files.rename(staged, target)
             continue
-        fs.mkdirs(target)
-        for status in fs.listStatus(staged):
-            child = status.getPath()
-            if not child.getName().startswith(f"{PARTITION}="):
+        files.mkdirs(target)
+        for child in files.children(staged):
+            partition = name_of(child)
+            if not partition.startswith(f"{PARTITION}="):
                 continue
-            old = Path(f"{target}/{child.getName()}")
-            if fs.exists(old):
-                fs.mkdirs(Path(f"{trash}/{name}"))
-                fs.rename(old, Path(f"{trash}/{name}/{child.getName()}"))
-            fs.rename(child, old)
-        if any(s.getPath().getName().startswith(f"{PARTITION}=") for s in fs.listStatus(target)):
-            for status in fs.listStatus(target):
-                if status.getPath().getName().startswith("part-"):  # an empty output's schema file
-                    fs.delete(status.getPath(), False)
-        fs.delete(staged, True)
-    fs.delete(journal, False)
-    fs.delete(trash, True)
-    fs.delete(Path(staging), True)
+            old = f"{target}/{partition}"
+            if files.exists(old):
+                files.mkdirs(f"{trash}/{name}")
+                files.rename(old, f"{trash}/{name}/{partition}")
+            files.rename(child, old)
+        kept = files.children(target)
+        if any(name_of(child).startswith(f"{PARTITION}=") for child in kept):
+            for child in kept:
+                if name_of(child).startswith("part-"):  # an empty output's schema file
+                    files.delete(child)
+        files.delete(staged, recursive=True)
+    files.delete(journal)
+    files.delete(trash, recursive=True)
+    files.delete(staging, recursive=True)
     return True

@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from pipeline.jobs.ordered import OrderedFold, StreamTiming
+from pipeline.jobs.schemas import ROLLUPS_OUTPUT
 from pipeline.jobs.windows import parse_duration_ms, window_columns, window_start_ms
 
 
@@ -32,8 +33,7 @@ def rollups(readings: DataFrame, window: str) -> DataFrame:
     paid while every event came out of a shuffle by message id, now costs a shuffle more: 3M records,
     11.6-14.3 CPU-s without it against 12.9-18.7 with it (bench/RESULTS-pipeline.md)."""
     window_ms = parse_duration_ms(window)
-    start, end, date = window_columns("window_start_ms", window_ms)
-    return (
+    return written(
         readings.groupBy(window_start_ms("reading_ms", window_ms).alias("window_start_ms"), "gateway_id", "device_id")
         .agg(
             F.count(F.lit(1)).alias("readings"),
@@ -43,20 +43,15 @@ def rollups(readings: DataFrame, window: str) -> DataFrame:
             F.avg("set_point").alias("set_point_avg"),
             F.max_by("set_point", "reading_ms").alias("set_point_last"),
             F.avg(F.col("heater").cast("double")).alias("heater_duty_cycle"),
-        )
-        .select(
-            "gateway_id", "device_id", start, end,
-            "readings", "temperature_min", "temperature_avg", "temperature_max", "set_point_avg",
-            "set_point_last", "heater_duty_cycle", date,
-        )
+        ),
+        window_ms,
     )
 
 
-OUTPUT = (
-    "gateway_id string, device_id string, window_start_ms long, readings long, temperature_min double, "
-    "temperature_avg double, temperature_max double, set_point_avg double, set_point_last double, "
-    "heater_duty_cycle double"
-)
+def written(computed: DataFrame, window_ms: int) -> DataFrame:
+    """The ``ROLLUPS_OUTPUT`` columns (batch's aggregate, streaming's fold) as the output writes them."""
+    start, end, date = window_columns("window_start_ms", window_ms)
+    return ROLLUPS_OUTPUT.select(computed, {"window_start": start, "window_end": end, "date": date})
 
 
 def rollup_step(window_ms: int):
@@ -75,9 +70,8 @@ def rollup_step(window_ms: int):
             "set_point_last": grouped["set_point"].last(),  # rows are in reading time order
             "heater_duty_cycle": grouped["heater"].mean(),
         }).reset_index()
-        out.insert(0, "device_id", key[1])
-        out.insert(0, "gateway_id", key[0])
-        return out, None
+        out["gateway_id"], out["device_id"] = key
+        return out[ROLLUPS_OUTPUT.names], None
 
     return step
 
@@ -87,11 +81,7 @@ def rollups_stream(readings: DataFrame, window: str, timing: StreamTiming | int)
     window_ms = parse_duration_ms(window)
     fold = OrderedFold(
         keys=("gateway_id", "device_id"), time_ms="reading_ms",
-        columns=("reading_ms", "message_id", "temperature", "set_point", "heater"), output=OUTPUT,
+        columns=("reading_ms", "message_id", "temperature", "set_point", "heater"), output=ROLLUPS_OUTPUT.ddl,
         step=rollup_step(window_ms), ready_at=lambda times: times - times % window_ms + window_ms, dedup=True,
     )
-    start, end, date = window_columns("window_start_ms", window_ms)
-    return fold.stream(readings, timing).select(
-        "gateway_id", "device_id", start, end, "readings", "temperature_min", "temperature_avg", "temperature_max",
-        "set_point_avg", "set_point_last", "heater_duty_cycle", date,
-    )
+    return written(fold.stream(readings, timing), window_ms)

@@ -17,11 +17,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipeline.jobs.ordered import OrderedFold, StreamTiming
-
-OUTPUT = (
-    "gateway_id string, device_id string, changed_ms long, previous_set_point double, set_point double, "
-    "temperature double, message_id string"
-)
+from pipeline.jobs.schemas import SETPOINT_CHANGES_OUTPUT
 
 
 def step(key: tuple, last: dict | None, rows: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
@@ -38,14 +34,14 @@ def step(key: tuple, last: dict | None, rows: pd.DataFrame) -> tuple[pd.DataFram
             "message_id": rows["message_id"][changed],
         }
     )
-    return out, {"set_point": float(rows["set_point"].iloc[-1])}
+    return out[SETPOINT_CHANGES_OUTPUT.names], {"set_point": float(rows["set_point"].iloc[-1])}
 
 
 FOLD = OrderedFold(
     keys=("gateway_id", "device_id"),
     time_ms="reading_ms",
     columns=("reading_ms", "message_id", "set_point", "temperature"),
-    output=OUTPUT,
+    output=SETPOINT_CHANGES_OUTPUT.ddl,
     step=step,
     dedup=True,
 )
@@ -54,12 +50,10 @@ FOLD = OrderedFold(
 def changes(readings: DataFrame, timing: StreamTiming | int | None = None) -> DataFrame:
     """``timing``: streaming (each thermostat's readings closed by its own progress); None: batch."""
     logged = FOLD.stream(readings, timing) if timing is not None else _changes_batch(readings)
-    return logged.withColumns(
-        {
-            "changed_at": F.timestamp_millis("changed_ms"),
-            "date": F.date_format(F.timestamp_millis("changed_ms"), "yyyy-MM-dd"),
-        }
-    )
+    return SETPOINT_CHANGES_OUTPUT.select(logged, {
+        "changed_at": F.timestamp_millis("changed_ms"),
+        "date": F.date_format(F.timestamp_millis("changed_ms"), "yyyy-MM-dd"),
+    })
 
 
 # The tumbling time bucket of ``_changes_batch`` (chosen by measurement, bench/RESULTS-pipeline.md): long
@@ -108,7 +102,5 @@ def _changes_batch(readings: DataFrame) -> DataFrame:
     )
     order = Window.partitionBy(*keys).orderBy("reading_ms", "message_id")
     previous = taken.withColumn("previous_set_point", F.lag("set_point").over(order))
-    return previous.where(~F.col("set_point").eqNullSafe(F.col("previous_set_point"))).select(
-        "gateway_id", "device_id", F.col("reading_ms").alias("changed_ms"), "previous_set_point", "set_point",
-        "temperature", "message_id",
-    )
+    changed = previous.where(~F.col("set_point").eqNullSafe(F.col("previous_set_point")))
+    return changed.withColumnRenamed("reading_ms", "changed_ms").select(*SETPOINT_CHANGES_OUTPUT.names)

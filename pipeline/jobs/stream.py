@@ -27,8 +27,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from pipeline.jobs import bronze, delivery, rollups, setpoints, telemetry
-from pipeline.jobs.dedup import QUARANTINE_COLUMNS, REJECT_KEY, first_rejects_stream, reject_key
+from pipeline.jobs.dedup import REJECT_KEY, first_rejects_stream, reject_key
+from pipeline.jobs.files import HadoopFiles, name_of
 from pipeline.jobs.ordered import StreamTiming
+from pipeline.jobs.schemas import QUARANTINE_OUTPUT
 from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import StreamOptions, bad_lines, records
 from pipeline.jobs.windows import parse_duration_ms
@@ -51,13 +53,11 @@ def open_since(spark: SparkSession, landing: str) -> int | None:
     """The receive horizon the landing zone's open files allow: the opening time of the oldest file still
     being written (``.part-*.jsonl.inprogress``, a live writer's or a crashed one's) less a margin; None when
     every file is sealed. Listed through Hadoop's FileSystem, names only."""
-    jvm = spark.sparkContext._jvm
+    files = HadoopFiles(spark)
     opened = []
     for kind in KINDS:
-        pattern = jvm.org.apache.hadoop.fs.Path(f"{str(landing).rstrip('/')}/{kind}/date=*/hour=*/.part-*{INPROGRESS_SUFFIX}")
-        statuses = pattern.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).globStatus(pattern)
-        for status in statuses or []:
-            at = opened_ms_of(status.getPath().getName())
+        for path in files.glob(f"{str(landing).rstrip('/')}/{kind}/date=*/hour=*/.part-*{INPROGRESS_SUFFIX}"):
+            at = opened_ms_of(name_of(path))
             if at is not None:
                 opened.append(at)
     return min(opened) - OPEN_FILE_MARGIN_MS if opened else None
@@ -89,7 +89,7 @@ def build(spark: SparkSession, settings: JobSettings, options: StreamOptions,
         records(every.where(F.col("kind") == QUARANTINE)).withColumns(
             {"stage": F.lit("ingest"), REJECT_KEY: F.concat(F.lit("ingest:"), reject_key())}),
     ]
-    columns = [*QUARANTINE_COLUMNS, REJECT_KEY, "landing_file", "sent_ms"]
+    columns = [*QUARANTINE_OUTPUT.names, REJECT_KEY, "landing_file", "sent_ms"]
     rejects = rejected[0].select(*columns).unionByName(rejected[1].select(*columns))
     unreadable = telemetry.as_quarantine(bad_lines(every), "landing")
     return {

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from pipeline.jobs.schemas import CORRUPT, TELEMETRY, TELEMETRY_PARSE
+from pipeline.jobs.schemas import CORRUPT, QUARANTINE_OUTPUT, TELEMETRY, TELEMETRY_PARSE
 
 TELEMETRY_OUTPUT = "data"
 
@@ -79,11 +79,8 @@ def rejects(parsed: DataFrame) -> DataFrame:
     return as_quarantine(parsed.where(F.col("reason").isNotNull()), "telemetry")
 
 
-def as_quarantine(frame: DataFrame, stage: str, *keep: str) -> DataFrame:
+def as_quarantine(frame: DataFrame, stage: str) -> DataFrame:
     """Landing-zone quarantine rows (``stage="ingest"``), lines that are not landing records
-    (``"landing"``) or telemetry rejects, in one layout (plus the columns ``keep``)."""
-    return frame.select(*keep,
-        F.lit(stage).alias("stage"), "reason", "message_id", "gateway_id", "device_id", "topic", "received_ms",
-        F.timestamp_millis("received_ms").alias("received_at"), "payload", "payload_base64",
-        F.date_format(F.timestamp_millis("received_ms"), "yyyy-MM-dd").alias("date"),
-    )
+    (``"landing"``) or telemetry rejects, in the quarantine's layout (``schemas.QUARANTINE_OUTPUT``)."""
+    at = F.timestamp_millis("received_ms")
+    return QUARANTINE_OUTPUT.select(frame, {"stage": F.lit(stage), "received_at": at, "date": F.date_format(at, "yyyy-MM-dd")})

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def wheel(source: Path, out: Path) -> zipfile.ZipFile:
     """``source`` built into a wheel in ``out``, from a copy (pip builds in the tree, leaving ``build/``)."""
     copy = out.parent / f"{out.name}-source"
-    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info", ".venv", ".git",
+    # symlinks=True: the image's root tree holds absolute links (systemd's .wants/) that dangle on the host
+    shutil.copytree(source, copy, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info", ".venv", ".git",
                                                                  "var", "artifacts", "dist"))
     source = copy
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",

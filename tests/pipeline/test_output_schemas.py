@@ -1,0 +1,57 @@
+"""Each output's columns are written once (``schemas.OutputSchema``), and one module reaches into Spark's JVM.
+No Spark session here: the schemas are module constants, checked without a JVM."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from pipeline.jobs import schemas
+from pipeline.jobs.schemas import OutputSchema, struct_of, windowed
+
+PACKAGE = Path(__file__).resolve().parents[2] / "pipeline"
+OUTPUTS = {
+    "rollups": schemas.ROLLUPS_OUTPUT,
+    "setpoint_changes": schemas.SETPOINT_CHANGES_OUTPUT,
+    "delivery_latency": schemas.DELIVERY_LATENCY_OUTPUT,
+    "queue_counters": schemas.QUEUE_COUNTERS_OUTPUT,
+    "quarantine": schemas.QUARANTINE_OUTPUT,
+}
+
+
+@pytest.mark.parametrize("name", OUTPUTS)
+def test_the_ddl_is_the_computed_schema(name):
+    schema = OUTPUTS[name]
+    assert struct_of(schema.ddl.replace("bigint", "long")) == schema.computed
+    assert len(set(schema.written)) == len(schema.written), "a column written twice"
+    assert schema.written[-1] == "date"
+
+
+def test_windowed_outputs_put_the_window_where_they_always_had_it():
+    assert schemas.ROLLUPS_OUTPUT.written[:4] == ("gateway_id", "device_id", "window_start", "window_end")
+    assert schemas.DELIVERY_LATENCY_OUTPUT.written[-3:] == ("clock_offset_ms", "clock_suspect", "date")
+    assert schemas.QUEUE_COUNTERS_OUTPUT.written[-3:] == ("window_start", "window_end", "date")
+    assert "window_start_ms" not in schemas.QUEUE_COUNTERS_OUTPUT.written
+    assert "window_end_ms" not in schemas.QUEUE_COUNTERS_OUTPUT.written
+
+
+def test_a_select_that_misses_or_invents_a_column_is_refused_before_spark():
+    schema = windowed("key string, window_start_ms long, n long")
+    with pytest.raises(ValueError, match=r"written columns not given: \['window_start', 'window_end', 'date'\]"):
+        schema.select(None, {})  # type: ignore[arg-type] - refused before the frame is used
+    with pytest.raises(ValueError, match=r"derived columns not written: \['extra'\]"):
+        schema.select(None, {"window_start": 1, "window_end": 1, "date": 1, "extra": 1})  # type: ignore[arg-type]
+
+
+def test_an_unknown_type_in_an_output_ddl_fails_at_import():
+    with pytest.raises(KeyError):
+        OutputSchema.of("a string, b decimal")
+
+
+def test_only_the_files_module_uses_pysparks_private_jvm_handles():
+    users = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("_jvm", "_jsc", "_gateway"):
+                users.add(path.relative_to(PACKAGE).as_posix())
+    assert users == {"jobs/files.py"}
