@@ -332,9 +332,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser("doctor", help="check this machine for what would stop the gateway working")
     add_config_arguments(parser)
     parser.add_argument("--probe-modem", action="store_true", help="send AT commands to the modem (stop the gateway first)")
-    parser.add_argument("--link-down-after", type=float, default=Thresholds.link_down_s, metavar="SECONDS",
+    parser.add_argument("--link-down-after", type=float, default=Thresholds().link_down_s, metavar="SECONDS",
                         help="a cloud link down longer than this is a problem (default %(default)s)")
-    parser.add_argument("--stalled-after", type=float, default=Thresholds.stalled_s, metavar="SECONDS",
+    parser.add_argument("--stalled-after", type=float, default=Thresholds().stalled_s, metavar="SECONDS",
                         help="a pump whose head has not moved this long while its link is up is a problem "
                              "(default %(default)s)")
     parser.set_defaults(handler=cmd_doctor)

@@ -52,7 +52,7 @@ ENVELOPE = EnvelopeRules(service="the firmware service", requests="firmware requ
 
 
 class FirmwareService(ServiceDefaults):
-    topic_filters = (REQUEST_TOPIC,)
+    topic_filters: tuple[str, ...] = (REQUEST_TOPIC,)
 
     def __init__(self, data_dir: Path, queue_limit: int = QUEUE_LIMIT, runtime: Runtime | None = None) -> None:
         self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()

@@ -119,7 +119,8 @@ def check_metrics_document(data_dir: Path, now_ms: int, gateway_pid: int | None,
                                                 f"{interval_s:g} s expected): forwarding is stuck")]
     links = document.get("links") or {}
     endpoints = document.get("endpoints") or {}
-    started_ms = document.get("started_ms") if isinstance(document.get("started_ms"), int) else written_ms
+    started = document.get("started_ms")
+    started_ms = started if isinstance(started, int) else written_ms
     try:
         return [*_links(links, now_ms, thresholds), *_queues(endpoints, (now_ms - written_ms) / 1000, thresholds),
                 *_store(document.get("store")),

@@ -65,7 +65,7 @@ class Message:
         return UNDEFINED if value is None else value
 
     def system_properties(self) -> dict[str, str]:
-        values = {name.lower(): value for name, value in self.system.items()}
+        values: dict[str, str | None] = {name.lower(): value for name, value in self.system.items()}
         values |= {
             "connectiondeviceid": self.device_id,
             "connectionmoduleid": self.module_id,

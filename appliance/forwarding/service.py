@@ -103,7 +103,7 @@ def with_expiry(results: list[RouteResult], expiry_s: int) -> list[RouteResult]:
 
 
 class ForwardingService(ServiceDefaults):
-    topic_filters = ("devices/#",)
+    topic_filters: tuple[str, ...] = ("devices/#",)
 
     def __init__(self, config: ForwardingConfig, data_dir: Path, gateway_id: str, hardware: LinkPanel | None = None,
                  runtime: Runtime | None = None) -> None:

@@ -39,7 +39,7 @@ def register(subparsers: Any) -> None:
     verbs = state.add_subparsers(dest="verb", required=True)
 
     def verb(name: str, help_text: str) -> argparse.ArgumentParser:
-        parser = verbs.add_parser(name, help=help_text)
+        parser: argparse.ArgumentParser = verbs.add_parser(name, help=help_text)
         add_connection_arguments(parser)
         parser.add_argument("key", help="the key (UTF-8 text)")
         return parser
@@ -136,7 +136,8 @@ def with_client(handler: Any) -> Any:
 
 
 def key_of(args: argparse.Namespace) -> bytes:
-    return args.key.encode("utf-8")
+    key: str = args.key
+    return key.encode("utf-8")
 
 
 @with_client

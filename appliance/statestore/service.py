@@ -141,7 +141,7 @@ StoreFactory = Callable[[Path, str, Quotas, str], StateStore]
 
 
 class StateStoreService(ServiceDefaults):
-    topic_filters = (REQUEST_TOPIC,)
+    topic_filters: tuple[str, ...] = (REQUEST_TOPIC,)
 
     def __init__(
         self,

@@ -138,7 +138,8 @@ class StateStore:
 
     def next_expiry(self) -> int | None:
         """The earliest ``expires_at`` still stored (possibly already due), or None."""
-        return self._db.execute("SELECT MIN(expires_at) FROM entries WHERE expires_at IS NOT NULL").fetchone()[0]
+        earliest: int | None = self._db.execute("SELECT MIN(expires_at) FROM entries WHERE expires_at IS NOT NULL").fetchone()[0]
+        return earliest
 
     # -- changes -------------------------------------------------------------------------------------
 

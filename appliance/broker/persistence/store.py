@@ -94,6 +94,10 @@ class BrokerStore:
     """The open ``broker.db``. Mutators buffer; ``commit()`` writes one transaction. Not thread-safe
     from one thread at a time (the event loop's)."""
 
+    #: The open stretch of progress operations (``_end_progress``): marks and deletes of deliveries.
+    _marks: list[tuple[object, ...]]
+    _deletes: list[tuple[object, ...]]
+
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
         """Use ``BrokerStore.open``."""
         self._db = connection
@@ -139,9 +143,8 @@ class BrokerStore:
         self._new_message_refs: dict[int, int] = {}
         self._new_deliveries: dict[int, list[object]] = {}
         self._operations: list[tuple[str, list[tuple[object, ...]]]] = []
-        #: The open stretch of progress operations (``_end_progress``).
-        self._marks: list[tuple[object, ...]] = []
-        self._deletes: list[tuple[object, ...]] = []
+        self._marks = []
+        self._deletes = []
 
     @classmethod
     def open(cls, path: Path, synchronous: str = "normal") -> BrokerStore:

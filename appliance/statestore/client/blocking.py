@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -87,7 +88,7 @@ class StateStoreClient:
         #: key is registered again: from then on no notification is lost.
         self.on_restored: Callable[[], None] | None = None
         self._subacks: dict[int, threading.Event] = {}
-        self._mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
+        self._mqtt = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
         if username is not None:
             self._mqtt.username_pw_set(username, password)
         if tls is not None:
@@ -102,7 +103,7 @@ class StateStoreClient:
     # -- connection ----------------------------------------------------------------------------------
 
     def connect(self) -> StateStoreClient:
-        properties = Properties(PacketTypes.CONNECT)
+        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.SessionExpiryInterval = 0
         try:
             self._mqtt.connect(self.host, self.port, keepalive=self.keepalive, clean_start=True, properties=properties)
@@ -131,7 +132,7 @@ class StateStoreClient:
         done = threading.Event()
         with self._lock:
             result, mid = self._mqtt.subscribe(topic, qos=1)
-            if result != mqtt.MQTT_ERR_SUCCESS:
+            if result != mqtt.MQTT_ERR_SUCCESS or mid is None:
                 raise NotConnected(f"subscribe to {topic} failed: {mqtt.error_string(result)}")
             self._subacks[mid] = done
         if not done.wait(self.timeout):
@@ -147,7 +148,7 @@ class StateStoreClient:
             raise NotConnected("not connected")
         correlation = uuid.uuid4().bytes
         future: concurrent.futures.Future[RawResponse] = concurrent.futures.Future()
-        properties = Properties(PacketTypes.PUBLISH)
+        properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
         properties.ResponseTopic = self.response_topic
         properties.CorrelationData = correlation
         stamps = [("__ts", str(self._tick()))] if stamp else []
@@ -310,7 +311,8 @@ class StateStoreClient:
                 future.set_exception(failure)
                 return
             try:
-                response = RawResponse(message.payload, resp3.decode(message.payload), user_properties)
+                payload = bytes(message.payload)
+                response = RawResponse(payload, resp3.decode(payload), user_properties)
                 if response.version is not None:
                     self._observe(response.version)
             except (resp3.Resp3Error, StateStoreClientError) as exc:
@@ -318,7 +320,7 @@ class StateStoreClient:
                 return
             future.set_result(response)
         elif message.topic.startswith(self._notify_prefix):
-            self._dispatch_notification(message.topic, message.payload, user_properties)
+            self._dispatch_notification(message.topic, bytes(message.payload), user_properties)
 
     def _dispatch_notification(self, topic: str, payload: bytes, user_properties: tuple[tuple[str, str], ...]) -> None:
         try:
