@@ -46,6 +46,7 @@ GAUGES = ("depth", "oldest_age_s")
 
 
 QUANTILES = (0.5, 0.95, 0.99)
+PERCENTILES = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")  # their columns
 # The fastest transit from a gateway's send to the cloud's receipt in a window stays under this on agreeing
 # clocks (a PUBLISH over a slow uplink takes seconds, not a minute); beyond it, or below zero, the offset is
 # the gateway's clock, not the network.
@@ -76,7 +77,7 @@ def latency(events: DataFrame, window: str) -> DataFrame:
              F.max("latency_ms").alias("latency_max_ms"), F.min("_transit_ms").alias("clock_offset_ms"))
         .withColumns({
             name: F.try_element_at(ordered, F.greatest(F.ceil(F.lit(q) * F.size(ordered)), F.lit(1)).cast("int"))
-            for q, name in zip(QUANTILES, ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms"), strict=True)
+            for q, name in zip(QUANTILES, PERCENTILES, strict=True)
         })
     )
     return latency_written(computed, window_ms)
@@ -104,8 +105,11 @@ def latency_step(window_ms: int):
         for (priority, start), group in measured.groupby(["priority", "window_start_ms"], sort=True):
             values = group["latency_ms"].sort_values().to_numpy()
             ranks = [max(math.ceil(q * len(values)), 1) - 1 for q in QUANTILES]
-            out.append((key[0], priority, start, len(values), *[int(values[r]) for r in ranks], int(values[-1]),
-                        int(group["transit_ms"].min())))
+            out.append({
+                "gateway_id": key[0], "priority": priority, "window_start_ms": start, "delivered": len(values),
+                **{name: int(values[rank]) for name, rank in zip(PERCENTILES, ranks, strict=True)},
+                "latency_max_ms": int(values[-1]), "clock_offset_ms": int(group["transit_ms"].min()),
+            })
         return pd.DataFrame(out, columns=DELIVERY_LATENCY_OUTPUT.names), None
 
     return step

@@ -16,6 +16,27 @@ import pytest
 from testing.processes import MosquittoProcess
 
 
+def _compare_spark_frames_without_pandas_on_spark() -> None:
+    """``pyspark.testing.assertDataFrameEqual`` imports ``pyspark.pandas`` (and its test utilities) on every
+    call, only to ask whether its arguments are pandas-on-Spark frames. pyspark 4.3's ``pyspark.pandas``
+    does not import on pandas 3 (``DateOffset`` and ``infer_dtype_from_object`` moved or went), so every
+    call failed with an ImportError before comparing anything. The pipeline tests compare Spark
+    DataFrames only: when the real module cannot be imported, a stand-in whose ``DataFrame`` nothing is an
+    instance of lets the function take its Spark path. Remove once pyspark supports pandas 3."""
+    import sys
+    import types
+
+    try:
+        import pyspark.pandas  # noqa: F401
+        import pyspark.testing.pandasutils  # noqa: F401
+    except ImportError:
+        stand_in = types.ModuleType("pyspark.pandas")
+        stand_in.DataFrame = type("DataFrame", (), {})  # type: ignore[attr-defined]
+        utilities = types.ModuleType("pyspark.testing.pandasutils")
+        utilities.PandasOnSparkTestUtils = type("PandasOnSparkTestUtils", (), {})  # type: ignore[attr-defined]
+        sys.modules["pyspark.pandas"], sys.modules["pyspark.testing.pandasutils"] = stand_in, utilities
+
+
 def pytest_configure(config):
     # pyspark 4.x on pandas 3: a support warning on every import and deprecation notes from inside pyspark.
     config.addinivalue_line("filterwarnings", "ignore:PySpark does not yet fully support pandas:FutureWarning")
@@ -38,6 +59,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def spark():
     pytest.importorskip("pyspark")  # appliance-pipeline (pipeline/pyproject.toml)
+    _compare_spark_frames_without_pandas_on_spark()
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from pipeline.spark import session
 
