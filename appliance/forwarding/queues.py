@@ -83,6 +83,13 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 
 #: Bookkeeping bytes counted per message on top of body and envelope (rows, index entries).
 ROW_OVERHEAD = 64
+#: A new store numbers its messages from its creation time in UNIX seconds times this (2**20), so that a
+#: store created after another one was lost (a factory reset, a replaced SD card) never repeats its
+#: sequence numbers: the message id ``{gateway_id}:{seq}`` is the cloud's duplicate key, and a repeated
+#: one would be dropped there as a duplicate of a message sent months before. Numbers stay unique as long
+#: as the clock at the new store's creation is later than the old one's and the old store averaged under
+#: a million messages a second; they stay under 2**53 (exact in JSON numbers) until the year 2242.
+SEQUENCE_PER_SECOND = 1 << 20
 #: Dead letters kept for the operator; beyond this the oldest go (they are outside ``max_bytes``).
 MAX_DEAD_LETTERS = 1000
 
@@ -193,7 +200,15 @@ class MessageStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(_SCHEMA)
+        self._seed_sequence()
         self.stored_bytes = int(self.db.execute("SELECT COALESCE(SUM(size), 0) FROM messages").fetchone()[0])
+
+    def _seed_sequence(self) -> None:
+        """Start a store that has never numbered a message at ``SEQUENCE_PER_SECOND`` times now."""
+        with self._transaction():
+            if self.db.execute("SELECT 1 FROM sqlite_sequence WHERE name = 'messages'").fetchone() is None:
+                first = max(int(self.clock()), 0) * SEQUENCE_PER_SECOND
+                self.db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('messages', ?)", (first,))
 
     def close(self) -> None:
         self.db.close()

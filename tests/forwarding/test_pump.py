@@ -48,9 +48,11 @@ async def _with_pump(tmp_path: Path, endpoint: RecordingEndpoint, scenario, fake
     pump = Pump(endpoint, store, thread, metrics, retry_min_s=0.01, retry_max_s=0.02,  # type: ignore[arg-type]
                 runtime=runtime, **options)
 
-    async def add(n: int, priority: int, ttl: int = 60) -> None:
-        await thread.call(store.add, msg(n), [RouteResult(UP, priority, ttl)])
+    async def add(n: int, priority: int, ttl: int = 60) -> int:
+        """Store message ``n``; its sequence number."""
+        seq, _ = await thread.call(store.add, msg(n), [RouteResult(UP, priority, ttl)])
         pump.notify(priority)
+        return seq
 
     try:
         await scenario(pump, add, store, thread)
@@ -231,12 +233,11 @@ def test_a_message_the_link_drops_on_is_dead_lettered_and_its_count_survives_a_r
     endpoint = DroppingEndpoint({2}, batch_size=5)
 
     async def first_run(pump: Pump, add, store: MessageStore, thread) -> None:
-        for n in range(5):
-            await add(n, 2)
+        seqs = [await add(n, 2) for n in range(5)]
         pump.start()
         # Dropped with 2, 3, 4 in flight (2 is blamed, the first unacknowledged); then 2 alone.
         await waiting.until(lambda: len(endpoint.drops) == 2, 5)
-        await waiting.until(lambda: store.link_drops("upstream", 2, 3) == 2, 5)
+        await waiting.until(lambda: store.link_drops("upstream", 2, seqs[2]) == 2, 5)
 
     asyncio.run(_with_pump(tmp_path, endpoint, first_run, max_link_drops=3))
     assert endpoint.drops == [[2, 3, 4], [2]]
@@ -318,16 +319,15 @@ def test_an_entry_that_cannot_be_read_back_goes_to_the_dead_letters(tmp_path: Pa
     endpoint = RecordingEndpoint(batch_size=10)
 
     async def scenario(pump: Pump, add, store: MessageStore, thread) -> None:
-        for n in range(4):
-            await add(n, 1)
-        await thread.call(store.db.execute, "UPDATE messages SET envelope = '{\"source\": 1' WHERE seq = 2")
+        seqs = [await add(n, 1) for n in range(4)]
+        await thread.call(store.db.execute, "UPDATE messages SET envelope = '{\"source\": 1' WHERE seq = ?", (seqs[1],))
         pump.start()
         await endpoint.wait_for(3)
         [letter] = await thread.call(lambda: store.db.execute("SELECT seq, reason FROM dead_letters").fetchall())
-        assert letter[0] == 2 and "unreadable" in letter[1]
+        assert letter[0] == seqs[1] and "unreadable" in letter[1]
         assert pump.state.restarts == 0
         [listed] = await thread.call(store.dead_letters)  # what `appliance routes dead-letters` lists
-        assert listed.seq == 2 and listed.message.payload == b"x" * 20
+        assert listed.seq == seqs[1] and listed.message.payload == b"x" * 20
 
     asyncio.run(_with_pump(tmp_path, endpoint, scenario))
     assert delivered_ns(endpoint) == [0, 2, 3]

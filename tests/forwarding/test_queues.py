@@ -59,6 +59,24 @@ def test_one_body_many_queues_each_with_its_own_priority(store: MessageStore) ->
     assert store.message_count() == 0 and store.stored_bytes == 0
 
 
+def test_a_store_made_after_one_was_lost_never_repeats_its_sequence_numbers(tmp_path: Path, clock: Clock) -> None:
+    """The message id ``{gateway_id}:{seq}`` is the cloud's duplicate key: a store created after a factory
+    reset (the old file gone) that numbered from 1 again would send ids the cloud already saw, and the
+    cloud would drop those messages as duplicates."""
+    first = MessageStore(tmp_path / "forwarding.db", clock=clock)
+    old = [first.add(msg(n), [RouteResult(UP, 0, 60)])[0] for n in range(1, 4)]
+    first.close()
+    (tmp_path / "forwarding.db").unlink()
+    clock.now += 1  # a second later
+    second = MessageStore(tmp_path / "forwarding.db", clock=clock)
+    new = [second.add(msg(n), [RouteResult(UP, 0, 60)])[0] for n in range(1, 4)]
+    assert new == sorted(new) and min(new) > max(old), (old, new)
+    second.close()
+    reopened = MessageStore(tmp_path / "forwarding.db", clock=clock)  # a restart keeps counting
+    assert reopened.add(msg(4), [RouteResult(UP, 0, 60)])[0] == new[-1] + 1
+    reopened.close()
+
+
 def test_message_and_entries_are_one_transaction(store: MessageStore) -> None:
     # Two results for the same queue violate the primary key on the second entry: nothing may remain.
     with pytest.raises(sqlite3.IntegrityError):
@@ -79,13 +97,11 @@ def test_ttl_checked_on_read(store: MessageStore, clock: Clock) -> None:
 @pytest.mark.parametrize(("entire", "left"), [(True, [2]), (False, [2, 3])])
 def test_cleanup_with_and_without_check_entire_queue(tmp_path: Path, clock: Clock, entire: bool, left: list[int]) -> None:
     store = MessageStore(tmp_path / "f.db", check_entire_queue_on_cleanup=entire, clock=clock)
-    store.add(msg(1), [RouteResult(UP, 0, 10)])
-    store.add(msg(2), [RouteResult(UP, 0, 100)])
-    store.add(msg(3), [RouteResult(UP, 0, 10)])
+    seqs = {n: store.add(msg(n), [RouteResult(UP, 0, ttl)])[0] for n, ttl in ((1, 10), (2, 100), (3, 10))}
     clock.now += 11
     expired = store.cleanup()
     remaining = [row[0] for row in store.db.execute("SELECT seq FROM entries ORDER BY seq")]
-    assert remaining == left
+    assert remaining == [seqs[n] for n in left]
     assert expired[("upstream", 0)] == 3 - len(left)
     assert store.message_count() == len(left), "bodies nobody references are freed"
     store.close()
