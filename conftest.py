@@ -108,6 +108,7 @@ INPROCESS_MODULES = frozenset(
         "tests/broker/test_server_login.py",
         "tests/broker/test_services.py",
         "tests/statestore/test_hosted.py",
+        "tests/testing/test_collector.py",
         "tests/testing/test_paho_clients.py",
     }
 )

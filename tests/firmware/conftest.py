@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import re
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-import paho.mqtt.client as paho
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
-from testing import paho_clients
+from testing.collector import Collector
 from testing.processes import MosquittoProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,53 +112,13 @@ def mosquitto(tmp_path):
         yield broker
 
 
-class PahoPeer:
-    """A CPython MQTT 5 client (paho-mqtt) that records what it receives in a queue."""
-
-    def __init__(self, host: str, port: int, client_id: str = ""):
-        self.messages: queue.Queue[paho.MQTTMessage] = queue.Queue()
-        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
-        self.client.on_message = lambda c, u, msg: self.messages.put(msg)
-        subscribed = threading.Event()
-        self.client.on_subscribe = lambda *a: subscribed.set()
-        self._subscribed = subscribed
-        self.client.connect(host, port)
-        self.client.loop_start()
-
-    def subscribe(self, topic: str, qos: int = 1) -> None:
-        self._subscribed.clear()
-        self.client.subscribe(topic, qos)
-        assert self._subscribed.wait(5), "no SUBACK"
-
-    def publish(self, topic: str, payload: bytes | str, qos: int = 1, user_properties=(), **props) -> None:
-        properties = Properties(PacketTypes.PUBLISH)
-        for name, value in props.items():
-            setattr(properties, name, value)
-        if user_properties:
-            properties.UserProperty = list(user_properties)
-        self.client.publish(topic, payload, qos=qos, properties=properties).wait_for_publish(5)
-
-    def next_message(self, timeout: float = 5.0) -> paho.MQTTMessage:
-        return self.messages.get(timeout=timeout)
-
-    def next_json(self, topic_suffix: str, timeout: float = 5.0) -> dict:
-        """The next message whose topic ends with topic_suffix, decoded."""
-        deadline = time.monotonic() + timeout
-        while True:
-            msg = self.messages.get(timeout=max(0.01, deadline - time.monotonic()))
-            if msg.topic.endswith(topic_suffix):
-                return json.loads(msg.payload)
-
-    def close(self) -> None:
-        paho_clients.close(self.client)
-
-
 @pytest.fixture
 def paho_peer():
-    peers: list[PahoPeer] = []
+    """Connect collectors (`testing.collector`: subscribe, next, next_json, publish), closed at teardown."""
+    peers: list[Collector] = []
 
-    def connect(host: str, port: int, client_id: str = "") -> PahoPeer:
-        peer = PahoPeer(host, port, client_id)
+    def connect(host: str, port: int, client_id: str = "") -> Collector:
+        peer: Collector = Collector(host, port, client_id=client_id or None, name="paho-peer")
         peers.append(peer)
         return peer
 

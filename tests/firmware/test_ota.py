@@ -73,7 +73,7 @@ def telemetry_while(peer, name: str, until, timeout: float = 60.0) -> list[dict]
     deadline = time.monotonic() + timeout
     outputs = (f"devices/{name}/messages/events/data", f"devices/{name}/messages/events/update")
     while True:
-        msg = peer.next_message(timeout=max(0.1, deadline - time.monotonic()))
+        msg = peer.next(timeout=max(0.1, deadline - time.monotonic()))
         if msg.topic not in outputs:
             continue
         data = json.loads(msg.payload)
@@ -385,7 +385,7 @@ def fleet_update(gateway, boards, bundles, paho_peer, count: int) -> dict:
                 (latencies if how.group(1) == "notify" else across_restart).append(board.times[index] - sent)
             while True:
                 try:
-                    msg = peer.next_message(timeout=0.05)
+                    msg = peer.next(timeout=0.05)
                 except Exception:
                     break
                 data = json.loads(msg.payload)

@@ -179,7 +179,7 @@ def test_telemetry_and_alerts_reach_the_gateway_on_their_outputs(tmp_path, gatew
     start_thermostat(micropython, tmp_path / "t-tel", config)
     seen = {}
     while len(seen) < 2:
-        msg = peer.next_message()
+        msg = peer.next()
         seen.setdefault(msg.topic, msg)
     alert = seen["devices/t-tel/messages/events/alerts"]
     assert alert.qos == 1 and json.loads(alert.payload)["alert"] == "over_temperature"
@@ -211,7 +211,7 @@ def test_alerts_take_the_priority_0_route_and_data_the_priority_1_route(tmp_path
             start_thermostat(micropython, tmp_path / "t-rt", config)
             by_output = {}
             while len(by_output) < 2:
-                msg = upstream.next_message(timeout=10)
+                msg = upstream.next(timeout=10)
                 props = dict(msg.properties.UserProperty)
                 by_output.setdefault(props["gw-output"], (msg, props))
     alert, alert_props = by_output["alerts"]

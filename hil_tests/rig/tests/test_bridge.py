@@ -46,7 +46,7 @@ from hil_tests.rig.namespace_sockets import in_namespace
 from hil_tests.rig.program import _ports
 from hil_tests.rig.shaping import WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES, LinkSettings
 from hil_tests.rig.tests.flow import drain, flooding, measure_connection, quiet_for
-from testing.waiting import wait_until
+from testing.waiting import WaitTimeout, wait_until
 from tests.forwarding.peers import Collector, Device
 
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
@@ -231,7 +231,7 @@ def test_a_real_gateway_forwards_through_the_bridge_and_resumes_its_uplink_after
             rig.down()
             for n in range(1, 6):
                 assert device.publish("data", b'{"n": %d}' % n) == 0  # stored by the gateway
-            with pytest.raises(TimeoutError):
+            with pytest.raises(WaitTimeout):
                 collector.wait_for(2, timeout=1.5)
             rig.up()
             arrived = collector.wait_for(6, timeout=30)
