@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BARE_COUNT = re.compile(r"(^\s*@|=\s*)settings\([^)]*max_examples\s*=")
 #: The firmware's live campaigns run in the process layer and size themselves per test.
-EXEMPT = {"tests/firmware/test_hostile_values.py"}
+EXEMPT = {"tests/device_firmware/test_hostile_values.py"}
 
 
 def test_campaign_counts_go_through_campaign() -> None:

@@ -22,9 +22,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from appliance.statestore.client import StateStoreClient
 from testing.processes import GatewayProcess
 from testing.waiting import wait_until
-from tests.firmware.conftest import FIRMWARE, ROOT
+from tests.device_firmware.micropython import FIRMWARE, ROOT
+from tests.device_firmware.thermostat_rig import longest_name
 from tests.firmware.ota_rig import ResettingBoard, build_variant, publish
-from tests.firmware.thermostat_rig import longest_name
 
 OLD = "0.1.0"  # device_firmware's VERSION: what the boards are deployed with
 # The heap every board here runs in: the 64 KB the issue judges. The updater fits it because it runs at

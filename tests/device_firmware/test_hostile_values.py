@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from appliance.statestore.client import StateStoreClient
 from testing.collector import Collector
 from testing.processes import GatewayProcess
-from tests.firmware.conftest import ROOT
-from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
+from tests.device_firmware.micropython import ROOT
+from tests.device_firmware.thermostat_rig import start_thermostat, thermostat_config
 
 LOW, HIGH = 5.0, 30.0
 MAX_BYTES = 32  # thermostat._MAX_SET_POINT_BYTES

@@ -4,7 +4,7 @@ import json
 import signal
 
 from testing.processes import MosquittoProcess
-from tests.firmware.conftest import MP_TESTS
+from tests.device_firmware.micropython import MP_TESTS
 
 SCENARIOS = MP_TESTS / "mqtt_scenarios.py"
 

@@ -14,7 +14,7 @@ import pytest
 
 from appliance.statestore.client import StateStoreClient
 from testing.processes import GatewayProcess, MosquittoProcess
-from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
+from tests.device_firmware.thermostat_rig import start_thermostat, thermostat_config
 
 
 @pytest.fixture

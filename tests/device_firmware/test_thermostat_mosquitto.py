@@ -9,7 +9,7 @@ import socket
 import time
 
 from testing.processes import MosquittoProcess
-from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
+from tests.device_firmware.thermostat_rig import start_thermostat, thermostat_config
 
 
 def test_telemetry_on_the_data_output_while_the_store_does_not_answer(tmp_path, mosquitto, micropython, paho_peer):
