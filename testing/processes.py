@@ -20,6 +20,8 @@ from pathlib import Path
 
 import psutil
 
+from testing.waiting import wait_until
+
 READY_PATTERN = re.compile(r"appliance ready.*?(?:tcp|tls)://([0-9.]+):(\d+)")
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,15 +121,15 @@ class GatewayProcess:
     def wait_for_log(self, pattern: str, timeout: float = 10.0) -> re.Match[str]:
         """Wait until a log line matches ``pattern``; the gateway's log is the event source."""
         regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        found: list[re.Match[str]] = []
+
+        def matched() -> bool:
             with self._log_lock:
-                for line in self.log_lines:
-                    match = regex.search(line)
-                    if match:
-                        return match
-            time.sleep(0.02)
-        raise TimeoutError(f"no log line matched {pattern!r} within {timeout}s:\n{self.output()}")
+                found.extend(match for line in self.log_lines if (match := regex.search(line)))
+            return bool(found)
+
+        wait_until(matched, timeout, lambda: f"a log line matching {pattern!r}; the log:\n{self.output()}")
+        return found[0]
 
     def kill9(self) -> None:
         if self.process and self.process.poll() is None:
