@@ -383,11 +383,7 @@ def fleet_update(gateway, boards, bundles, paho_peer, count: int) -> dict:
                 index, how = board.expect(rf"^set point {value} from (notify|get)$", after=mark, timeout=10)
                 # "get": written while the thermostat restarted into the new version, read at its boot.
                 (latencies if how.group(1) == "notify" else across_restart).append(board.times[index] - sent)
-            while True:
-                try:
-                    msg = peer.next(timeout=0.05)
-                except Exception:
-                    break
+            for msg in peer.read_all():  # the telemetry that came meanwhile
                 data = json.loads(msg.payload)
                 if (data.get("update") or {}).get("state") == "downloading":
                     heap.append((data["mem_free"], data["mem_largest"]))
