@@ -14,13 +14,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
 
-from testing.waiting import wait_until
+from testing.waiting import WaitTimeout, wait_until
 
 READY_PATTERN = re.compile(r"appliance ready.*?(?:tcp|tls)://([0-9.]+):(\d+)")
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,15 +42,14 @@ def password_file(path: Path, user: str, password: str, iterations: int | None =
 
 
 def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    def accepts() -> bool:
         try:
             with socket.create_connection((host, port), timeout=0.5):
-                return
+                return True
         except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing accepted connections on {host}:{port} within {timeout}s") from None
-            time.sleep(0.02)
+            return False
+
+    wait_until(accepts, timeout, f"a listener accepting connections on {host}:{port}")
 
 
 class GatewayProcess:
@@ -201,15 +199,13 @@ class MosquittoProcess:
         )
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                return False
-            if self._owns_listening_socket():
-                return True
-            time.sleep(0.02)
-        self.stop()
-        return False
+        process = self.process
+        try:
+            wait_until(lambda: process.poll() is not None or self._owns_listening_socket(), timeout, "mosquitto listening")
+        except WaitTimeout:
+            self.stop()
+            return False
+        return process.poll() is None
 
     def _owns_listening_socket(self) -> bool:
         """Whether mosquitto itself listens on our port: its log line comes before bind(), and a plain
