@@ -165,8 +165,8 @@ def worker_group(layer: str, fixtures: list[str], module: str, module_fixtures: 
     waiting (links shaped to 9.6 kbit/s, processes starting, keep-alives), not by the two cores, so the hil
     layer runs beside the others - but on one worker, in order, because its scenarios share benches and
     their bounds are latencies of one scenario at a time (`HIL_LOGIC_MODULES`, which use neither, go to
-    any worker). Every test that takes the ``spark`` fixture runs
-    on one worker too, so the suite starts one JVM for them instead of one per worker.
+    any worker). Every test that takes the ``spark`` fixture runs on one worker too, so the suite starts
+    one JVM for them instead of one per worker.
 
     A test that takes a module-scoped fixture (``module_fixtures``: a gateway, mosquitto, a built image
     tree or firmware bundle shared by the module's tests) runs on the worker of its module: a module
