@@ -11,13 +11,24 @@ PYTEST_ARGS ?=
 
 .PHONY: run test test-busy check test-slow venv system-deps bench clean image-tree test-image image-system-deps image
 
+# What an install depends on in the two pyproject.toml files: [build-system], [project] and
+# [tool.setuptools]. An edit elsewhere in them (the mypy file list, ruff's rules, pytest's markers) does
+# not reinstall the venv: that cost every `make check` after such an edit a minute or two of pip.
+INSTALL_INPUTS = $(PYTHON) -c 'import json, sys, tomllib; print(json.dumps([(lambda t: [t.get("build-system"), t.get("project"), t.get("tool", {}).get("setuptools")])(tomllib.load(open(f, "rb"))) for f in sys.argv[1:]], sort_keys=True))' pyproject.toml pipeline/pyproject.toml
+
 # Everything the tests need: the gateway with its extras and the pipeline (its own distribution,
 # pipeline/pyproject.toml), both editable.
 $(STAMP): pyproject.toml pipeline/pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,firmware,bench]' -e ./pipeline
-	touch $(STAMP) $(GATEWAY_STAMP)
+	@if [ -f $(VENV)/.install-inputs ] && $(INSTALL_INPUTS) | cmp -s - $(VENV)/.install-inputs; then \
+	  touch $(STAMP); \
+	else \
+	  set -e; \
+	  $(PYTHON) -m venv $(VENV); \
+	  $(BIN)/pip install --quiet --upgrade pip; \
+	  $(BIN)/pip install --quiet -e '.[test,firmware,bench]' -e ./pipeline; \
+	  $(INSTALL_INPUTS) > $(VENV)/.install-inputs; \
+	  touch $(STAMP) $(GATEWAY_STAMP); \
+	fi
 
 # `make run`: the gateway alone (no Spark, pyarrow, pandas or matplotlib), unless the full venv is there.
 $(GATEWAY_STAMP): pyproject.toml

@@ -110,7 +110,26 @@ INPROCESS_MODULES = frozenset(
         "tests/broker/test_server_login.py",
         "tests/broker/test_services.py",
         "tests/statestore/test_hosted.py",
+        "tests/testing/test_collector.py",
         "tests/testing/test_paho_clients.py",
+    }
+)
+
+
+#: Modules of ``hil_tests/`` that check the bench's logic alone (the rig's protocol and shaping arithmetic,
+#: its claim file and journal, the client's parsing, the timeline, report and history): no rig, no
+#: namespace, no latency bound. They stay in the hil layer but not on the hil worker, the run's tail (94
+#: tests that the serial hil worker ran one after the other beside the scenarios).
+HIL_LOGIC_MODULES = frozenset(
+    {
+        "hil_tests/rig/tests/test_claim_and_journal.py",
+        "hil_tests/rig/tests/test_client.py",
+        "hil_tests/rig/tests/test_protocol.py",
+        "hil_tests/rig/tests/test_shaping.py",
+        "hil_tests/tests/test_collector.py",
+        "hil_tests/tests/test_history.py",
+        "hil_tests/tests/test_report.py",
+        "hil_tests/tests/test_timeline.py",
     }
 )
 
@@ -147,15 +166,16 @@ def worker_group(layer: str, fixtures: list[str], module: str, module_fixtures: 
     ``make test`` runs the whole suite in one parallel run (``--dist loadgroup``). The suite is bound by
     waiting (links shaped to 9.6 kbit/s, processes starting, keep-alives), not by the two cores, so the hil
     layer runs beside the others - but on one worker, in order, because its scenarios share benches and
-    their bounds are latencies of one scenario at a time. Every test that takes the ``spark`` fixture runs
-    on one worker too, so the suite starts one JVM for them instead of one per worker.
+    their bounds are latencies of one scenario at a time (`HIL_LOGIC_MODULES`, which use neither, go to
+    any worker). Every test that takes the ``spark`` fixture runs on one worker too, so the suite starts
+    one JVM for them instead of one per worker.
 
     A test that takes a module-scoped fixture (``module_fixtures``: a gateway, mosquitto, a built image
     tree or firmware bundle shared by the module's tests) runs on the worker of its module: a module
     scope is per worker, so spread over four workers the module would start it four times (the image
     tree's build, 20-40 s, ran three times in one run; the OTA bundles three times).
     """
-    if layer == "hil":
+    if layer == "hil" and module not in HIL_LOGIC_MODULES:
         return "hil"
     if "spark" in fixtures:
         return "spark"

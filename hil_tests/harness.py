@@ -25,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ import paho.mqtt.client as mqtt
 from appliance.forwarding.batch import BatchFormatError, decode_batch, record_properties
 from appliance.forwarding.config import DEFAULT_BATCH_TOPIC
 from hil_tests.timeline import Timeline
-from testing import paho_clients
+from testing.collector import Collector
 from testing.processes import GatewayProcess
 
 RUN_UNIX = Path(__file__).resolve().parents[1] / "images" / "firmware" / "run_unix.py"
@@ -49,12 +48,6 @@ TELEMETRY_TOPICS = "devices/+/messages/events/+"
 BATCH_TOPIC = DEFAULT_BATCH_TOPIC.format(gateway_id=GATEWAY_ID)  # [forwarding.upstream] format = "batch"
 CLOUD_TOPICS = (f"gateways/{GATEWAY_ID}/devices/#", BATCH_TOPIC)
 SET_POINT_SUFFIX = "\\setPoint"  # the firmware's key: `<thermostat>\setPoint`, a literal backslash
-
-
-def wait_until(condition: Callable[[], bool], cond: threading.Condition, timeout: float, what: str) -> None:
-    """Block on ``cond`` until ``condition()`` holds; the caller must hold ``cond``."""
-    if not cond.wait_for(condition, timeout):
-        raise TimeoutError(f"{what}: not within {timeout} s")
 
 
 # -- timeline --------------------------------------------------------------------------------------------
@@ -238,55 +231,12 @@ class Seen:
         return int(self.properties[name])
 
 
-class _Subscriber:
-    """A paho MQTT 5 subscriber (QoS 1) that subscribes again after every reconnect and keeps what arrives."""
+class _Subscriber(Collector[Seen]):
+    """The suite's collector (`testing.collector`) keeping `Seen` records: it subscribes again after every
+    reconnect (the gateway restarts under the tap), with a short keep-alive and reconnect delay."""
 
     def __init__(self, host: str, port: int, topics: tuple[str, ...], client_name: str) -> None:
-        self.messages: list[Seen] = []
-        self.cond = threading.Condition()
-        self._topics = [(topic, 1) for topic in topics]
-        self._subscribed = threading.Event()
-        self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2, client_id=f"{client_name}-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5
-        )
-        self.client.reconnect_delay_set(0.05, 0.5)
-        self.client.on_connect = lambda client, *_: client.subscribe(self._topics)
-        self.client.on_subscribe = lambda *_: self._subscribed.set()
-        self.client.on_message = self._on_message
-        self.client.connect(host, port, keepalive=5)
-        self.client.loop_start()
-        if not self._subscribed.wait(10):
-            self.close()
-            raise TimeoutError(f"{client_name}: no SUBACK for {', '.join(topics)} from {host}:{port}")
-
-    def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
-        seen = self.parse(message, time.monotonic())
-        if not seen:
-            return
-        with self.cond:
-            self.messages.extend(seen)
-            self.cond.notify_all()
-        for one in seen:
-            self.record(one)
-
-    def parse(self, message: mqtt.MQTTMessage, at: float) -> list[Seen]:
-        """The messages in ``message`` (a batch PUBLISH holds several), none if it is not one of ours."""
-        raise NotImplementedError
-
-    def record(self, seen: Seen) -> None:
-        raise NotImplementedError
-
-    def wait_for(self, condition: Callable[[list[Seen]], bool], timeout: float, what: str) -> list[Seen]:
-        with self.cond:
-            wait_until(lambda: condition(self.messages), self.cond, timeout, what)
-            return list(self.messages)
-
-    def snapshot(self) -> list[Seen]:
-        with self.cond:
-            return list(self.messages)
-
-    def close(self) -> None:
-        paho_clients.close(self.client)
+        super().__init__(host, port, topics, name=client_name, keepalive=5, reconnect_delay=(0.05, 0.5))
 
 
 class GatewayTap(_Subscriber):

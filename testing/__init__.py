@@ -1,3 +1,4 @@
 """What the test suite, the benchmarks (``bench/``) and the HIL bench (``hil_tests/``) share: processes
-started and stopped cleanly (the gateway, mosquitto), in-process brokers, MQTT clients that collect what
-they receive, certificates, and waiting on a condition without sleeping as proof."""
+started and stopped cleanly (the gateway, mosquitto), in-process brokers, the MQTT collector
+(``collector``: one client that subscribes and keeps what it receives), certificates, and waiting on a
+condition without sleeping as proof (``waiting``)."""

@@ -14,11 +14,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
+
+from testing.waiting import WaitTimeout, wait_until
 
 READY_PATTERN = re.compile(r"appliance ready.*?(?:tcp|tls)://([0-9.]+):(\d+)")
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,15 +42,14 @@ def password_file(path: Path, user: str, password: str, iterations: int | None =
 
 
 def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    def accepts() -> bool:
         try:
             with socket.create_connection((host, port), timeout=0.5):
-                return
+                return True
         except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing accepted connections on {host}:{port} within {timeout}s") from None
-            time.sleep(0.02)
+            return False
+
+    wait_until(accepts, timeout, f"a listener accepting connections on {host}:{port}")
 
 
 class GatewayProcess:
@@ -119,15 +119,15 @@ class GatewayProcess:
     def wait_for_log(self, pattern: str, timeout: float = 10.0) -> re.Match[str]:
         """Wait until a log line matches ``pattern``; the gateway's log is the event source."""
         regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        found: list[re.Match[str]] = []
+
+        def matched() -> bool:
             with self._log_lock:
-                for line in self.log_lines:
-                    match = regex.search(line)
-                    if match:
-                        return match
-            time.sleep(0.02)
-        raise TimeoutError(f"no log line matched {pattern!r} within {timeout}s:\n{self.output()}")
+                found.extend(match for line in self.log_lines if (match := regex.search(line)))
+            return bool(found)
+
+        wait_until(matched, timeout, lambda: f"a log line matching {pattern!r}; the log:\n{self.output()}")
+        return found[0]
 
     def kill9(self) -> None:
         if self.process and self.process.poll() is None:
@@ -199,15 +199,13 @@ class MosquittoProcess:
         )
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                return False
-            if self._owns_listening_socket():
-                return True
-            time.sleep(0.02)
-        self.stop()
-        return False
+        process = self.process
+        try:
+            wait_until(lambda: process.poll() is not None or self._owns_listening_socket(), timeout, "mosquitto listening")
+        except WaitTimeout:
+            self.stop()
+            return False
+        return process.poll() is None
 
     def _owns_listening_socket(self) -> bool:
         """Whether mosquitto itself listens on our port: its log line comes before bind(), and a plain

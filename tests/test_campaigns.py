@@ -9,10 +9,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from testing.campaigns import CHECK_PROFILE
+
 ROOT = Path(__file__).resolve().parents[1]
 BARE_COUNT = re.compile(r"(^\s*@|=\s*)settings\([^)]*max_examples\s*=")
 #: The firmware's live campaigns run in the process layer and size themselves per test.
-EXEMPT = {"tests/firmware/test_hostile_values.py"}
+EXEMPT = {"tests/device_firmware/test_hostile_values.py"}
 
 
 def test_campaign_counts_go_through_campaign() -> None:
@@ -24,3 +29,11 @@ def test_campaign_counts_go_through_campaign() -> None:
         if BARE_COUNT.search(line)
     ]
     assert not offenders, offenders
+
+
+@given(st.integers())
+def test_an_example_has_no_wall_time_deadline(value: int) -> None:
+    """Hypothesis' default 200 ms per example is a real-time bound: under load it failed properties that
+    hold. The suite's profiles (``suite``, and ``check`` on top of it) have none."""
+    assert settings().deadline is None
+    assert settings.get_profile(CHECK_PROFILE).deadline is None

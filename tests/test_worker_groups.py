@@ -60,6 +60,8 @@ def test_the_tests_of_a_module_fixture_share_the_modules_group_and_the_rest_spre
 def test_hil_and_spark_keep_their_groups_whatever_their_fixtures(pytester: pytest.Pytester) -> None:
     spark = MODULE.replace("per_test", "spark")
     assert set(groups_of(pytester, "hil_tests/test_rig.py", MODULE).values()) == {"hil"}
+    logic = groups_of(pytester, "hil_tests/tests/test_timeline.py", MODULE)  # no rig, no bound: any worker
+    assert logic["test_alone"] is None and logic["test_shares_the_module_fixture"] == "hil_tests/tests/test_timeline.py"
     spark_groups = groups_of(pytester, "tests/area/test_jobs.py", spark)
     assert spark_groups["test_alone"] == spark_groups["test_shares_it_through_a_fixture"] == "spark"
     assert spark_groups["test_shares_the_module_fixture"] == "tests/area/test_jobs.py"

@@ -31,8 +31,9 @@ from appliance.statestore.client import (
     StateStoreClient,
 )
 from appliance.statestore.hlc import Hlc
-from hil_tests.harness import Recorder, Route, System, wait_until
+from hil_tests.harness import Recorder, Route, System
 from testing.processes import ROOT
+from testing.waiting import wait_on
 
 LEASE_TTL_MS = 1500
 TAKEOVER_SLACK_S = 1.5
@@ -70,8 +71,7 @@ class Controller:
     def wait_for(self, kind: str, count: int = 1, timeout: float = 15.0) -> dict[str, Any]:
         """The ``count``-th event of ``kind``."""
         with self.cond:
-            what = f"controller {self.name}: {count} x {kind}"
-            wait_until(lambda: len(self.of(kind)) >= count, self.cond, timeout, what)
+            wait_on(self.cond, lambda: len(self.of(kind)) >= count, timeout, f"controller {self.name}: {count} x {kind}")
             return self.of(kind)[count - 1]
 
     def of(self, kind: str) -> list[dict[str, Any]]:
@@ -150,7 +150,7 @@ def test_standby_takes_over_after_the_lease_and_a_stale_write_is_fenced_off(
             current = auditor.get(thermostat.key).value
             assert current is not None and writer_of(current.decode()) == "B", current
             with history.cond:
-                wait_until(lambda: first_write["value"] in history.values, history.cond, 5, "B's first write notified")
+                wait_on(history.cond, lambda: first_write["value"] in history.values, 5, "B's first write notified")
                 values = list(history.values)
         finally:
             for controller in controllers:

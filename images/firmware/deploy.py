@@ -17,7 +17,7 @@ A field engineer runs one command and gets "deployed" or the reason it is not. I
    through the gateway, reporting its version and whether it registered, or why it did not come.
 
 The board is behind `Board` (six operations); `MpremoteBoard` is the real one. The tests drive the
-same steps against the MicroPython unix port as a board (tests/firmware/unix_board.py), which has
+same steps against the MicroPython unix port as a board (tests/images/firmware_board.py), which has
 no serial port for mpremote.
 
 Usage: python images/firmware/deploy.py BUNDLE.zip --port /dev/ttyUSB0 --config device.json

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import base64
 import getpass
-import threading
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -17,6 +15,7 @@ from hypothesis import strategies as st
 from appliance.broker.config import DEFAULT_ACL_CLIENT_PATTERNS
 from appliance.broker.security.acl import Acl, AclFileError, filter_covers
 from testing.campaigns import campaign
+from testing.collector import Collector
 from testing.processes import MosquittoProcess
 
 ACL_TEXT = """\
@@ -202,75 +201,32 @@ def test_load_reports_unreadable_file(tmp_path: Path) -> None:
     assert Acl.load(tmp_path / "ok.acl").can_receive("b1", "bob", "x")
 
 
-class Peer:
-    """A paho client whose callbacks set conditions, so tests wait on events rather than sleeps."""
+def peer(port: int, client_id: str, username: str | None) -> Collector:
+    """A paho MQTT 3.1.1 client of mosquitto's that keeps what it receives."""
+    return Collector("127.0.0.1", port, protocol=mqtt.MQTTv311, client_id=client_id, username=username, name=client_id)
 
-    def __init__(self, port: int, client_id: str, username: str | None) -> None:
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311)
-        if username is not None:
-            self.client.username_pw_set(username)
-        self.condition = threading.Condition()
-        self.connected = False
-        self.subacks: set[int] = set()
-        self.received: list[tuple[str, bytes]] = []
-        self.client.on_connect = self._on_connect
-        self.client.on_subscribe = self._on_subscribe
-        self.client.on_message = self._on_message
-        self.client.connect("127.0.0.1", port)
-        self.client.loop_start()
-        self._wait(lambda: self.connected)
 
-    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
-        with self.condition:
-            self.connected = not reason_code.is_failure
-            self.condition.notify_all()
-
-    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # noqa: ANN001
-        with self.condition:
-            self.subacks.add(mid)
-            self.condition.notify_all()
-
-    def _on_message(self, client, userdata, message) -> None:  # noqa: ANN001
-        with self.condition:
-            self.received.append((message.topic, message.payload))
-            self.condition.notify_all()
-
-    def _wait(self, predicate: Callable[[], bool]) -> None:
-        with self.condition:
-            assert self.condition.wait_for(predicate, timeout=10), "mosquitto did not answer in time"
-
-    def subscribe(self, topic: str) -> None:
-        _, mid = self.client.subscribe(topic, qos=1)
-        self._wait(lambda: mid in self.subacks)
-
-    def publish(self, topic: str, payload: bytes) -> None:
-        self.client.publish(topic, payload, qos=1).wait_for_publish(10)
-
-    def barrier(self) -> None:
-        """A SUBACK round trip: anything mosquitto queued for us before it has arrived by now."""
-        self.subscribe(f"barrier/{uuid.uuid4().hex}")
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
+def barrier(client: Collector) -> None:
+    """A SUBACK round trip: anything mosquitto queued for ``client`` before it has arrived by now."""
+    client.subscribe(f"barrier/{uuid.uuid4().hex}")
 
 
 def mosquitto_allows(port: int, username: str | None, client_id: str, topic: str, action: str) -> bool:
     payload = uuid.uuid4().bytes
-    root = Peer(port, f"root-{uuid.uuid4().hex[:8]}", "root")
-    peer = Peer(port, client_id, username)
+    root = peer(port, f"root-{uuid.uuid4().hex[:8]}", "root")
+    client = peer(port, client_id, username)
     try:
         if action == "read":
-            peer.subscribe(topic)  # mosquitto 2.0 grants every SUBSCRIBE and checks read on delivery
+            client.subscribe(topic)  # mosquitto 2.0 grants every SUBSCRIBE and checks read on delivery
             root.publish(topic, payload)
-            peer.barrier()
-            return (topic, payload) in peer.received
+            barrier(client)
+            return any((m.topic, m.payload) == (topic, payload) for m in client.snapshot())
         root.subscribe(topic)
-        peer.publish(topic, payload)  # a 3.1.1 PUBACK comes back even when the publish was denied
-        root.barrier()
-        return (topic, payload) in root.received
+        client.publish(topic, payload)  # a 3.1.1 PUBACK comes back even when the publish was denied
+        barrier(root)
+        return any((m.topic, m.payload) == (topic, payload) for m in root.snapshot())
     finally:
-        peer.close()
+        client.close()
         root.close()
 
 

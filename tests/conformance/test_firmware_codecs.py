@@ -32,7 +32,7 @@ from tests.conformance.canonical import (
     hexed,
     params,
 )
-from tests.firmware.conftest import FIRMWARE, MICROPYTHON
+from tests.device_firmware.micropython import FIRMWARE, MICROPYTHON
 
 RUNNER = Path(__file__).resolve().parent / "mp" / "run_vectors.py"
 

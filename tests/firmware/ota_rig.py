@@ -18,8 +18,8 @@ import threading
 import zipfile
 from pathlib import Path
 
-from tests.firmware.conftest import MICROPYTHON, ROOT, LineLog
-from tests.firmware.thermostat_rig import thermostat_config
+from tests.device_firmware.micropython import MICROPYTHON, ROOT, LineLog
+from tests.device_firmware.thermostat_rig import thermostat_config
 
 BUILD = ROOT / "images" / "firmware" / "build.py"
 RUN_UNIX = ROOT / "images" / "firmware" / "run_unix.py"

@@ -22,9 +22,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from appliance.statestore.client import StateStoreClient
 from testing.processes import GatewayProcess
 from testing.waiting import wait_until
-from tests.firmware.conftest import FIRMWARE, ROOT
+from tests.device_firmware.micropython import FIRMWARE, ROOT
+from tests.device_firmware.thermostat_rig import longest_name
 from tests.firmware.ota_rig import ResettingBoard, build_variant, publish
-from tests.firmware.thermostat_rig import longest_name
 
 OLD = "0.1.0"  # device_firmware's VERSION: what the boards are deployed with
 # The heap every board here runs in: the 64 KB the issue judges. The updater fits it because it runs at
@@ -73,7 +73,7 @@ def telemetry_while(peer, name: str, until, timeout: float = 60.0) -> list[dict]
     deadline = time.monotonic() + timeout
     outputs = (f"devices/{name}/messages/events/data", f"devices/{name}/messages/events/update")
     while True:
-        msg = peer.next_message(timeout=max(0.1, deadline - time.monotonic()))
+        msg = peer.next(timeout=max(0.1, deadline - time.monotonic()))
         if msg.topic not in outputs:
             continue
         data = json.loads(msg.payload)
@@ -383,11 +383,7 @@ def fleet_update(gateway, boards, bundles, paho_peer, count: int) -> dict:
                 index, how = board.expect(rf"^set point {value} from (notify|get)$", after=mark, timeout=10)
                 # "get": written while the thermostat restarted into the new version, read at its boot.
                 (latencies if how.group(1) == "notify" else across_restart).append(board.times[index] - sent)
-            while True:
-                try:
-                    msg = peer.next_message(timeout=0.05)
-                except Exception:
-                    break
+            for msg in peer.read_all():  # the telemetry that came meanwhile
                 data = json.loads(msg.payload)
                 if (data.get("update") or {}).get("state") == "downloading":
                     heap.append((data["mem_free"], data["mem_largest"]))

@@ -1,11 +1,9 @@
-"""Real MQTT peers for the forwarding tests: a paho subscriber that collects what arrives, and devices."""
+"""Real MQTT peers for the forwarding tests: the suite's collector (`testing.collector`) with readers of
+what the gateway sent upstream, and devices."""
 
 from __future__ import annotations
 
 import threading
-import time
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
@@ -14,69 +12,9 @@ from paho.mqtt.properties import Properties
 
 from appliance.forwarding.batch import BatchRecord, decode_batch, record_properties
 from testing import paho_clients
+from testing.collector import Collector, Received
 
-
-@dataclass(frozen=True)
-class Received:
-    topic: str
-    payload: bytes
-    user_properties: dict[str, str]
-    at: float
-
-    @property
-    def n(self) -> int:
-        return int(self.user_properties["n"])
-
-
-class Collector:
-    """Subscribes (MQTT 5, QoS 1) and keeps every message; ``wait_for`` blocks on a condition, not a sleep.
-    Messages on a topic in ``aside`` (the gateway's own metrics document, published at start and on a timer
-    whatever the devices do) are kept apart in ``set_aside``, so ``messages`` holds what the devices sent."""
-
-    def __init__(self, host: str, port: int, topic: str, aside: frozenset[str] = frozenset()) -> None:
-        self.messages: list[Received] = []
-        self.set_aside: list[Received] = []
-        self._aside = aside
-        self._cond = threading.Condition()
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"collector-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5)
-        subscribed = threading.Event()
-        self.client.on_message = self._on_message
-        self.client.on_subscribe = lambda *a: subscribed.set()
-        self.client.on_connect = lambda c, *a: c.subscribe(topic, qos=1)
-        self.client.connect(host, port)
-        self.client.loop_start()
-        if not subscribed.wait(10):
-            self.close()
-            raise TimeoutError("collector did not subscribe")
-
-    def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
-        props = dict(getattr(message.properties, "UserProperty", []) or [])
-        with self._cond:
-            kept = self.set_aside if message.topic in self._aside else self.messages
-            kept.append(Received(message.topic, message.payload, props, time.monotonic()))
-            self._cond.notify_all()
-
-    def wait_for(self, count: int, timeout: float = 15.0) -> list[Received]:
-        with self._cond:
-            if not self._cond.wait_for(lambda: len(self.messages) >= count, timeout):
-                raise TimeoutError(f"got {len(self.messages)} of {count} messages")
-            return list(self.messages)
-
-    def wait_until(self, predicate: Callable[[], bool], timeout: float, what: Callable[[], str]) -> None:
-        """Until ``predicate()`` holds, re-checked on every arrival; ``what()`` describes a timeout."""
-        with self._cond:
-            if not self._cond.wait_for(predicate, timeout):
-                raise TimeoutError(what())
-
-    def wait_for_topic(self, topic: str, timeout: float = 15.0) -> Received:
-        kept = self.set_aside if topic in self._aside else self.messages
-        with self._cond:
-            if not self._cond.wait_for(lambda: any(m.topic == topic for m in kept), timeout):
-                raise TimeoutError(f"nothing on {topic} among {len(kept)} messages")
-            return next(m for m in kept if m.topic == topic)
-
-    def close(self) -> None:
-        paho_clients.close(self.client)
+__all__ = ["Collector", "Received", "Delivered", "Device", "batch_records", "delivered"]
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import itertools
 import socket
-import threading
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
-
-from testing import paho_clients
+from testing.collector import Collector
 from testing.processes import GatewayProcess
 from tests.hardware.modem_emulator import ModemEmulator
 from tests.systemd.notify_socket import NotifySocket
@@ -47,27 +43,22 @@ def test_gateway_publishes_modem_readings_with_hardware_enabled(tmp_path: Path) 
         f'[hardware.modem]\nenabled = true\nport = "{emulator.port}"\ncommand_timeout = 1.0\npoll_interval = 0.3\n'
     )
     gateway = GatewayProcess(tmp_path / "data", config=config, env={"GPIOZERO_PIN_FACTORY": "mock"})
-    received: dict[str, bytes] = {}
-    got_operator = threading.Event()
-
-    def on_message(client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
-        received[message.topic] = message.payload
-        if received.get("$SYS/gateway/modem/operator") and received.get("$SYS/gateway/modem/technology"):
-            got_operator.set()
-
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-    client.on_message = on_message
+    modem_topics = {"$SYS/gateway/modem/operator", "$SYS/gateway/modem/technology"}
+    collector = None
     try:
         gateway.start()
-        client.connect(gateway.host, gateway.port)
-        client.subscribe("$SYS/gateway/modem/#")
-        client.loop_start()
-        assert got_operator.wait(10), gateway.output()
-        assert received["$SYS/gateway/modem/operator"] == b"Emu Mobile"
-        assert received["$SYS/gateway/modem/technology"] == b"LTE"
+        collector = Collector(gateway.host, gateway.port, "$SYS/gateway/modem/#")
+
+        def latest() -> dict[str, bytes]:
+            return {m.topic: m.payload for m in collector.snapshot() if m.payload}
+
+        collector.wait_until(lambda: modem_topics <= latest().keys(), 10, gateway.output)
+        assert latest()["$SYS/gateway/modem/operator"] == b"Emu Mobile"
+        assert latest()["$SYS/gateway/modem/technology"] == b"LTE"
         assert "AT+CSQ" in emulator.commands
         assert gateway.terminate() == 0
     finally:
-        paho_clients.close(client)
+        if collector is not None:
+            collector.close()
         gateway.kill9()
         emulator.close()

@@ -191,12 +191,15 @@ def test_with_a_target_the_relay_in_the_cloud_namespace_adds_delay(tmp_path):
             server.start()
             relay = (relay_host, int(relay_port))
             with in_namespace(ready["gateway_ns"], lambda: socket.create_connection(relay, timeout=10)) as connection:
-                baseline = _round_trip(connection, b"ping")
+                baseline = [_round_trip(connection, b"ping") for _ in range(3)]
                 rig.delay(150)
-                delayed = _round_trip(connection, b"ping")
+                delayed = [_round_trip(connection, b"ping") for _ in range(3)]
             server.join(10)
-        assert delayed >= 0.300
-        assert delayed - baseline < 0.300 + 0.250
+        # 150 ms each way. A busy machine only adds to a round trip, so the fastest of three is the one judged;
+        # above the delay it may cost at most what the slowest round trip cost without it (the relay's own
+        # work at this load), and twice the delay (a delay applied on both legs twice) is far above that.
+        assert min(delayed) >= 0.300, delayed
+        assert min(delayed) < 0.300 + max(baseline) + 0.05, (delayed, baseline)
 
 
 def _qdisc_and_rules(namespace: str) -> tuple[dict, str]:

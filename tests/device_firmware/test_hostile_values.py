@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from appliance.statestore.client import StateStoreClient
+from testing.collector import Collector
 from testing.processes import GatewayProcess
-from tests.firmware.conftest import ROOT, PahoPeer
-from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
+from tests.device_firmware.micropython import ROOT
+from tests.device_firmware.thermostat_rig import start_thermostat, thermostat_config
 
 LOW, HIGH = 5.0, 30.0
 MAX_BYTES = 32  # thermostat._MAX_SET_POINT_BYTES
@@ -124,7 +125,7 @@ class Campaign:
         self.good = 20.0  # the default; the last good value from then on
         self.fw = None
         self.values = 0
-        self.peer = PahoPeer(self.gateway.host, self.gateway.port)
+        self.peer: Collector = Collector(self.gateway.host, self.gateway.port, name="hostile-values")
         self.peer.subscribe(f"devices/{self.name}/messages/events/data")
 
     def boot(self):
@@ -168,8 +169,7 @@ class Campaign:
 
     def at_boot(self, raw: bytes) -> None:
         self.fw.stop()
-        while not self.peer.messages.empty():  # what the previous run sent
-            self.peer.messages.get()
+        self.peer.read_all()  # what the previous run sent
         assert self.store.set(self.key, raw).applied
         self.boot()
         self.fw.expect(r"^registered t-hv\\setPoint$", timeout=15)

@@ -1,4 +1,4 @@
-# MicroPython side of tests/firmware/test_mqtt5_mosquitto.py: one scenario per run, driving
+# MicroPython side of tests/device_firmware/test_mqtt5_mosquitto.py: one scenario per run, driving
 # device_firmware/mqtt5.py against a real mosquitto and printing what happened, one event a line.
 # Usage: micropython mqtt_scenarios.py <scenario> <host> <port> [client id]
 import json

@@ -4,7 +4,7 @@ import json
 import signal
 
 from testing.processes import MosquittoProcess
-from tests.firmware.conftest import MP_TESTS
+from tests.device_firmware.micropython import MP_TESTS
 
 SCENARIOS = MP_TESTS / "mqtt_scenarios.py"
 
@@ -24,7 +24,7 @@ def test_publish_subscribe_qos_properties_and_request_response(mosquitto, microp
     assert msg["payload"] == "ping1"
     assert msg["props"]["38"] == [["k", "v"], ["k", "v2"]]  # order and duplicates kept
     assert msg["props"]["8"] == "fw/reply" and msg["props"]["9"] == "0102" and msg["props"]["3"] == "text/plain"
-    reply = peer.next_message()
+    reply = peer.next()
     assert (reply.topic, reply.payload, reply.qos) == ("fw/reply", b"re:ping1", 1)
     assert reply.properties.CorrelationData == b"\x01\x02"
     assert reply.properties.UserProperty == [("from", "fw")]
@@ -34,7 +34,7 @@ def test_publish_subscribe_qos_properties_and_request_response(mosquitto, microp
     assert json.loads(match.group(1))["payload"] == "zero"
     peer.publish("fw/in/stop", b"", qos=1)
     fw.expect(r"^BYE$")
-    got = {m.topic: m for m in (peer.next_message(), peer.next_message())}
+    got = {m.topic: m for m in (peer.next(), peer.next())}
     assert got["fw/out/q0"].payload == b"zero" and got["fw/out/q0"].qos == 0
     assert got["fw/out/q1"].payload == b"one" and got["fw/out/q1"].qos == 1
     assert got["fw/out/q1"].properties.UserProperty == [("a", "1"), ("a", "2")]

@@ -9,7 +9,7 @@ import socket
 import time
 
 from testing.processes import MosquittoProcess
-from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
+from tests.device_firmware.thermostat_rig import start_thermostat, thermostat_config
 
 
 def test_telemetry_on_the_data_output_while_the_store_does_not_answer(tmp_path, mosquitto, micropython, paho_peer):
@@ -18,9 +18,9 @@ def test_telemetry_on_the_data_output_while_the_store_does_not_answer(tmp_path, 
     fw = start_thermostat(micropython, tmp_path / "t-01", thermostat_config("t-01", mosquitto.host, mosquitto.port))
     fw.expect(r"^relay on$")  # 18 C in the room, 20 C default set point
     fw.expect(r"^register failed: no reply within 1000 ms$", timeout=5)
-    msg = peer.next_message()
+    msg = peer.next()
     while msg.topic != "devices/t-01/messages/events/data":
-        msg = peer.next_message()
+        msg = peer.next()
     assert msg.properties.ContentType == "application/json"
     data = json.loads(msg.payload)
     assert data["device"] == "t-01" and data["fw"] == "0.1.0"
@@ -41,13 +41,13 @@ def test_alerts_on_the_alerts_output(tmp_path, mosquitto, micropython, paho_peer
                                hardware={"kind": "simulated",
                                          "room": {"start_c": 40.0, "heat_c_per_s": 0.0, "fault_file": str(fault)}})
     fw = start_thermostat(micropython, tmp_path / "t-02", config)
-    alert = peer.next_message()
+    alert = peer.next()
     assert alert.qos == 1 and alert.properties.ContentType == "application/json"
     body = json.loads(alert.payload)
     assert body["alert"] == "over_temperature" and body["device"] == "t-02" and body["temperature"] > 35
     fw.expect(r"^connected$")
     fault.write_text("")
-    assert json.loads(peer.next_message().payload)["alert"] == "sensor_failure"
+    assert json.loads(peer.next().payload)["alert"] == "sensor_failure"
     # Raised once per episode, not at every control tick: five failed readings, one alert.
     index = -1
     for _ in range(5):

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from images.firmware.deploy import IMPLEMENTATION, SAFE_BOOT, parse_implementation
-from tests.firmware.conftest import MICROPYTHON
+from tests.device_firmware.micropython import MICROPYTHON
 
 
 class UnixPortBoard:

@@ -14,7 +14,7 @@ import pytest
 
 from appliance.statestore.client import StateStoreClient
 from testing.processes import GatewayProcess, MosquittoProcess
-from tests.firmware.thermostat_rig import start_thermostat, thermostat_config
+from tests.device_firmware.thermostat_rig import start_thermostat, thermostat_config
 
 
 @pytest.fixture
@@ -158,13 +158,8 @@ def test_malformed_and_out_of_range_set_points_are_ignored_and_reported(tmp_path
         mark = len(fw.lines)
         assert store.set(key("t-bad"), raw).applied
         fw.expect(r"^set point: rejected ", after=mark)
-        deadline = time.monotonic() + 5
-        while True:
-            data = peer.next_json("/data")
-            if data["set_point_rejected"] == {"value": raw.decode(), "size": len(raw), "reason": reason,
-                                              "source": "notify"}:
-                break
-            assert time.monotonic() < deadline, data
+        rejected = {"value": raw.decode(), "size": len(raw), "reason": reason, "source": "notify"}
+        data = peer.next(5, lambda m, rejected=rejected: m.topic.endswith("/data") and m.json()["set_point_rejected"] == rejected).json()
         assert data["set_point"] == 23.0 and data["heater"] is True
     assert json.loads((workdir / "setpoint.json").read_text())["set_point"] == 23.0
     assert store.delete(key("t-bad")).count == 1
@@ -179,7 +174,7 @@ def test_telemetry_and_alerts_reach_the_gateway_on_their_outputs(tmp_path, gatew
     start_thermostat(micropython, tmp_path / "t-tel", config)
     seen = {}
     while len(seen) < 2:
-        msg = peer.next_message()
+        msg = peer.next()
         seen.setdefault(msg.topic, msg)
     alert = seen["devices/t-tel/messages/events/alerts"]
     assert alert.qos == 1 and json.loads(alert.payload)["alert"] == "over_temperature"
@@ -211,7 +206,7 @@ def test_alerts_take_the_priority_0_route_and_data_the_priority_1_route(tmp_path
             start_thermostat(micropython, tmp_path / "t-rt", config)
             by_output = {}
             while len(by_output) < 2:
-                msg = upstream.next_message(timeout=10)
+                msg = upstream.next(timeout=10)
                 props = dict(msg.properties.UserProperty)
                 by_output.setdefault(props["gw-output"], (msg, props))
     alert, alert_props = by_output["alerts"]

@@ -1,6 +1,6 @@
 """images/firmware/deploy.py: config validation, the board checks, the order of the steps, the report.
 
-The steps run against the MicroPython unix port as a board (unix_board.py: a flash directory, real
+The steps run against the MicroPython unix port as a board (firmware_board.py: a flash directory, real
 resets of a real interpreter) and our gateway, so "safe boot before copying", "stale files gone",
 "waits for the first telemetry" are observed, not assumed. mpremote itself and a real board's
 serial port are not exercised here: MpremoteBoard is covered by the dry run only.
@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from appliance.firmware.protocol import THERMOSTAT_NAME
 from images.firmware import deploy
 from testing.processes import GatewayProcess
-from tests.firmware.conftest import ROOT
-from tests.firmware.thermostat_rig import thermostat_config
-from tests.firmware.unix_board import UnixPortBoard
+from tests.device_firmware.micropython import ROOT
+from tests.device_firmware.thermostat_rig import thermostat_config
+from tests.images.firmware_board import UnixPortBoard
 
 BUILD = ROOT / "images" / "firmware" / "build.py"
 DEPLOY = ROOT / "images" / "firmware" / "deploy.py"

@@ -9,8 +9,8 @@ import zipfile
 import pytest
 
 from testing.processes import GatewayProcess
-from tests.firmware.conftest import FIRMWARE, MICROPYTHON, ROOT
-from tests.firmware.thermostat_rig import longest_name, start_thermostat, thermostat_config
+from tests.device_firmware.micropython import FIRMWARE, MICROPYTHON, ROOT
+from tests.device_firmware.thermostat_rig import longest_name, start_thermostat, thermostat_config
 
 BUILD = ROOT / "images" / "firmware" / "build.py"
 

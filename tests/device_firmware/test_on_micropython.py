@@ -1,4 +1,4 @@
-"""Runs the MicroPython unit tests in tests/firmware/mp/ under the real interpreter.
+"""Runs the MicroPython unit tests in tests/device_firmware/mp/ under the real interpreter.
 
 Each `mp/test_*.py` module runs once in `micropython` (mp/runner.py prints PASS/FAIL per
 function); every MicroPython test function becomes one pytest test here.
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.firmware.conftest import FIRMWARE, MICROPYTHON, MP_TESTS
+from tests.device_firmware.micropython import FIRMWARE, MICROPYTHON, MP_TESTS
 
 MODULES = sorted(p.stem for p in MP_TESTS.glob("test_*.py"))
 CASES = [(module, name) for module in MODULES

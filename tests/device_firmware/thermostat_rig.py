@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from images.firmware.deploy import NAME_MAX
-from tests.firmware.conftest import FIRMWARE
+from tests.device_firmware.micropython import FIRMWARE
 
 
 def longest_name(prefix: str) -> str:

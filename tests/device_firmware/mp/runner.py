@@ -1,5 +1,5 @@
 # A tiny test runner for MicroPython: run every test_* function of one module and print
-# "PASS name" or "FAIL name: error" lines, then "DONE"; pytest (tests/firmware/test_on_micropython.py)
+# "PASS name" or "FAIL name: error" lines, then "DONE"; pytest (tests/device_firmware/test_on_micropython.py)
 # asserts on those lines. Usage: micropython runner.py <module>
 import sys
 
