@@ -11,7 +11,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from appliance.broker.persistence.store import (
@@ -31,6 +31,7 @@ from appliance.broker.persistence.store import (
 from appliance.broker.routing.topic_tree import SubscriptionOptions
 from appliance.config import ConfigError
 from appliance.gateway_config import load_config
+from testing.campaigns import campaign
 
 ROOT = Path(__file__).resolve().parents[2]
 PROPERTIES = {
@@ -165,7 +166,7 @@ def progress_turns(draw: st.DrawFn) -> list[list[tuple[str, int, int]]]:
     return turns
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@campaign(60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(turns=progress_turns())
 def test_a_turn_of_progress_writes_what_its_operations_say_in_order(tmp_path: Path,
                                                                       turns: list[list[tuple[str, int, int]]]) -> None:
