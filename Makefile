@@ -89,8 +89,8 @@ image-tree: $(STAMP)
 clean:
 	rm -rf $(VENV) var .pytest_cache
 
-# The gateway's root built from Debian packages as the image is (mmdebstrap, cached under build/image-root
-# by a digest of its inputs), booted under systemd-nspawn and checked: tests/images/test_nspawn_boot.py.
+# The gateway's root built from Debian packages as the image is (a Debian base cached under build/image-root/base
+# by its package list, the gateway layered on a copy of it and cached by the wheel's digest), booted under systemd-nspawn and checked: tests/images/test_nspawn_boot.py.
 # Needs root. Not part of `make test` (tests marked `image`).
 IMAGE_SYSTEM_PACKAGES := mmdebstrap systemd-container eatmydata util-linux
 image-system-deps:
@@ -100,8 +100,8 @@ test-image: image-system-deps $(STAMP)
 	$(KEEP_BYTECODE) $(BIN)/pytest -n 0 -p no:randomly -s -m image tests/images/test_nspawn_boot.py $(PYTEST_ARGS)
 
 # The flashable arm64 image for Raspberry Pi 4/5 (images/gateway/build_image.py): dist/gateway-<version>-arm64.img.zst,
-# .sha256 and .manifest. Needs root; about 20 min of CPU under qemu-user emulation the first time (the root
-# is cached like the native one).
+# .sha256 and .manifest. Needs root; about 20 min of CPU (an hour of wall time) under qemu-user emulation the first
+# time for the Debian base, which is cached apart from the gateway's layer (minutes) like the native one.
 IMAGE_BUILD_PACKAGES := mmdebstrap arch-test eatmydata qemu-user-static binfmt-support dosfstools mtools e2fsprogs fdisk zstd
 IMAGE_WHEELS ?= build/image-wheels
 image: $(STAMP)

@@ -1,7 +1,7 @@
 """The flashable gateway image for Raspberry Pi 4/5: ``python images/gateway/build_image.py --wheel W``
 (``make image``). Output: ``dist/gateway-<version>-arm64.img.zst``, its ``.sha256`` and ``.manifest``.
 
-The root comes from ``build_root.py --arch arm64 --image`` (Debian packages under qemu-user emulation:
+The root comes from ``build_root.py --arch arm64 --image`` (a Debian base under qemu-user emulation:
 about 20 minutes of CPU on a 2-core machine, most of it mkinitramfs; cached like every root). This script
 only assembles the disk, without loop devices, so it runs in a container or CI job that cannot mount:
 
