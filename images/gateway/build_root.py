@@ -106,10 +106,11 @@ def tree_digest(tree: Path, skip: tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
-def layer_digest(base: str, wheel: Path, tree: Path, image: bool) -> str:
+def layer_digest(base: str, wheel: Path, tree: Path, image: bool, keyring: Path | None) -> str:
     digest = hashlib.sha256()
     for part in (
         base,
+        hashlib.sha256(keyring.read_bytes()).hexdigest() if keyring is not None else "",
         wheel_digest(wheel),
         tree_digest(tree, skip=("opt/appliance/wheels",)),
         " ".join(IMAGE_WHEELS if image else ()),
@@ -144,8 +145,9 @@ def in_chroot(root: Path, *command: str) -> None:
     subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", mounts, str(root), *CHROOT_ENV, *command], check=True)
 
 
-def install_gateway(root: Path, staged: Path, image: bool) -> None:
-    """The layer: the staged tree, the chroot step, and for the image its own files and boot partition."""
+def install_gateway(root: Path, staged: Path, image: bool, keyring: Path | None) -> None:
+    """The layer: the staged tree, the chroot step, and for the image its own files, the update keyring,
+    the kernel where the boot script loads it and the boot partition."""
     subprocess.run(["cp", "-a", f"{staged}/.", f"{root}/"], check=True)
     shutil.copy(CHROOT_SCRIPT, root / "tmp" / CHROOT_SCRIPT.name)
     in_chroot(root, "/bin/bash", "-e", f"/tmp/{CHROOT_SCRIPT.name}")
@@ -157,18 +159,29 @@ def install_gateway(root: Path, staged: Path, image: bool) -> None:
         # gpiozero's pin library: not a dependency of the wheel (off a Pi there is nothing to drive).
         in_chroot(root, "/opt/appliance/venv/bin/pip", "install", "--quiet", *IMAGE_WHEELS)
         in_chroot(root, "/bin/sh", "-ec", RASPI_FIRMWARE_HOOK)
+        # U-Boot's boot script loads /boot/vmlinuz and /boot/initrd.img from the slot it boots.
+        [kernel] = sorted((root / "boot").glob("vmlinuz-*"))
+        version = kernel.name.removeprefix("vmlinuz-")
+        for link, target in (("vmlinuz", kernel.name), ("initrd.img", f"initrd.img-{version}")):
+            (root / "boot" / link).unlink(missing_ok=True)
+            (root / "boot" / link).symlink_to(target)
+        (root / "data").mkdir(exist_ok=True)  # the data partition's mount point
+        if keyring is None:
+            raise ValueError("the image needs the update keyring")
+        shutil.copy(keyring, root / "etc/rauc/keyring.pem")
 
 
-def build_root(wheel: Path, arch: str, image: bool, cache: Path) -> Path:
+def build_root(wheel: Path, arch: str, image: bool, cache: Path, keyring: Path | None = None) -> Path:
     """The root for these inputs: from the cache, or built now on the cached (or newly built) Debian base.
-    Returns ``<cache>/<key>/root``."""
+    ``keyring`` (the image only) is the certificate RAUC checks update bundles against. Returns
+    ``<cache>/<key>/root``."""
     cache = cache.resolve()
     cache.mkdir(parents=True, exist_ok=True)
     base = build_base(arch, image, cache)
     with tempfile.TemporaryDirectory(dir=cache, prefix="stage-") as scratch:
         staged = Path(scratch) / "tree"
         build_tree(wheel, staged, host_venv=False)
-        key = f"{arch}{'-image' if image else ''}-{layer_digest(base.name, wheel, staged, image)}"
+        key = f"{arch}{'-image' if image else ''}-{layer_digest(base.name, wheel, staged, image, keyring)}"
         done = cache / key
         if (done / "complete").exists():
             return done / "root"
@@ -178,7 +191,7 @@ def build_root(wheel: Path, arch: str, image: bool, cache: Path) -> Path:
         building = Path(scratch) / "build"
         building.mkdir()
         subprocess.run(["cp", "-a", str(base / "root"), str(building / "root")], check=True)
-        install_gateway(building / "root", staged, image)
+        install_gateway(building / "root", staged, image, keyring)
         shutil.copy(base / "packages.txt", building / "packages.txt")
         (building / "complete").write_text(f"built in {time.monotonic() - started:.0f} s on {base.name}\n")
         building.rename(done)
@@ -193,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="amd64", choices=sorted(DEBIAN_ARCH_TO_PLATFORM), help="Debian architecture")
     parser.add_argument("--image", action="store_true", help="add kernel, firmware and the uplink stack (disk image)")
     parser.add_argument("--cache", type=Path, default=Path("build/image-root"), help="where roots are kept")
+    parser.add_argument("--keyring", type=Path, help="the update bundles' signing certificate (with --image)")
     args = parser.parse_args(argv)
-    print(build_root(args.wheel, args.arch, args.image, args.cache))
+    print(build_root(args.wheel, args.arch, args.image, args.cache, args.keyring))
     return 0
 
 
