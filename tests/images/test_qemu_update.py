@@ -37,6 +37,7 @@ from tests.images.test_qemu_boot import (
     USER,
     image_under_test,
     prerequisites_missing,
+    round_trip,
     wait_for_mqtt,
 )
 
@@ -69,7 +70,10 @@ class Updating:
         self.machine.shell.sendall(b"systemctl reboot\n")
         self.machine._close_shell()
         started = time.monotonic()
-        time.sleep(5)  # the old system goes down before its port stops answering
+        # First the old system's gateway stops answering, then the new one's answers.
+        while answers(self.machine.mqtt_port):
+            assert time.monotonic() < started + BOOT_TIMEOUT_S, "the gateway still answers long after the reboot"
+            time.sleep(1)
         wait_for_mqtt(self.machine.mqtt_port, started + 2 * BOOT_TIMEOUT_S, self.machine)
         self.machine.wait_for_shell(BOOT_TIMEOUT_S)
         self.machine.run("mkdir -p /mnt/bundles && mount -o ro /dev/vdb /mnt/bundles")
@@ -80,6 +84,13 @@ class Updating:
 
     def boot_state(self) -> str:
         return self.machine.run("cat /boot/firmware/gw-boot.env").stdout
+
+
+def answers(port: int) -> bool:
+    try:
+        return round_trip(port, "boot/going", b"down", timeout=5)
+    except (OSError, ConnectionError):
+        return False
 
 
 def slot_variant(slot_a: Path, work: Path, version: str, units: dict[str, str]) -> Path:
@@ -107,12 +118,13 @@ def updating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Updating]:
     assert image is not None
     work = tmp_path_factory.mktemp("update")
     machine = VirtMachine.from_image(image, work)
-    (work / "appliance-passwd").unlink(missing_ok=True)
+    (work / "appliance.toml").write_text('[gateway]\nid = "qemu-update"\n')
     subprocess.run(
         [sys.executable, "-m", "appliance", "passwd", "-c", "-b", str(work / "appliance-passwd"), USER, PASSWORD],
         check=True, cwd=PROJECT,
     )
-    copy_to_boot(machine.disk, machine.boot_partition, work / "appliance-passwd")
+    for name in ("appliance.toml", "appliance-passwd"):
+        copy_to_boot(machine.disk, machine.boot_partition, work / name)
     slot_a = work / "slot-a.ext4"
     part = partitions(machine.disk)[1]
     subprocess.run(["dd", f"if={machine.disk}", f"of={slot_a}", "bs=1M", f"skip={part.start // 2**20}",
@@ -187,9 +199,9 @@ def test_a_bundle_signed_with_another_key_is_refused_and_changes_nothing(updatin
 
 def test_a_power_cut_during_an_install_still_boots_v2(updating: Updating) -> None:
     machine = updating.machine
-    machine.run("nohup rauc install /mnt/bundles/v3.raucb > /root/install.log 2>&1 &")
+    machine.run("nohup stdbuf -oL rauc install /mnt/bundles/v3.raucb > /root/install.log 2>&1 &")
     deadline = time.monotonic() + 600
-    while "Copying image to rootfs.0" not in machine.run("cat /root/install.log").stdout:
+    while "Copying image" not in machine.run("cat /root/install.log").stdout:
         assert time.monotonic() < deadline, machine.run("cat /root/install.log").stdout
         time.sleep(2)
     time.sleep(5)  # into the write of slot A
