@@ -177,10 +177,12 @@ def test_the_boot_script_booted_slot_a_and_the_health_check_marked_it_good(boote
 
 
 def test_the_gateways_data_and_config_are_on_the_data_partition(booted: Booted) -> None:
-    mounts = booted.machine.run("findmnt -n -o TARGET,SOURCE /data /var/lib/appliance /etc/appliance").stdout.split("\n")
-    assert mounts[0].split() == ["/data", "/dev/vda4"], mounts
-    assert mounts[1].split() == ["/var/lib/appliance", "/dev/vda4[/appliance]"], mounts
-    assert mounts[2].split() == ["/etc/appliance", "/dev/vda4[/etc-appliance]"], mounts
+    def source(target: str) -> str:
+        return booted.machine.run(f"findmnt -n -o SOURCE --mountpoint {target}").stdout.strip()
+
+    assert source("/data") == "/dev/vda4"
+    assert source("/var/lib/appliance") == "/dev/vda4[/appliance]"
+    assert source("/etc/appliance") == "/dev/vda4[/etc-appliance]"
 
 
 def test_first_boot_provisioning_took_the_files_off_the_boot_partition(booted: Booted) -> None:
