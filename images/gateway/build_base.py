@@ -34,8 +34,10 @@ BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3", "python3-venv")
 IMAGE_PACKAGES = (
     "linux-image-arm64", "initramfs-tools", "raspi-firmware", "firmware-brcm80211", "wireless-regdb",
     "network-manager", "modemmanager", "systemd-timesyncd", "udev", "kmod", "iproute2", "e2fsprogs",
-    # A/B updates: RAUC, U-Boot's environment tools (``fw_printenv``/``fw_setenv``), U-Boot for the Pi.
-    "rauc", "u-boot-tools", "u-boot-rpi",
+    # A/B updates: RAUC (the CLI; ``rauc-service`` is its D-Bus service, without which ``rauc install`` and
+    # ``rauc status mark-good`` fail: "The name de.pengutronix.rauc was not provided by any .service files"),
+    # U-Boot's environment tools, U-Boot for the Pi.
+    "rauc", "rauc-service", "u-boot-tools", "u-boot-rpi",
 )
 DPKG_EXCLUDES = (
     "path-exclude=/usr/share/man/*",
