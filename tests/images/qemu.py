@@ -43,7 +43,7 @@ Description=Root shell on hvc0 for the image test (added by tests/images/qemu.py
 StartLimitIntervalSec=0
 
 [Service]
-ExecStart=/bin/bash --noprofile --norc
+ExecStart=/bin/bash --noprofile --norc --noediting
 StandardInput=tty-force
 StandardOutput=tty
 StandardError=tty
@@ -53,6 +53,8 @@ Restart=always
 RestartSec=2
 """
 TEST_SHELL_NAME = "image-test-shell.service"
+#: Readline's bracketed-paste switches, in case a shell runs with line editing after all.
+BRACKETED_PASTE = re.compile(r"\x1b\[\?2004[hl]")
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,7 @@ class VirtMachine:
                     raise ConnectionError("the guest's shell socket closed")
                 received += chunk
         output = received[: match.start()].decode(errors="replace").replace("\r\n", "\n")
+        output = BRACKETED_PASTE.sub("", output).replace("\r", "")
         # Anything before our command's output is left over from a previous prompt or echo.
         return subprocess.CompletedProcess(command, int(match.group(1)), output, "")
 
