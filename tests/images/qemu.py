@@ -191,11 +191,15 @@ class VirtMachine:
     def run(self, command: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """``command`` in the guest's root shell; its output (stdout and stderr) and exit status."""
         assert self.shell is not None
-        marker = f"__done_{time.monotonic_ns()}__"
-        self.shell.sendall(f"stty -echo 2>/dev/null; PS1= PS2=; {{ {command} ; }} 2>&1; echo {marker}$?\n".encode())
+        token = time.monotonic_ns()
+        # Markers the shell prints but whose echoed command line does not contain ($((...)) expands): what
+        # lies between them is the command's output, whatever a previous prompt or echo left before it.
+        line = f"stty -echo 2>/dev/null; PS1= PS2=; echo __start_$((1+{token})); {{ {command} ; }} 2>&1; echo __done_$((2+{token}))_$?\n"
+        self.shell.sendall(line.encode())
         received = b""
         deadline = time.monotonic() + timeout
-        pattern = re.compile(re.escape(marker).encode() + rb"(\d+)")
+        start, done = str(1 + token).encode(), str(2 + token).encode()
+        pattern = re.compile(rb"__start_" + start + rb"\r?\n(.*)__done_" + done + rb"_(\d+)", re.DOTALL)
         while not (match := pattern.search(received)):
             self._check_running()
             left = deadline - time.monotonic()
@@ -207,10 +211,9 @@ class VirtMachine:
                 if not chunk:
                     raise ConnectionError("the guest's shell socket closed")
                 received += chunk
-        output = received[: match.start()].decode(errors="replace").replace("\r\n", "\n")
+        output = match.group(1).decode(errors="replace").replace("\r\n", "\n")
         output = BRACKETED_PASTE.sub("", output).replace("\r", "")
-        # Anything before our command's output is left over from a previous prompt or echo.
-        return subprocess.CompletedProcess(command, int(match.group(1)), output, "")
+        return subprocess.CompletedProcess(command, int(match.group(2)), output, "")
 
     def _check_running(self) -> None:
         if self.process is not None and self.process.poll() is not None:
