@@ -6,10 +6,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 GATEWAY_STAMP := $(VENV)/.gateway
-SYSTEM_PACKAGES := mosquitto mosquitto-clients strace systemd iproute2 nftables openjdk-17-jre-headless prometheus dosfstools mtools fdisk e2fsprogs
+SYSTEM_PACKAGES := mosquitto mosquitto-clients strace systemd iproute2 nftables openjdk-17-jre-headless prometheus dosfstools mtools fdisk e2fsprogs \
+	rauc squashfs-tools openssl u-boot-tools
 PYTEST_ARGS ?=
 
-.PHONY: run test test-busy check test-slow venv system-deps bench clean image-tree test-image image-system-deps image
+.PHONY: run test test-busy check test-slow venv system-deps bench clean image-tree test-image image-system-deps image test-image-slow
 
 # What an install depends on in the two pyproject.toml files: [build-system], [project] and
 # [tool.setuptools]. An edit elsewhere in them (the mypy file list, ruff's rules, pytest's markers) does
@@ -100,8 +101,8 @@ image-tree: $(STAMP)
 clean:
 	rm -rf $(VENV) var .pytest_cache
 
-# The gateway's root built from Debian packages as the image is (mmdebstrap, cached under build/image-root
-# by a digest of its inputs), booted under systemd-nspawn and checked: tests/images/test_nspawn_boot.py.
+# The gateway's root built from Debian packages as the image is (a Debian base cached under build/image-root/base
+# by its package list, the gateway layered on a copy of it and cached by the wheel's digest), booted under systemd-nspawn and checked: tests/images/test_nspawn_boot.py.
 # Needs root. Not part of `make test` (tests marked `image`).
 IMAGE_SYSTEM_PACKAGES := mmdebstrap systemd-container eatmydata util-linux
 image-system-deps:
@@ -110,13 +111,23 @@ image-system-deps:
 test-image: image-system-deps $(STAMP)
 	$(KEEP_BYTECODE) $(BIN)/pytest -n 0 -p no:randomly -s -m image tests/images/test_nspawn_boot.py $(PYTEST_ARGS)
 
-# The flashable arm64 image for Raspberry Pi 4/5 (images/gateway/build_image.py): dist/gateway-<version>-arm64.img.zst,
-# .sha256 and .manifest. Needs root; about 20 min of CPU under qemu-user emulation the first time (the root
-# is cached like the native one).
-IMAGE_BUILD_PACKAGES := mmdebstrap arch-test eatmydata qemu-user-static binfmt-support dosfstools mtools e2fsprogs fdisk zstd
+# The flashable arm64 A/B image for Raspberry Pi 4/5 (images/gateway/build_image.py): dist/gateway-<version>-arm64.img.zst,
+# .sha256, .manifest and the same root as a signed RAUC bundle (.raucb). Needs root; about 20 min of CPU (an hour of wall time) under qemu-user emulation the first
+# time for the Debian base, which is cached apart from the gateway's layer (minutes) like the native one.
+IMAGE_BUILD_PACKAGES := mmdebstrap arch-test eatmydata qemu-user-static binfmt-support dosfstools mtools e2fsprogs fdisk zstd \
+	u-boot-tools rauc squashfs-tools openssl
 IMAGE_WHEELS ?= build/image-wheels
 image: $(STAMP)
 	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES="$(IMAGE_BUILD_PACKAGES)"
 	rm -rf $(IMAGE_WHEELS) build/lib
 	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(IMAGE_WHEELS) .
 	$(BIN)/python images/gateway/build_image.py --wheel $(IMAGE_WHEELS)/appliance-*.whl
+
+# The arm64 image itself booted under qemu-system-aarch64 -M virt (TCG, no KVM) through U-Boot's A/B boot script:
+# tests/images/test_qemu_boot.py (boot, provisioning, MQTT, state store, power cut) and test_qemu_update.py (RAUC
+# bundles: install, fallback, power cut during an install, a foreign key). Builds the image first (cached root:
+# minutes). One emulated boot takes one to several minutes; not in CI.
+IMAGE_QEMU_PACKAGES := qemu-system-arm u-boot-qemu zstd mtools e2fsprogs fdisk
+test-image-slow: image
+	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES="$(IMAGE_QEMU_PACKAGES)"
+	$(KEEP_BYTECODE) $(BIN)/pytest -n 0 -p no:randomly -s -m image tests/images/test_qemu_boot.py tests/images/test_qemu_update.py $(PYTEST_ARGS)

@@ -47,6 +47,7 @@ from appliance.hardware.factory_reset import DATABASE_FILES
 from appliance.hardware.gpio import GpioUnavailable, pin_library
 from appliance.hardware.modem import ModemClosed, ModemMonitor, ModemTimeout
 from appliance.sqlite_files import DatabaseFileError, integrity_problems, refuse_emptied
+from appliance.system_slot import BootedSlot, read_booted_slot
 
 MIN_FREE_BYTES = 200 * 1024 * 1024
 MIN_FREE_FRACTION = 0.05
@@ -248,6 +249,18 @@ def check_data_link(config: ModemConfig) -> list[Finding]:
     return findings
 
 
+def check_system_slot(slot: BootedSlot | None) -> list[Finding]:
+    """The A/B root slot the machine booted (``rauc.slot=``) and the version RAUC installed there; nothing
+    on a machine not booted through the image's boot script."""
+    if slot is None:
+        return []
+    if slot.name is None:
+        return [Finding("system slot", Verdict.PROBLEM, f"booted slot {slot.bootname}, which /etc/rauc/system.conf does not "
+                                                        "name: RAUC can neither mark it good nor update the other slot")]
+    version = slot.version or "as flashed (no bundle installed into it yet)"
+    return [Finding("system slot", Verdict.OK, f"running root slot {slot.bootname} ({slot.name}), version {version}")]
+
+
 def check_metrics(data_dir: Path, metrics_port: int | None, timeout: float = 2.0) -> list[Finding]:
     """Whether the running gateway's Prometheus page answers, where it says it serves it (``gateway.json``:
     a ``metrics_port`` of 0 is chosen at start), and whether every store it reports commits."""
@@ -311,6 +324,7 @@ def run_checks(config: GatewayConfig, probe_modem: bool = False, thresholds: Thr
         *check_modem(config.hardware.modem, probe_modem),
         *check_data_link(config.hardware.modem),
         check_disk(config.data_dir),
+        *check_system_slot(read_booted_slot()),
     ]
 
 

@@ -40,6 +40,7 @@ from appliance.prometheus import Family
 from appliance.runtime import Runtime
 from appliance.sdnotify import Notifier
 from appliance.startup_error import StartupError
+from appliance.system_slot import read_booted_slot, slot_collector
 
 log = logging.getLogger("appliance")
 
@@ -144,8 +145,8 @@ async def serve(config: GatewayConfig) -> int:
         resolve_queued_bytes(config), store, authenticator, acl,
         build_services(config, restart_after_factory_reset, broker_status, runtime), runtime=runtime,
     )
-    # One Prometheus page for the whole gateway: the broker's figures and every service's.
-    metrics = MetricsServer([broker_metrics, *(service.metrics for service in broker.services)])
+    # One Prometheus page for the whole gateway: the broker's figures, the A/B slot it runs from, every service's.
+    metrics = MetricsServer([broker_metrics, slot_collector(read_booted_slot()), *(service.metrics for service in broker.services)])
     notifier = Notifier()  # systemd: READY=1 and watchdog pings; a no-op outside systemd
     watchdog: asyncio.Task[None] | None = None
     servers: list[asyncio.Server] = []

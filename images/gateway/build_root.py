@@ -7,26 +7,36 @@ One root, built one way, for two uses:
 * ``--arch arm64 --image``: the same root plus a kernel, initramfs, the Raspberry Pi firmware, Wi-Fi
   firmware, NetworkManager and ModemManager; ``build_image.py`` turns it into the disk image.
 
-Steps
------
-1. ``build_tree.py`` stages the layout every image gets (units enabled, ``/etc/appliance``, first-boot
-   provisioning, the wheel, the docs); the pi-gen stage copies the same tree.
-2. pip downloads the wheel's dependencies for the target (wheels only, ``--platform`` for arm64) into the
-   tree's ``/opt/appliance/wheels``, so the chroot installs offline: no network and no CA bundle needed in
-   it (a ``REQUESTS_CA_BUNDLE`` inherited from the host names a file the chroot does not have), and the
-   image can rebuild its venv without the network.
-3. ``mmdebstrap --variant=minbase`` builds the root from the Debian archive, copies the tree in and runs
-   the pi-gen stage's own ``02-run-chroot.sh`` inside, with a clean environment and pip pointed at the
-   wheels: the ``appliance`` user, ``/opt/appliance/venv``, the config checked, owners and modes.
-   dpkg runs under eatmydata (no fsync while unpacking: the build is thrown away if it fails), and docs,
-   man pages and locales are left out.
+Two layers
+----------
+1. The Debian base (``build_base.py``): every package, nothing of the gateway, cached by the digest of the
+   package list alone. It is the slow part (the arm64 one runs dpkg and mkinitramfs under qemu-user), so
+   a change to the gateway's code never rebuilds it.
+2. The gateway, on a copy of that base (seconds to a minute):
+
+   a. ``build_tree.py`` stages the layout every image gets (units enabled, ``/etc/appliance``, first-boot
+      provisioning, the wheel, the docs); the pi-gen stage copies the same tree.
+   b. pip downloads the wheel's dependencies for the target (wheels only, ``--platform`` for arm64) into
+      the tree's ``/opt/appliance/wheels``, so the chroot installs offline: no network and no CA bundle
+      needed in it (a ``REQUESTS_CA_BUNDLE`` inherited from the host names a file the chroot does not
+      have), and the image can rebuild its venv without the network.
+   c. The tree is copied in and the pi-gen stage's own ``02-run-chroot.sh`` runs inside, with a clean
+      environment and pip pointed at the wheels: the ``appliance`` user, ``/opt/appliance/venv``, the
+      config checked, owners and modes. For the image: ``image-rootfs/``, ``lgpio`` in the venv and the
+      Raspberry Pi firmware's kernel hook (kernel, initrd, DTBs, ``config.txt``, ``cmdline.txt`` on
+      ``/boot/firmware``).
+
+   The chroot is entered from a private mount namespace (``unshare --mount``) with ``/proc`` and ``/dev``
+   mounted in it, so nothing stays mounted when a step fails. An arm64 chroot runs through qemu-user's
+   binfmt_misc entry (``F`` flag: the interpreter need not be inside the root).
 
 Cache
 -----
-A root is kept under ``<cache>/<arch>-<digest>/root`` where the digest covers every input: the wheel's
-contents (not its zip timestamps), the staged tree, the package list, the suite and mirror, this file and
-the chroot script. A finished root has a ``complete`` stamp beside it; anything else under the cache is an
-interrupted build and is built again. ``packages.txt`` beside the root lists every package and version.
+A root is kept under ``<cache>/<arch>[-image]-<digest>/root`` where the digest covers the base's key and
+every input of the layer: the wheel's contents (not its zip timestamps), the staged tree, the image's
+files, this file and the chroot script. A finished root has a ``complete`` stamp beside it; anything else
+under the cache is an interrupted build and is built again. ``packages.txt`` beside the root lists every
+package and version (the base's).
 """
 
 from __future__ import annotations
@@ -44,34 +54,29 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from build_tree import build_tree  # noqa: E402  (a script beside this one, not a package)
+from build_base import build_base, drop_superseded  # noqa: E402  (scripts beside this one, not a package)
+from build_tree import build_tree  # noqa: E402
 
 CHROOT_SCRIPT = HERE / "stage-gateway/00-gateway/02-run-chroot.sh"
 #: Files only the flashable image gets: fstab by label, the Pi firmware's settings, the modem's udev rule,
 #: NetworkManager's profiles from the boot partition.
 IMAGE_ROOTFS = HERE / "image-rootfs"
-SUITE = "bookworm"
-MIRROR = "http://deb.debian.org/debian"
-#: What every root needs: systemd as init (the units, sysusers, sd_notify), D-Bus (systemctl and logind
-#: talk over it), the interpreter and venv for the gateway.
-BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3", "python3-venv")
-#: What only the flashable image needs (``docs/hardware.md``, "The disk image").
-IMAGE_PACKAGES = (
-    "linux-image-arm64", "initramfs-tools", "raspi-firmware", "firmware-brcm80211", "wireless-regdb",
-    "network-manager", "modemmanager", "systemd-timesyncd", "udev", "kmod", "iproute2", "e2fsprogs",
-)
 #: gpiozero's pin library on the Pi (lgpio: Pi 4 and Pi 5); off a Pi gpiozero finds none, and the gateway
 #: runs without its panel.
 IMAGE_WHEELS = ("lgpio",)
 DEBIAN_ARCH_TO_PLATFORM = {"amd64": "x86_64", "arm64": "aarch64"}
 #: bookworm's glibc is 2.36: any manylinux wheel up to that runs on it.
 GLIBC_MINOR = 36
-DPKG_EXCLUDES = (
-    "path-exclude=/usr/share/man/*",
-    "path-exclude=/usr/share/doc/*",
-    "path-include=/usr/share/doc/*/copyright",
-    "path-exclude=/usr/share/locale/*",
-    "path-exclude=/usr/share/info/*",
+#: The chroot's steps run with nothing of the host's environment but a PATH, and pip offline.
+CHROOT_ENV = (
+    "env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "PIP_NO_INDEX=1", "PIP_NO_CACHE_DIR=1",
+    "PIP_DISABLE_PIP_VERSION_CHECK=1", "PIP_FIND_LINKS=/opt/appliance/wheels",
+)
+#: The boot partition's kernel, initrd, DTBs, ``config.txt`` and ``cmdline.txt``, written by
+#: raspi-firmware's kernel hook now that ``/etc/default/raspi-firmware`` is in place (during the package
+#: installs it found no settings, and it does nothing at all unless DEB_MAINT_PARAMS says "configure").
+RASPI_FIRMWARE_HOOK = (
+    'for version in $(ls /lib/modules); do DEB_MAINT_PARAMS=configure /etc/kernel/postinst.d/z50-raspi-firmware "$version"; done'
 )
 
 
@@ -101,16 +106,14 @@ def tree_digest(tree: Path, skip: tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
-def packages(image: bool) -> list[str]:
-    return [*BASE_PACKAGES, *(IMAGE_PACKAGES if image else ())]
-
-
-def input_digest(wheel: Path, tree: Path, arch: str, image: bool) -> str:
+def layer_digest(base: str, wheel: Path, tree: Path, image: bool, keyring: Path | None) -> str:
     digest = hashlib.sha256()
     for part in (
+        base,
+        hashlib.sha256(keyring.read_bytes()).hexdigest() if keyring is not None else "",
         wheel_digest(wheel),
         tree_digest(tree, skip=("opt/appliance/wheels",)),
-        arch, str(image), SUITE, MIRROR, " ".join(packages(image)), " ".join(IMAGE_WHEELS if image else ()),
+        " ".join(IMAGE_WHEELS if image else ()),
         tree_digest(IMAGE_ROOTFS, skip=()) if image else "",
         hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
         hashlib.sha256(CHROOT_SCRIPT.read_bytes()).hexdigest(),
@@ -135,45 +138,50 @@ def download_wheels(wheel: Path, dest: Path, arch: str, image: bool) -> None:
     )
 
 
-def mmdebstrap_command(staged: Path, out: Path, arch: str, image: bool) -> list[str]:
-    # The chroot runs the pi-gen step with nothing of the host's environment but a PATH, and pip offline.
-    chroot_env = (
-        "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 PIP_NO_INDEX=1 PIP_NO_CACHE_DIR=1 "
-        "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_FIND_LINKS=/opt/appliance/wheels"
-    )
-    command = [
-        "mmdebstrap", "--variant=minbase", f"--arch={arch}", f"--include={','.join(packages(image))}",
-        "--components=main,non-free-firmware" if image else "--components=main",
-        "--hook-dir=/usr/share/mmdebstrap/hooks/eatmydata",
-        *(f"--dpkgopt={option}" for option in DPKG_EXCLUDES),
-        f"--customize-hook=sync-in {staged} /",
-        f"--customize-hook=copy-in {CHROOT_SCRIPT} /tmp",
-        f'--customize-hook=chroot "$1" {chroot_env} /bin/bash -e /tmp/{CHROOT_SCRIPT.name}',
-        f'--customize-hook=rm "$1"/tmp/{CHROOT_SCRIPT.name}; mkdir -p "$1"/boot/firmware; echo gateway > "$1"/etc/hostname',
-    ]
+def in_chroot(root: Path, *command: str) -> None:
+    """``command`` inside ``root`` with the chroot environment, ``/proc`` and ``/dev`` mounted in a private
+    mount namespace that ends with it."""
+    mounts = 'mount -t proc proc "$0/proc" && mount --rbind /dev "$0/dev" && exec chroot "$0" "$@"'
+    subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", mounts, str(root), *CHROOT_ENV, *command], check=True)
+
+
+def install_gateway(root: Path, staged: Path, image: bool, keyring: Path | None) -> None:
+    """The layer: the staged tree, the chroot step, and for the image its own files, the update keyring,
+    the kernel where the boot script loads it and the boot partition."""
+    subprocess.run(["cp", "-a", f"{staged}/.", f"{root}/"], check=True)
+    shutil.copy(CHROOT_SCRIPT, root / "tmp" / CHROOT_SCRIPT.name)
+    in_chroot(root, "/bin/bash", "-e", f"/tmp/{CHROOT_SCRIPT.name}")
+    (root / "tmp" / CHROOT_SCRIPT.name).unlink()
+    (root / "boot/firmware").mkdir(parents=True, exist_ok=True)
+    (root / "etc/hostname").write_text("gateway\n")
     if image:
-        command += [
-            f"--customize-hook=sync-in {IMAGE_ROOTFS} /",
-            # gpiozero's pin library: not a dependency of the wheel (off a Pi there is nothing to drive).
-            f'--customize-hook=chroot "$1" {chroot_env} /opt/appliance/venv/bin/pip install --quiet {" ".join(IMAGE_WHEELS)}',
-            # The boot partition's contents: the firmware blobs, then the kernel hook once more now that
-            # /etc/default/raspi-firmware is in place (during the package installs it found no settings, and
-            # it does nothing at all unless DEB_MAINT_PARAMS says "configure"): kernel, initrd, DTBs,
-            # config.txt and cmdline.txt.
-            '--customize-hook=chroot "$1" sh -ec \'mkdir -p /boot/firmware; cp -r /usr/lib/raspi-firmware/* /boot/firmware/; '
-            'for version in $(ls /lib/modules); do DEB_MAINT_PARAMS=configure /etc/kernel/postinst.d/z50-raspi-firmware "$version"; done\'',
-        ]
-    return [*command, SUITE, str(out), MIRROR]
+        subprocess.run(["cp", "-a", f"{IMAGE_ROOTFS}/.", f"{root}/"], check=True)
+        # gpiozero's pin library: not a dependency of the wheel (off a Pi there is nothing to drive).
+        in_chroot(root, "/opt/appliance/venv/bin/pip", "install", "--quiet", *IMAGE_WHEELS)
+        in_chroot(root, "/bin/sh", "-ec", RASPI_FIRMWARE_HOOK)
+        # U-Boot's boot script loads /boot/vmlinuz and /boot/initrd.img from the slot it boots.
+        [kernel] = sorted((root / "boot").glob("vmlinuz-*"))
+        version = kernel.name.removeprefix("vmlinuz-")
+        for link, target in (("vmlinuz", kernel.name), ("initrd.img", f"initrd.img-{version}")):
+            (root / "boot" / link).unlink(missing_ok=True)
+            (root / "boot" / link).symlink_to(target)
+        (root / "data").mkdir(exist_ok=True)  # the data partition's mount point
+        if keyring is None:
+            raise ValueError("the image needs the update keyring")
+        shutil.copy(keyring, root / "etc/rauc/keyring.pem")
 
 
-def build_root(wheel: Path, arch: str, image: bool, cache: Path) -> Path:
-    """The root for these inputs: from the cache, or built now (minutes). Returns ``<cache>/<key>/root``."""
-    cache = cache.resolve()  # mmdebstrap's hooks do not run where this does
+def build_root(wheel: Path, arch: str, image: bool, cache: Path, keyring: Path | None = None) -> Path:
+    """The root for these inputs: from the cache, or built now on the cached (or newly built) Debian base.
+    ``keyring`` (the image only) is the certificate RAUC checks update bundles against. Returns
+    ``<cache>/<key>/root``."""
+    cache = cache.resolve()
     cache.mkdir(parents=True, exist_ok=True)
+    base = build_base(arch, image, cache)
     with tempfile.TemporaryDirectory(dir=cache, prefix="stage-") as scratch:
         staged = Path(scratch) / "tree"
         build_tree(wheel, staged, host_venv=False)
-        key = f"{arch}{'-image' if image else ''}-{input_digest(wheel, staged, arch, image)}"
+        key = f"{arch}{'-image' if image else ''}-{layer_digest(base.name, wheel, staged, image, keyring)}"
         done = cache / key
         if (done / "complete").exists():
             return done / "root"
@@ -182,18 +190,13 @@ def build_root(wheel: Path, arch: str, image: bool, cache: Path) -> Path:
         download_wheels(wheel, staged / "opt/appliance/wheels", arch, image)
         building = Path(scratch) / "build"
         building.mkdir()
-        subprocess.run(mmdebstrap_command(staged, building / "root", arch, image), check=True)
-        listing = subprocess.run(
-            ["dpkg-query", f"--admindir={building / 'root/var/lib/dpkg'}", "-W", "-f", "${Package}\t${Version}\t${Architecture}\n"],
-            check=True, capture_output=True, text=True,
-        ).stdout
-        (building / "packages.txt").write_text("".join(sorted(listing.splitlines(keepends=True))))
-        (building / "complete").write_text(f"built in {time.monotonic() - started:.0f} s\n")
+        subprocess.run(["cp", "-a", str(base / "root"), str(building / "root")], check=True)
+        install_gateway(building / "root", staged, image, keyring)
+        shutil.copy(base / "packages.txt", building / "packages.txt")
+        (building / "complete").write_text(f"built in {time.monotonic() - started:.0f} s on {base.name}\n")
         building.rename(done)
     # Older roots of this kind are superseded: keep the cache from growing by one root per commit.
-    for old in cache.glob(f"{key.rsplit('-', 1)[0]}-*"):
-        if old != done and old.name.rsplit("-", 1)[0] == key.rsplit("-", 1)[0]:
-            shutil.rmtree(old, ignore_errors=True)
+    drop_superseded(cache, key)
     return done / "root"
 
 
@@ -203,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="amd64", choices=sorted(DEBIAN_ARCH_TO_PLATFORM), help="Debian architecture")
     parser.add_argument("--image", action="store_true", help="add kernel, firmware and the uplink stack (disk image)")
     parser.add_argument("--cache", type=Path, default=Path("build/image-root"), help="where roots are kept")
+    parser.add_argument("--keyring", type=Path, help="the update bundles' signing certificate (with --image)")
     args = parser.parse_args(argv)
-    print(build_root(args.wheel, args.arch, args.image, args.cache))
+    print(build_root(args.wheel, args.arch, args.image, args.cache, args.keyring))
     return 0
 
 

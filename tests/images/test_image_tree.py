@@ -125,3 +125,11 @@ def test_firstboot_script_runs_with_the_system_python(tree: Path) -> None:
     assert script.read_text().startswith("#!/usr/bin/python3\n") and os.access(script, os.X_OK)
     result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0 and "boot partition" in result.stdout
+
+
+def test_the_image_config_keeps_acknowledged_data_through_a_power_cut(tree: Path) -> None:
+    """A field gateway loses power: "normal" survives only a killed process, and the QEMU power-cut test lost
+    every acknowledged QoS 1 message with it (tests/images/test_qemu_boot.py)."""
+    config = load_config(in_tree(tree, "/etc/appliance/gateway.toml"))
+    assert config.broker.persistence.synchronous == "full"
+    assert config.statestore.sync == "full"
