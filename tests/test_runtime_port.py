@@ -20,18 +20,11 @@ TIME_FUNCTIONS = {"time", "time_ns", "monotonic", "monotonic_ns", "perf_counter"
 
 #: Modules that may read the clocks themselves, and why.
 ADAPTERS = {
-    "asyncio_runtime.py": "the Runtime adapter on asyncio: the one reader of the system clocks",
+    "asyncio_runtime.py": "the Runtime adapter on asyncio: the one reader of the system clocks for the loop",
+    "blocking_clock.py": "the clocks of code with no event loop (command-line tools, the devices' blocking "
+                        "client)",
     "broker/transport/server.py": "the broker's socket layer, itself the asyncio adapter of the broker "
                                   "(a BufferedProtocol): its connect-deadline wheel runs on loop.call_at",
-    "forwarding/cli.py": "a command-line tool: one blocking process with no event loop; its wait is the "
-                         "command's own --timeout",
-    "statestore/cli.py": "a command-line tool: one blocking process with no event loop; it holds a lock for "
-                         "the --hold the operator asked",
-    "firmware/cli.py": "a command-line tool: one blocking process with no event loop; listening for N "
-                       "seconds is the command's point",
-    "statestore/client/blocking.py": "the devices' client library, not the gateway: blocking calls on "
-                                     "paho's network thread, HLC stamps from the device's own clock",
-    "statestore/client/lease.py": "the devices' client library: a blocking lock wait with a deadline",
 }
 
 

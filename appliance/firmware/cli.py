@@ -22,11 +22,11 @@ import argparse
 import json
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from appliance.blocking_clock import SYSTEM_CLOCK
 from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.firmware.protocol import THERMOSTAT_NAME, desired_key, group_key, group_members
 from appliance.firmware.repository import Bundle, BundleError, Repository, device_manifest, read_bundle
@@ -346,7 +346,7 @@ def collect_telemetry(connection: ConnectionSettings, wait: float) -> dict[str, 
             raise ConnectionError(f"no CONNACK and SUBACK within {connection.timeout:g} s")
         if refusals:
             raise ConnectionError("; ".join(refusals))
-        time.sleep(wait)  # listening for this long is the command's whole point
+        SYSTEM_CLOCK.sleep(wait)  # listening for this long is the command's whole point
     finally:
         client.loop_stop()
         client.disconnect()

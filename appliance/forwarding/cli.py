@@ -14,11 +14,11 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from appliance import run_state
+from appliance.blocking_clock import SYSTEM_CLOCK
 from appliance.cli_args import add_config_arguments, config_from_args
 from appliance.forwarding.conditions import DictMessage
 from appliance.forwarding.manifest import ManifestError, load_manifest
@@ -126,8 +126,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"appliance routes: no running gateway with forwarding in {data_dir}: {exc}", file=sys.stderr)
         return 1
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
+    deadline = SYSTEM_CLOCK.monotonic() + args.timeout
+    while SYSTEM_CLOCK.monotonic() < deadline:
         try:
             status = json.loads(status_file.read_text())
         except (OSError, ValueError):
@@ -138,7 +138,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
                 return 1
             print(f"reloaded: {len(status['routes'])} routes")
             return 0
-        time.sleep(0.05)
+        SYSTEM_CLOCK.sleep(0.05)
     print(f"appliance routes: the gateway (pid {pid}) did not report a reload within {args.timeout}s", file=sys.stderr)
     return 1
 

@@ -16,9 +16,9 @@ import base64
 import json
 import queue
 import sys
-import time
 from typing import Any
 
+from appliance.blocking_clock import SYSTEM_CLOCK
 from appliance.statestore.client import (
     DeleteResult,
     Notification,
@@ -189,10 +189,10 @@ def cmd_lock(client: StateStoreClient, args: argparse.Namespace) -> int:
     emit(key=key_of(args), acquired=True, fencing_token=lease.fencing_token, ttl_ms=args.ttl)
     if args.hold is None:
         return EXIT_OK
-    end = time.monotonic() + args.hold
-    while time.monotonic() < end:
-        time.sleep(min(args.ttl / 3000, max(0.0, end - time.monotonic())))
-        if time.monotonic() < end and not lease.renew():
+    end = SYSTEM_CLOCK.monotonic() + args.hold
+    while SYSTEM_CLOCK.monotonic() < end:
+        SYSTEM_CLOCK.sleep(min(args.ttl / 3000, max(0.0, end - SYSTEM_CLOCK.monotonic())))
+        if SYSTEM_CLOCK.monotonic() < end and not lease.renew():
             emit(key=key_of(args), lost=True)
             return EXIT_NOT_DONE
     emit(key=key_of(args), released=lease.release())

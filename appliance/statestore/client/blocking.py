@@ -7,7 +7,6 @@ import concurrent.futures
 import socket
 import ssl
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -18,6 +17,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from appliance.blocking_clock import SYSTEM_CLOCK
 from appliance.statestore import resp3
 from appliance.statestore.client import calls
 from appliance.statestore.client.calls import Call
@@ -351,8 +351,8 @@ class StateStoreClient:
 
     def _tick(self) -> Hlc:
         with self._lock:
-            return self.clock.tick(time.time_ns() // 1_000_000)
+            return self.clock.tick(SYSTEM_CLOCK.wall_ms())
 
     def _observe(self, version: Hlc) -> None:
         with self._lock:
-            self.clock.receive(version, time.time_ns() // 1_000_000)
+            self.clock.receive(version, SYSTEM_CLOCK.wall_ms())

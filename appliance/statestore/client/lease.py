@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import TYPE_CHECKING
 
+from appliance.blocking_clock import SYSTEM_CLOCK
 from appliance.statestore.client.results import Notification
 from appliance.statestore.commands import Condition
 from appliance.statestore.hlc import Hlc
@@ -34,14 +34,14 @@ class Lease:
         def on_change(note: Notification) -> None:
             changed.set()
 
-        deadline = time.monotonic() + wait
+        deadline = SYSTEM_CLOCK.monotonic() + wait
         self.client.keynotify(self.name, on_change, timeout=timeout)
         try:
             while True:
                 changed.clear()  # before the attempt, so a change right after it is not missed
                 if self.renew(timeout=timeout):
                     return True
-                remaining = deadline - time.monotonic()
+                remaining = deadline - SYSTEM_CLOCK.monotonic()
                 if remaining <= 0:
                     return False
                 changed.wait(remaining)
