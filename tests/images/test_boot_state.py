@@ -9,8 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
+
+from testing.campaigns import campaign
 
 SCRIPT = Path(__file__).resolve().parents[2] / "images/gateway/image-rootfs/usr/local/sbin/appliance-boot-state"
 
@@ -62,7 +64,7 @@ def test_bad_arguments_are_refused_and_change_nothing(tmp_path: Path, args: tupl
     assert state.read_text() == "BOOT_ORDER=A B\nBOOT_A_LEFT=3\nBOOT_B_LEFT=3\n"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@campaign(40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text(alphabet=st.sampled_from("BOOT_ORDERLFAB=0123456789 $;`()\n'\"x"), max_size=120))
 def test_a_hostile_state_file_runs_nothing_and_still_names_a_slot(tmp_path: Path, text: str) -> None:
     state = tmp_path / "gw-boot.env"

@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from types import ModuleType
 
-from tests.support.processes import GatewayProcess, MosquittoProcess, free_port
+from testing.processes import GatewayProcess, MosquittoProcess, free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "images/gateway/image-rootfs/usr/local/sbin/appliance-health-check"
 

@@ -32,8 +32,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from appliance.statestore.client.blocking import StateStoreClient
+from testing import paho_clients
 from tests.images.qemu import VirtMachine, copy_to_boot
-from tests.support import paho_clients
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
 
