@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from testing.processes import GatewayProcess, wait_for_port
+from testing.processes import GatewayProcess, stop_child, wait_for_port
 
 # Inside the cloud namespace every port is free, so the broker takes the well-known one: the rig's delay
 # relay is told where the cloud is (``--target``) before the broker exists.
@@ -196,13 +196,7 @@ class NamespacedMosquitto:
         return self
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_child(self.process)
 
     def __enter__(self) -> NamespacedMosquitto:
         return self.start()

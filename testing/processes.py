@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -152,6 +153,18 @@ class GatewayProcess:
         self.kill9()
 
 
+def stop_child(process: subprocess.Popen[Any] | None, grace_s: float = 5.0) -> None:
+    """SIGTERM a child that still runs, and SIGKILL it if it has not exited within ``grace_s``."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(grace_s)
+
+
 class MosquittoProcess:
     """The reference broker (Debian's mosquitto) with a config written into ``work_dir``."""
 
@@ -218,13 +231,7 @@ class MosquittoProcess:
         return any(sock.status == psutil.CONN_LISTEN and sock.laddr.port == self.port for sock in sockets)
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_child(self.process)
 
     def __enter__(self) -> MosquittoProcess:
         return self.start()
