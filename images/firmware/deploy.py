@@ -21,12 +21,13 @@ same steps against the MicroPython unix port as a board (tests/images/firmware_b
 no serial port for mpremote.
 
 Usage: python images/firmware/deploy.py BUNDLE.zip --port /dev/ttyUSB0 --config device.json
-       [--gateway HOST:PORT] [--wait SECONDS] [--dry-run]
+       [--gateway HOST:PORT] [--user NAME --password-file FILE] [--cafile CA.pem] [--wait SECONDS] [--dry-run]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -227,13 +228,43 @@ class MpremoteBoard:
 
 # --- after the reset ---------------------------------------------------------------------------------
 
-def wait_for_telemetry(host: str, port: int, name: str, timeout: float) -> dict:
-    """The thermostat's first telemetry in which it is registered, through the gateway's broker."""
+@dataclasses.dataclass(frozen=True)
+class GatewayLogin:
+    """How deploy logs in to the gateway to watch the telemetry: by default with the device's own account
+    (its config's ``broker.user`` and ``password``), as the shipped image allows no anonymous client;
+    ``cafile`` for a gateway whose listener is TLS."""
+
+    user: str | None = None
+    password: str | None = None
+    cafile: Path | None = None
+
+
+def wait_for_telemetry(host: str, port: int, name: str, timeout: float, login: GatewayLogin | None = None) -> dict:
+    """The thermostat's first telemetry in which it is registered, through the gateway's broker.
+
+    A refused login or subscription ends the wait at once with the gateway's reason: waiting out the
+    timeout and then blaming the device would send the field engineer to the wrong end of the link."""
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
+    login = login or GatewayLogin()
+    topic = f"devices/{name}/messages/events/data"
     seen: list[dict] = []
+    refused: list[str] = []
     done = threading.Event()
+
+    def on_connect(client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            refused.append(f"refused the login as {login.user or 'an anonymous client'}: {reason_code}")
+            done.set()
+        else:
+            client.subscribe(topic, 0)
+
+    def on_subscribe(client, userdata, mid, reason_codes, properties) -> None:
+        failures = [str(code) for code in reason_codes if code.is_failure]
+        if failures:
+            refused.append(f"refused {login.user or 'an anonymous client'} the subscription to {topic}: {failures[0]}")
+            done.set()
 
     def on_message(client, userdata, message) -> None:
         try:
@@ -245,11 +276,16 @@ def wait_for_telemetry(host: str, port: int, name: str, timeout: float) -> dict:
             done.set()
 
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"deploy-{name}", protocol=mqtt.MQTTv5)
+    client.on_connect = on_connect
+    client.on_subscribe = on_subscribe
     client.on_message = on_message
-    client.on_connect = lambda c, *a: c.subscribe(f"devices/{name}/messages/events/data", 0)
+    if login.user is not None:
+        client.username_pw_set(login.user, login.password)
+    if login.cafile is not None:
+        client.tls_set(ca_certs=str(login.cafile))
     try:
         client.connect(host, port)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise DeployError(f"cannot reach the gateway at {host}:{port} to watch for telemetry ({exc})") from exc
     client.loop_start()
     try:
@@ -257,6 +293,9 @@ def wait_for_telemetry(host: str, port: int, name: str, timeout: float) -> dict:
     finally:
         client.loop_stop()
         client.disconnect()
+    if refused:
+        raise DeployError(f"the gateway at {host}:{port} {refused[0]} (give --user and --password-file of an account"
+                          f" that may read {topic})")
     if done.is_set():
         return next(d for d in seen if d.get("registered"))
     if seen:
@@ -293,7 +332,7 @@ def install(board: Board, manifest: dict, staged: Path, config_path: Path,
 
 
 def deploy(bundle: Path, board: Board, config_path: Path, gateway: tuple[str, int] | None,
-           wait_s: float) -> str:
+           wait_s: float, login: GatewayLogin | None = None) -> str:
     config = read_config(config_path)
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp)
@@ -304,7 +343,9 @@ def deploy(bundle: Path, board: Board, config_path: Path, gateway: tuple[str, in
         return f"{config['thermostat']}: {manifest['version']} installed (not waiting for telemetry)"
     broker = config.get("broker") or {}
     host, port = gateway or (broker["host"], broker.get("port", 1883))
-    data = wait_for_telemetry(host, port, config["thermostat"], wait_s)
+    if login is None or login.user is None:
+        login = GatewayLogin(broker.get("user"), broker.get("password"), login.cafile if login else None)
+    data = wait_for_telemetry(host, port, config["thermostat"], wait_s, login)
     if data.get("fw") != manifest["version"]:
         raise DeployError(f"{config['thermostat']} runs {data.get('fw')}, not {manifest['version']}")
     return (f"{config['thermostat']}: {manifest['version']} running and registered"
@@ -326,11 +367,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gateway", type=parse_gateway, help="HOST:PORT to watch telemetry on, if this machine"
                         " reaches the gateway by another address than the device does")
     parser.add_argument("--wait", type=float, default=90, help="seconds to wait for the first telemetry (0: don't)")
+    parser.add_argument("--user", help="the account deploy watches the telemetry with (default: the device's own)")
+    parser.add_argument("--password-file", type=Path, help="a file whose first line is --user's password")
+    parser.add_argument("--cafile", type=Path, help="CA certificate of the gateway's TLS listener")
     parser.add_argument("--dry-run", action="store_true", help="validate, verify and print the mpremote commands only")
     args = parser.parse_args(argv)
+    if args.password_file is not None and args.user is None:
+        parser.error("--password-file needs --user")
+    password = args.password_file.read_text().splitlines()[0] if args.password_file else None
+    login = GatewayLogin(args.user, password, args.cafile)
     board = MpremoteBoard(args.port, dry_run=args.dry_run)
     try:
-        print(deploy(args.bundle, board, args.config, args.gateway, 0 if args.dry_run else args.wait))
+        print(deploy(args.bundle, board, args.config, args.gateway, 0 if args.dry_run else args.wait, login))
     except DeployError as exc:
         print(f"deploy: {exc}", file=sys.stderr)
         return 1

@@ -219,3 +219,46 @@ def test_the_gateway_takes_as_a_thermostat_name_exactly_what_deploy_accepts(temp
     errors = deploy.config_errors(board_config(template, thermostat=name))
     deploy_accepts = not any(error.startswith("thermostat:") for error in errors)
     assert bool(THERMOSTAT_NAME.fullmatch(name)) == deploy_accepts
+
+
+# --- a gateway that wants a login, as the shipped image does ----------------------------------------------
+
+@pytest.fixture
+def gateway_with_logins(tmp_path):
+    password_file = tmp_path / "passwd"
+    for index, (user, password) in enumerate({"t-auth": "device-secret", "engineer": "field-secret"}.items()):
+        args = [sys.executable, "-m", "appliance", "passwd", "-b", *(["-c"] if index == 0 else [])]
+        subprocess.run([*args, str(password_file), user, password], cwd=ROOT, check=True, capture_output=True)
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[broker.auth]\nallow_anonymous = false\npassword_file = "{password_file}"\n')
+    with GatewayProcess(tmp_path / "gateway", config=config) as gw:
+        yield gw
+
+
+def test_deploy_watches_the_telemetry_with_the_devices_own_login(bundle, tmp_path, gateway_with_logins, micropython):
+    gw = gateway_with_logins
+    board = UnixPortBoard(tmp_path / "flash", micropython)
+    device = thermostat_config("t-auth", gw.host, gw.port)
+    device["broker"].update(user="t-auth", password="device-secret")
+    report = deploy.deploy(bundle, board, write_config(tmp_path, device), None, wait_s=30)
+    assert report.startswith("t-auth: 0.1.0 running and registered"), report
+
+
+def test_a_refused_login_is_reported_at_once_with_the_gateways_reason(bundle, tmp_path, gateway_with_logins,
+                                                                     micropython):
+    gw = gateway_with_logins
+    board = UnixPortBoard(tmp_path / "flash", micropython)
+    device = thermostat_config("t-auth", gw.host, gw.port)
+    device["broker"].update(user="t-auth", password="device-secret")
+    wrong = deploy.GatewayLogin("engineer", "not-the-password")
+    # A wait far longer than the test's budget: only an answer to the refusal ends it early.
+    with pytest.raises(deploy.DeployError, match=r"refused the login as engineer: Bad user name or password"):
+        deploy.deploy(bundle, board, write_config(tmp_path, device), None, wait_s=120, login=wrong)
+
+
+def test_the_command_line_takes_an_operators_login(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("field-secret\n")
+    proc = subprocess.run([sys.executable, str(DEPLOY), "b.zip", "--port", "p", "--config", "c.json",
+                           "--password-file", str(secret)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--password-file needs --user" in proc.stderr
