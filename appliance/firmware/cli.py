@@ -172,6 +172,17 @@ def fleet_verdict(config: GatewayConfig, release: Release) -> tuple[str | None, 
     return signer, None
 
 
+def warn_unchecked(config: GatewayConfig, release: Release, unverifiable: str | None) -> None:
+    """What ``--force`` overrode, or that nothing could be checked, on stderr: a release the fleet may
+    refuse must never leave without its operator having been told so."""
+    if unverifiable is not None:
+        print(f"appliance firmware: --force: {unverifiable}", file=sys.stderr)
+    elif not config.firmware.keys:
+        print(f"appliance firmware: {config.source} names no [firmware] keys: whether the thermostats accept"
+              f" version {release.version} ({'signed' if release.signature else 'unsigned'}) is not checked here",
+              file=sys.stderr)
+
+
 class PublishFailed(Exception):
     """A publish that changed nothing (the message, and the exit status)."""
 
@@ -233,12 +244,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     signer, unverifiable = fleet_verdict(config, release)
     if unverifiable is not None and not args.force:
         return fail(f"{unverifiable} (--force publishes it anyway)")
-    if unverifiable is not None:
-        print(f"appliance firmware: --force: {unverifiable}", file=sys.stderr)
-    elif not config.firmware.keys:
-        print(f"appliance firmware: {config.source} names no [firmware] keys: whether the thermostats accept"
-              f" version {release.version} ({'signed' if release.signature else 'unsigned'}) is not checked here",
-              file=sys.stderr)
+    warn_unchecked(config, release, unverifiable)
     try:
         return publish(args, config, repo, release, signer)
     except PublishFailed as exc:
@@ -294,6 +300,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
     signer, unverifiable = fleet_verdict(config, release)
     if unverifiable is not None and not args.force:
         return fail(f"{unverifiable} (--force signs it anyway)")
+    warn_unchecked(config, release, unverifiable)
     repo.replace_signature(args.version, release.signature or b"")
     emit(signed=args.version, key=public_key_hex(key), verified=None if not config.firmware.keys else signer is not None)
     return EXIT_OK

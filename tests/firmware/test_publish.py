@@ -157,6 +157,7 @@ def test_a_published_version_keeps_its_signature(site: Site) -> None:
     assert refused.returncode == 1 and site.repository().signature("1.2.0") == signature
     resigned = site.run("firmware", "sign", "1.2.0", "--key", str(site.other_key), "--force")
     assert resigned.returncode == 0, resigned.stderr
+    assert "--force: version 1.2.0 is signed by a key that is not among the fleet's" in resigned.stderr
     replaced = site.repository().signature("1.2.0")
     assert replaced is not None and replaced != signature
     assert verifies(manifest, replaced, load_signing_key(site.other_key).public_key())
