@@ -32,7 +32,8 @@ physical NICs and on the veth ends the tests hand it.
   after two round trips of the fast link whenever two segments are out and re-sends the last one, a
   frame's worth of the slow link wasted each time (a 1.9 s gap measured with the floor alone), and no
   socket option turns it off: ``net.ipv4.tcp_early_retrans`` is 0 while the relay runs (the rig box's or
-  rig namespace's setting, restored on close). Loss recovery by duplicate acknowledgements is unchanged.
+  rig namespace's setting, shared by every rig there: tail_loss_probes.py; the last one out restores
+  it). Loss recovery by duplicate acknowledgements is unchanged.
   The rig writes ``/proc/sys/net/ipv4/tcp_early_retrans`` itself, and the unit's
   ``ProtectKernelTunables=yes`` leaves exactly that file writable (``ReadWritePaths=``). Where /proc/sys is
   read-only all the same, the rig still starts: it says once that tail loss probes stay on and why, and
@@ -66,6 +67,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from hil_tests.rig import tail_loss_probes
 from hil_tests.rig.claim import Claim
 from hil_tests.rig.journal import Changes, Journal, JournalError
 from hil_tests.rig.kernel import (
@@ -80,6 +82,7 @@ from hil_tests.rig.kernel import (
 )
 from hil_tests.rig.relay import Relay
 from hil_tests.rig.shaping import WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES, LinkSettings
+from hil_tests.rig.tail_loss_probes import EARLY_RETRANS, TailLossProbesOff
 
 DEFAULT_BRIDGE = "hilbr0"
 # Interface names as the rig accepts them: they go into nft scripts and tc/ip arguments, and the kernel
@@ -90,7 +93,6 @@ NFT_HOOKS = ("forward", "input")
 # The slowest rate the relay's retransmission floor is sized for: the HIL scenarios' slow link.
 RELAY_SLOWEST_RATE_BPS = 9600
 IPV6_CONF = Path("/proc/sys/net/ipv6/conf")  # absent when the kernel runs without IPv6
-EARLY_RETRANS = Path("/proc/sys/net/ipv4/tcp_early_retrans")  # 0: no tail loss probes (module docstring)
 
 
 def relay_rto_min(queue_s: float = DEFAULT_QUEUE_SECONDS, slowest_rate_bps: int = RELAY_SLOWEST_RATE_BPS) -> float:
@@ -147,7 +149,7 @@ class BridgeBackend(KernelShaping):
         self._changes = Changes(list(ports), bridge, self._table)
         self._relay: Relay | None = None
         self._applied = LinkSettings()
-        self._tail_loss_probes: str | None = None  # "off" or "on" while the relay runs
+        self._tail_loss_probes: TailLossProbesOff | None = None  # held while the relay runs
         self.restarted = False
 
     async def start(self) -> None:
@@ -244,17 +246,15 @@ class BridgeBackend(KernelShaping):
     async def _floor_relay_retransmissions(self, address: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> None:
         """Before the relay listens (module docstring): no tail loss probes, and ``rto_min`` on the bridge's
         subnet, the way to the gateway side (and to the target when it is there)."""
-        original = EARLY_RETRANS.read_text().strip()
-        if original != "0":
+        probes = TailLossProbesOff(self.bridge)
+        try:
+            original = probes.take()
+        except OSError as error:
+            _log(f"tail loss probes stay on: cannot write {EARLY_RETRANS} ({error.strerror}; the unit grants it "
+                 f"with ReadWritePaths=); after a RATE drop the relay's TCP may resend a queued segment")
+        else:
             self._record(sysctls={**self._changes.sysctls, str(EARLY_RETRANS): original})
-            try:
-                EARLY_RETRANS.write_text("0")
-            except OSError as error:
-                _log(f"tail loss probes stay on: cannot write {EARLY_RETRANS} ({error.strerror}; the unit grants it "
-                     f"with ReadWritePaths=); after a RATE drop the relay's TCP may resend a queued segment")
-                self._record(sysctls={k: v for k, v in self._changes.sysctls.items() if k != str(EARLY_RETRANS)})
-                self._tail_loss_probes = "on"
-        self._tail_loss_probes = self._tail_loss_probes or "off"
+            self._tail_loss_probes = probes
         await run_command("ip", "route", "replace", str(address.network), "dev", self.bridge, "proto", "kernel",
                           "scope", "link", "src", str(address.ip), *self._relay_floor)  # fmt: skip
 
@@ -304,8 +304,8 @@ class BridgeBackend(KernelShaping):
         if self._relay is not None and self._target is not None and self._address is not None:
             details["relay"] = f"{self._address.ip}:{self._relay.port}"
             details["target"] = f"{self._target[0]}:{self._target[1]}"
-        if self._tail_loss_probes is not None:
-            details["tail_loss_probes"] = self._tail_loss_probes
+        if self._relay is not None:
+            details["tail_loss_probes"] = tail_loss_probes.state()  # the kernel's, whoever set it
         return details
 
     async def close(self) -> None:
@@ -319,7 +319,9 @@ class BridgeBackend(KernelShaping):
         errors = await _undo(self._changes, strict=True)
         self._changes = Changes(list(self.ports), self.bridge, self._table)
         self._applied = LinkSettings()
-        self._tail_loss_probes = None
+        if self._tail_loss_probes is not None:
+            self._tail_loss_probes.release()
+            self._tail_loss_probes = None
         if self._journal is not None and not errors:
             try:
                 self._journal.remove()
@@ -343,7 +345,9 @@ async def _undo(changes: Changes, *, strict: bool) -> list[str]:
             errors.append(str(error))
 
     async def restore_sysctl(path: str, value: str) -> None:
-        if Path(path).read_text().strip() != value:
+        if path == str(EARLY_RETRANS):
+            tail_loss_probes.restore(value, changes.bridge)  # not under another rig's relay
+        elif Path(path).read_text().strip() != value:
             Path(path).write_text(value)
 
     steps = [attempt(delete_table(NFT_FAMILY, changes.table))]

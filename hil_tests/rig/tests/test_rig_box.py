@@ -158,10 +158,10 @@ def start_rig(site: BridgeSite, tmp_path: Path) -> Iterator[RigFactory]:
     with contextlib.ExitStack() as stack:
         count = 0
 
-        def start(*extra: str) -> tuple[dict[str, Any], RigClient]:
+        def start(*extra: str, ports: tuple[str, ...] = ()) -> tuple[dict[str, Any], RigClient]:
             nonlocal count
             count += 1
-            args = ["--backend", "bridge", "--ports", ",".join(site.ports), *extra]
+            args = ["--backend", "bridge", "--ports", ",".join(ports or site.ports), *extra]
             log = tmp_path / f"rig{count}.log"
             ready = stack.enter_context(local_rig(args, log, prefix=site.exec_in(site.rig_ns)))
             return ready, stack.enter_context(RigClient(ready["serial"]))
@@ -242,6 +242,35 @@ def test_a_second_rig_on_the_same_ports_refuses_and_leaves_the_first_one_shaping
     assert rig.status()["loss"] == "50"
     assert _stop(ready["pid"]) == 0
     assert "tbf" not in _in_rig(site, "tc", "qdisc", "show")
+
+
+def test_two_rigs_on_two_port_sets_keep_tail_loss_probes_off_until_the_last_one_stops(site, start_rig):
+    """``tcp_early_retrans`` is one setting per namespace: the second rig found the first one's 0 and saved it,
+    and when the first one stopped it restored the box's value under the second one's relay, whose STATUS
+    still said tail_loss_probes=off. Now the last rig out restores it, whichever it is, and a killed rig's
+    record is not undone under a live one."""
+    original = _early_retrans(site)
+    assert original != "0"
+    for pair in ("a", "b"):  # a second port set in the rig's namespace, like a second pair of NICs
+        subprocess.run(["ip", "-n", site.rig_ns, "link", "add", f"eth{pair}1", "type", "veth", "peer", "name",
+                        f"eth{pair}2"], check=True)
+    relay = ("--target", f"{UPLINK_ADDRESS}:{SINK_PORT}")
+    first, _ = start_rig("--address", site.rig_address, *relay)
+    second, second_rig = start_rig("--address", "10.254.7.1/24", "--bridge", "hilbr7", *relay, ports=("etha1", "etha2"))
+    assert second_rig.status()["tail_loss_probes"] == "off"
+    assert _stop(first["pid"]) == 0
+    assert _early_retrans(site) == "0" and second_rig.status()["tail_loss_probes"] == "off"
+    # The second one killed: a third rig on its ports undoes its record, but not under the first one's
+    # successor, which holds the probes off.
+    third, third_rig = start_rig("--address", site.rig_address, *relay)
+    os.kill(second["pid"], signal.SIGKILL)
+    psutil.Process(second["pid"]).wait(15)
+    fourth, _ = start_rig("--bridge", "hilbr7", ports=("etha1", "etha2"))
+    assert fourth["restarted"] is True
+    assert _early_retrans(site) == "0" and third_rig.status()["tail_loss_probes"] == "off"
+    assert _stop(fourth["pid"]) == 0 and _early_retrans(site) == "0"
+    assert _stop(third["pid"]) == 0
+    assert _early_retrans(site) == original  # the box's own value, from the first rig through the others
 
 
 def test_a_missing_port_is_one_line_on_stderr_not_a_traceback(site, tmp_path):
