@@ -80,6 +80,7 @@ DB_FILENAME = "broker.db"
 #: ``OutboundState`` values as stored, looked up once (``enqueue`` runs per durable delivery).
 _QUEUED = int(OutboundState.QUEUED)
 _PUBLISH_SENT = int(OutboundState.PUBLISH_SENT)
+_PUBREL_SENT = int(OutboundState.PUBREL_SENT)
 #: A buffered delivery is a list in ``sql.INSERT_DELIVERY``'s column order (this many columns) when its
 #: body is in the row and it has nothing else; in ``sql.INSERT_DELIVERY_FULL``'s otherwise.
 _SHORT_ROW = 8
@@ -104,7 +105,7 @@ class BrokerStore:
 
     #: The open stretch of progress operations (``_end_progress``): marks and deletes of deliveries.
     _marks: list[tuple[object, ...]]
-    _deletes: list[tuple[object, ...]]
+    _deletes: list[int]
 
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
         """Use ``BrokerStore.open``."""
@@ -143,7 +144,8 @@ class BrokerStore:
             self._operations.append((sql.MARK_DELIVERY, self._marks))
             self._marks = []
         if self._deletes:
-            self._operations.append((sql.DELETE_DELIVERY, self._deletes))
+            # One statement for the stretch: its sequence numbers as a JSON array (``sql.DELETE_DELIVERIES``).
+            self._operations.append((sql.DELETE_DELIVERIES, [("[" + ",".join(map(str, self._deletes)) + "]",)]))
             self._deletes = []
 
     def _reset_buffer(self) -> None:
@@ -326,19 +328,19 @@ class BrokerStore:
 
     def mark_publish_sent(self, seq: int, packet_id: int) -> None:
         """The PUBLISH went out with ``packet_id``; after a reconnect it is resent with DUP."""
-        self._mark(seq, packet_id, OutboundState.PUBLISH_SENT)
+        self._mark(seq, packet_id, _PUBLISH_SENT)
 
     def mark_pubrel_sent(self, seq: int, packet_id: int) -> None:
         """QoS 2: PUBREC arrived and PUBREL went out; after a reconnect PUBREL is resent."""
-        self._mark(seq, packet_id, OutboundState.PUBREL_SENT)
+        self._mark(seq, packet_id, _PUBREL_SENT)
 
-    def _mark(self, seq: int, packet_id: int, state: OutboundState) -> None:
+    def _mark(self, seq: int, packet_id: int, state: int) -> None:
         row = self._new_deliveries.get(seq)
         if row is not None:
             row[_PACKET_ID] = packet_id
-            row[_STATE] = int(state)
+            row[_STATE] = state
         else:
-            self._marks.append((packet_id, int(state), seq))  # counted as ``_buffer`` would: per message
+            self._marks.append((packet_id, state, seq))  # counted as ``_buffer`` would: per message
             self.revision += 1
 
     def remove_delivery(self, seq: int) -> None:
@@ -346,7 +348,7 @@ class BrokerStore:
         if seq in self._new_deliveries:
             self._drop_new_delivery(seq)
         else:
-            self._deletes.append((seq,))  # counted as ``_buffer`` would: per message
+            self._deletes.append(seq)  # counted as ``_buffer`` would: per message
             self.revision += 1
 
     @property

@@ -17,7 +17,9 @@ INSERT_DELIVERY_FULL = (
     " subscription_ids, properties, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 MARK_DELIVERY = "UPDATE outbound SET packet_id = ?, state = ? WHERE seq = ?"
-DELETE_DELIVERY = "DELETE FROM outbound WHERE seq = ?"
+#: The deliveries whose sequence numbers are in a JSON array: one statement for a turn's acknowledgements,
+#: 0.4-0.5 us per row cheaper than ``executemany`` of a DELETE per row (bench/RESULTS.md).
+DELETE_DELIVERIES = "DELETE FROM outbound WHERE seq IN (SELECT value FROM json_each(?))"
 UPSERT_SESSION = (
     "INSERT OR REPLACE INTO sessions (client_id, protocol_level, expiry_interval, username, disconnected_at,"
     " will_topic, will_payload, will_qos, will_retain, will_properties, will_delay_interval)"
