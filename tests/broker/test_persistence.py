@@ -353,6 +353,8 @@ def test_a_message_queued_for_one_session_is_one_row_and_one_for_several_is_stor
     own = store.enqueue_message("c", 1, True, [42, 7], body.topic, body.payload, body.properties, body.expires_at)
     plain = store.enqueue_message("c", 2, False, None, "t", b"plain", {}, None)
     sent = store.enqueue_message("c", 1, False, None, "t", b"sent", {}, None, packet_id=9)
+    buffered = [b for _, b in store.page("c", 0, 10)]  # read back before the commit, from the buffer
+    assert buffered == [body, StoredMessage("t", b"plain")] and all(type(b.payload) is bytes for b in buffered)
     store.commit()
     assert count(db_path, "messages") == 0 and count(db_path, "outbound") == 3
     loaded = store.load().sessions["c"]
