@@ -69,9 +69,10 @@ INLINE_PAYLOAD_BYTES = 1024
 
 def store_deliveries(context: HandlerContext, message: BrokerMessage, durable: list[tuple[Session, Delivery]], now: float) -> None:
     """Queue entries for the deliveries of ``message`` to durable sessions: the body in the entry when
-    there is one and the body is small, else stored once and referenced by each. A delivery the session keeps in memory moves
-    its cursor: the store's copy is not read back. One that went to the stored backlog of a connected
-    client with nothing in flight is read back at once: no acknowledgement will come to do it."""
+    there is one and it is small, else stored once and referenced by each. A delivery the session keeps
+    in memory moves its cursor: the store's copy is not read back. One that went to the stored backlog
+    of a connected client with nothing in flight is read back at once: no acknowledgement will come to
+    do it. A delivery already sent has its packet id (a spilled one was not sent: 0)."""
     store = context.store
     if store is None:
         return
@@ -83,12 +84,12 @@ def store_deliveries(context: HandlerContext, message: BrokerMessage, durable: l
         if message_id:
             delivery.seq = store.enqueue(session.client_id, message_id, delivery.qos, delivery.retain,
                                          delivery.subscription_ids or ())
-            if delivery.packet_id and not delivery.spilled:
+            if delivery.packet_id:
                 store.mark_publish_sent(delivery.seq, delivery.packet_id)
         else:
             delivery.seq = store.enqueue_message(
                 session.client_id, delivery.qos, delivery.retain, delivery.subscription_ids, message.topic,
-                message.payload, properties, message.expires_at, 0 if delivery.spilled else delivery.packet_id,
+                message.payload, properties, message.expires_at, delivery.packet_id,
             )
         if not delivery.spilled:
             session.cursor = delivery.seq
