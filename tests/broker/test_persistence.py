@@ -348,6 +348,21 @@ def test_a_version_2_database_is_migrated_with_nothing_lost(db_path: Path) -> No
     assert count(db_path, "messages") == 0 and count(db_path, "outbound") == 1
 
 
+def test_a_migration_that_fails_leaves_the_file_as_it_was_and_says_so(db_path: Path) -> None:
+    """A file the migration cannot rewrite (here a table in the way of the rebuild; in the field a full
+    disk) is not a corrupt one: the error says what failed and that nothing changed, not "move it away"."""
+    write_version_2(db_path)
+    with closing(sqlite3.connect(db_path)) as connection, connection:
+        connection.execute("CREATE TABLE outbound_v3 (x)")
+    with pytest.raises(PersistenceError, match="cannot migrate the broker database from schema version 2 to 3") as caught:
+        BrokerStore.open(db_path)
+    assert not isinstance(caught.value, CorruptDatabaseError) and "unchanged" in str(caught.value)
+    with closing(sqlite3.connect(db_path)) as connection:
+        assert connection.execute("SELECT value FROM meta").fetchone() == ("2",)
+        assert connection.execute("SELECT count(*) FROM outbound WHERE message_id IS NOT NULL").fetchone() == (9,)
+        assert connection.execute("SELECT count(*) FROM messages").fetchone() == (5,)
+
+
 def test_a_message_queued_for_one_session_is_one_row_and_one_for_several_is_stored_once(db_path: Path) -> None:
     store = BrokerStore.open(db_path)
     store.save_session(StoredSession("c", 5, 60))

@@ -135,7 +135,18 @@ def prepare(connection: sqlite3.Connection, path: Path, synchronous: str) -> Non
             f"{SCHEMA_VERSION}); upgrade the gateway or move the file away"
         )
     if version < SCHEMA_VERSION:
-        migrate(connection, version)
+        try:
+            migrate(connection, version)
+        except sqlite3.Error as exc:
+            # Not a corrupt file: a readable one that could not be rewritten (a full disk, most likely).
+            # Its transaction is undone, so the file is still the older version, whole.
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise PersistenceError(
+                path, f"cannot migrate the broker database from schema version {version} to {SCHEMA_VERSION} "
+                f"({exc}); the file is unchanged: make room (or fix the cause) and start again",
+                disk_full=getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL,
+            ) from exc
 
 
 def migrate(connection: sqlite3.Connection, version: int) -> None:
