@@ -5,9 +5,10 @@ COMPATIBILITY NOTES (mosquitto's ``persist.h`` keeps the same kind): ``SCHEMA_VE
 layout); an older one is migrated on opening, in one transaction (``migrate``). Version 2 has version
 1's tables; what changed is the meaning of an away session's will (see ``StoredSession``), so a version
 1 gateway refuses a version 2 file. Version 3 stores a message queued for one session in its
-``outbound`` row (``message_id`` NULL) and only a message queued for several in ``messages``; a version
-2 gateway would not read those rows, so it refuses a version 3 file. A file that is not a broker database raises
-``CorruptDatabaseError`` naming the file.
+``outbound`` row (``message_id`` NULL) and only a message queued for several in ``messages``; a
+version 2 gateway would not read those rows, so it refuses a version 3 file. A file that is not a
+broker database raises ``CorruptDatabaseError`` naming the file; a migration that fails (a full disk)
+raises ``PersistenceError`` and leaves the file as it was.
 
 ``synchronous``: ``normal`` survives a killed process (``kill -9``: the WAL is in the OS cache) and
 commits with a ``write(2)``; ``full`` also survives power loss at the cost of an fsync per commit.

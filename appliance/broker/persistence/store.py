@@ -24,11 +24,13 @@ Theory of operation
 -------------------
 ``commit()`` runs on the event loop and blocks it for the write (and, with ``synchronous = "full"``, the
 fsync): a store thread was measured slower (bench/RESULTS.md, "Where the broker commits"), and on the loop
-commit-before-ack is trivially true on every path. A turn is written with ``executemany``. A message queued
-for one session only (the common case: one durable subscriber) is stored in its queue entry
-(``outbound``), one row; one queued for several is stored once (``messages``) and referenced by each of
-their entries, and a trigger deletes it when its last entry goes. Ids (message ids, queue sequence numbers) are assigned
-in memory, so callers get them at once without a round trip; queue order per session is sequence order.
+commit-before-ack is trivially true on every path. A turn is written with ``executemany`` (and one
+DELETE for its finished deliveries). A message queued for one session only (the common case: one
+durable subscriber) is stored in its queue entry (``outbound``), one row; one queued for several (or
+large: ``storage.INLINE_PAYLOAD_BYTES``) is stored once (``messages``) and referenced by each of their
+entries, and a trigger deletes it when its last entry goes. Ids (message ids, queue sequence numbers)
+are assigned in memory, so callers get them at once without a round trip; queue order per session is
+sequence order.
 ``load`` returns only the deliveries in flight and counts the queued ones; ``page`` reads a session's next
 queued rows (the ``(client_id, seq)`` index), followed by those still in the buffer.
 """
