@@ -22,8 +22,10 @@ from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.writer import encode
 from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, queued_bytes_default
+from appliance.broker.persistence.storage import INLINE_PAYLOAD_BYTES
 from appliance.broker.persistence.store import BrokerStore, StoredMessage
 from testing.campaigns import campaign
+from tests.broker.old_databases import write_version_2
 from tests.broker.pair import BrokerPair, FakeClient
 from tests.broker.versions import LEVELS, durable
 
@@ -399,10 +401,10 @@ def test_every_acknowledged_message_arrives_in_order_and_only_dup_resends_repeat
 
 
 def test_a_broker_db_written_before_the_backlog_existed_is_read_back(tmp_path: Path) -> None:
-    """The layout is unchanged (schema version 2); a file written by the previous version, whose restart
-    loaded every queued row, has queued rows (state 0) and in-flight ones (state 1) as below. They come
-    back: the one in flight with DUP and its packet id, then the queued ones in order."""
-    BrokerStore.open(tmp_path / "broker.db").close()
+    """A version 2 file (the backlog came with version 2; the gateway before it loaded every queued row)
+    with queued rows (state 0) and an in-flight one (state 1) as below. They come back: the one in
+    flight with DUP and its packet id, then the queued ones in order."""
+    write_version_2(tmp_path / "broker.db", with_rows=False)
     with closing(sqlite3.connect(tmp_path / "broker.db")) as db, db:
         assert db.execute("SELECT value FROM meta").fetchone() == ("2",)
         db.execute("INSERT INTO sessions (client_id, protocol_level, expiry_interval, username, disconnected_at)"
@@ -420,6 +422,70 @@ def test_a_broker_db_written_before_the_backlog_existed_is_read_back(tmp_path: P
     got = drain(back)
     assert indexes(got) == [0, 1, 2, 3, 4]
     assert (got[0].dup, got[0].packet_id) == (True, 7) and not any(p.dup for p in got[1:])
+
+
+def test_a_small_message_for_one_session_is_one_row_and_a_large_or_shared_one_is_stored_once(tmp_path: Path) -> None:
+    """Schema version 3: a message queued for one durable session is stored in its queue entry, unless it
+    is large (``INLINE_PAYLOAD_BYTES``: the entry is rewritten when its PUBLISH goes out); one queued for
+    several is stored once in ``messages``. Each comes back the same way."""
+    pair = BrokerPair(tmp_path)
+    away_subscriber(pair, "one")
+    publisher = pair.client()
+    publisher.connect("publisher")
+    large = b"L" * (INLINE_PAYLOAD_BYTES + 1)
+    publisher.send(pk.Publish("q/t", b"small", 1, packet_id=1), pk.Publish("q/t", large, 1, packet_id=2))
+    away_subscriber(pair, "two")
+    publisher.send(pk.Publish("q/t", b"for two", 1, packet_id=3))
+    assert [a.reason_code for a in publisher.received() if isinstance(a, pk.PubAck)] == [0, 0, 0]
+    with closing(sqlite3.connect(tmp_path / "broker.db")) as db:
+        rows = db.execute("SELECT o.client_id, o.message_id IS NULL, coalesce(o.payload, m.payload) FROM outbound o"
+                          " LEFT JOIN messages m ON m.id = o.message_id ORDER BY o.seq").fetchall()
+        assert rows == [("one", 1, b"small"), ("one", 0, large), ("one", 0, b"for two"), ("two", 0, b"for two")]
+        assert db.execute("SELECT count(*) FROM messages").fetchone() == (2,)
+    assert [p.payload for p in drain(come_back(pair, "one"))] == [b"small", large, b"for two"]
+    assert [p.payload for p in drain(come_back(pair, "two"))] == [b"for two"]
+    pair.stop()
+    with closing(sqlite3.connect(tmp_path / "broker.db")) as db:
+        assert db.execute("SELECT (SELECT count(*) FROM outbound), (SELECT count(*) FROM messages)").fetchone() == (0, 0)
+
+
+def test_a_version_2_broker_db_is_migrated_and_every_client_gets_what_it_was_owed(tmp_path: Path) -> None:
+    """The file the version 2 gateway wrote (tests/broker/data/broker-v2.sql) under today's broker: the
+    client connected at the crash gets its in-flight PUBLISHes again with DUP and their packet ids and its
+    PUBREL, the away one its queue in order, the publisher's QoS 2 exchange completes, the retained message
+    and the will of the crashed connection are there; once all is acknowledged nothing is left."""
+    write_version_2(tmp_path / "broker.db")
+    pair = BrokerPair(tmp_path)
+    busy = come_back(pair, "busy", level=pk.MQTT_311)
+    resent = busy.received()
+    assert [(type(p).__name__, p.packet_id, getattr(p, "dup", None)) for p in resent] == [
+        ("Publish", 2, True), ("Publish", 3, True), ("Publish", 4, True), ("PubRel", 5, None)]
+    assert [p.payload for p in resent if isinstance(p, pk.Publish)] == [b"shared 1", b"shared 2", b"expires in a day"]
+    busy.send(pk.PubAck(2), pk.PubAck(3), pk.PubAck(4), pk.PubComp(5))
+    assert busy.received() == []
+
+    away = come_back(pair, "away")
+    got = [p for p in away.received() if isinstance(p, pk.Publish)]
+    assert [(p.topic, p.payload, p.qos, p.dup) for p in got] == [
+        ("q/shared", b"shared 0", 1, False), ("q/shared", b"shared 1", 1, False), ("q/shared", b"shared 2", 1, False),
+        ("q/expiring", b"expires in a day", 1, False), ("x/2", b"exactly once", 2, False)]
+    assert got[0].properties[pr.CONTENT_TYPE] == "text/plain" and got[0].properties[pr.USER_PROPERTY] == [("k", "v0")]
+    assert got[0].properties[pr.SUBSCRIPTION_IDENTIFIER] == [5] and 0 < got[3].properties[pr.MESSAGE_EXPIRY_INTERVAL] <= 86400
+    away.send(*(pk.PubAck(p.packet_id or 0) for p in got[:4]), pk.PubRec(got[4].packet_id or 0))
+    assert away.expect(pk.PubRel).packet_id == got[4].packet_id
+    away.send(pk.PubComp(got[4].packet_id or 0))
+
+    publisher = come_back(pair, "publisher")
+    publisher.send(pk.PubRel(11))
+    assert publisher.expect(pk.PubComp).reason_code == 0  # the id was known: not 0x92
+    watcher = pair.client()
+    watcher.connect("watcher")
+    watcher.send(pk.Subscribe(1, [pk.SubscribeRequest("kept/state", 0), pk.SubscribeRequest("status/busy", 0)]))
+    assert {(p.topic, p.payload) for p in watcher.received() if isinstance(p, pk.Publish)} == {
+        ("kept/state", b"on"), ("status/busy", b"offline")}
+    pair.stop()
+    with closing(sqlite3.connect(tmp_path / "broker.db")) as db:
+        assert db.execute("SELECT (SELECT count(*) FROM outbound), (SELECT count(*) FROM messages)").fetchone() == (0, 0)
 
 
 @campaign(40, deadline=None)

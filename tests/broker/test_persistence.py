@@ -32,6 +32,7 @@ from appliance.broker.routing.topic_tree import SubscriptionOptions
 from appliance.config import ConfigError
 from appliance.gateway_config import load_config
 from testing.campaigns import campaign
+from tests.broker.old_databases import write_version_2
 
 ROOT = Path(__file__).resolve().parents[2]
 PROPERTIES = {
@@ -175,7 +176,9 @@ def test_a_turn_of_progress_writes_what_its_operations_say_in_order(tmp_path: Pa
     path = tmp_path / f"{len(list(tmp_path.iterdir()))}.db"
     store = BrokerStore.open(path)
     store.save_session(StoredSession("c", 5, 60))
-    seqs = [store.enqueue("c", store.add_message(StoredMessage("t", bytes([i]))), 2) for i in range(6)]
+    # Half of them share a body in ``messages``, half have it in their row.
+    seqs = [store.enqueue("c", store.add_message(StoredMessage("t", bytes([i]))), 2) for i in range(3)]
+    seqs += [store.enqueue_message("c", 2, False, None, "t", bytes([i]), {}, None) for i in range(3, 6)]
     store.commit()
     expected: dict[int, tuple[int, OutboundState]] = {seq: (0, OutboundState.QUEUED) for seq in seqs}
     disconnected_at = None
@@ -202,7 +205,7 @@ def test_a_turn_of_progress_writes_what_its_operations_say_in_order(tmp_path: Pa
     store.close()
     assert [(seq, packet_id or 0, OutboundState(state)) for seq, packet_id, state in rows] == \
         [(seq, *expected[seq]) for seq in sorted(expected)]
-    assert left == len(expected)
+    assert left == len([seq for seq in expected if seq in seqs[:3]])
     assert stored_disconnect == disconnected_at
 
 
@@ -284,15 +287,15 @@ def test_clear_will_keeps_the_session_and_forgets_only_its_will(db_path: Path) -
 
 
 def test_a_version_1_database_is_migrated_and_forgets_only_the_wills_of_away_clients(db_path: Path) -> None:
-    """Version 1 kept an away client's will after publishing it; kept, version 2 would publish it again."""
-    store = BrokerStore.open(db_path)
-    will = StoredWill("status/x", b"gone", qos=1)
-    store.save_session(StoredSession("away", 5, 60, disconnected_at=123.0, will=will))
-    store.save_session(StoredSession("connected", 5, 60, will=will))
-    store.commit()
-    store.close()
+    """Version 1 kept an away client's will after publishing it; kept, version 2 would publish it again.
+    Version 1 had version 2's tables."""
+    write_version_2(db_path, with_rows=False)
     with closing(sqlite3.connect(db_path)) as connection, connection:
+        for client_id, disconnected_at in (("away", 123.0), ("connected", None)):
+            connection.execute("INSERT INTO sessions VALUES (?, 5, 60, NULL, ?, 'status/x', X'676F6E65', 1, 0, NULL, 0)",
+                               (client_id, disconnected_at))
         connection.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    will = StoredWill("status/x", b"gone", qos=1)
 
     store = BrokerStore.open(db_path)
     sessions = store.load().sessions
@@ -301,6 +304,89 @@ def test_a_version_1_database_is_migrated_and_forgets_only_the_wills_of_away_cli
     assert sessions["connected"].session.will == will
     with closing(sqlite3.connect(db_path)) as connection:
         assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
+
+
+def test_a_version_2_database_is_migrated_with_nothing_lost(db_path: Path) -> None:
+    """Version 3 keeps a message queued for one session in its ``outbound`` row; version 2 kept every body
+    in ``messages`` (tests/broker/data/broker-v2.sql, written by the version 2 gateway). Migrated, the file
+    reads back whole: sessions with their will, subscriptions, the deliveries in flight and the queued ones
+    with their bodies, the inbound QoS 2 id, the retained message; new ids follow the old ones, and the
+    shared bodies are still freed with their last entry."""
+    write_version_2(db_path)
+    store = BrokerStore.open(db_path)
+    state = store.load()
+    with closing(sqlite3.connect(db_path)) as connection:
+        assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+    shared = [StoredMessage("q/shared", f"shared {index}".encode(),
+                            {"content_type": "text/plain", "user_properties": [("k", f"v{index}")]}) for index in range(3)]
+    expiring = StoredMessage("q/expiring", b"expires in a day", {}, 1700086400.0)
+    exactly_once = StoredMessage("x/2", b"exactly once")
+    assert set(state.sessions) == {"away", "busy", "publisher"}
+    away, busy = state.sessions["away"], state.sessions["busy"]
+    assert busy.session == StoredSession("busy", 4, 0xFFFFFFFF, None, None, StoredWill("status/busy", b"offline", 1, True))
+    assert away.session == StoredSession("away", 5, 3600, None, 1700000000.0, None)
+    assert away.subscriptions == {"q/#": SubscriptionOptions(1, subscription_identifier=5), "x/#": SubscriptionOptions(2)}
+    assert busy.subscriptions == {"q/#": SubscriptionOptions(1), "x/#": SubscriptionOptions(2)}
+    sent, released = OutboundState.PUBLISH_SENT, OutboundState.PUBREL_SENT
+    assert [(d.seq, d.qos, d.packet_id, d.state) for d in busy.outbound] == [
+        (4, 1, 2, sent), (6, 1, 3, sent), (8, 1, 4, sent), (10, 2, 5, released)]
+    assert [state.messages[d.message_id] for d in busy.outbound if d.message_id] == [*shared[1:], expiring, exactly_once]
+    assert (away.queued, away.stored_bytes) == (5, 3 * 8 + 16 + 12)
+    page = store.page("away", 0, 10)
+    assert [(d.seq, d.qos, d.subscription_ids, d.packet_id) for d, _ in page] == [
+        (1, 1, (5,), None), (3, 1, (5,), None), (5, 1, (5,), None), (7, 1, (5,), None), (9, 2, (), None)]
+    assert [body for _, body in page] == [*shared, expiring, exactly_once]
+    assert state.sessions["publisher"].inbound_qos2 == {11}
+    assert state.retained == {"kept/state": RetainedMessage("kept/state", b"on", 1, {"content_type": "text/plain"})}
+
+    assert store.enqueue_message("away", 1, False, None, "q/new", b"new", {}, None) == 11
+    assert store.add_message(StoredMessage("q/two", b"for two")) == 6
+    for seq in (1, 3, 4, 5, 6, 7, 8, 9, 10):
+        store.remove_delivery(seq)
+    store.commit()
+    store.close()
+    assert count(db_path, "messages") == 0 and count(db_path, "outbound") == 1
+
+
+def test_a_migration_that_fails_leaves_the_file_as_it_was_and_says_so(db_path: Path) -> None:
+    """A file the migration cannot rewrite (here a table in the way of the rebuild; in the field a full
+    disk) is not a corrupt one: the error says what failed and that nothing changed, not "move it away"."""
+    write_version_2(db_path)
+    with closing(sqlite3.connect(db_path)) as connection, connection:
+        connection.execute("CREATE TABLE outbound_v3 (x)")
+    with pytest.raises(PersistenceError, match="cannot migrate the broker database from schema version 2 to 3") as caught:
+        BrokerStore.open(db_path)
+    assert not isinstance(caught.value, CorruptDatabaseError) and "unchanged" in str(caught.value)
+    with closing(sqlite3.connect(db_path)) as connection:
+        assert connection.execute("SELECT value FROM meta").fetchone() == ("2",)
+        assert connection.execute("SELECT count(*) FROM outbound WHERE message_id IS NOT NULL").fetchone() == (9,)
+        assert connection.execute("SELECT count(*) FROM messages").fetchone() == (5,)
+
+
+def test_a_message_queued_for_one_session_is_one_row_and_one_for_several_is_stored_once(db_path: Path) -> None:
+    store = BrokerStore.open(db_path)
+    store.save_session(StoredSession("c", 5, 60))
+    body = StoredMessage("a/b", b"payload", PROPERTIES, 1700000100.0)
+    own = store.enqueue_message("c", 1, True, [42, 7], body.topic, body.payload, body.properties, body.expires_at)
+    plain = store.enqueue_message("c", 2, False, None, "t", b"plain", {}, None)
+    sent = store.enqueue_message("c", 1, False, None, "t", b"sent", {}, None, packet_id=9)
+    buffered = [b for _, b in store.page("c", 0, 10)]  # read back before the commit, from the buffer
+    assert buffered == [body, StoredMessage("t", b"plain")] and all(type(b.payload) is bytes for b in buffered)
+    store.commit()
+    assert count(db_path, "messages") == 0 and count(db_path, "outbound") == 3
+    loaded = store.load().sessions["c"]
+    (in_flight,) = loaded.outbound
+    assert (in_flight.seq, in_flight.message_id, in_flight.packet_id, in_flight.state) == (sent, None, 9, OutboundState.PUBLISH_SENT)
+    assert in_flight.body == StoredMessage("t", b"sent")
+    assert (loaded.queued, loaded.stored_bytes) == (2, len(b"payload") + len(b"plain") + len(b"sent"))
+    assert [(d.seq, d.message_id, d.qos, d.retain, d.subscription_ids) for d, _ in store.page("c", 0, 10)] == [
+        (own, None, 1, True, (42, 7)), (plain, None, 2, False, ())]
+    assert [b for _, b in store.page("c", 0, 10)] == [body, StoredMessage("t", b"plain")]
+    store.remove_delivery(own)
+    store.remove_delivery(plain)
+    store.remove_delivery(sent)
+    store.commit()
+    assert count(db_path, "outbound") == 0
 
 
 def test_unsupported_property_value_is_refused_before_buffering(db_path: Path) -> None:

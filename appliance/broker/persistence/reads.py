@@ -24,9 +24,15 @@ from appliance.broker.persistence.records import (
 )
 from appliance.broker.routing.topic_tree import SubscriptionOptions
 
+#: An entry's message: its own columns, or the shared row in ``messages`` (``message_id`` set).
+_BODY = (
+    "coalesce(o.topic, m.topic), coalesce(o.payload, m.payload),"
+    " CASE WHEN o.message_id IS NULL THEN o.properties ELSE m.properties END,"
+    " CASE WHEN o.message_id IS NULL THEN o.expires_at ELSE m.expires_at END"
+)
 _PAGE = (
-    "SELECT o.seq, o.message_id, o.qos, o.retain, o.subscription_ids, m.topic, m.payload, m.properties, m.expires_at"
-    " FROM outbound o JOIN messages m ON m.id = o.message_id"
+    f"SELECT o.seq, o.message_id, o.qos, o.retain, o.subscription_ids, {_BODY}"
+    " FROM outbound o LEFT JOIN messages m ON m.id = o.message_id"
     " WHERE o.client_id = ? AND o.seq > ? AND o.state = 0 ORDER BY o.seq LIMIT ?"
 )
 
@@ -53,8 +59,8 @@ def load_state(db: sqlite3.Connection) -> BrokerState:
             loaded.subscriptions[row[1]] = SubscriptionOptions(row[2], bool(row[3]), bool(row[4]), row[5], row[6])
     # Queued deliveries are only counted: they are read back a window at a time (``page``).
     for row in db.execute(
-        "SELECT o.client_id, sum(o.state = 0), sum(length(m.payload)) FROM outbound o"
-        " JOIN messages m ON m.id = o.message_id GROUP BY o.client_id"
+        "SELECT o.client_id, sum(o.state = 0), sum(length(coalesce(o.payload, m.payload))) FROM outbound o"
+        " LEFT JOIN messages m ON m.id = o.message_id GROUP BY o.client_id"
     ):
         loaded = sessions.get(row[0])
         if loaded is not None:
@@ -62,15 +68,18 @@ def load_state(db: sqlite3.Connection) -> BrokerState:
     messages: dict[int, StoredMessage] = {}
     for row in db.execute(
         "SELECT o.seq, o.client_id, o.message_id, o.qos, o.retain, o.subscription_ids, o.packet_id, o.state,"
-        " m.topic, m.payload, m.properties, m.expires_at FROM outbound o JOIN messages m ON m.id = o.message_id"
+        f" {_BODY} FROM outbound o LEFT JOIN messages m ON m.id = o.message_id"
         " WHERE o.state != 0 ORDER BY o.seq"
     ):
         loaded = sessions.get(row[1])
-        if loaded is None:
+        if loaded is None or row[9] is None:  # a shared message that is gone: nothing to resend
             continue
-        loaded.outbound.append(StoredDelivery(row[0], row[1], row[2], row[3], bool(row[4]), subscription_ids(row[5]), row[6],
-                                              OutboundState(row[7])))
-        messages[row[2]] = StoredMessage(row[8], row[9], decode_properties(row[10]), row[11])
+        body = StoredMessage(row[8], row[9], decode_properties(row[10]), row[11])
+        message_id = row[2]
+        if message_id is not None:
+            messages[message_id] = body
+        loaded.outbound.append(StoredDelivery(row[0], row[1], message_id, row[3], bool(row[4]), subscription_ids(row[5]),
+                                              row[6] or None, OutboundState(row[7]), None if message_id is not None else body))
     for row in db.execute("SELECT client_id, packet_id FROM inbound_qos2"):
         loaded = sessions.get(row[0])
         if loaded is not None:
@@ -90,6 +99,8 @@ def committed_page(db: sqlite3.Connection, client_id: str, after_seq: int, limit
     page: list[tuple[StoredDelivery, StoredMessage]] = []
     size = 0
     for row in db.execute(_PAGE, (client_id, after_seq, limit)):
+        if row[6] is None:  # a shared message that is gone (a version 2 file could hold such a row)
+            continue
         page.append((StoredDelivery(row[0], client_id, row[1], row[2], bool(row[3]), subscription_ids(row[4])),
                      StoredMessage(row[5], row[6], decode_properties(row[7]), row[8])))
         size += len(row[6])

@@ -32,7 +32,8 @@ class OutboundState(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
-    """A QoS 1/2 message, stored once however many sessions it is queued for."""
+    """A QoS 1/2 message: in its queue entry when queued for one session, else stored once (``messages``)
+    however many sessions it is queued for."""
 
     topic: str
     payload: bytes
@@ -42,16 +43,19 @@ class StoredMessage:
 
 @dataclass(frozen=True, slots=True)
 class StoredDelivery:
-    """One entry of a session's outbound queue; ``qos``/``retain`` are as delivered to this session."""
+    """One entry of a session's outbound queue; ``qos``/``retain`` are as delivered to this session.
+    ``message_id`` is None when the message is stored in the entry itself (queued for this session only);
+    ``load`` then hands it over as ``body``."""
 
     seq: int
     client_id: str
-    message_id: int
+    message_id: int | None
     qos: int
     retain: bool = False
     subscription_ids: tuple[int, ...] = ()
     packet_id: int | None = None
     state: OutboundState = OutboundState.QUEUED
+    body: StoredMessage | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +109,7 @@ class BrokerState:
     """Everything needed to rebuild the broker after a restart."""
 
     sessions: dict[str, LoadedSession]
-    messages: dict[int, StoredMessage]  # every message some in-flight outbound entry refers to
+    messages: dict[int, StoredMessage]  # every shared message (``messages``) some in-flight entry refers to
     retained: dict[str, RetainedMessage]
 
 

@@ -4,8 +4,11 @@ COMPATIBILITY NOTES (mosquitto's ``persist.h`` keeps the same kind): ``SCHEMA_VE
 ``meta``. Opening a database from a newer gateway raises ``SchemaTooNewError`` (we never guess at a newer
 layout); an older one is migrated on opening, in one transaction (``migrate``). Version 2 has version
 1's tables; what changed is the meaning of an away session's will (see ``StoredSession``), so a version
-1 gateway refuses a version 2 file. A file that is not a broker database raises
-``CorruptDatabaseError`` naming the file.
+1 gateway refuses a version 2 file. Version 3 stores a message queued for one session in its
+``outbound`` row (``message_id`` NULL) and only a message queued for several in ``messages``; a
+version 2 gateway would not read those rows, so it refuses a version 3 file. A file that is not a
+broker database raises ``CorruptDatabaseError`` naming the file; a migration that fails (a full disk)
+raises ``PersistenceError`` and leaves the file as it was.
 
 ``synchronous``: ``normal`` survives a killed process (``kill -9``: the WAL is in the OS cache) and
 commits with a ``write(2)``; ``full`` also survives power loss at the cost of an fsync per commit.
@@ -19,7 +22,7 @@ from pathlib import Path
 
 from appliance.startup_error import StartupError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SYNCHRONOUS_LEVELS = ("normal", "full")
 
 
@@ -75,16 +78,20 @@ CREATE TABLE messages (
 CREATE TABLE outbound (
     seq INTEGER PRIMARY KEY,
     client_id TEXT NOT NULL,
-    message_id INTEGER NOT NULL,
     qos INTEGER NOT NULL,
     retain INTEGER NOT NULL,
+    packet_id INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    topic TEXT,
+    payload BLOB,
+    message_id INTEGER,
     subscription_ids TEXT,
-    packet_id INTEGER,
-    state INTEGER NOT NULL
+    properties BLOB,
+    expires_at REAL
 );
 CREATE INDEX outbound_by_client ON outbound (client_id, seq);
-CREATE INDEX outbound_by_message ON outbound (message_id);
-CREATE TRIGGER outbound_release_message AFTER DELETE ON outbound
+CREATE INDEX outbound_by_message ON outbound (message_id) WHERE message_id IS NOT NULL;
+CREATE TRIGGER outbound_release_message AFTER DELETE ON outbound WHEN OLD.message_id IS NOT NULL
 BEGIN
     DELETE FROM messages WHERE id = OLD.message_id
         AND NOT EXISTS (SELECT 1 FROM outbound WHERE message_id = OLD.message_id);
@@ -129,7 +136,18 @@ def prepare(connection: sqlite3.Connection, path: Path, synchronous: str) -> Non
             f"{SCHEMA_VERSION}); upgrade the gateway or move the file away"
         )
     if version < SCHEMA_VERSION:
-        migrate(connection, version)
+        try:
+            migrate(connection, version)
+        except sqlite3.Error as exc:
+            # Not a corrupt file: a readable one that could not be rewritten (a full disk, most likely).
+            # Its transaction is undone, so the file is still the older version, whole.
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise PersistenceError(
+                path, f"cannot migrate the broker database from schema version {version} to {SCHEMA_VERSION} "
+                f"({exc}); the file is unchanged: make room (or fix the cause) and start again",
+                disk_full=getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL,
+            ) from exc
 
 
 def migrate(connection: sqlite3.Connection, version: int) -> None:
@@ -139,6 +157,13 @@ def migrate(connection: sqlite3.Connection, version: int) -> None:
     waits out its delay, and a restart publishes what it keeps. A version 1 row cannot tell the two
     apart, so its away wills are dropped: a will published twice is worse than a delayed one lost, and
     version 1 lost those anyway. Wills of sessions that were connected (``disconnected_at`` NULL) stay.
+
+    2 -> 3: ``outbound`` rows may hold their message's body themselves (``message_id`` NULL), so a message
+    queued for one session costs one row instead of two, and the trigger and the message id index only
+    see the rows that share a body in ``messages``; ``packet_id`` is 0, not NULL, before the PUBLISH is
+    sent. SQLite cannot drop a NOT NULL constraint in place, so the table is rebuilt (SQLite's documented
+    procedure: new table, copy, drop, rename, then its index and trigger). Every version 2 row keeps its
+    body in ``messages``, so nothing else moves.
     """
     connection.execute("BEGIN")
     if version < 2:
@@ -146,8 +171,26 @@ def migrate(connection: sqlite3.Connection, version: int) -> None:
             "UPDATE sessions SET will_topic = NULL, will_payload = NULL, will_qos = NULL, will_retain = NULL,"
             " will_properties = NULL, will_delay_interval = NULL WHERE disconnected_at IS NOT NULL"
         )
+    if version < 3:
+        _rebuild_outbound(connection)
     connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
     connection.execute("COMMIT")
+
+
+def _rebuild_outbound(connection: sqlite3.Connection) -> None:
+    """Version 2's ``outbound`` into version 3's layout (``migrate``), inside the open transaction."""
+    statements = [s for s in _split_statements(_SCHEMA) if "outbound" in s.partition("\n")[0]]
+    table, *index_and_trigger = statements
+    connection.execute(table.replace("CREATE TABLE outbound ", "CREATE TABLE outbound_v3 ", 1))
+    connection.execute(
+        "INSERT INTO outbound_v3 (seq, client_id, qos, retain, packet_id, state, message_id, subscription_ids)"
+        " SELECT seq, client_id, qos, retain, coalesce(packet_id, 0), state, message_id, subscription_ids"
+        " FROM outbound"
+    )
+    connection.execute("DROP TABLE outbound")  # with its indexes and trigger
+    connection.execute("ALTER TABLE outbound_v3 RENAME TO outbound")
+    for statement in index_and_trigger:
+        connection.execute(statement)
 
 
 def _create_schema(connection: sqlite3.Connection) -> None:

@@ -61,24 +61,38 @@ def stored_session(session: Session, connection: ClientConnection, disconnected_
                          connection.username, disconnected_at, stored_will)
 
 
+#: The largest payload stored in its queue entry (``store_deliveries``). The entry is updated when its
+#: PUBLISH goes out, and SQLite rewrites a whole row to update it: a large body, in overflow pages, is
+#: better kept in ``messages``, where it is written once.
+INLINE_PAYLOAD_BYTES = 1024
+
+
 def store_deliveries(context: HandlerContext, message: BrokerMessage, durable: list[tuple[Session, Delivery]], now: float) -> None:
-    """Queue entries for the deliveries of ``message`` to durable sessions (the body is stored once).
-    A delivery the session keeps in memory moves its cursor: the store's copy is not read back. One that
-    went to the stored backlog of a connected client with nothing in flight is read back at once: no
-    acknowledgement will come to do it."""
+    """Queue entries for the deliveries of ``message`` to durable sessions: the body in the entry when
+    there is one and it is small, else stored once and referenced by each. A delivery the session keeps
+    in memory moves its cursor: the store's copy is not read back. One that went to the stored backlog
+    of a connected client with nothing in flight is read back at once: no acknowledgement will come to
+    do it. A delivery already sent has its packet id (a spilled one was not sent: 0)."""
     store = context.store
     if store is None:
         return
-    message_id = store.add_message(
-        StoredMessage(message.topic, message.payload, stored_properties(message.properties), message.expires_at)
-    )
+    properties = stored_properties(message.properties) if message.properties else {}
+    message_id = 0
+    if len(durable) > 1 or len(message.payload) > INLINE_PAYLOAD_BYTES:
+        message_id = store.add_message(StoredMessage(message.topic, message.payload, properties, message.expires_at))
     for session, delivery in durable:
-        delivery.seq = store.enqueue(session.client_id, message_id, delivery.qos, delivery.retain,
-                                     delivery.subscription_ids or ())
-        if not delivery.spilled:
-            session.cursor = delivery.seq
+        if message_id:
+            delivery.seq = store.enqueue(session.client_id, message_id, delivery.qos, delivery.retain,
+                                         delivery.subscription_ids or ())
             if delivery.packet_id:
                 store.mark_publish_sent(delivery.seq, delivery.packet_id)
+        else:
+            delivery.seq = store.enqueue_message(
+                session.client_id, delivery.qos, delivery.retain, delivery.subscription_ids, message.topic,
+                message.payload, properties, message.expires_at, delivery.packet_id,
+            )
+        if not delivery.spilled:
+            session.cursor = delivery.seq
         elif session.connection is not None and not session.inflight:
             # The session's own row is buffered by now, so the read back finds it (each session is in
             # ``durable`` once per message).
@@ -199,9 +213,15 @@ def restore(context: HandlerContext, now: float) -> None:
                 # Invalid now, e.g. deeper than max_topic_levels (stored before the limit existed).
                 log.warning("client %s: dropping stored subscription %.200r: %s", client_id, topic_filter, exc)
         for entry in loaded.outbound:
-            message = messages.get(entry.message_id)
-            if message is None:
-                continue
+            body = entry.body
+            if body is not None:  # queued for this session only: the message was in the entry
+                message = BrokerMessage(body.topic, body.payload, 1, False, properties_from(body.properties), None,
+                                        body.expires_at)
+            else:
+                shared = messages.get(entry.message_id) if entry.message_id is not None else None
+                if shared is None:
+                    continue
+                message = shared
             delivery = Delivery(message, entry.qos, entry.retain, list(entry.subscription_ids) or None)
             delivery.seq = entry.seq
             if entry.state != OutboundState.QUEUED and entry.packet_id:

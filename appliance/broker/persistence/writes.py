@@ -5,12 +5,21 @@ cancel out, commit) and the SQL can be checked against ``schema``'s layout in on
 """
 
 INSERT_MESSAGE = "INSERT INTO messages (id, topic, payload, properties, expires_at) VALUES (?, ?, ?, ?, ?)"
+#: A delivery whose body is in its row, with nothing else to store: most deliveries to a durable session.
+#: Columns left out are NULL, and binding fewer values is measurably cheaper (``sqlite3`` binds a NULL
+#: through its adapter lookup, about 0.3 us each on CPython 3.11).
 INSERT_DELIVERY = (
-    "INSERT INTO outbound (seq, client_id, message_id, qos, retain, subscription_ids, packet_id, state)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO outbound (seq, client_id, qos, retain, packet_id, state, topic, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+#: The same with every column: a shared body (``message_id``), subscription identifiers, properties, expiry.
+INSERT_DELIVERY_FULL = (
+    "INSERT INTO outbound (seq, client_id, qos, retain, packet_id, state, topic, payload, message_id,"
+    " subscription_ids, properties, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 MARK_DELIVERY = "UPDATE outbound SET packet_id = ?, state = ? WHERE seq = ?"
-DELETE_DELIVERY = "DELETE FROM outbound WHERE seq = ?"
+#: The deliveries whose sequence numbers are in a JSON array: one statement for a turn's acknowledgements,
+#: 0.4-0.5 us per row cheaper than ``executemany`` of a DELETE per row (bench/RESULTS.md).
+DELETE_DELIVERIES = "DELETE FROM outbound WHERE seq IN (SELECT value FROM json_each(?))"
 UPSERT_SESSION = (
     "INSERT OR REPLACE INTO sessions (client_id, protocol_level, expiry_interval, username, disconnected_at,"
     " will_topic, will_payload, will_qos, will_retain, will_properties, will_delay_interval)"
