@@ -3,7 +3,6 @@ devices over MQTT 5 and 3.1.1, the throttling relay, mosquitto as the cloud."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from testing.waiting import wait_until
 from tests.forwarding.peers import Collector, delivered
 from tests.forwarding.rig import ForwardingRig
 from tests.forwarding.test_gateway_forwarding import cloud_acl
-from tests.forwarding.test_upstream import _until, run_bridge
+from tests.forwarding.test_upstream import run_bridge, until_empty
 
 EVERYTHING = "FROM /messages/* INTO $upstream"
 ALERTS = "FROM /messages/* WHERE alert = 'true' INTO $upstream"
@@ -140,7 +139,7 @@ def forward_a_big_message_between_two(tmp_path: Path, protocol: str, timeout_s: 
                 await add(0)
                 await add(1, size=2000)
                 await add(2)
-                await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), timeout_s)
+                await until_empty(store, thread, timeout_s)
                 [letter] = await thread.call(store.dead_letters)
                 assert letter.message.app_property("n") == "1"
                 assert reason in letter.reason
