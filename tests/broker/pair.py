@@ -135,6 +135,12 @@ class BrokerPair:
     def client(self, level: int = pk.MQTT_5) -> FakeClient:
         return FakeClient(self, level, f"fake:{next(self._names)}")
 
+    def connected(self, client_id: str, level: int = pk.MQTT_5, **connect: Any) -> FakeClient:
+        """A client that has connected as ``client_id`` (``connect``: the rest of its CONNECT)."""
+        client = self.client(level)
+        client.connect(client_id, **connect)
+        return client
+
     def advance(self, seconds: float) -> None:
         self.runtime.advance(seconds)
 
