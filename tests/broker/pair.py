@@ -158,3 +158,10 @@ class BrokerPair:
         self.runtime.complete(self.broker.stop())
         if self.store is not None:
             self.store.close()
+
+
+def subscriber_and_publisher(pair: BrokerPair, level: int, qos: int, **session: Any) -> tuple[FakeClient, FakeClient]:
+    """``sub`` subscribed to ``t`` at ``qos`` (its CONNECT given ``session``), and ``pub``, both connected."""
+    subscriber = pair.connected("sub", level, **session)
+    subscriber.subscribe("t", qos)
+    return subscriber, pair.connected("pub", level)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,7 +15,7 @@ from appliance.broker.codec import reasons as rc
 from appliance.broker.handlers.connect import FLAP_FREE_TAKEOVERS
 from appliance.broker.routing.router import QUEUE_HIGH_WATER
 from appliance.broker.sessions.backpressure import SLOW_CONSUMER_GRACE
-from tests.broker.pair import BrokerPair, FakeClient
+from tests.broker.pair import BrokerPair, FakeClient, subscriber_and_publisher
 from tests.broker.versions import LEVELS, durable
 
 
@@ -37,16 +36,6 @@ def will_watcher(pair: BrokerPair, level: int = pk.MQTT_5) -> FakeClient:
     watcher.connect("watcher")
     watcher.subscribe("wills/#")
     return watcher
-
-
-def subscriber_and_publisher(pair: BrokerPair, level: int, qos: int, **session: Any) -> tuple[FakeClient, FakeClient]:
-    """``sub`` subscribed to ``t`` at ``qos`` (its CONNECT given ``session``), and ``pub``, both connected."""
-    subscriber = pair.client(level)
-    subscriber.connect("sub", **session)
-    subscriber.subscribe("t", qos)
-    publisher = pair.client(level)
-    publisher.connect("pub")
-    return subscriber, publisher
 
 
 def leave_a_durable_subscription(pair: BrokerPair, level: int) -> None:
