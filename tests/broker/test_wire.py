@@ -242,11 +242,7 @@ def test_clean_start_discards_the_previous_session(raw, level: int) -> None:
 
 def test_malformed_packet_closes_only_that_client(raw, level: int) -> None:
     topic = unique("bystander")
-    bystander = raw(level)
-    bystander.connect(unique("bystander"))
-    bystander.subscribe(topic, 0)
-    bad = raw(level)
-    bad.connect(unique("bad"))
+    bystander, bad = subscriber_and_publisher(raw, level, unique("bystander"), topic, 0)
     bad.send(b"\x36\x03\x00\x01a")  # QoS 3
     seen = bad.expect_closed()
     if level == pk.MQTT_5:
@@ -325,11 +321,7 @@ def test_invalid_subscribe_filter_is_refused_and_unsubscribe_reports_missing(raw
 
 def test_packets_before_a_malformed_one_in_the_same_read_are_still_handled(raw, level: int) -> None:
     topic = unique("before-bad")
-    watcher = raw(level)
-    watcher.connect(unique("watcher"))
-    watcher.subscribe(topic, 0)
-    bad = raw(level)
-    bad.connect(unique("half-bad"))
+    watcher, bad = subscriber_and_publisher(raw, level, unique("watcher"), topic, 0)
     bad.send(encode(pk.Publish(topic, b"made it"), level) + b"\x36\x03\x00\x01a")
     seen = bad.expect_closed()
     if level == pk.MQTT_5:
