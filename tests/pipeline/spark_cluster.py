@@ -241,14 +241,17 @@ SUBMIT_OPTIONS = [
 @dataclass(frozen=True)
 class BatchSubmission:
     """What ``BatchOnCluster`` did: the project-less Python's attempt to import the project, the master's
-    state once every worker was alive, spark-submit's outcome and where the job wrote."""
+    state once every worker was alive and once the job was done, spark-submit's outcome, where the job
+    wrote, and what of the cluster was still running after it was stopped (nothing, if all went well)."""
 
     import_attempt: subprocess.CompletedProcess[str]
     ready_state: dict
     done: subprocess.CompletedProcess[str]
+    done_state: dict
     out: Path
     waited_s: float
     submit_s: float
+    left_running: list[str]
 
 
 class BatchOnCluster:
@@ -258,7 +261,7 @@ class BatchOnCluster:
     job compacts ``landing`` into a bronze table of its own, then writes every output.
 
     ``start`` returns at once; a thread builds the package and the Python while the cluster's JVMs start,
-    then submits. ``result`` waits for it."""
+    submits, and stops the cluster once the job is done. ``result`` waits for it."""
 
     def __init__(self, work_dir: Path, landing: str, hil: str, lateness: str) -> None:
         self.work_dir = Path(work_dir)
@@ -298,7 +301,10 @@ class BatchOnCluster:
             str(launcher), "batch", *self._job, "--bronze", str(self.work_dir / "cluster-bronze"),
             "--out", str(out), "--shuffle-partitions", "4",
         ])
-        return BatchSubmission(attempt, state, done, out, submitted - waited, time.monotonic() - submitted)
+        took = time.monotonic() - submitted
+        done_state = self.cluster.state()
+        left = self.cluster.stop()  # at once: its five JVMs are done; their logs stay for the test
+        return BatchSubmission(attempt, state, done, done_state, out, submitted - waited, took, left)
 
     def result(self, timeout: float = 600) -> BatchSubmission:
         self._thread.join(timeout)

@@ -67,9 +67,9 @@ def test_batch_on_the_cluster_equals_the_local_run(cluster_batch, batch_outputs)
         assert_same_rows(table_rows(out / name), table_rows(Path(local.output(name))), name)
     assert sorted(path.name for path in out.iterdir()) == sorted(local_counts)
 
-    cluster = cluster_batch.cluster
-    apps = cluster.state()["completedapps"]
+    apps = submission.done_state["completedapps"]
     assert [(app["name"], app["state"]) for app in apps] == [("pipeline-batch", "FINISHED")]
     for worker in ("worker1", "worker2"):  # both executors ran tasks, not one
-        logs = list((cluster.work_dir / worker / "work").glob("app-*/*/stderr"))
+        logs = list((cluster_batch.cluster.work_dir / worker / "work").glob("app-*/*/stderr"))
         assert any("Running task" in log.read_text(errors="replace") for log in logs), worker
+    assert not submission.left_running, f"processes of the cluster still running after it was stopped: {submission.left_running}"
