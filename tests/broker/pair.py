@@ -135,6 +135,12 @@ class BrokerPair:
     def client(self, level: int = pk.MQTT_5) -> FakeClient:
         return FakeClient(self, level, f"fake:{next(self._names)}")
 
+    def connected(self, client_id: str, level: int = pk.MQTT_5, **connect: Any) -> FakeClient:
+        """A client that has connected as ``client_id`` (``connect``: the rest of its CONNECT)."""
+        client = self.client(level)
+        client.connect(client_id, **connect)
+        return client
+
     def advance(self, seconds: float) -> None:
         self.runtime.advance(seconds)
 
@@ -152,3 +158,10 @@ class BrokerPair:
         self.runtime.complete(self.broker.stop())
         if self.store is not None:
             self.store.close()
+
+
+def subscriber_and_publisher(pair: BrokerPair, level: int, qos: int, **session: Any) -> tuple[FakeClient, FakeClient]:
+    """``sub`` subscribed to ``t`` at ``qos`` (its CONNECT given ``session``), and ``pub``, both connected."""
+    subscriber = pair.connected("sub", level, **session)
+    subscriber.subscribe("t", qos)
+    return subscriber, pair.connected("pub", level)

@@ -138,6 +138,13 @@ def park_alice(pair: BrokerPair, level: int) -> None:
     alice.drop()
 
 
+def alice_returns(pair: BrokerPair, level: int) -> list[pk.Publish]:
+    """alice back on her durable session: the messages it delivers at once."""
+    back = pair.client(level)
+    back.send(pk.Connect(level, "dev", **durable(level), **login("alice")))  # type: ignore[arg-type]
+    return publishes(back.received())
+
+
 @pytest.fixture
 def users_pair(tmp_path: Path) -> Iterator[BrokerPair]:
     pair = BrokerPair(tmp_path, authenticator=users("alice", "bob", "mallory"), acl=Acl.parse(ACL_BEFORE))
@@ -149,17 +156,14 @@ def users_pair(tmp_path: Path) -> Iterator[BrokerPair]:
 def test_another_user_cannot_resume_a_durable_session(users_pair: BrokerPair, level: int) -> None:
     pair = users_pair
     park_alice(pair, level)
-    bob = pair.client(level)
-    bob.connect("bob", **login("bob"))  # type: ignore[arg-type]
+    bob = pair.connected("bob", level, **login("bob"))
     bob.send(pk.Publish("t/a", b"for alice", qos=1, packet_id=1))
     mallory = pair.client(level)
     mallory.send(pk.Connect(level, "dev", **durable(level), **login("mallory")))  # type: ignore[arg-type]
     [connack] = mallory.received()  # nothing queued for alice reaches mallory
     assert isinstance(connack, pk.Connack) and connack.reason_code == rc.NOT_AUTHORIZED
     assert not connack.session_present and mallory.closed
-    back = pair.client(level)
-    back.send(pk.Connect(level, "dev", **durable(level), **login("alice")))  # type: ignore[arg-type]
-    assert [m.payload for m in publishes(back.received())] == [b"for alice"]
+    assert [m.payload for m in alice_returns(pair, level)] == [b"for alice"]
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -179,14 +183,11 @@ def test_another_user_cannot_take_over_a_connected_client_id(users_pair: BrokerP
 def test_queued_messages_are_checked_against_the_acl_when_sent(users_pair: BrokerPair, level: int) -> None:
     pair = users_pair
     park_alice(pair, level)
-    bob = pair.client(level)
-    bob.connect("bob", **login("bob"))  # type: ignore[arg-type]
+    bob = pair.connected("bob", level, **login("bob"))
     bob.send(pk.Publish("t/secret", b"no longer yours", qos=1, packet_id=1),
              pk.Publish("t/open", b"still yours", qos=1, packet_id=2))
     pair.broker.reload_security(pair.broker.authenticator, Acl.parse(ACL_AFTER))  # SIGHUP with a new ACL
-    back = pair.client(level)
-    back.send(pk.Connect(level, "dev", **durable(level), **login("alice")))  # type: ignore[arg-type]
-    assert [m.topic for m in publishes(back.received())] == ["t/open"]
+    assert [m.topic for m in alice_returns(pair, level)] == ["t/open"]
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -49,6 +49,13 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
         yield process
 
 
+def paho_as(gateway: GatewayProcess, level: int, username: str, password: str) -> PahoClient:
+    """A paho client of ``level`` that logs in to ``gateway`` as ``username`` (not connected yet)."""
+    client = PahoClient(gateway.port, v5=level == pk.MQTT_5)
+    client.client.username_pw_set(username, password)
+    return client
+
+
 def test_wrong_password_and_anonymous_are_refused(secured: GatewayProcess, level: int) -> None:
     cases = [(("alice", b"wonderland"), rc.SUCCESS), (("alice", b"nope"), rc.BAD_USERNAME_OR_PASSWORD),
              (("mallory", b"x"), rc.BAD_USERNAME_OR_PASSWORD), ((None, None), rc.NOT_AUTHORIZED)]
@@ -72,8 +79,7 @@ def test_wrong_password_and_anonymous_are_refused(secured: GatewayProcess, level
 
 
 def test_paho_sees_the_refusal(secured: GatewayProcess, level: int) -> None:
-    client = PahoClient(secured.port, v5=level == pk.MQTT_5)
-    client.client.username_pw_set("alice", "wrong")
+    client = paho_as(secured, level, "alice", "wrong")
     try:
         _flags, reason, _props = client.connect()
         assert reason.is_failure
@@ -114,10 +120,8 @@ def test_denied_publish_gets_puback_0x87_in_v5_and_is_dropped_in_v311(secured: G
 
 
 def test_deliveries_are_filtered_by_read_rules(secured: GatewayProcess, level: int) -> None:
-    alice = PahoClient(secured.port, v5=level == pk.MQTT_5)
-    alice.client.username_pw_set("alice", "wonderland")
-    bob = PahoClient(secured.port, v5=level == pk.MQTT_5)
-    bob.client.username_pw_set("bob", "builder")
+    alice = paho_as(secured, level, "alice", "wonderland")
+    bob = paho_as(secured, level, "bob", "builder")
     try:
         alice.connect()
         granted = alice.subscribe("alice/#", 1)[0]
@@ -133,8 +137,7 @@ def test_deliveries_are_filtered_by_read_rules(secured: GatewayProcess, level: i
 
 
 def test_mosquitto_pub_with_credentials(secured: GatewayProcess, level: int) -> None:
-    bob = PahoClient(secured.port, v5=level == pk.MQTT_5)
-    bob.client.username_pw_set("bob", "builder")
+    bob = paho_as(secured, level, "bob", "builder")
     try:
         bob.connect()
         bob.subscribe("alice/#", 1)

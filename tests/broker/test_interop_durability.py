@@ -13,6 +13,7 @@ import sqlite3
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import psutil
 from paho.mqtt.packettypes import PacketTypes
@@ -42,14 +43,21 @@ def drain(client: RawClient, idle: float = 1.5) -> list[pk.Publish]:
             client.send(pk.PubAck(packet.packet_id))
 
 
+def subscribe_and_go_away(port: int, client_id: str, topic_filter: str, qos: int, level: int = pk.MQTT_5,
+                          **session: Any) -> None:
+    """``client_id`` subscribes to ``topic_filter`` (``session``: its CONNECT's session fields) and
+    disconnects: what is published to it from now on waits for it, if its session outlives the connection."""
+    client = RawClient(port, level)
+    client.connect(client_id, **session)
+    client.subscribe(topic_filter, qos)
+    client.send(pk.Disconnect())
+    client.expect_closed()
+
+
 def test_acknowledged_qos1_messages_survive_kill9(tmp_path: Path) -> None:
     gateway = GatewayProcess(tmp_path / "data")
     with gateway:
-        offline = RawClient(gateway.port, level=pk.MQTT_311)
-        offline.connect("durable-offline", **durable(pk.MQTT_311))
-        offline.subscribe("load/#", 1)
-        offline.send(pk.Disconnect())
-        offline.expect_closed()
+        subscribe_and_go_away(gateway.port, "durable-offline", "load/#", 1, level=pk.MQTT_311, **durable(pk.MQTT_311))
         online = RawClient(gateway.port)
         online.connect("durable-online", properties={**EXPIRY, pr.RECEIVE_MAXIMUM: 10})
         online.subscribe("load/#", 1)
@@ -107,11 +115,7 @@ def test_inbound_qos2_state_survives_kill9(tmp_path: Path) -> None:
     publishers = {pk.MQTT_5: "q2-pub", pk.MQTT_311: "q2-pub-311"}
     gateway = GatewayProcess(tmp_path / "data")
     with gateway:
-        subscriber = RawClient(gateway.port, pk.MQTT_311)
-        subscriber.connect("q2-sub", **durable(pk.MQTT_311))
-        subscriber.subscribe("q2/#", 2)
-        subscriber.send(pk.Disconnect())
-        subscriber.expect_closed()
+        subscribe_and_go_away(gateway.port, "q2-sub", "q2/#", 2, level=pk.MQTT_311, **durable(pk.MQTT_311))
         for level, client_id in publishers.items():
             publisher = RawClient(gateway.port, level)
             publisher.connect(client_id, **durable(level, 3600))
@@ -202,11 +206,7 @@ def test_sigterm_shuts_down_cleanly(tmp_path: Path) -> None:
 def test_will_of_a_client_connected_during_kill9_is_sent_after_restart(tmp_path: Path) -> None:
     gateway = GatewayProcess(tmp_path / "data")
     with gateway:
-        watcher = RawClient(gateway.port)
-        watcher.connect("will-watcher", properties=EXPIRY)
-        watcher.subscribe("status/#", 1)
-        watcher.send(pk.Disconnect())
-        watcher.expect_closed()
+        subscribe_and_go_away(gateway.port, "will-watcher", "status/#", 1, properties=EXPIRY)
         devices = []
         for level, name in ((pk.MQTT_5, "device"), (pk.MQTT_311, "device-311")):
             device = RawClient(gateway.port, level)
@@ -269,11 +269,7 @@ def test_messages_queued_for_an_away_session_do_not_grow_the_gateways_memory(tmp
     with gateway:
         assert gateway.process is not None
         process = psutil.Process(gateway.process.pid)
-        away = RawClient(gateway.port)
-        away.connect("away-big", clean_start=False, properties=EXPIRY)
-        away.subscribe("big", 1)
-        away.send(pk.Disconnect())
-        away.expect_closed()
+        subscribe_and_go_away(gateway.port, "away-big", "big", 1, clean_start=False, properties=EXPIRY)
         publisher = RawClient(gateway.port)
         publisher.connect("big-publisher")
         publisher.send(pk.Publish("big", b"warm-up", 1, packet_id=1000))
@@ -304,11 +300,7 @@ def test_max_queued_bytes_bounds_an_away_session_across_a_restart(tmp_path: Path
     config.write_text("[broker.limits]\nmax_queued_bytes = 500\n")
     gateway = GatewayProcess(tmp_path / "data", config=config)
     with gateway:
-        away = RawClient(gateway.port, level=4)
-        away.connect("away", clean_start=False)
-        away.subscribe("queued", 1)
-        away.send(pk.Disconnect())
-        away.expect_closed()
+        subscribe_and_go_away(gateway.port, "away", "queued", 1, level=pk.MQTT_311, clean_start=False)
         publisher = RawClient(gateway.port)
         publisher.connect("queue-publisher")
         for index in range(8):
@@ -338,11 +330,7 @@ def test_sigterm_publishes_every_will_before_disconnecting(tmp_path: Path) -> No
     0x8B, a durable one finds them queued after the restart, and a retained will is retained."""
     gateway = GatewayProcess(tmp_path / "data")
     with gateway:
-        durable = RawClient(gateway.port, level=4)
-        durable.connect("will-durable", clean_start=False)
-        durable.subscribe("status/#", 1)
-        durable.send(pk.Disconnect())
-        durable.expect_closed()
+        subscribe_and_go_away(gateway.port, "will-durable", "status/#", 1, level=pk.MQTT_311, clean_start=False)
         live = RawClient(gateway.port)
         live.connect("will-live")
         live.subscribe("status/#", 1)
@@ -484,11 +472,7 @@ def test_a_backlog_read_back_across_kill9_is_delivered_in_order_and_never_twice_
     MQTT 5 here (its Receive Maximum sets the window at the kill); the 3.1.1 backlogs are the two above."""
     gateway = GatewayProcess(tmp_path / "data")
     with gateway:
-        away = RawClient(gateway.port)
-        away.connect("drain", clean_start=False, properties=EXPIRY)
-        away.subscribe("drain/#", 1)
-        away.send(pk.Disconnect())
-        away.expect_closed()
+        subscribe_and_go_away(gateway.port, "drain", "drain/#", 1, clean_start=False, properties=EXPIRY)
         publisher = RawClient(gateway.port)
         publisher.connect("drain-publisher")
         for start in range(0, 1500, 100):

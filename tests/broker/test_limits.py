@@ -31,7 +31,7 @@ from appliance.broker.routing.topic_tree import (
     TopicError,
 )
 from testing.campaigns import campaign
-from tests.broker.pair import BrokerPair
+from tests.broker.pair import BrokerPair, subscriber_and_publisher
 from tests.broker.test_timing import LEVELS, durable, publishes
 from tests.broker.test_topic_tree import reference_matches
 
@@ -324,11 +324,7 @@ def test_400000_user_properties_are_refused_after_the_64th() -> None:
 
 
 def test_the_broker_ends_a_publisher_of_400000_user_properties_at_once(pair: BrokerPair) -> None:
-    subscriber = pair.client(pk.MQTT_5)
-    subscriber.connect("sub")
-    subscriber.subscribe("t", 1)
-    publisher = pair.client(pk.MQTT_5)
-    publisher.connect("pub")
+    subscriber, publisher = subscriber_and_publisher(pair, pk.MQTT_5, qos=1)
     started = time.thread_time()
     publisher.send(MANY_PROPERTIES)
     assert time.thread_time() - started < TIME_BUDGET
@@ -338,11 +334,7 @@ def test_the_broker_ends_a_publisher_of_400000_user_properties_at_once(pair: Bro
 
 
 def test_user_properties_up_to_the_limit_are_forwarded_in_order(pair: BrokerPair) -> None:
-    subscriber = pair.client(pk.MQTT_5)
-    subscriber.connect("sub")
-    subscriber.subscribe("t", 1)
-    publisher = pair.client(pk.MQTT_5)
-    publisher.connect("pub")
+    subscriber, publisher = subscriber_and_publisher(pair, pk.MQTT_5, qos=1)
     sent = [(f"k{i}", f"v{i}") for i in range(64)]
     publisher.send(pk.Publish("t", b"x", 1, packet_id=1, properties={pr.USER_PROPERTY: sent}))
     assert publisher.expect(pk.PubAck).reason_code == rc.SUCCESS

@@ -10,7 +10,9 @@ import gc
 import sqlite3
 import tempfile
 import tracemalloc
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,30 @@ from tests.broker.pair import BrokerPair, FakeClient
 from tests.broker.versions import LEVELS, durable
 
 EXPIRY = {pr.SESSION_EXPIRY_INTERVAL: 3600}
+
+
+MEGABYTE = 1024 * 1024
+
+
+@dataclass
+class Kept:
+    bytes: int = 0
+
+
+@contextmanager
+def allocations_kept() -> Iterator[Kept]:
+    """The bytes of Python allocations the block leaves behind (tracemalloc, garbage collected before and
+    after), in ``.bytes`` once it is done."""
+    kept = Kept()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        yield kept
+        gc.collect()
+        kept.bytes = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
 
 
 def away_subscriber(pair: BrokerPair, client_id: str = "away", qos: int = 1, level: int = pk.MQTT_5) -> None:
@@ -81,8 +107,7 @@ def test_an_away_sessions_queue_is_in_the_store_and_comes_back_a_window_at_a_tim
     """MQTT 5 here: its Receive Maximum sets the window the backlog comes back in."""
     pair = BrokerPair(tmp_path, max_inflight_messages=0)
     away_subscriber(pair)
-    publisher = pair.client()
-    publisher.connect("publisher")
+    publisher = pair.connected("publisher")
     acks = publish(publisher, 2500)  # more than max_queued_messages (1000): that bound is for memory
     assert [a.reason_code for a in acks if isinstance(a, pk.PubAck)] == [0] * 2500
     session = pair.broker.sessions["away"]
@@ -106,8 +131,7 @@ def test_the_backlog_is_read_back_before_its_commit_in_the_same_turn(tmp_path: P
     committed) when the window is filled, and come from the buffer, once each, in order."""
     pair = BrokerPair(tmp_path)
     away_subscriber(pair, level=level)
-    publisher = pair.client()
-    publisher.connect("publisher")
+    publisher = pair.connected("publisher")
     back = pair.client(level)
     session = pair.broker.sessions["away"]
     # One publisher read, then the reconnect before any flush: data_received without running the loop.
@@ -128,8 +152,7 @@ def test_a_client_that_leaves_with_a_queue_behind_its_window_frees_that_memory(t
     subscriber = pair.client()
     subscriber.connect("slow", properties={**EXPIRY, pr.RECEIVE_MAXIMUM: 2})
     subscriber.subscribe("q/#", 1)
-    publisher = pair.client()
-    publisher.connect("publisher")
+    publisher = pair.connected("publisher")
     publish(publisher, 10)
     session = pair.broker.sessions["slow"]
     assert len(session.inflight) == 2 and len(session.queue) == 8
@@ -146,8 +169,7 @@ def test_a_client_that_leaves_with_a_queue_behind_its_window_frees_that_memory(t
 def test_a_restart_reads_the_backlog_from_the_store_and_loads_none_of_it(tmp_path: Path, level: int) -> None:
     pair = BrokerPair(tmp_path)
     away_subscriber(pair, level=level)
-    publisher = pair.client()
-    publisher.connect("publisher")
+    publisher = pair.connected("publisher")
     publish(publisher, 300, size=1000)
     pair.stop()
 
@@ -164,8 +186,7 @@ def test_past_max_queued_bytes_mqtt5_publishers_get_quota_exceeded_and_the_drop_
     away_subscriber(pair)
     away_subscriber(pair, "roomy")  # a second subscriber whose queue has room: it still gets everything
     pair.broker.sessions["roomy"].byte_limit = 0
-    publisher = pair.client()
-    publisher.connect("publisher")
+    publisher = pair.connected("publisher")
     acks = [a for a in publish(publisher, 15, size=100) if isinstance(a, pk.PubAck)]
     assert [a.reason_code for a in acks] == [0] * 10 + [rc.QUOTA_EXCEEDED] * 5
     publisher.send(pk.Publish("q/t", b"x" * 100, 2, packet_id=99))
@@ -195,13 +216,11 @@ def test_the_byte_bound_counts_across_a_restart(tmp_path: Path) -> None:
     """MQTT 5 publishers: they are the ones told (0x97); a 3.1.1 one is acknowledged (above)."""
     pair = BrokerPair(tmp_path, max_queued_bytes=1000)
     away_subscriber(pair)
-    publisher = pair.client()
-    publisher.connect("publisher")
+    publisher = pair.connected("publisher")
     publish(publisher, 6, size=100)
     pair.stop()
     restarted = BrokerPair(tmp_path, max_queued_bytes=1000)
-    publisher = restarted.client()
-    publisher.connect("publisher")
+    publisher = restarted.connected("publisher")
     acks = [a for a in publish(publisher, 6, size=100, first=6) if isinstance(a, pk.PubAck)]
     assert [a.reason_code for a in acks] == [0] * 4 + [rc.QUOTA_EXCEEDED] * 2
 
@@ -216,23 +235,14 @@ def test_queued_messages_of_an_away_session_are_not_held_in_memory(tmp_path: Pat
     verdict: the unit layer's longest test.)"""
     pair = BrokerPair(tmp_path, max_packet_size=2 * 1024 * 1024)
     away_subscriber(pair)
-    publisher = pair.client()
-    publisher.connect("publisher")
-    megabyte = 1024 * 1024
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
+    publisher = pair.connected("publisher")
+    with allocations_kept() as kept:
         for index in range(QUEUED_MEGABYTES):
-            publisher.send(pk.Publish("q/t", f"{index:08d}".encode().ljust(megabyte, b"."), 1, packet_id=index + 1))
+            publisher.send(pk.Publish("q/t", f"{index:08d}".encode().ljust(MEGABYTE, b"."), 1, packet_id=index + 1))
             publisher.received()
         pair.broker.flush()
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
     assert pair.broker.sessions["away"].spilled == QUEUED_MEGABYTES
-    assert grown < 5 * megabyte, f"{grown / megabyte:.1f} MB held for {QUEUED_MEGABYTES} MB queued"
+    assert kept.bytes < 5 * MEGABYTE, f"{kept.bytes / MEGABYTE:.1f} MB held for {QUEUED_MEGABYTES} MB queued"
     back = come_back(pair, "away")
     assert indexes(drain(back)) == list(range(QUEUED_MEGABYTES))
 
@@ -241,8 +251,7 @@ def test_a_session_that_stops_being_durable_takes_its_backlog_into_memory(tmp_pa
     """MQTT 5 only: a session expiry of 0 on the return (3.1.1's clean session is the next test)."""
     pair = BrokerPair(tmp_path)
     away_subscriber(pair)
-    publisher = pair.client()
-    publisher.connect("publisher")
+    publisher = pair.connected("publisher")
     publish(publisher, 5)
     back = come_back(pair, properties={})  # session expiry 0 from now on: the store forgets it
     assert indexes(drain(back)) == list(range(5))
@@ -254,8 +263,7 @@ def test_a_session_that_stops_being_durable_takes_its_backlog_into_memory(tmp_pa
 def test_clean_start_forgets_the_backlog(tmp_path: Path, level: int) -> None:
     pair = BrokerPair(tmp_path)
     away_subscriber(pair, level=level)
-    publisher = pair.client()
-    publisher.connect("publisher")
+    publisher = pair.connected("publisher")
     publish(publisher, 5)
     fresh = pair.client(level)
     fresh.connect("away", clean_start=True, properties=EXPIRY if level == pk.MQTT_5 else {})
@@ -292,8 +300,7 @@ def test_a_connected_slow_consumer_with_nothing_in_flight_still_gets_its_backlog
     subscriber.connect("stuck", properties=EXPIRY)
     subscriber.subscribe("q/#", 1)
     pair.broker.sessions["stuck"].connection.overloaded = True  # type: ignore[union-attr]
-    publisher = pair.client()
-    publisher.connect("publisher")
+    publisher = pair.connected("publisher")
     publish(publisher, 3)
     assert indexes(drain(subscriber)) == [0, 1, 2]
 
@@ -322,8 +329,7 @@ def test_every_acknowledged_message_arrives_in_order_and_only_dup_resends_repeat
         data = Path(folder)
         pair = BrokerPair(data, max_inflight_messages=0)
         away_subscriber(pair, "model")
-        publisher = pair.client()
-        publisher.connect("model-publisher")
+        publisher = pair.connected("model-publisher")
         published = 0
         received: list[pk.Publish] = []
         unacked: list[pk.Publish] = []
@@ -373,8 +379,7 @@ def test_every_acknowledged_message_arrives_in_order_and_only_dup_resends_repeat
                 elif pair.store is not None:
                     pair.store.close()  # kill -9: the buffered changes are lost
                 pair = BrokerPair(data, max_inflight_messages=0)
-                publisher = pair.client()
-                publisher.connect("model-publisher")
+                publisher = pair.connected("model-publisher")
                 subscriber = None
             if subscriber is not None:
                 collect()
@@ -496,8 +501,7 @@ def test_the_byte_bound_holds_and_exactly_the_refused_messages_get_quota_exceede
     with tempfile.TemporaryDirectory() as folder:
         pair = BrokerPair(Path(folder), max_queued_bytes=limit)
         away_subscriber(pair, "bounded")
-        publisher = pair.client()
-        publisher.connect("bounded-publisher")
+        publisher = pair.connected("bounded-publisher")
         accepted: list[int] = []
         for index, size in enumerate(sizes):
             publisher.send(pk.Publish("q/t", f"{index:08d}".encode().ljust(size, b"."), 1, packet_id=index + 1))
@@ -517,22 +521,13 @@ def test_qos0_messages_queued_in_memory_for_an_away_client_are_bounded_by_bytes(
     counted (held with their received frames: about twice the payload, not 120 MB)."""
     pair = BrokerPair(tmp_path, max_packet_size=2 * 1024 * 1024)
     away_subscriber(pair, qos=0)
-    publisher = pair.client()
-    publisher.connect("publisher")
-    megabyte = 1024 * 1024
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
+    publisher = pair.connected("publisher")
+    with allocations_kept() as kept:
         for index in range(60):
-            publisher.send(pk.Publish("q/t", f"{index:08d}".encode().ljust(megabyte - 100, b"."), 0))
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+            publisher.send(pk.Publish("q/t", f"{index:08d}".encode().ljust(MEGABYTE - 100, b"."), 0))
     session = pair.broker.sessions["away"]
     assert (len(session.queue), session.dropped) == (8, 52)
-    assert grown < 20 * megabyte, f"{grown / megabyte:.1f} MB held"
+    assert kept.bytes < 20 * MEGABYTE, f"{kept.bytes / MEGABYTE:.1f} MB held"
     assert indexes(drain(come_back(pair))) == list(range(8))
 
 
@@ -543,12 +538,10 @@ def test_publishers_are_held_back_by_the_bytes_a_connected_client_has_queued(tmp
     subscriber = pair.client()
     subscriber.connect("slow", properties={pr.RECEIVE_MAXIMUM: 1})
     subscriber.subscribe("q/#", 1)
-    publisher = pair.client()
-    publisher.connect("publisher")
-    megabyte = 1024 * 1024
+    publisher = pair.connected("publisher")
     index = 0
     while "backpressure" not in publisher.holds:
-        publisher.send(pk.Publish("q/t", f"{index:08d}".encode().ljust(megabyte, b"."), 1, packet_id=index + 1))
+        publisher.send(pk.Publish("q/t", f"{index:08d}".encode().ljust(MEGABYTE, b"."), 1, packet_id=index + 1))
         index += 1
         assert index < 20, "the publisher was never held back"
-    assert pair.broker.sessions["slow"].queued_bytes <= 8 * megabyte
+    assert pair.broker.sessions["slow"].queued_bytes <= 8 * MEGABYTE

@@ -15,7 +15,7 @@ from appliance.broker.codec import reasons as rc
 from appliance.broker.handlers.connect import FLAP_FREE_TAKEOVERS
 from appliance.broker.routing.router import QUEUE_HIGH_WATER
 from appliance.broker.sessions.backpressure import SLOW_CONSUMER_GRACE
-from tests.broker.pair import BrokerPair
+from tests.broker.pair import BrokerPair, FakeClient, subscriber_and_publisher
 from tests.broker.versions import LEVELS, durable
 
 
@@ -30,14 +30,34 @@ def publishes(packets: list[pk.Packet]) -> list[pk.Publish]:
     return [p for p in packets if isinstance(p, pk.Publish)]
 
 
+def will_watcher(pair: BrokerPair, level: int = pk.MQTT_5) -> FakeClient:
+    """A client subscribed to every will (``wills/#``)."""
+    watcher = pair.client(level)
+    watcher.connect("watcher")
+    watcher.subscribe("wills/#")
+    return watcher
+
+
+def leave_a_durable_subscription(pair: BrokerPair, level: int) -> None:
+    """``sub`` subscribes to ``t`` at QoS 1 in a session that outlives its connection by 60 s, and goes away."""
+    subscriber = pair.client(level)
+    subscriber.connect("sub", **durable(level, 60))
+    subscriber.subscribe("t", 1)
+    subscriber.drop()
+
+
+def publish_past_the_high_water(publisher: FakeClient) -> None:
+    """QoS 1 messages on ``t``, 200 more than a subscriber's queue holds before it holds its publisher."""
+    for start in range(1, QUEUE_HIGH_WATER + 200, 100):
+        publisher.send(*[pk.Publish("t", b"m", qos=1, packet_id=i) for i in range(start, start + 100)])
+
+
 # -- wills ---------------------------------------------------------------------------------------------
 
 
 def test_a_delayed_will_goes_out_when_its_delay_is_over_not_before(pair: BrokerPair) -> None:
     """MQTT 5 only: the Will Delay Interval is a will property (3.1.1's will goes out at once)."""
-    watcher = pair.client()
-    watcher.connect("watcher")
-    watcher.subscribe("wills/#")
+    watcher = will_watcher(pair)
     client = pair.client()
     will = pk.Will("wills/a", b"gone", properties={pr.WILL_DELAY_INTERVAL: 30})
     client.connect("a", will=will, properties={pr.SESSION_EXPIRY_INTERVAL: 60})
@@ -51,9 +71,7 @@ def test_a_delayed_will_goes_out_when_its_delay_is_over_not_before(pair: BrokerP
 
 def test_reconnecting_within_the_will_delay_cancels_the_will(pair: BrokerPair) -> None:
     """MQTT 5 only: the Will Delay Interval is a will property (3.1.1's will goes out at once)."""
-    watcher = pair.client()
-    watcher.connect("watcher")
-    watcher.subscribe("wills/#")
+    watcher = will_watcher(pair)
     will = pk.Will("wills/a", b"gone", properties={pr.WILL_DELAY_INTERVAL: 30})
     first = pair.client()
     first.connect("a", will=will, properties={pr.SESSION_EXPIRY_INTERVAL: 60})
@@ -66,9 +84,7 @@ def test_reconnecting_within_the_will_delay_cancels_the_will(pair: BrokerPair) -
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_will_without_delay_goes_out_at_once_when_the_connection_breaks(pair: BrokerPair, level: int) -> None:
-    watcher = pair.client(level)
-    watcher.connect("watcher")
-    watcher.subscribe("wills/#")
+    watcher = will_watcher(pair, level)
     client = pair.client(level)
     client.connect("a", will=pk.Will("wills/a", b"gone"))
     client.drop()
@@ -79,9 +95,7 @@ def test_a_will_without_delay_goes_out_at_once_when_the_connection_breaks(pair: 
 def test_a_session_ending_before_the_will_delay_publishes_the_will_then(pair: BrokerPair) -> None:
     """MQTT 5 3.1.3.2.2: the will goes out at the earlier of its delay and the session's end. MQTT 5 only:
     3.1.1 has neither a will delay nor a session expiry of its own."""
-    watcher = pair.client()
-    watcher.connect("watcher")
-    watcher.subscribe("wills/#")
+    watcher = will_watcher(pair)
     client = pair.client()
     client.connect("a", will=pk.Will("wills/a", b"gone", properties={pr.WILL_DELAY_INTERVAL: 300}),
                    properties={pr.SESSION_EXPIRY_INTERVAL: 20})
@@ -128,10 +142,7 @@ def test_a_delayed_will_pending_at_a_crash_keeps_its_moment_or_is_cancelled_by_a
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_an_away_session_keeps_its_messages_until_it_expires(pair: BrokerPair, level: int) -> None:
-    subscriber = pair.client(level)
-    subscriber.connect("sub", **durable(level, 60))
-    subscriber.subscribe("t", 1)
-    subscriber.drop()
+    leave_a_durable_subscription(pair, level)
     publisher = pair.client(level)
     publisher.connect("pub")
     publisher.send(pk.Publish("t", b"kept", qos=1, packet_id=1))
@@ -145,10 +156,7 @@ def test_an_away_session_keeps_its_messages_until_it_expires(pair: BrokerPair, l
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_an_expired_session_is_gone(pair: BrokerPair, level: int) -> None:
-    subscriber = pair.client(level)
-    subscriber.connect("sub", **durable(level, 60))
-    subscriber.subscribe("t", 1)
-    subscriber.drop()
+    leave_a_durable_subscription(pair, level)
     pair.advance(61)
     assert "sub" not in pair.broker.sessions
     publisher = pair.client(level)
@@ -166,10 +174,7 @@ def test_a_queued_message_expires_and_the_rest_count_down(pair: BrokerPair) -> N
     """MQTT 5 only: the Message Expiry Interval is a PUBLISH property (3.1.1 messages never expire). A
     message queued for an away session is dropped once its lifetime has passed; one still alive goes
     out with its interval lowered by the time it waited (3.3.2.3.3)."""
-    subscriber = pair.client()
-    subscriber.connect("sub", **durable(pk.MQTT_5, 60))
-    subscriber.subscribe("t", 1)
-    subscriber.drop()
+    leave_a_durable_subscription(pair, pk.MQTT_5)
     publisher = pair.client()
     publisher.connect("pub")
     publisher.send(pk.Publish("t", b"short", qos=1, packet_id=1, properties={pr.MESSAGE_EXPIRY_INTERVAL: 1}),
@@ -236,11 +241,7 @@ def test_a_client_id_taken_over_too_often_is_slowed_down(pair: BrokerPair, level
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_congested_subscriber_holds_its_publisher_back_for_the_grace_period_only(pair: BrokerPair, level: int) -> None:
-    subscriber = pair.client(level)
-    subscriber.connect("sub")
-    subscriber.subscribe("t", 0)
-    publisher = pair.client(level)
-    publisher.connect("pub")
+    subscriber, publisher = subscriber_and_publisher(pair, level, qos=0)
     subscriber.congest(True)
     publisher.send(pk.Publish("t", b"1"))
     assert "backpressure" in publisher.holds
@@ -257,11 +258,7 @@ def test_a_congested_subscriber_holds_its_publisher_back_for_the_grace_period_on
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_subscriber_that_drains_in_time_releases_its_publisher(pair: BrokerPair, level: int) -> None:
-    subscriber = pair.client(level)
-    subscriber.connect("sub")
-    subscriber.subscribe("t", 0)
-    publisher = pair.client(level)
-    publisher.connect("pub")
+    subscriber, publisher = subscriber_and_publisher(pair, level, qos=0)
     subscriber.congest(True)
     publisher.send(pk.Publish("t", b"1"))
     pair.advance(1.0)
@@ -271,13 +268,8 @@ def test_a_subscriber_that_drains_in_time_releases_its_publisher(pair: BrokerPai
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_subscriber_that_stops_acknowledging_is_a_slow_consumer_after_the_grace(pair: BrokerPair, level: int) -> None:
-    subscriber = pair.client(level)
-    subscriber.connect("sub")
-    subscriber.subscribe("t", 1)
-    publisher = pair.client(level)
-    publisher.connect("pub")
-    for start in range(1, QUEUE_HIGH_WATER + 200, 100):
-        publisher.send(*[pk.Publish("t", b"m", qos=1, packet_id=i) for i in range(start, start + 100)])
+    subscriber, publisher = subscriber_and_publisher(pair, level, qos=1)
+    publish_past_the_high_water(publisher)
     assert "backpressure" in publisher.holds
     pair.advance(SLOW_CONSUMER_GRACE + 0.1)
     assert "backpressure" not in publisher.holds
@@ -286,13 +278,8 @@ def test_a_subscriber_that_stops_acknowledging_is_a_slow_consumer_after_the_grac
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_slow_but_acknowledging_subscriber_keeps_its_publisher_held(pair: BrokerPair, level: int) -> None:
-    subscriber = pair.client(level)
-    subscriber.connect("sub")
-    subscriber.subscribe("t", 1)
-    publisher = pair.client(level)
-    publisher.connect("pub")
-    for start in range(1, QUEUE_HIGH_WATER + 200, 100):
-        publisher.send(*[pk.Publish("t", b"m", qos=1, packet_id=i) for i in range(start, start + 100)])
+    subscriber, publisher = subscriber_and_publisher(pair, level, qos=1)
+    publish_past_the_high_water(publisher)
     first = publishes(subscriber.received())[0]
     pair.advance(SLOW_CONSUMER_GRACE - 0.5)
     subscriber.send(pk.PubAck(first.packet_id or 0))

@@ -216,15 +216,22 @@ def tree_match(tree: SubscriptionTree, topic: str) -> tuple[dict, dict]:
     return ordinary, shared
 
 
+def subscribe(tree: SubscriptionTree, live: dict[tuple[str, str], str | None], client_id: str, match_filter: str,
+              group: str | None) -> None:
+    """``client_id`` subscribes to ``match_filter`` (in shared ``group``, if one), in the tree and in ``live``,
+    the reference's record of what is subscribed."""
+    full = match_filter if group is None else f"$share/{group}/{match_filter}"
+    tree.subscribe(client_id, full, QOS1)
+    live[(client_id, full)] = group
+
+
 @campaign(300, deadline=None)
 @given(SUBSCRIPTIONS, st.lists(TOPICS, min_size=1, max_size=6), st.data())
 def test_tree_agrees_with_reference_matcher(subscriptions, topics, data) -> None:
     tree = SubscriptionTree()
     live: dict[tuple[str, str], str | None] = {}
     for client_id, match_filter, group in subscriptions:
-        full = match_filter if group is None else f"$share/{group}/{match_filter}"
-        tree.subscribe(client_id, full, QOS1)
-        live[(client_id, full)] = group
+        subscribe(tree, live, client_id, match_filter, group)
         # Interleave matches with changes so stale cache entries would show.
         topic = data.draw(st.sampled_from(topics))
         assert tree_match(tree, topic) == naive_match(live, topic)
@@ -264,9 +271,7 @@ def test_compressed_edges_split_and_join_without_changing_what_matches(subscript
     tree = SubscriptionTree()
     live: dict[tuple[str, str], str | None] = {}
     for client_id, match_filter, group in subscriptions:
-        full = match_filter if group is None else f"$share/{group}/{match_filter}"
-        tree.subscribe(client_id, full, QOS1)
-        live[(client_id, full)] = group
+        subscribe(tree, live, client_id, match_filter, group)
     for topic in topics:
         assert tree_match(tree, topic) == naive_match(live, topic)
     order = data.draw(st.permutations(sorted(live)))

@@ -36,6 +36,18 @@ def raw(gateway: GatewayProcess):
         client.close()
 
 
+def subscriber_and_publisher(raw, level: int, client_id: str, topic: str, qos: int,
+                             **session: object) -> tuple[RawClient, RawClient]:
+    """``client_id`` connected (``session``: its CONNECT's session fields) and subscribed to ``topic`` at
+    ``qos``, and a publisher connected beside it."""
+    sub = raw(level)
+    sub.connect(client_id, **session)
+    sub.subscribe(topic, qos)
+    pub = raw(level)
+    pub.connect(unique(f"{client_id}-pub"))
+    return sub, pub
+
+
 def test_connack_announces_limits_and_assigns_a_client_id(raw, level: int) -> None:
     """MQTT 5 announces its limits and the id it assigned as CONNACK properties; 3.1.1 has no properties,
     so its client is accepted with return code 0 and an empty CONNACK (the broker still names it)."""
@@ -97,13 +109,8 @@ def test_session_takeover_closes_the_old_connection(raw, level: int) -> None:
 
 
 def test_unacknowledged_qos1_is_redelivered_with_dup_after_reconnect(raw, level: int) -> None:
-    client_id = unique("dup")
-    topic = unique("dup-topic")
-    sub = raw(level)
-    sub.connect(client_id, **durable(level))
-    sub.subscribe(topic, 1)
-    pub = raw(level)
-    pub.connect(unique("dup-pub"))
+    client_id, topic = unique("dup"), unique("dup-topic")
+    sub, pub = subscriber_and_publisher(raw, level, client_id, topic, 1, **durable(level))
     pub.send(pk.Publish(topic, b"payload", 1, packet_id=1))
     pub.expect(pk.PubAck)
     first = sub.expect(pk.Publish)
@@ -119,13 +126,8 @@ def test_unacknowledged_qos1_is_redelivered_with_dup_after_reconnect(raw, level:
 
 
 def test_qos2_outbound_flow_resumes_with_pubrel_after_reconnect(raw, level: int) -> None:
-    client_id = unique("q2out")
-    topic = unique("q2out-topic")
-    sub = raw(level)
-    sub.connect(client_id, **durable(level))
-    sub.subscribe(topic, 2)
-    pub = raw(level)
-    pub.connect(unique("q2out-pub"))
+    client_id, topic = unique("q2out"), unique("q2out-topic")
+    sub, pub = subscriber_and_publisher(raw, level, client_id, topic, 2, **durable(level))
     pub.send(pk.Publish(topic, b"once", 2, packet_id=3))
     pub.expect(pk.PubRec)
     pub.send(pk.PubRel(3))
@@ -146,11 +148,7 @@ def test_inbound_qos2_duplicates_are_suppressed_by_packet_id(raw, level: int) ->
     """A PUBREL for an id the broker no longer holds is completed all the same: MQTT 5 says so with
     PUBCOMP 0x92, 3.1.1 (no reason codes) with a plain PUBCOMP."""
     topic = unique("q2in")
-    sub = raw(level)
-    sub.connect(unique("q2in-sub"))
-    sub.subscribe(topic, 2)
-    pub = raw(level)
-    pub.connect(unique("q2in-pub"))
+    sub, pub = subscriber_and_publisher(raw, level, unique("q2in-sub"), topic, 2)
     pub.send(pk.Publish(topic, b"exactly once", 2, packet_id=9))
     pub.expect(pk.PubRec)
     pub.send(pk.Publish(topic, b"exactly once", 2, dup=True, packet_id=9))
@@ -244,11 +242,7 @@ def test_clean_start_discards_the_previous_session(raw, level: int) -> None:
 
 def test_malformed_packet_closes_only_that_client(raw, level: int) -> None:
     topic = unique("bystander")
-    bystander = raw(level)
-    bystander.connect(unique("bystander"))
-    bystander.subscribe(topic, 0)
-    bad = raw(level)
-    bad.connect(unique("bad"))
+    bystander, bad = subscriber_and_publisher(raw, level, unique("bystander"), topic, 0)
     bad.send(b"\x36\x03\x00\x01a")  # QoS 3
     seen = bad.expect_closed()
     if level == pk.MQTT_5:
@@ -327,11 +321,7 @@ def test_invalid_subscribe_filter_is_refused_and_unsubscribe_reports_missing(raw
 
 def test_packets_before_a_malformed_one_in_the_same_read_are_still_handled(raw, level: int) -> None:
     topic = unique("before-bad")
-    watcher = raw(level)
-    watcher.connect(unique("watcher"))
-    watcher.subscribe(topic, 0)
-    bad = raw(level)
-    bad.connect(unique("half-bad"))
+    watcher, bad = subscriber_and_publisher(raw, level, unique("watcher"), topic, 0)
     bad.send(encode(pk.Publish(topic, b"made it"), level) + b"\x36\x03\x00\x01a")
     seen = bad.expect_closed()
     if level == pk.MQTT_5:

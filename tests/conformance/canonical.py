@@ -173,3 +173,14 @@ def for_version(packet: dict[str, Any], version: int) -> dict[str, Any]:
         packet["subscriptions"] = [{"topic_filter": request["topic_filter"], "qos": request["qos"]}
                                    for request in packet["subscriptions"]]
     return packet
+
+
+def check(vector: dict[str, Any], side: str, actual: Any, expected: Any) -> None:
+    """What ``side`` (``host`` or ``firmware``) decoded or parsed equals the vector, or, for a documented
+    difference (the vector's ``differs`` names the side), does not: the note goes when the difference does.
+    Encoding has no differences: what is sent is always checked byte for byte."""
+    difference = vector.get("differs", {}).get(side)
+    if difference is None:
+        assert actual == expected
+    else:
+        assert actual != expected, f"{side} now agrees with the vector: drop its 'differs' note ({difference})"

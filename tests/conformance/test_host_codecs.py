@@ -31,28 +31,7 @@ from appliance.statestore.client.results import parse_notification
 from appliance.statestore.hlc import Hlc, HlcFormatError
 from appliance.statestore.notify import notification_topic
 from tests.conformance import canonical
-from tests.conformance.canonical import (
-    HLC,
-    MQTT,
-    PROPERTY_IDS,
-    PROPERTY_NAMES,
-    RESP3,
-    STATESTORE,
-    as_bytes,
-    hexed,
-    params,
-)
-
-
-def check(vector: dict[str, Any], side: str, actual: Any, expected: Any) -> None:
-    """What ``side`` decoded or parsed equals the vector, or, for a documented difference (``differs``),
-    does not. Encoding has no differences: what we send is always checked byte for byte."""
-    difference = vector.get("differs", {}).get(side)
-    if difference is None:
-        assert actual == expected
-    else:
-        assert actual != expected, f"{side} now agrees with the vector: drop its 'differs' note ({difference})"
-
+from tests.conformance.canonical import HLC, MQTT, PROPERTY_IDS, PROPERTY_NAMES, RESP3, STATESTORE, as_bytes, check, hexed, params
 
 # --- MQTT ----------------------------------------------------------------------------------------------
 

@@ -3,22 +3,24 @@ devices over MQTT 5 and 3.1.1, the throttling relay, mosquitto as the cloud."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from appliance.forwarding.metrics import ForwardingMetrics
 from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore
+from appliance.forwarding.upstream import UpstreamSender
 from appliance.store_thread import StoreThread
 from testing.processes import MosquittoProcess
 from testing.waiting import wait_until
 from tests.forwarding.peers import Collector, delivered
 from tests.forwarding.rig import ForwardingRig
 from tests.forwarding.test_gateway_forwarding import cloud_acl
-from tests.forwarding.test_upstream import _until, run_bridge
+from tests.forwarding.test_upstream import run_bridge, until_empty
 
 EVERYTHING = "FROM /messages/* INTO $upstream"
 ALERTS = "FROM /messages/* WHERE alert = 'true' INTO $upstream"
@@ -125,10 +127,11 @@ def make_rig_with_acl(tmp_path: Path) -> Iterator[ForwardingRig]:
     made.close()
 
 
-def test_a_message_above_the_clouds_maximum_packet_size_is_dead_lettered_at_once(tmp_path: Path) -> None:
-    """MQTT 5: mosquitto announces ``max_packet_size`` in its CONNACK. Before, the gateway sent the big
-    message anyway, mosquitto closed the connection, and the gateway reconnected and sent it again until
-    its TTL ran out, with everything behind it waiting."""
+def forward_a_big_message_between_two(tmp_path: Path, protocol: str, timeout_s: float, reason: str,
+                                      **bridge_options: str) -> tuple[list[Any], UpstreamSender, ForwardingMetrics]:
+    """Messages 0, 1 (2,000 bytes) and 2 forwarded to a mosquitto that takes packets of 1,024 bytes at
+    most, until the store is empty (within ``timeout_s``) and 1 is its one dead letter, for ``reason``.
+    Returns what mosquitto received, the sender and its metrics."""
     with MosquittoProcess(tmp_path / "small", extra_config="max_packet_size 1024\n") as small:
         collector = Collector(small.host, small.port, "gateways/#")
         try:
@@ -136,15 +139,23 @@ def test_a_message_above_the_clouds_maximum_packet_size_is_dead_lettered_at_once
                 await add(0)
                 await add(1, size=2000)
                 await add(2)
-                await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 15)
+                await until_empty(store, thread, timeout_s)
                 [letter] = await thread.call(store.dead_letters)
                 assert letter.message.app_property("n") == "1"
-                assert "exceeds the server's Maximum Packet Size of 1024" in letter.reason
+                assert reason in letter.reason
 
-            sender, metrics = run_bridge(tmp_path, small.port, "5", scenario)
-            received = collector.wait_for(2)
+            sender, metrics = run_bridge(tmp_path, small.port, protocol, scenario, **bridge_options)
+            return collector.wait_for(2), sender, metrics
         finally:
             collector.close()
+
+
+def test_a_message_above_the_clouds_maximum_packet_size_is_dead_lettered_at_once(tmp_path: Path) -> None:
+    """MQTT 5: mosquitto announces ``max_packet_size`` in its CONNACK. Before, the gateway sent the big
+    message anyway, mosquitto closed the connection, and the gateway reconnected and sent it again until
+    its TTL ran out, with everything behind it waiting."""
+    received, sender, metrics = forward_a_big_message_between_two(
+        tmp_path, "5", 15, "exceeds the server's Maximum Packet Size of 1024")
     assert sorted(r.n for r in received) == [0, 2]
     assert sender.connects == 1, "never disconnected"
     assert metrics.counters["dead_lettered"][("upstream", 0)] == 1
@@ -153,22 +164,8 @@ def test_a_message_above_the_clouds_maximum_packet_size_is_dead_lettered_at_once
 def test_a_message_the_cloud_disconnects_on_is_dead_lettered_after_three_drops(tmp_path: Path) -> None:
     """MQTT 3.1.1 learns no Maximum Packet Size: mosquitto just closes the connection on the big message.
     After the third drop with it alone in flight it goes to the dead letters; the next one arrives."""
-    with MosquittoProcess(tmp_path / "small", extra_config="max_packet_size 1024\n") as small:
-        collector = Collector(small.host, small.port, "gateways/#")
-        try:
-            async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
-                await add(0)
-                await add(1, size=2000)
-                await add(2)
-                await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 20)
-                [letter] = await thread.call(store.dead_letters)
-                assert letter.message.app_property("n") == "1" and "dropped 3 times" in letter.reason
-
-            sender, metrics = run_bridge(tmp_path, small.port, "3.1.1", scenario,
-                                         topic_template="gateways/{gateway_id}/{message_id}")
-            received = collector.wait_for(2)
-        finally:
-            collector.close()
+    received, sender, _ = forward_a_big_message_between_two(
+        tmp_path, "3.1.1", 20, "dropped 3 times", topic_template="gateways/{gateway_id}/{message_id}")
     ids = sorted(r.topic.rpartition("/")[2] for r in received)
     assert [i.partition(":")[0] for i in ids] == ["gw1", "gw1"]
     first, last = (int(i.partition(":")[2]) for i in ids)

@@ -65,14 +65,19 @@ async def _with_pump(tmp_path: Path, endpoint: RecordingEndpoint, scenario, fake
     return metrics
 
 
+async def send_six_at_priority_9(pump: Pump, add, endpoint: RecordingEndpoint) -> None:
+    """Messages 0-5 stored at priority 9, then the pump started: returns once the first batch is out."""
+    for n in range(6):
+        await add(n, 9)
+    pump.start()
+    await asyncio.wait_for(endpoint.in_flight.wait(), 5)
+
+
 def test_highest_priority_first_and_restart_after_every_batch(tmp_path: Path) -> None:
     endpoint = RecordingEndpoint(batch_size=3, hold_first=True)
 
     async def scenario(pump: Pump, add, store, thread) -> None:
-        for n in range(6):
-            await add(n, 9)
-        pump.start()
-        await asyncio.wait_for(endpoint.in_flight.wait(), 5)
+        await send_six_at_priority_9(pump, add, endpoint)
         # While the first P9 batch is out, alerts arrive: they go before the rest of the P9 backlog.
         await add(100, 0)
         await add(101, 5)
@@ -88,10 +93,7 @@ def test_a_higher_priority_preempts_the_rest_of_a_batch(tmp_path: Path) -> None:
     endpoint = PreemptibleEndpoint(batch_size=6)
 
     async def scenario(pump: Pump, add, store, thread) -> None:
-        for n in range(6):
-            await add(n, 9)
-        pump.start()
-        await asyncio.wait_for(endpoint.in_flight.wait(), 5)
+        await send_six_at_priority_9(pump, add, endpoint)
         await add(100, 0)
         await add(101, 9)  # same priority as the batch: no preemption
         endpoint.release.set()

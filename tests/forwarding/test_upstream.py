@@ -79,17 +79,9 @@ def run_bridge(tmp_path: Path, port: int, protocol: str, scenario: Callable[...,
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 def test_bridge_delivers_with_qos1_and_identity(tmp_path: Path, mosquitto: MosquittoProcess, protocol: str) -> None:
-    collector = Collector(mosquitto.host, mosquitto.port, "gateways/#")
-    try:
-        async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
-            for n in range(5):
-                await add(n)
-            await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 10)
-
-        run_bridge(tmp_path, mosquitto.port, protocol, scenario)
+    with Collector(mosquitto.host, mosquitto.port, "gateways/#") as collector:
+        run_bridge(tmp_path, mosquitto.port, protocol, sending(5, 10))
         received = collector.wait_for(5)
-    finally:
-        collector.close()
     assert {r.topic for r in received} == {"gateways/gw1/devices/t1/messages/events"}
     if protocol == "5":
         assert sorted(r.n for r in received) == list(range(5))
@@ -101,18 +93,15 @@ def test_bridge_delivers_with_qos1_and_identity(tmp_path: Path, mosquitto: Mosqu
 
 def test_over_mqtt_311_the_identity_travels_in_the_topic(tmp_path: Path, mosquitto: MosquittoProcess) -> None:
     """MQTT 3.1.1 has no user properties; ``{message_id}`` and ``{priority}`` in the template carry them."""
-    collector = Collector(mosquitto.host, mosquitto.port, "gateways/#")
-    try:
+    with Collector(mosquitto.host, mosquitto.port, "gateways/#") as collector:
         async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
             await add(0, priority=0)
             await add(1, priority=3)
-            await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 10)
+            await until_empty(store, thread, 10)
 
         run_bridge(tmp_path, mosquitto.port, "3.1.1", scenario,
                    topic_template="gateways/{gateway_id}/devices/{device_id}/p{priority}/{message_id}")
         received = collector.wait_for(2)
-    finally:
-        collector.close()
     topics = sorted(r.topic for r in received)
     assert [t.rpartition(":")[0] for t in topics] == ["gateways/gw1/devices/t1/p0/gw1", "gateways/gw1/devices/t1/p3/gw1"]
     first, second = (int(t.rpartition(":")[2]) for t in topics)
@@ -126,9 +115,24 @@ async def _until(predicate: Callable[[], bool], thread: StoreThread) -> None:
         await asyncio.sleep(0.01)
 
 
+async def until_empty(store: MessageStore, thread: StoreThread, timeout_s: float) -> None:
+    """Until ``store`` holds no message (each one acknowledged upstream or dead-lettered), ``timeout_s`` at most."""
+    await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), timeout_s)
+
+
+def sending(count: int, timeout_s: float, **add_options: int) -> Callable[..., Awaitable[None]]:
+    """A ``run_bridge`` scenario: messages 0 to ``count`` - 1 added (``add_options``: their priority or size),
+    then ``until_empty``."""
+    async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+        for n in range(count):
+            await add(n, **add_options)
+        await until_empty(store, thread, timeout_s)
+
+    return scenario
+
+
 def test_outage_keeps_messages_queued_then_reconnects(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread) -> None:
-    collector = Collector(mosquitto.host, mosquitto.port, "gateways/#")
-    try:
+    with Collector(mosquitto.host, mosquitto.port, "gateways/#") as collector:
         async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
             await add(0)
             await asyncio.wait_for(pump.wait_batches(1), 10)
@@ -142,12 +146,10 @@ def test_outage_keeps_messages_queued_then_reconnects(tmp_path: Path, mosquitto:
             await waiting.until(lambda: relay.stats().connections_refused >= refused + 3, 10, "three refused attempts")
             assert await thread.call(store.message_count) == 3
             relay.set(up=True)
-            await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 15)
+            await until_empty(store, thread, 15)
 
         sender, _ = run_bridge(tmp_path, relay.port, "5", scenario)
         received = collector.wait_for(4)
-    finally:
-        collector.close()
     assert sorted({r.n for r in received}) == [0, 1, 2, 3]
     assert sender.connects >= 2
 
@@ -155,15 +157,7 @@ def test_outage_keeps_messages_queued_then_reconnects(tmp_path: Path, mosquitto:
 def test_window_follows_the_measured_link(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread) -> None:
     relay.set(rate_bps=9600, delay_ms=20)  # 40 ms round trip
 
-    def backlog(count: int):
-        async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
-            for n in range(count):
-                await add(n, size=100)
-            await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 30)
-
-        return scenario
-
-    slow, _ = run_bridge(tmp_path, relay.port, "5", backlog(20))
+    slow, _ = run_bridge(tmp_path, relay.port, "5", sending(20, 30, size=100))
     assert slow.estimate.rate_bytes_per_s is not None
     # 9.6 kbit/s is 1200 B/s on the wire, TCP/IP headers included; the token bucket's burst allowance
     # makes the first batches look faster, which the smoothing must have mostly forgotten.
@@ -172,7 +166,7 @@ def test_window_follows_the_measured_link(tmp_path: Path, mosquitto: MosquittoPr
 
     relay.set(rate_bps=0)  # same round trip, no rate limit: the window must cover the round trip
     (tmp_path / "fast").mkdir()
-    fast, _ = run_bridge(tmp_path / "fast", relay.port, "5", backlog(300))
+    fast, _ = run_bridge(tmp_path / "fast", relay.port, "5", sending(300, 30, size=100))
     assert slow.estimate.target_messages() <= 2, "nine bandwidth-delay products are at most two messages"
     assert fast.estimate.target_messages() > 20, (fast.estimate.rate_bytes_per_s, fast.estimate.rtt_s)
 
@@ -180,17 +174,9 @@ def test_window_follows_the_measured_link(tmp_path: Path, mosquitto: MosquittoPr
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 def test_batch_format_packs_messages_with_their_identity(tmp_path: Path, mosquitto: MosquittoProcess, protocol: str) -> None:
     """Over either protocol version the batch carries the whole identity (3.1.1 has no user properties)."""
-    collector = Collector(mosquitto.host, mosquitto.port, "gateways/#")
-    try:
-        async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
-            for n in range(30):
-                await add(n, priority=4)
-            await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 10)
-
-        sender, metrics = run_bridge(tmp_path, mosquitto.port, protocol, scenario, format="batch")
+    with Collector(mosquitto.host, mosquitto.port, "gateways/#") as collector:
+        sender, metrics = run_bridge(tmp_path, mosquitto.port, protocol, sending(30, 10, priority=4), format="batch")
         records = batch_records(collector, 30)
-    finally:
-        collector.close()
     publishes = list(collector.messages)
     assert {r.topic for r in publishes} == {"gateways/gw1/batches"}
     assert all(r.user_properties == {} for r in publishes)
@@ -205,8 +191,7 @@ def test_batch_format_packs_messages_with_their_identity(tmp_path: Path, mosquit
 
 
 def test_batches_never_mix_priorities_and_the_highest_goes_first(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread) -> None:
-    collector = Collector(mosquitto.host, mosquitto.port, "gateways/#")
-    try:
+    with Collector(mosquitto.host, mosquitto.port, "gateways/#") as collector:
         async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
             await add(-1, priority=0)
             await asyncio.wait_for(pump.wait_batches(1), 10)
@@ -215,12 +200,10 @@ def test_batches_never_mix_priorities_and_the_highest_goes_first(tmp_path: Path,
             for n in range(10):
                 await add(n, priority=5 if n % 2 else 1)
             relay.set(up=True)
-            await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 15)
+            await until_empty(store, thread, 15)
 
         run_bridge(tmp_path, relay.port, "5", scenario, format="batch")
         batch_records(collector, 11)
-    finally:
-        collector.close()
     batches = [decode_batch(r.payload) for r in collector.messages]
     assert [b.priority for b in batches] == sorted(b.priority for b in batches), "P0, then P1, then P5"
     expected_parity = {0: {-1}, 1: {0}, 5: {1}}  # n = -1 is the P0 alert; even n went in at P1, odd at P5
@@ -231,18 +214,10 @@ def test_batches_never_mix_priorities_and_the_highest_goes_first(tmp_path: Path,
 
 def test_batches_respect_the_upstream_maximum_packet_size(tmp_path: Path) -> None:
     """mosquitto announces ``max_packet_size`` in its CONNACK; a batch bigger than that would close the link."""
-    with MosquittoProcess(tmp_path / "small", extra_config="max_packet_size 1024\n") as small:
-        collector = Collector(small.host, small.port, "gateways/#")
-        try:
-            async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
-                for n in range(40):
-                    await add(n, size=100)
-                await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 15)
-
-            sender, _ = run_bridge(tmp_path, small.port, "5", scenario, format="batch", batch_max_bytes=8192)
-            batch_records(collector, 40)
-        finally:
-            collector.close()
+    with (MosquittoProcess(tmp_path / "small", extra_config="max_packet_size 1024\n") as small,
+          Collector(small.host, small.port, "gateways/#") as collector):
+        sender, _ = run_bridge(tmp_path, small.port, "5", sending(40, 15, size=100), format="batch", batch_max_bytes=8192)
+        batch_records(collector, 40)
     assert sender.connects == 1, "never disconnected for an oversized packet"
     assert max(len(r.payload) for r in collector.messages) <= 1024
 
@@ -276,12 +251,7 @@ def test_batch_window_follows_the_measured_link(tmp_path: Path, mosquitto: Mosqu
     """At 9.6 kbit/s a batch PUBLISH is about half a second of link; the batch is two of them."""
     relay.set(rate_bps=9600, delay_ms=20)
 
-    async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
-        for n in range(60):
-            await add(n, size=100)
-        await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 60)
-
-    slow, _ = run_bridge(tmp_path, relay.port, "5", scenario, format="batch")
+    slow, _ = run_bridge(tmp_path, relay.port, "5", sending(60, 60, size=100), format="batch")
     assert slow.estimate.rate_bytes_per_s is not None and 600 < slow.estimate.rate_bytes_per_s < 1800, slow.estimate.rate_bytes_per_s
     window = slow.window()
     assert window.chunk_bytes is not None and window.bytes is not None
@@ -304,17 +274,9 @@ def test_bridge_over_tls_verifies_the_cloud_and_delivers(tmp_path: Path, caplog:
     key.chmod(0o644)
     tls_port = free_port()
     with MosquittoProcess(tmp_path / "cloud", extra_config=f"listener {tls_port} 127.0.0.1\ncertfile {cert}\nkeyfile {key}\n") as cloud:
-        collector = Collector(cloud.host, cloud.port, "gateways/#")
-        try:
-            async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
-                for n in range(20):
-                    await add(n, size=6000)
-                await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 15)
-
-            sender, _ = run_bridge(tmp_path, tls_port, "5", scenario, tls=True, ca_file=cert)
+        with Collector(cloud.host, cloud.port, "gateways/#") as collector:
+            sender, _ = run_bridge(tmp_path, tls_port, "5", sending(20, 15, size=6000), tls=True, ca_file=cert)
             received = collector.wait_for(20)
-        finally:
-            collector.close()
         assert sender.connects == 1
         assert sorted(r.n for r in received) == list(range(20)) and all(r.payload == b"p" * 6000 for r in received)
 
@@ -360,7 +322,7 @@ def test_a_link_that_suddenly_gets_slow_is_not_taken_for_a_dead_one(
         relay.set(rate_bps=9600)
         await asyncio.sleep(5)  # five keep-alive periods on the slow link
         relay.set(rate_bps=0)
-        await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 60)
+        await until_empty(store, thread, 60)
 
     sender, _ = run_bridge(tmp_path, relay.port, "5", scenario, keepalive_s=1)
     assert sender.connects == 1, "the slow link was taken for a dead one"
@@ -426,11 +388,11 @@ def test_a_round_trip_longer_than_the_keepalive_is_a_slow_link_not_a_dead_one(
         await asyncio.wait_for(pump.sender.wait_ready(), 15)
         for n in range(3):
             await add(n)
-        await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 20)
+        await until_empty(store, thread, 20)
         idle_until = time.monotonic() + 5  # PINGREQ/PINGRESP exchanges while idle
         await asyncio.wait_for(_until(lambda: time.monotonic() > idle_until, thread), 7)
         await add(3)
-        await asyncio.wait_for(_until(lambda: store.message_count() == 0, thread), 20)
+        await until_empty(store, thread, 20)
 
     sender, _ = run_bridge(tmp_path, relay.port, "5", scenario, keepalive_s=2)
     assert sender.connects == 1, "a long round trip was taken for a dead link"

@@ -20,17 +20,15 @@ from pathlib import Path
 import pytest
 
 from appliance.forwarding.batch import decode_batch
-from appliance.forwarding.config import UpstreamConfig
 from appliance.forwarding.messages import Message
-from appliance.forwarding.metrics import ForwardingMetrics, LinkStats
 from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.routes import Endpoint, RouteResult
-from appliance.forwarding.upstream import UpstreamSender
 from appliance.store_thread import StoreThread
 from hil_tests.rig.relay import RelayThread
 from testing.processes import MosquittoProcess
 from tests.forwarding.peers import Collector
+from tests.forwarding.test_upstream import run_bridge
 
 DEVICES = ("t1", "t2", "t3")
 PRIORITIES = (1, 4)
@@ -68,20 +66,11 @@ def arrivals(collector: Collector) -> list[tuple[str, int, int, str, bytes]]:
 
 def run_once(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread, upstream_format: str) -> list[str]:
     """One repetition; returns what went wrong (empty: nothing)."""
-    collector = Collector(mosquitto.host, mosquitto.port, "gateways/#")
     total = len(DEVICES) * len(PRIORITIES) * PER_QUEUE
-    settings = UpstreamConfig(host="127.0.0.1", port=relay.port, protocol="5", keepalive_s=5, backoff_min_s=0.05,
-                              backoff_max_s=0.2, format=upstream_format, batch_max_bytes=16 * 1024)
-    metrics = ForwardingMetrics()
     metrics_sent: list[int] = []
 
-    async def main() -> UpstreamSender:
-        thread = StoreThread("stress-store")
-        store = MessageStore(tmp_path / "forwarding.db")
-        sender = UpstreamSender(settings, "gw1", metrics.links.setdefault("upstream", LinkStats()))
-        pump = Pump(sender, store, thread, metrics, retry_min_s=0.01, retry_max_s=0.1)
-        sender.start()
-        pump.start()
+    async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
+        sender = pump.sender
         drained = asyncio.Event()
 
         async def stall_and_resume() -> None:
@@ -112,21 +101,13 @@ def run_once(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread, up
             await stalls
         finally:
             relay.set(up=True)
-            assert pump.task is not None
-            pump.stop()
-            await asyncio.gather(pump.task, return_exceptions=True)
-            await sender.stop()
-            await thread.call(store.close)
-            thread.shutdown()
-        return sender
 
-    try:
-        sender = asyncio.run(main())
+    with Collector(mosquitto.host, mosquitto.port, "gateways/#") as collector:
+        sender, _ = run_bridge(tmp_path, relay.port, "5", scenario, keepalive_s=5, format=upstream_format,
+                               batch_max_bytes=16 * 1024)
         collector.wait_until(lambda: len({a[3] for a in arrivals(collector)}) >= total, 15,
                              lambda: f"{len({a[3] for a in arrivals(collector)})} of {total} arrived")
         got = arrivals(collector)
-    finally:
-        collector.close()
     problems = []
     if sender.connects != 1:
         problems.append(f"{upstream_format}: reconnected {sender.connects - 1} times (malformed packet?)")

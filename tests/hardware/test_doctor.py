@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -71,15 +71,6 @@ def test_data_dir_with_a_database_this_user_cannot_write(tmp_path: Path) -> None
     assert finding.verdict is Verdict.PROBLEM and "broker.db" in finding.message
 
 
-def fake_timedatectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    tool = bin_dir / "timedatectl"
-    tool.write_text("#!/bin/sh\n" + script)
-    tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-
-
 @pytest.mark.parametrize(
     ("script", "verdict"),
     [
@@ -88,8 +79,8 @@ def fake_timedatectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: st
         ("echo 'System has not been booted with systemd' >&2; exit 1\n", Verdict.UNKNOWN),
     ],
 )
-def test_clock_from_timedatectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, verdict: Verdict) -> None:
-    fake_timedatectl(tmp_path, monkeypatch, script)
+def test_clock_from_timedatectl(stand_in: Callable[[str, str], None], script: str, verdict: Verdict) -> None:
+    stand_in("timedatectl", script)
     finding = check_clock()
     assert finding.verdict is verdict, finding.message
     if verdict is Verdict.PROBLEM:
@@ -234,9 +225,9 @@ def test_modem_checks(tmp_path: Path) -> None:
 
 
 def test_cli_exits_non_zero_and_says_why(
-    tmp_path: Path, listening: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, listening: int, capsys: pytest.CaptureFixture[str], stand_in: Callable[[str, str], None]
 ) -> None:
-    fake_timedatectl(tmp_path, monkeypatch, "echo yes\n")  # the host's own clock state is not under test
+    stand_in("timedatectl", "echo yes\n")  # the host's own clock state is not under test
     port = closed_port()
     data_dir = tmp_path / "data"
     data_dir.mkdir(mode=0o750)

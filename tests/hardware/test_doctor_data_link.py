@@ -3,7 +3,7 @@ prints (``nmcli -t -f DEVICE,TYPE,STATE device status``)."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,15 +12,6 @@ from appliance.doctor import Verdict, check_data_link
 from appliance.hardware.config import ModemConfig
 
 MODEM = ModemConfig(enabled=True)
-
-
-def fake_nmcli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    tool = bin_dir / "nmcli"
-    tool.write_text("#!/bin/sh\n" + script)
-    tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
 
 @pytest.mark.parametrize(
@@ -34,17 +25,17 @@ def fake_nmcli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> 
     ],
 )
 def test_the_cellular_link_as_networkmanager_sees_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str, verdict: Verdict, words: str
+    stand_in: Callable[[str, str], None], output: str, verdict: Verdict, words: str
 ) -> None:
-    fake_nmcli(tmp_path, monkeypatch, f'[ "$*" = "-t -f DEVICE,TYPE,STATE device status" ] || exit 2\nprintf "{output}"\n')
+    stand_in("nmcli", f'[ "$*" = "-t -f DEVICE,TYPE,STATE device status" ] || exit 2\nprintf "{output}"\n')
     [finding] = check_data_link(MODEM)
     assert finding.verdict is verdict and words in finding.message, finding
 
 
 def test_networkmanager_not_running_or_absent_is_unknown_and_no_modem_no_check(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stand_in: Callable[[str, str], None]
 ) -> None:
-    fake_nmcli(tmp_path, monkeypatch, "echo 'Error: NetworkManager is not running.' >&2; exit 8\n")
+    stand_in("nmcli", "echo 'Error: NetworkManager is not running.' >&2; exit 8\n")
     [finding] = check_data_link(MODEM)
     assert finding.verdict is Verdict.UNKNOWN and "NetworkManager is not running" in finding.message
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))

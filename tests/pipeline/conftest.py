@@ -54,11 +54,18 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.timeout(SPARK_TEST_TIMEOUT_S))
+    # The cluster test reads the outcome of a job that runs beside the other Spark tests (``cluster_batch``):
+    # last of them, it finds it done. (The root conftest has put each test in its worker group already.)
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(request):
     pytest.importorskip("pyspark")  # appliance-pipeline (pipeline/pyproject.toml)
+    if any(item.get_closest_marker("cluster") for item in request.session.items):
+        # Selected, so it runs in this process (its test takes ``spark`` too): the cluster's JVMs start
+        # and the job runs while the tests before it keep this session busy.
+        request.getfixturevalue("cluster_batch")
     _compare_spark_frames_without_pandas_on_spark()
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from pipeline.spark import session
@@ -91,6 +98,22 @@ def sample(tmp_path_factory):
     write_sample(root / "landing")
     write_hil(root / "hil")
     return root
+
+
+@pytest.fixture(scope="session")
+def cluster_batch(sample, tmp_path_factory):
+    """The batch job over the sample on a standalone cluster (``spark_cluster.BatchOnCluster``), started
+    by the first Spark test of a run that selected ``test_cluster.py``; the test waits for its outcome."""
+    from tests.pipeline.pipeline_data import SAMPLE_LATENESS
+    from tests.pipeline.spark_cluster import BatchOnCluster
+
+    run = BatchOnCluster(tmp_path_factory.mktemp("cluster"), str(sample / "landing"), str(sample / "hil"),
+                         SAMPLE_LATENESS).start()
+    try:
+        yield run
+    finally:
+        left = run.stop()
+    assert not left, f"processes of the cluster still running after it was stopped: {left}"
 
 
 @pytest.fixture(scope="session")

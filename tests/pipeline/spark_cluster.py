@@ -7,6 +7,10 @@ machine); readiness is the master's JSON UI listing every worker ``ALIVE``, neve
 runs in its own session (process group): ``stop()`` ends the groups, then checks that no process of the
 cluster is left - executors the workers started and the Python workers the executors started, which
 pyspark's daemon moves to a process group of its own.
+
+``BatchOnCluster`` submits the batch job to such a cluster from a thread: the cluster test's JVMs (master,
+workers, driver, executors) start and work while the local Spark tests run beside them, and the test only
+reads the outcome (``tests/pipeline/conftest.py``: ``cluster_batch``).
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import re
 import signal
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -68,6 +74,7 @@ class StandaloneCluster:
         self.worker_memory = worker_memory
         self.home = spark_home()
         self.daemons: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self.submitting: subprocess.Popen[str] | None = None
         self.master_url = ""
         self.ui_port = 0
         self._starting: threading.Thread | None = None
@@ -171,6 +178,7 @@ class StandaloneCluster:
         command = [str(self.home / "bin" / "spark-submit"), "--master", self.master_url, *args]
         process = subprocess.Popen(command, cwd=self.work_dir, env=self.env(), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.submitting = process
         try:
             output, _ = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -189,6 +197,9 @@ class StandaloneCluster:
         and is killed before returning)."""
         with contextlib.suppress(BaseException):  # a failed start still leaves processes to stop
             self._started()
+        if self.submitting is not None and self.submitting.poll() is None:  # stopped while a job runs
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.submitting.pid, signal.SIGKILL)
         everything: list[psutil.Process] = []
         for process, _ in self.daemons:
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -212,3 +223,101 @@ def _is_running(proc: psutil.Process) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+# Tiny data, as in conftest.py's session: no adaptive planning, interpreted expressions and a C1-only JIT
+# start faster than they lose; small heaps, the machine is shared. Nothing here changes what the job computes.
+SUBMIT_OPTIONS = [
+    "--driver-memory", "512m", "--executor-memory", "512m",
+    "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
+    "--conf", "spark.log.level=WARN",
+    "--conf", "spark.sql.adaptive.enabled=false",
+    "--conf", "spark.sql.codegen.wholeStage=false", "--conf", "spark.sql.codegen.factoryMode=NO_CODEGEN",
+    "--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+]
+
+
+@dataclass(frozen=True)
+class BatchSubmission:
+    """What ``BatchOnCluster`` did: the project-less Python's attempt to import the project, the master's
+    state once every worker was alive and once the job was done, spark-submit's outcome, where the job
+    wrote, and what of the cluster was still running after it was stopped (nothing, if all went well)."""
+
+    import_attempt: subprocess.CompletedProcess[str]
+    ready_state: dict
+    done: subprocess.CompletedProcess[str]
+    done_state: dict
+    out: Path
+    waited_s: float
+    submit_s: float
+    left_running: list[str]
+
+
+class BatchOnCluster:
+    """``python -m pipeline batch`` submitted to a master and two workers started for it, the project
+    shipped as ``python -m pipeline package`` builds it (``--py-files pipeline.zip``), to an executor
+    Python that has the ``[pipeline]`` packages and not the project (``dependencies_only_python``); the
+    job compacts ``landing`` into a bronze table of its own, then writes every output.
+
+    ``start`` returns at once; a thread builds the package and the Python while the cluster's JVMs start,
+    submits, and stops the cluster once the job is done. ``result`` waits for it."""
+
+    def __init__(self, work_dir: Path, landing: str, hil: str, lateness: str) -> None:
+        self.work_dir = Path(work_dir)
+        self.cluster = StandaloneCluster(self.work_dir / "cluster")
+        self._job = ["--landing", landing, "--hil", hil, "--lateness", lateness]
+        self._thread = threading.Thread(target=self._run, name="batch-on-cluster", daemon=True)
+        self._submission: BatchSubmission | None = None
+        self._error: BaseException | None = None
+        self._stopping = threading.Event()
+
+    def start(self) -> BatchOnCluster:
+        self.cluster.start()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._submission = self._submit()
+        except BaseException as error:  # re-raised by result(), in the test's thread
+            self._error = error
+
+    def _submit(self) -> BatchSubmission:
+        from pipeline.package import build_package
+
+        archive, launcher = build_package(self.work_dir / "dist")
+        python = dependencies_only_python(self.work_dir / "worker-python")
+        attempt = subprocess.run([python, "-c", "import pyarrow, pandas, pyspark; import pipeline"],
+                                 cwd=self.work_dir, capture_output=True, text=True, timeout=120)
+        out = self.work_dir / "cluster-out"
+        waited = time.monotonic()
+        state = self.cluster.wait_ready()
+        if self._stopping.is_set():
+            raise RuntimeError("stopped before the job was submitted")
+        submitted = time.monotonic()
+        done = self.cluster.submit([
+            "--py-files", str(archive), "--conf", f"spark.pyspark.python={python}", *SUBMIT_OPTIONS,
+            str(launcher), "batch", *self._job, "--bronze", str(self.work_dir / "cluster-bronze"),
+            "--out", str(out), "--shuffle-partitions", "4",
+        ])
+        took = time.monotonic() - submitted
+        done_state = self.cluster.state()
+        left = self.cluster.stop()  # at once: its five JVMs are done; their logs stay for the test
+        return BatchSubmission(attempt, state, done, done_state, out, submitted - waited, took, left)
+
+    def result(self, timeout: float = 600) -> BatchSubmission:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"the batch job on the cluster did not finish within {timeout}s")
+        if self._error is not None:
+            raise self._error
+        assert self._submission is not None
+        return self._submission
+
+    def stop(self) -> list[str]:
+        """Stops the cluster (and a job still running); what of it was still running after that."""
+        self._stopping.set()
+        left = self.cluster.stop()
+        self._thread.join(60)
+        return left

@@ -21,17 +21,18 @@ from pyspark.testing import assertDataFrameEqual
 from pipeline.jobs import delivery
 from pipeline.jobs.batch import build
 from pipeline.jobs.schemas import QUEUE_COUNTERS_OUTPUT
-from pipeline.jobs.settings import JobSettings
 from pipeline.spark import local_cores, local_settings
-from tests.pipeline.pipeline_data import SAMPLE_LATENESS, T0
+from tests.pipeline.pipeline_data import T0
 
 PYTHON_OPERATORS = ("Python", "Pandas", "ArrowEval", "BatchEval")  # FlatMapGroupsInPandas, ArrowEvalPython, ...
 
 
 @pytest.fixture(scope="module")
-def plans(spark, sample, tmp_path_factory):
-    settings = JobSettings(str(sample / "landing"), str(tmp_path_factory.mktemp("plans")), lateness=SAMPLE_LATENESS,
-                           hil=str(sample / "hil"))
+def plans(spark, batch_outputs):
+    """The physical plans of the batch job's outputs over the sample, built on the run ``batch_outputs``
+    made (the same settings; its bronze table is there, so nothing is compacted again): that run is the
+    cluster test's reference too, and a make test runs it once."""
+    settings, _ = batch_outputs
     # A scan's Location is cut to 100 characters by default, which loses the table's name under pytest's
     # long temporary paths.
     spark.conf.set("spark.sql.maxMetadataStringLength", "10000")
