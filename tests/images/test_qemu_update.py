@@ -29,15 +29,16 @@ from pathlib import Path
 import pytest
 
 from appliance.statestore.client.blocking import StateStoreClient
-from tests.images.qemu import VirtMachine, copy_to_boot, debugfs, partitions
-from tests.images.test_qemu_boot import (
+from tests.images.gateway_checks import round_trip, state_store
+from tests.images.qemu import (
     BOOT_TIMEOUT_S,
-    PASSWORD,
-    USER,
+    CELLULAR_APN,
+    CELLULAR_PIN,
+    VirtMachine,
+    debugfs,
     image_under_test,
+    partitions,
     prerequisites_missing,
-    round_trip,
-    wait_for_mqtt,
 )
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(3600)]
@@ -57,11 +58,13 @@ class Updating:
     timings: dict[str, float] = field(default_factory=dict)
 
     def start(self) -> float:
+        """Start QEMU; returns the seconds to a READY gateway. The slot's health check has finished
+        when this returns."""
         started = self.machine.start()
-        wait_for_mqtt(self.machine.mqtt_port, started + BOOT_TIMEOUT_S, self.machine)
-        self.machine.wait_for_shell(BOOT_TIMEOUT_S)
-        self.machine.run("mkdir -p /mnt/bundles && mount -o ro /dev/vdb /mnt/bundles")
-        return time.monotonic() - started
+        self.machine.wait_for_mqtt(started + BOOT_TIMEOUT_S)
+        ready = time.monotonic() - started
+        self._settle()
+        return ready
 
     def reboot(self) -> float:
         """``systemctl reboot`` in the guest; QEMU restarts it in place. Returns the seconds to READY."""
@@ -73,10 +76,17 @@ class Updating:
         while answers(self.machine.mqtt_port):
             assert time.monotonic() < started + BOOT_TIMEOUT_S, "the gateway still answers long after the reboot"
             time.sleep(1)
-        wait_for_mqtt(self.machine.mqtt_port, started + 2 * BOOT_TIMEOUT_S, self.machine)
+        self.machine.wait_for_mqtt(started + 2 * BOOT_TIMEOUT_S)
+        ready = time.monotonic() - started
+        self._settle()
+        return ready
+
+    def _settle(self) -> None:
+        """The test's shell, the slot's health check done (it writes the boot state an install or the
+        test reads next), and the bundles' disk mounted."""
         self.machine.wait_for_shell(BOOT_TIMEOUT_S)
+        self.machine.wait_for_unit_done("appliance-health-check.service", timeout=400)
         self.machine.run("mkdir -p /mnt/bundles && mount -o ro /dev/vdb /mnt/bundles")
-        return time.monotonic() - started
 
     def version(self) -> str:
         return self.machine.run("cat /etc/gateway-test-version").stdout.strip()
@@ -117,13 +127,7 @@ def updating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Updating]:
     assert image is not None
     work = tmp_path_factory.mktemp("update")
     machine = VirtMachine.from_image(image, work)
-    (work / "appliance.toml").write_text('[gateway]\nid = "qemu-update"\n')
-    subprocess.run(
-        [sys.executable, "-m", "appliance", "passwd", "-c", "-b", str(work / "appliance-passwd"), USER, PASSWORD],
-        check=True, cwd=PROJECT,
-    )
-    for name in ("appliance.toml", "appliance-passwd"):
-        copy_to_boot(machine.disk, machine.boot_partition, work / name)
+    machine.provision("qemu-update")
     slot_a = work / "slot-a.ext4"
     part = partitions(machine.disk)[1]
     subprocess.run(["dd", f"if={machine.disk}", f"of={slot_a}", "bs=1M", f"skip={part.start // 2**20}",
@@ -160,7 +164,7 @@ def updating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Updating]:
 
 
 def store(machine: VirtMachine) -> StateStoreClient:
-    return StateStoreClient("127.0.0.1", machine.mqtt_port, "update-check", username=USER, password=PASSWORD, timeout=30)
+    return state_store(machine.mqtt_port, "update-check", timeout=30)
 
 
 def assert_data_survived(machine: VirtMachine) -> None:
@@ -184,6 +188,7 @@ def test_bundle_v2_installs_into_slot_b_boots_and_is_marked_good(updating: Updat
     doctor = machine.run("/opt/appliance/venv/bin/appliance doctor --config /etc/appliance/gateway.toml", timeout=300).stdout
     assert "running root slot B (rootfs.1), version 2.0.0" in doctor, doctor
     assert_data_survived(machine)
+    assert machine.cellular_profile() == (CELLULAR_APN, CELLULAR_PIN)  # the APN outlived the slot
 
 
 def test_a_bundle_signed_with_another_key_is_refused_and_changes_nothing(updating: Updating) -> None:
@@ -198,7 +203,9 @@ def test_a_bundle_signed_with_another_key_is_refused_and_changes_nothing(updatin
 
 def test_a_power_cut_during_an_install_still_boots_v2(updating: Updating) -> None:
     machine = updating.machine
-    machine.run("nohup stdbuf -oL rauc install /mnt/bundles/v3.raucb > /root/install.log 2>&1 &")
+    # In the background (setsid --fork: the shell's command line takes no trailing "&"), its progress
+    # line by line in a file.
+    machine.run("setsid --fork sh -c 'stdbuf -oL rauc install /mnt/bundles/v3.raucb > /root/install.log 2>&1'")
     deadline = time.monotonic() + 600
     while "Copying image" not in machine.run("cat /root/install.log").stdout:
         assert time.monotonic() < deadline, machine.run("cat /root/install.log").stdout
