@@ -125,7 +125,8 @@ def data_partition(root: Path, scratch: Path, out: Path) -> None:
     """``/data``: ``appliance/`` (bound on ``/var/lib/appliance``, owned by the gateway's user),
     ``etc-appliance/`` (bound on ``/etc/appliance``: the shipped config, provisioned at first boot),
     ``rauc/`` (RAUC's status); ``network-connections/`` (NetworkManager's profiles) is made at boot by
-    ``tmpfiles.d/appliance-network.conf``, also on a data partition older than it. Outside both slots: an update or a fallback leaves it as it is."""
+    ``tmpfiles.d/appliance-network.conf``, also on a data partition older than it. Outside both slots: an
+    update or a fallback leaves it as it is."""
     staged = scratch / "data"
     staged.mkdir()
     uid = gid = None

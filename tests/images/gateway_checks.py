@@ -33,6 +33,15 @@ USER, PASSWORD = "tester", "s3cret-pass"
 CUT_PUBLISHES, CUT_SETS = 50, 20
 
 
+def write_timings(timings: dict[str, float], path: Path, append: bool = False) -> None:
+    """The measured seconds, printed and written to ``path`` (``build/...``) for the README's figures."""
+    text = "".join(f"{name}: {seconds:.1f} s\n" for name, seconds in timings.items())
+    print("\n" + text, end="")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a" if append else "w") as out:
+        out.write(text)
+
+
 def write_provisioning(directory: Path, gateway_id: str) -> list[Path]:
     """``appliance.toml`` (the gateway's id) and ``appliance-passwd`` (``USER``) in ``directory``, as a
     technician writes them onto the boot partition. Returns both paths."""

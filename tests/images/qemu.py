@@ -33,11 +33,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from tests.images.gateway_checks import PROJECT, round_trip, write_provisioning
 
 SECTOR = 512
 #: An emulated boot on a loaded 2-core machine: 40-60 s quiet, several minutes beside other builds.
 BOOT_TIMEOUT_S = 900.0
+#: Boot-to-ready and update times of the QEMU tests, for images/gateway/README.md.
+TIMINGS = PROJECT / "build/qemu-timings.txt"
 UBOOT = Path("/usr/lib/u-boot/qemu_arm64/u-boot.bin")
 #: The shell the test drives, on the virtio console only the test's QEMU has.
 TEST_SHELL_UNIT = """\
@@ -140,6 +144,19 @@ def prerequisites_missing() -> str | None:
     if image_under_test() is None:
         return "no dist/gateway-*-arm64.img.zst (make test-image-slow builds it with make image)"
     return None
+
+
+def provisioned_machine(work: Path, gateway_id: str) -> VirtMachine:
+    """The image under test copied into ``work`` with the test's shell, provisioned for its first boot
+    (``VirtMachine.provision``); skips the test if QEMU, its tools or an image are missing."""
+    missing = prerequisites_missing()
+    if missing:
+        pytest.skip(missing)
+    image = image_under_test()
+    assert image is not None
+    machine = VirtMachine.from_image(image, work)
+    machine.provision(gateway_id)
+    return machine
 
 
 def free_port() -> int:

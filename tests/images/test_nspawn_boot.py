@@ -31,19 +31,20 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from testing import paho_clients
 from tests.images.gateway_checks import (
+    PROJECT,
     USER,
     acknowledge_before_power_cut,
     assert_nothing_acknowledged_was_lost,
     round_trip,
     state_store,
     write_provisioning,
+    write_timings,
 )
 from tests.images.nspawn import Container, Forwarder
 
 # The first run builds the root (minutes): the fixture gets more than the suite's 120 s per test.
 pytestmark = [pytest.mark.image, pytest.mark.timeout(600)]
 
-PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT / "images/gateway"))
 from build_root import build_root  # noqa: E402
 
@@ -94,13 +95,6 @@ class Booted:
         return self.container.boot()
 
 
-def write_timings(timings: dict[str, float]) -> None:
-    text = "".join(f"{name}: {seconds:.1f} s\n" for name, seconds in timings.items())
-    print("\n" + text, end="")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    (CACHE / "timings.txt").write_text(text)
-
-
 @pytest.fixture(scope="module")
 def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
     missing = prerequisites_missing()
@@ -138,13 +132,13 @@ def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
         result.gateway_at_boot = container.show("appliance.service", "ActiveState", "SubState", "NRestarts")
         result.firstboot = container.show("appliance-firstboot.service", "Result", "ActiveState", "ExecMainStatus")
         result.firstboot["journal"] = container.journal("appliance-firstboot.service")
-        write_timings(timings)
+        write_timings(timings, CACHE / "timings.txt")
         yield result
     finally:
         if result.forwarder is not None:
             result.forwarder.close()
         container.shutdown()
-        write_timings(timings)
+        write_timings(timings, CACHE / "timings.txt")
 
 
 def wait_active(container: Container, timeout: float = 60.0) -> dict[str, str]:

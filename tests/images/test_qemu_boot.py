@@ -23,20 +23,20 @@ from dataclasses import dataclass, field
 import pytest
 
 from tests.images.gateway_checks import (
-    PROJECT,
     USER,
     acknowledge_before_power_cut,
     assert_nothing_acknowledged_was_lost,
     round_trip,
     state_store,
+    write_timings,
 )
 from tests.images.qemu import (
     BOOT_TIMEOUT_S,
     CELLULAR_APN,
     CELLULAR_PIN,
+    TIMINGS,
     VirtMachine,
-    image_under_test,
-    prerequisites_missing,
+    provisioned_machine,
 )
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
@@ -57,30 +57,17 @@ class Booted:
         self.machine.wait_for_shell(timeout=BOOT_TIMEOUT_S)
 
 
-def write_timings(timings: dict[str, float]) -> None:
-    text = "".join(f"{name}: {seconds:.1f} s\n" for name, seconds in timings.items())
-    print("\n" + text, end="")
-    (PROJECT / "build").mkdir(exist_ok=True)
-    (PROJECT / "build/qemu-timings.txt").write_text(text)
-
-
 @pytest.fixture(scope="module")
 def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
-    missing = prerequisites_missing()
-    if missing:
-        pytest.skip(missing)
-    image = image_under_test()
-    assert image is not None
-    machine = VirtMachine.from_image(image, tmp_path_factory.mktemp("qemu"))
-    machine.provision(GATEWAY_ID)
+    machine = provisioned_machine(tmp_path_factory.mktemp("qemu"), GATEWAY_ID)
     result = Booted(machine)
     try:
         result.boot("boot to ready (QEMU started to the first MQTT round trip)")
-        write_timings(result.timings)
+        write_timings(result.timings, TIMINGS)
         yield result
     finally:
         machine.shutdown()
-        write_timings(result.timings)
+        write_timings(result.timings, TIMINGS)
 
 
 def show(machine: VirtMachine, unit: str, *properties: str) -> dict[str, str]:

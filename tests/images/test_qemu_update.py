@@ -29,21 +29,20 @@ from pathlib import Path
 import pytest
 
 from appliance.statestore.client.blocking import StateStoreClient
-from tests.images.gateway_checks import round_trip, state_store
+from tests.images.gateway_checks import PROJECT, round_trip, state_store, write_timings
 from tests.images.qemu import (
     BOOT_TIMEOUT_S,
     CELLULAR_APN,
     CELLULAR_PIN,
+    TIMINGS,
     VirtMachine,
     debugfs,
-    image_under_test,
     partitions,
-    prerequisites_missing,
+    provisioned_machine,
 )
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(3600)]
 
-PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT / "images/gateway"))
 import build_bundle  # noqa: E402
 
@@ -120,14 +119,8 @@ def slot_variant(slot_a: Path, work: Path, version: str, units: dict[str, str]) 
 
 @pytest.fixture(scope="module")
 def updating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Updating]:
-    missing = prerequisites_missing()
-    if missing:
-        pytest.skip(missing)
-    image = image_under_test()
-    assert image is not None
     work = tmp_path_factory.mktemp("update")
-    machine = VirtMachine.from_image(image, work)
-    machine.provision("qemu-update")
+    machine = provisioned_machine(work, "qemu-update")
     slot_a = work / "slot-a.ext4"
     part = partitions(machine.disk)[1]
     subprocess.run(["dd", f"if={machine.disk}", f"of={slot_a}", "bs=1M", f"skip={part.start // 2**20}",
@@ -157,10 +150,7 @@ def updating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Updating]:
         yield result
     finally:
         machine.shutdown()
-        text = "".join(f"{name}: {seconds:.1f} s\n" for name, seconds in result.timings.items())
-        print("\n" + text, end="")
-        with (PROJECT / "build/qemu-timings.txt").open("a") as timings:
-            timings.write(text)
+        write_timings(result.timings, TIMINGS, append=True)
 
 
 def store(machine: VirtMachine) -> StateStoreClient:
