@@ -131,7 +131,12 @@ def updating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Updating]:
     contents.mkdir()
     v2 = slot_variant(slot_a, work, "2", {})
     build_bundle.build_bundle(v2, "2.0.0", contents / "v2.raucb", cert, key)
-    build_bundle.build_bundle(v2, "2.0.1", contents / "foreign.raucb", other_cert, other_key)
+    # The same bundle signed again by somebody else's key (``rauc resign``: no second squashfs to build).
+    subprocess.run(
+        ["rauc", "resign", f"--cert={other_cert}", f"--key={other_key}", f"--keyring={cert}", f"--signing-keyring={other_cert}",
+         str(contents / "v2.raucb"), str(contents / "foreign.raucb")],
+        check=True, capture_output=True,
+    )
     v3 = slot_variant(slot_a, work, "3", {
         "appliance.service.d/broken.conf": BROKEN_GATEWAY, "appliance-health-check.service.d/short.conf": SHORT_HEALTH_CHECK,
     })
