@@ -60,6 +60,9 @@ TTYPath=/dev/hvc0
 TTYReset=yes
 Restart=always
 RestartSec=2
+# An interactive bash ignores SIGTERM: stopping the unit would wait out the 90 s stop timeout at every
+# reboot and poweroff. It exits on SIGHUP, as on a terminal hang-up.
+KillSignal=SIGHUP
 """
 TEST_SHELL_NAME = "image-test-shell.service"
 #: The cellular profile a field engineer puts on the boot partition (docs/hardware.md, "Setting the APN").
