@@ -130,4 +130,4 @@ image: $(STAMP)
 IMAGE_QEMU_PACKAGES := qemu-system-arm u-boot-qemu zstd mtools e2fsprogs fdisk
 test-image-slow: image
 	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES="$(IMAGE_QEMU_PACKAGES)"
-	$(KEEP_BYTECODE) $(BIN)/pytest -n 0 -p no:randomly -s -m image tests/images/test_qemu_boot.py tests/images/test_qemu_update.py $(PYTEST_ARGS)
+	$(KEEP_BYTECODE) $(BIN)/pytest -n 0 -p no:randomly -s -m image tests/images/test_image_contents.py tests/images/test_qemu_boot.py tests/images/test_qemu_update.py $(PYTEST_ARGS)

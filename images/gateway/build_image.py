@@ -51,7 +51,7 @@ BOOT_LABEL, DATA_LABEL = "GW-BOOT", "gw-data"
 #: The MBR disk identifier: partitions are ``PARTUUID=47617465-0N`` ("Gate"), named so in system.conf.
 DISK_ID = 0x47617465
 #: What the Pi 4 firmware needs on the boot partition; the build fails if one is missing.
-PI4_BOOT_FILES = ("start4.elf", "fixup4.dat", "bcm2711-rpi-4-b.dtb", "config.txt")
+PI4_BOOT_FILES = ("start4.elf", "fixup4.dat", "bcm2711-rpi-4-b.dtb", "config.txt", "cmdline.txt")
 #: U-Boot for the Pi (the firmware starts it as its "kernel") and the A/B boot script both machines run.
 PI_UBOOT = "usr/lib/u-boot/rpi_arm64/u-boot.bin"
 BOOT_SCRIPT = HERE / "uboot/boot.cmd"
@@ -123,8 +123,10 @@ def slot_image(root: Path, scratch: Path, out: Path) -> None:
 
 def data_partition(root: Path, scratch: Path, out: Path) -> None:
     """``/data``: ``appliance/`` (bound on ``/var/lib/appliance``, owned by the gateway's user),
-    ``etc-appliance/`` (bound on ``/etc/appliance``: the shipped config, provisioned at first boot) and
-    ``rauc/`` (RAUC's status). Outside both slots: an update or a fallback leaves it as it is."""
+    ``etc-appliance/`` (bound on ``/etc/appliance``: the shipped config, provisioned at first boot),
+    ``rauc/`` (RAUC's status); ``network-connections/`` (NetworkManager's profiles) is made at boot by
+    ``tmpfiles.d/appliance-network.conf``, also on a data partition older than it. Outside both slots: an
+    update or a fallback leaves it as it is."""
     staged = scratch / "data"
     staged.mkdir()
     uid = gid = None

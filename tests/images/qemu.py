@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,7 +33,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from tests.images.gateway_checks import PROJECT, round_trip, write_provisioning
+
 SECTOR = 512
+#: An emulated boot on a loaded 2-core machine: 40-60 s quiet, several minutes beside other builds.
+BOOT_TIMEOUT_S = 900.0
+#: Boot-to-ready and update times of the QEMU tests, for images/gateway/README.md.
+TIMINGS = PROJECT / "build/qemu-timings.txt"
 UBOOT = Path("/usr/lib/u-boot/qemu_arm64/u-boot.bin")
 #: The shell the test drives, on the virtio console only the test's QEMU has.
 TEST_SHELL_UNIT = """\
@@ -51,8 +60,26 @@ TTYPath=/dev/hvc0
 TTYReset=yes
 Restart=always
 RestartSec=2
+# An interactive bash ignores SIGTERM: stopping the unit would wait out the 90 s stop timeout at every
+# reboot and poweroff. It exits on SIGHUP, as on a terminal hang-up.
+KillSignal=SIGHUP
 """
 TEST_SHELL_NAME = "image-test-shell.service"
+#: The cellular profile a field engineer puts on the boot partition (docs/hardware.md, "Setting the APN").
+CELLULAR_APN, CELLULAR_PIN = "internet.example", "1234"
+CELLULAR_PROFILE = f"""\
+[connection]
+id=cellular
+type=gsm
+autoconnect=true
+
+[gsm]
+apn={CELLULAR_APN}
+pin={CELLULAR_PIN}
+
+[ipv4]
+method=auto
+"""
 #: Readline's bracketed-paste switches, in case a shell runs with line editing after all.
 BRACKETED_PASTE = re.compile(r"\x1b\[\?2004[hl]")
 
@@ -102,6 +129,39 @@ def add_test_shell(file_system: str, scratch: Path, extra_units: dict[str, str] 
     debugfs(file_system, commands, scratch)
 
 
+def image_under_test() -> Path | None:
+    """``$GATEWAY_IMAGE``, or the newest ``dist/gateway-*-arm64.img.zst`` (``make image``)."""
+    given = os.environ.get("GATEWAY_IMAGE")
+    if given:
+        return Path(given)
+    built = sorted((PROJECT / "dist").glob("gateway-*-arm64.img.zst"), key=lambda path: path.stat().st_mtime)
+    return built[-1] if built else None
+
+
+def prerequisites_missing() -> str | None:
+    for tool in ("qemu-system-aarch64", "zstd", "mcopy", "debugfs", "sfdisk"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (make test-image-slow installs it)"
+    if not UBOOT.exists():
+        return f"no {UBOOT} (u-boot-qemu; make test-image-slow installs it)"
+    if image_under_test() is None:
+        return "no dist/gateway-*-arm64.img.zst (make test-image-slow builds it with make image)"
+    return None
+
+
+def provisioned_machine(work: Path, gateway_id: str) -> VirtMachine:
+    """The image under test copied into ``work`` with the test's shell, provisioned for its first boot
+    (``VirtMachine.provision``); skips the test if QEMU, its tools or an image are missing."""
+    missing = prerequisites_missing()
+    if missing:
+        pytest.skip(missing)
+    image = image_under_test()
+    assert image is not None
+    machine = VirtMachine.from_image(image, work)
+    machine.provision(gateway_id)
+    return machine
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -138,6 +198,20 @@ class VirtMachine:
     def boot_partition(self) -> Partition:
         return partitions(self.disk)[0]
 
+    def provision(self, gateway_id: str) -> None:
+        """What the technician puts on the FAT partition before the first boot: ``appliance.toml`` and
+        ``appliance-passwd`` (``gateway_checks.write_provisioning``), and the cellular profile."""
+        profile = self.work / "provisioning/cellular.nmconnection"
+        for path in write_provisioning(profile.parent, gateway_id):
+            copy_to_boot(self.disk, self.boot_partition, path)
+        profile.write_text(CELLULAR_PROFILE)
+        copy_to_boot(self.disk, self.boot_partition, profile)
+
+    def cellular_profile(self) -> tuple[str, str]:
+        """NetworkManager's view of the provisioned profile: its APN and (a secret) its SIM PIN."""
+        shown = self.run("nmcli --show-secrets --get-values gsm.apn,gsm.pin connection show cellular").stdout.split()
+        return (shown[0], shown[1]) if len(shown) == 2 else ("", "")
+
     def command(self) -> list[str]:
         return [
             "qemu-system-aarch64", "-M", "virt", "-cpu", "max", "-accel", "tcg,thread=multi", "-m", "1024", "-smp", "2",
@@ -160,6 +234,31 @@ class VirtMachine:
         with (self.work / "qemu.log").open("ab") as log:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return started
+
+    def wait_for_mqtt(self, deadline: float) -> None:
+        """Until a QoS 1 round trip with the provisioned account succeeds through the forwarded port."""
+        while True:
+            try:
+                if round_trip(self.mqtt_port, "boot/ready", b"ready", timeout=5):
+                    return
+            except (OSError, ConnectionError):
+                pass
+            self._check_running()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the gateway never answered MQTT:\n{self.console_text()[-3000:]}")
+            time.sleep(1)
+
+    def wait_for_unit_done(self, unit: str, timeout: float) -> str:
+        """Until the oneshot ``unit`` (``RemainAfterExit=yes``) has finished: ``active`` or ``failed``,
+        which it returns. A unit still running (the health check) must not race what the test does next."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.run(f"systemctl show {unit} --property=ActiveState --value").stdout.strip()
+            if state in ("active", "failed"):
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{unit} still {state} after {timeout} s")
+            time.sleep(2)
 
     def console_text(self) -> str:
         return self.console.read_text(errors="replace") if self.console.exists() else ""

@@ -21,30 +21,35 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from appliance.statestore.client.blocking import StateStoreClient
 from testing import paho_clients
+from tests.images.gateway_checks import (
+    PROJECT,
+    USER,
+    acknowledge_before_power_cut,
+    assert_nothing_acknowledged_was_lost,
+    round_trip,
+    state_store,
+    write_provisioning,
+    write_timings,
+)
 from tests.images.nspawn import Container, Forwarder
 
 # The first run builds the root (minutes): the fixture gets more than the suite's 120 s per test.
 pytestmark = [pytest.mark.image, pytest.mark.timeout(600)]
 
-PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT / "images/gateway"))
 from build_root import build_root  # noqa: E402
 
 CACHE = PROJECT / "build/image-root"
 GATEWAY_ID = "nspawn-042"
-USER, PASSWORD = "tester", "s3cret-pass"
 #: The test shortens the watchdog to keep CI within its budget; the mechanism (pings from the loop, systemd
 #: killing and restarting) is the shipped one, and the shipped value is checked separately.
 TEST_WATCHDOG_S = 5
@@ -90,13 +95,6 @@ class Booted:
         return self.container.boot()
 
 
-def write_timings(timings: dict[str, float]) -> None:
-    text = "".join(f"{name}: {seconds:.1f} s\n" for name, seconds in timings.items())
-    print("\n" + text, end="")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    (CACHE / "timings.txt").write_text(text)
-
-
 @pytest.fixture(scope="module")
 def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
     missing = prerequisites_missing()
@@ -123,11 +121,7 @@ def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
     (state / "boot").mkdir(parents=True)
     (state / "data").mkdir()
     subprocess.run(["cp", "-a", str(root / "etc/appliance"), str(state / "etc")], check=True)
-    (state / "boot/appliance.toml").write_text(f'[gateway]\nid = "{GATEWAY_ID}"\n')
-    subprocess.run(
-        [sys.executable, "-m", "appliance", "passwd", "-c", "-b", str(state / "boot/appliance-passwd"), USER, PASSWORD],
-        check=True, cwd=PROJECT,
-    )
+    write_provisioning(state / "boot", GATEWAY_ID)
     dropin = work / "appliance.service.d"
     dropin.mkdir()
     (dropin / "test-watchdog.conf").write_text(f"[Service]\nWatchdogSec={TEST_WATCHDOG_S}s\n")
@@ -138,13 +132,13 @@ def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
         result.gateway_at_boot = container.show("appliance.service", "ActiveState", "SubState", "NRestarts")
         result.firstboot = container.show("appliance-firstboot.service", "Result", "ActiveState", "ExecMainStatus")
         result.firstboot["journal"] = container.journal("appliance-firstboot.service")
-        write_timings(timings)
+        write_timings(timings, CACHE / "timings.txt")
         yield result
     finally:
         if result.forwarder is not None:
             result.forwarder.close()
         container.shutdown()
-        write_timings(timings)
+        write_timings(timings, CACHE / "timings.txt")
 
 
 def wait_active(container: Container, timeout: float = 60.0) -> dict[str, str]:
@@ -225,25 +219,8 @@ def test_the_units_exposure_score_is_at_or_under_the_documented_bound(booted: Bo
 def test_mqtt_and_the_state_store_answer_from_the_host(booted: Booted) -> None:
     wait_active(booted.container)
     port = booted.mqtt_port()
-    received: list[bytes] = []
-    arrived = threading.Event()
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="host-check", protocol=mqtt.MQTTv5)
-    client.username_pw_set(USER, PASSWORD)
-
-    def on_message(_client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage) -> None:
-        received.append(message.payload)
-        arrived.set()
-
-    client.on_message = on_message
-    client.connect("127.0.0.1", port)
-    client.loop_start()
-    try:
-        client.subscribe("check/#", qos=1)[1]
-        client.publish("check/loop", b"through the container", qos=1).wait_for_publish(10)
-        assert arrived.wait(10) and received == [b"through the container"]
-    finally:
-        paho_clients.close(client)
-    with StateStoreClient("127.0.0.1", port, "host-statestore", username=USER, password=PASSWORD, timeout=10) as store:
+    assert round_trip(port, "check/loop", b"through the container", timeout=10)
+    with state_store(port, "host-statestore", timeout=10) as store:
         assert store.set(b"site", b"nspawn").applied
         assert store.get(b"site").value == b"nspawn"
     refused = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="anonymous", protocol=mqtt.MQTTv5)
@@ -300,65 +277,10 @@ def test_systemctl_stop_is_clean(booted: Booted) -> None:
     assert journal.count("INFO appliance: stopped") == stops_before + 1, journal
 
 
-def durable_subscriber(port: int, on_message: Callable[..., None] | None = None) -> mqtt.Client:
-    """A client whose session outlives its connection (and, the broker being durable, a power cut)."""
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="keeper", protocol=mqtt.MQTTv5)
-    client.username_pw_set(USER, PASSWORD)
-    if on_message is not None:
-        client.on_message = on_message
-    properties = Properties(PacketTypes.CONNECT)
-    properties.SessionExpiryInterval = 3600
-    connected = threading.Event()
-    client.on_connect = lambda *_: connected.set()
-    client.connect("127.0.0.1", port, clean_start=False, properties=properties)
-    client.loop_start()
-    assert connected.wait(10)
-    return client
-
-
 def test_a_power_cut_loses_no_acknowledged_publish_or_set(booted: Booted) -> None:
     container = booted.container
     wait_active(container)
-    port = booted.mqtt_port()
-    keeper = durable_subscriber(port)
-    subscribed = threading.Event()
-    keeper.on_subscribe = lambda *_: subscribed.set()
-    keeper.subscribe("cut/#", qos=1)
-    assert subscribed.wait(10)
-    paho_clients.close(keeper)  # offline: what is published now is queued in its durable session
-
-    publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="cut-publisher", protocol=mqtt.MQTTv5)
-    publisher.username_pw_set(USER, PASSWORD)
-    publisher.connect("127.0.0.1", port)
-    publisher.loop_start()
-    try:
-        for n in range(50):
-            info = publisher.publish(f"cut/{n}", b"%d" % n, qos=1)
-            info.wait_for_publish(10)
-            assert info.is_published() and info.rc == mqtt.MQTT_ERR_SUCCESS
-    finally:
-        paho_clients.close(publisher)
-    with StateStoreClient("127.0.0.1", port, "cut-statestore", username=USER, password=PASSWORD, timeout=10) as store:
-        for n in range(20):
-            assert store.set(b"cut-%d" % n, b"value-%d" % n).applied  # +OK: acknowledged
-
-    boot_s = booted.reboot_after(cut=True)
-    booted.timings["boot to running after a power cut"] = boot_s
+    acknowledge_before_power_cut(booted.mqtt_port(), timeout=10)
+    booted.timings["boot to running after a power cut"] = booted.reboot_after(cut=True)
     wait_active(container)
-    port = booted.mqtt_port()
-    received: dict[str, bytes] = {}
-    all_back = threading.Event()
-
-    def on_message(_client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage) -> None:
-        received[message.topic] = message.payload
-        if len(received) == 50:
-            all_back.set()
-
-    keeper = durable_subscriber(port, on_message)
-    try:
-        assert all_back.wait(20), sorted(received)
-    finally:
-        paho_clients.close(keeper)
-    assert received == {f"cut/{n}": b"%d" % n for n in range(50)}
-    with StateStoreClient("127.0.0.1", port, "cut-check", username=USER, password=PASSWORD, timeout=10) as store:
-        assert [store.get(b"cut-%d" % n).value for n in range(20)] == [b"value-%d" % n for n in range(20)]
+    assert_nothing_acknowledged_was_lost(booted.mqtt_port(), timeout=20)

@@ -16,49 +16,32 @@ builds it first with ``make image``). Emulated, a boot takes one to a few minute
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
-from appliance.statestore.client.blocking import StateStoreClient
-from testing import paho_clients
-from tests.images.qemu import VirtMachine, copy_to_boot
+from tests.images.gateway_checks import (
+    USER,
+    acknowledge_before_power_cut,
+    assert_nothing_acknowledged_was_lost,
+    round_trip,
+    state_store,
+    write_timings,
+)
+from tests.images.qemu import (
+    BOOT_TIMEOUT_S,
+    CELLULAR_APN,
+    CELLULAR_PIN,
+    TIMINGS,
+    VirtMachine,
+    provisioned_machine,
+)
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
 
-PROJECT = Path(__file__).resolve().parents[2]
 GATEWAY_ID = "qemu-042"
-USER, PASSWORD = "tester", "s3cret-pass"
-#: An emulated boot on a loaded 2-core machine: 40-60 s quiet, several minutes beside other builds.
-BOOT_TIMEOUT_S = 900.0
-
-
-def image_under_test() -> Path | None:
-    given = os.environ.get("GATEWAY_IMAGE")
-    if given:
-        return Path(given)
-    built = sorted((PROJECT / "dist").glob("gateway-*-arm64.img.zst"), key=lambda path: path.stat().st_mtime)
-    return built[-1] if built else None
-
-
-def prerequisites_missing() -> str | None:
-    for tool in ("qemu-system-aarch64", "zstd", "mcopy", "debugfs", "sfdisk"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (make test-image-slow installs it)"
-    if image_under_test() is None:
-        return "no dist/gateway-*-arm64.img.zst (make test-image-slow builds it with make image)"
-    return None
 
 
 @dataclass
@@ -69,78 +52,22 @@ class Booted:
     def boot(self, label: str) -> None:
         """Start the machine and wait for a READY gateway answering MQTT; records ``label``'s seconds."""
         started = self.machine.start()
-        wait_for_mqtt(self.machine.mqtt_port, started + BOOT_TIMEOUT_S, self.machine)
+        self.machine.wait_for_mqtt(started + BOOT_TIMEOUT_S)
         self.timings[label] = time.monotonic() - started
         self.machine.wait_for_shell(timeout=BOOT_TIMEOUT_S)
 
 
-def write_timings(timings: dict[str, float]) -> None:
-    text = "".join(f"{name}: {seconds:.1f} s\n" for name, seconds in timings.items())
-    print("\n" + text, end="")
-    (PROJECT / "build").mkdir(exist_ok=True)
-    (PROJECT / "build/qemu-timings.txt").write_text(text)
-
-
-def wait_for_mqtt(port: int, deadline: float, machine: VirtMachine) -> None:
-    """Until a QoS 1 round trip with the provisioned account succeeds through the forwarded port."""
-    while True:
-        try:
-            if round_trip(port, "boot/ready", b"ready", timeout=5):
-                return
-        except (OSError, ConnectionError):
-            pass
-        if machine.process is not None and machine.process.poll() is not None:
-            raise RuntimeError(f"QEMU exited:\n{machine.console_text()[-3000:]}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the gateway never answered MQTT:\n{machine.console_text()[-3000:]}")
-        time.sleep(1)
-
-
-def round_trip(port: int, topic: str, payload: bytes, timeout: float) -> bool:
-    received: list[bytes] = []
-    arrived = threading.Event()
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"host-{topic.replace('/', '-')}", protocol=mqtt.MQTTv5)
-    client.username_pw_set(USER, PASSWORD)
-    client.on_message = lambda _client, _userdata, message: (received.append(message.payload), arrived.set())
-    subscribed = threading.Event()
-    client.on_subscribe = lambda *_: subscribed.set()
-    client.connect("127.0.0.1", port, keepalive=30)
-    client.loop_start()
-    try:
-        client.subscribe(topic, qos=1)
-        if not subscribed.wait(timeout):
-            return False
-        client.publish(topic, payload, qos=1).wait_for_publish(timeout)
-        return arrived.wait(timeout) and received == [payload]
-    finally:
-        paho_clients.close(client)
-
-
 @pytest.fixture(scope="module")
 def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
-    missing = prerequisites_missing()
-    if missing:
-        pytest.skip(missing)
-    image = image_under_test()
-    assert image is not None
-    work = tmp_path_factory.mktemp("qemu")
-    machine = VirtMachine.from_image(image, work)
-    # What the technician puts on the FAT partition before the first boot.
-    (work / "appliance.toml").write_text(f'[gateway]\nid = "{GATEWAY_ID}"\n')
-    subprocess.run(
-        [sys.executable, "-m", "appliance", "passwd", "-c", "-b", str(work / "appliance-passwd"), USER, PASSWORD],
-        check=True, cwd=PROJECT,
-    )
-    for name in ("appliance.toml", "appliance-passwd"):
-        copy_to_boot(machine.disk, machine.boot_partition, work / name)
+    machine = provisioned_machine(tmp_path_factory.mktemp("qemu"), GATEWAY_ID)
     result = Booted(machine)
     try:
         result.boot("boot to ready (QEMU started to the first MQTT round trip)")
-        write_timings(result.timings)
+        write_timings(result.timings, TIMINGS)
         yield result
     finally:
         machine.shutdown()
-        write_timings(result.timings)
+        write_timings(result.timings, TIMINGS)
 
 
 def show(machine: VirtMachine, unit: str, *properties: str) -> dict[str, str]:
@@ -168,6 +95,7 @@ def test_the_boot_script_booted_slot_a_and_the_health_check_marked_it_good(boote
     assert machine.booted_slots()[:1] == ["A"]
     cmdline = machine.run("cat /proc/cmdline").stdout
     assert "rauc.slot=A" in cmdline and "root=PARTUUID=47617465-02" in cmdline, cmdline
+    machine.wait_for_unit_done("appliance-health-check.service", timeout=400)
     shown = show(machine, "appliance-health-check.service", "Result", "ActiveState")
     assert shown == {"Result": "success", "ActiveState": "active"}, machine.run("journalctl -u appliance-health-check --no-pager").stdout
     # The boot script took an attempt (3 -> 2); marking good gave it back.
@@ -202,61 +130,30 @@ def test_first_boot_provisioning_took_the_files_off_the_boot_partition(booted: B
     ], modes
 
 
+def test_the_uplink_profile_went_from_the_boot_partition_to_networkmanager_on_the_data_partition(booted: Booted) -> None:
+    machine = booted.machine
+    for unit in ("NetworkManager.service", "ModemManager.service"):
+        assert machine.run(f"systemctl is-active {unit}").stdout.strip() == "active", unit
+    shown = show(machine, "appliance-uplink-provision.service", "Result", "ExecMainStatus")
+    assert shown == {"Result": "success", "ExecMainStatus": "0"}, shown
+    assert machine.run("ls -A /boot/firmware | grep -c 'nmconnection$' || true").stdout.strip() == "0"
+    assert machine.run("stat -c '%a %U:%G' /data/network-connections/cellular.nmconnection").stdout.strip() == "600 root:root"
+    assert machine.cellular_profile() == (CELLULAR_APN, CELLULAR_PIN)
+    # No modem on QEMU's virt machine: doctor says so, and the gateway serves on (the other tests).
+    doctor = machine.run("/opt/appliance/venv/bin/appliance doctor --config /etc/appliance/gateway.toml", timeout=300).stdout
+    assert "NetworkManager knows no cellular modem" in doctor, doctor
+
+
 def test_mqtt_and_the_state_store_answer_from_the_host(booted: Booted) -> None:
     port = booted.machine.mqtt_port
     assert round_trip(port, "check/loop", b"through qemu", timeout=20)
-    with StateStoreClient("127.0.0.1", port, "host-statestore", username=USER, password=PASSWORD, timeout=20) as store:
+    with state_store(port, "host-statestore", timeout=20) as store:
         assert store.set(b"site", b"qemu").applied
         assert store.get(b"site").value == b"qemu"
 
 
-def durable_subscriber(port: int) -> tuple[mqtt.Client, dict[str, bytes]]:
-    received: dict[str, bytes] = {}
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="keeper", protocol=mqtt.MQTTv5)
-    client.username_pw_set(USER, PASSWORD)
-    client.on_message = lambda _client, _userdata, message: received.__setitem__(message.topic, message.payload)
-    properties = Properties(PacketTypes.CONNECT)
-    properties.SessionExpiryInterval = 3600
-    connected = threading.Event()
-    client.on_connect = lambda *_: connected.set()
-    client.connect("127.0.0.1", port, clean_start=False, properties=properties)
-    client.loop_start()
-    assert connected.wait(20)
-    return client, received
-
-
 def test_a_power_cut_loses_no_acknowledged_publish_or_set(booted: Booted) -> None:
-    machine = booted.machine
-    keeper, _ = durable_subscriber(machine.mqtt_port)
-    subscribed = threading.Event()
-    keeper.on_subscribe = lambda *_: subscribed.set()
-    keeper.subscribe("cut/#", qos=1)
-    assert subscribed.wait(20)
-    paho_clients.close(keeper)  # offline: what is published now is queued in its durable session
-    publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="cut-publisher", protocol=mqtt.MQTTv5)
-    publisher.username_pw_set(USER, PASSWORD)
-    publisher.connect("127.0.0.1", machine.mqtt_port)
-    publisher.loop_start()
-    try:
-        for n in range(50):
-            info = publisher.publish(f"cut/{n}", b"%d" % n, qos=1)
-            info.wait_for_publish(20)
-            assert info.is_published() and info.rc == mqtt.MQTT_ERR_SUCCESS
-    finally:
-        paho_clients.close(publisher)
-    with StateStoreClient("127.0.0.1", machine.mqtt_port, "cut-statestore", username=USER, password=PASSWORD, timeout=20) as store:
-        for n in range(20):
-            assert store.set(b"cut-%d" % n, b"value-%d" % n).applied
-
-    machine.power_cut()
+    acknowledge_before_power_cut(booted.machine.mqtt_port, timeout=20)
+    booted.machine.power_cut()
     booted.boot("boot to ready after a power cut")
-    keeper, received = durable_subscriber(machine.mqtt_port)
-    try:
-        deadline = time.monotonic() + 60
-        while len(received) < 50 and time.monotonic() < deadline:
-            time.sleep(0.2)
-    finally:
-        paho_clients.close(keeper)
-    assert received == {f"cut/{n}": b"%d" % n for n in range(50)}
-    with StateStoreClient("127.0.0.1", machine.mqtt_port, "cut-check", username=USER, password=PASSWORD, timeout=20) as store:
-        assert [store.get(b"cut-%d" % n).value for n in range(20)] == [b"value-%d" % n for n in range(20)]
+    assert_nothing_acknowledged_was_lost(booted.machine.mqtt_port, timeout=60)
