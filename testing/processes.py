@@ -234,7 +234,9 @@ class MosquittoProcess:
         stop_child(self.process)
 
     def __enter__(self) -> MosquittoProcess:
-        return self.start()
+        """Started once: ``with MosquittoProcess(d).start() as m`` used to start a second mosquitto here and
+        leave the first one running after the test, as GatewayProcess does not."""
+        return self.start() if self.process is None else self
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()

@@ -2,6 +2,7 @@
 
 import socket
 
+import psutil
 import pytest
 
 from testing.processes import MosquittoProcess
@@ -26,3 +27,12 @@ def test_mosquitto_moves_to_another_free_port_when_its_pick_was_taken(tmp_path, 
     with broker:
         assert broker.port != taken_port
         assert f"listen socket on port {broker.port}" in broker.log_text()
+
+
+def test_a_started_mosquitto_used_as_a_context_is_the_only_one_and_stops_with_it(tmp_path):
+    def ours() -> list[psutil.Process]:
+        return [child for child in psutil.Process().children() if child.name() == "mosquitto"]
+
+    with MosquittoProcess(tmp_path).start() as mosquitto:
+        assert [child.pid for child in ours()] == [mosquitto.process.pid]
+    assert ours() == []
