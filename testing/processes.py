@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def password_file(path: Path, user: str, password: str, iterations: int | None = None) -> Path:
-    """A mosquitto-compatible password file with one entry, written by ``appliance passwd`` itself (so the
-    file is what an operator's would be); ``iterations`` lowers the hashing cost for tests that log in often."""
+def password_file(path: Path, users: Mapping[str, str], iterations: int | None = None) -> Path:
+    """A mosquitto-compatible password file with an entry per user (name -> password), written by
+    ``appliance passwd`` itself (so the file is what an operator's would be); ``iterations`` lowers the
+    hashing cost for tests that log in often."""
     cost = [] if iterations is None else ["-I", str(iterations)]
-    subprocess.run([sys.executable, "-m", "appliance", "passwd", "-c", "-b", *cost, str(path), user, password],
-                   check=True, capture_output=True)
+    for index, (user, password) in enumerate(users.items()):
+        create = ["-c"] if index == 0 else []
+        subprocess.run([sys.executable, "-m", "appliance", "passwd", *create, "-b", *cost, str(path), user, password],
+                       check=True, capture_output=True, cwd=ROOT)
     return path
 
 

@@ -9,8 +9,6 @@ legitimate login waited for all of them (45 s on the build machine).
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,7 +19,7 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.writer import encode
 from appliance.broker.security.login_gate import FAILURE_BURST
-from testing.processes import ROOT, GatewayProcess
+from testing.processes import GatewayProcess, password_file
 from tests.broker.clients import RawClient, unique
 
 #: The bound the issue sets for a legitimate login during a flood, on a quiet machine.
@@ -38,12 +36,9 @@ USERS = {"alice": "wonderland", "bob": "builder", "carol": "c-pass", "dave": "d-
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     work = tmp_path_factory.mktemp("flood")
-    password_file = work / "passwd"
-    for index, (user, password) in enumerate(USERS.items()):
-        args = [sys.executable, "-m", "appliance", "passwd", "-b", *(["-c"] if index == 0 else [])]
-        subprocess.run([*args, str(password_file), user, password], cwd=ROOT, check=True, capture_output=True)
+    passwords = password_file(work / "passwd", USERS)
     config = work / "gateway.toml"
-    config.write_text(f'[broker.auth]\nallow_anonymous = false\npassword_file = "{password_file}"\n')
+    config.write_text(f'[broker.auth]\nallow_anonymous = false\npassword_file = "{passwords}"\n')
     with GatewayProcess(work / "data", config=config) as process:
         yield process
 

@@ -82,7 +82,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     fleet = write_key(fleet_key)
     write_key(other_key)
     passwords = work / "passwd"
-    password_file(passwords, "operator", PASSWORD, iterations=1000)
+    password_file(passwords, {"operator": PASSWORD}, iterations=1000)
     config = work / "gateway.toml"
     config.write_text(f"""\
 [gateway]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from appliance.firmware.protocol import THERMOSTAT_NAME
 from images.firmware import deploy
-from testing.processes import GatewayProcess
+from testing.processes import GatewayProcess, password_file
 from tests.device_firmware.micropython import ROOT
 from tests.device_firmware.thermostat_rig import thermostat_config
 from tests.images.firmware_board import UnixPortBoard
@@ -225,12 +225,9 @@ def test_the_gateway_takes_as_a_thermostat_name_exactly_what_deploy_accepts(temp
 
 @pytest.fixture
 def gateway_with_logins(tmp_path):
-    password_file = tmp_path / "passwd"
-    for index, (user, password) in enumerate({"t-auth": "device-secret", "engineer": "field-secret"}.items()):
-        args = [sys.executable, "-m", "appliance", "passwd", "-b", *(["-c"] if index == 0 else [])]
-        subprocess.run([*args, str(password_file), user, password], cwd=ROOT, check=True, capture_output=True)
+    passwords = password_file(tmp_path / "passwd", {"t-auth": "device-secret", "engineer": "field-secret"})
     config = tmp_path / "gateway.toml"
-    config.write_text(f'[broker.auth]\nallow_anonymous = false\npassword_file = "{password_file}"\n')
+    config.write_text(f'[broker.auth]\nallow_anonymous = false\npassword_file = "{passwords}"\n')
     with GatewayProcess(tmp_path / "gateway", config=config) as gw:
         yield gw
 

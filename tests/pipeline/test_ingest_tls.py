@@ -50,7 +50,7 @@ def cloud() -> Iterator[Cloud]:
     try:
         files = ca_signed_pair(readable)
         passwords = readable / "passwd"
-        password_file(passwords, "ingest", PASSWORD)
+        password_file(passwords, {"ingest": PASSWORD})
         passwords.chmod(0o644)
         tls_port = free_port()
         config = (f"allow_anonymous false\npassword_file {passwords}\n"

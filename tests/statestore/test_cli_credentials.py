@@ -26,7 +26,7 @@ def tls_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     server_cert, server_key = valid_for(work, "server", 30)
     client_cert, client_key = valid_for(work, "client", 30, common_name="operator")
     passwords = work / "passwd"
-    password_file(passwords, "operator", PASSWORD, iterations=1000)
+    password_file(passwords, {"operator": PASSWORD}, iterations=1000)
     config = work / "gateway.toml"
     config.write_text(f"""\
 [gateway]

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import base64
 import queue
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,7 +26,7 @@ from appliance.statestore.hlc import Hlc
 from appliance.statestore.notify import NOTIFY_TOPIC_PREFIX
 from appliance.statestore.protocol import REQUEST_TOPIC
 from appliance.statestore.resp3 import encode_array
-from testing.processes import ROOT, GatewayProcess
+from testing.processes import GatewayProcess, password_file
 from tests.statestore.raw_mqtt import TIMEOUT, RawClient
 
 # Who may use a service at all is its request topic's write rule; the rest is the point of the test.
@@ -51,13 +49,10 @@ USERS = {"mallory": "m-pass", "victim": "v-pass", "alice": "a-pass"}
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     work = tmp_path_factory.mktemp("deputy")
-    password_file = work / "passwd"
-    for index, (user, password) in enumerate(USERS.items()):
-        args = [sys.executable, "-m", "appliance", "passwd", "-b", "-I", "1000", *(["-c"] if index == 0 else [])]
-        subprocess.run([*args, str(password_file), user, password], cwd=ROOT, check=True, capture_output=True)
+    passwords = password_file(work / "passwd", USERS, iterations=1000)
     (work / "acl").write_text(ACL)
     config = work / "gateway.toml"
-    config.write_text(f'[broker.auth]\nallow_anonymous = false\npassword_file = "{password_file}"\n'
+    config.write_text(f'[broker.auth]\nallow_anonymous = false\npassword_file = "{passwords}"\n'
                       f'acl_file = "{work / "acl"}"\n')
     with GatewayProcess(work / "data", config=config) as process:
         yield process
