@@ -55,7 +55,7 @@ class TailLossProbesOff:
         ``OSError`` if the file cannot be written (the probes stay on)."""
         current = EARLY_RETRANS.read_text().strip()
         others = {value for bridge, value in holders().items() if bridge != self.bridge}
-        original = next(iter(sorted(others))) if current == "0" and others else current
+        original = min(others) if current == "0" and others else current
         if current != "0":
             EARLY_RETRANS.write_text("0")
         held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
