@@ -374,7 +374,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.password_file is not None and args.user is None:
         parser.error("--password-file needs --user")
-    password = args.password_file.read_text().splitlines()[0] if args.password_file else None
+    password = None
+    if args.password_file is not None:
+        try:
+            password = (args.password_file.read_text().splitlines() or [""])[0]
+        except (OSError, UnicodeDecodeError) as exc:
+            parser.error(f"--password-file: cannot read {args.password_file} ({exc})")
     login = GatewayLogin(args.user, password, args.cafile)
     board = MpremoteBoard(args.port, dry_run=args.dry_run)
     try:

@@ -259,3 +259,8 @@ def test_the_command_line_takes_an_operators_login(tmp_path):
     proc = subprocess.run([sys.executable, str(DEPLOY), "b.zip", "--port", "p", "--config", "c.json",
                            "--password-file", str(secret)], capture_output=True, text=True)
     assert proc.returncode == 2 and "--password-file needs --user" in proc.stderr
+    missing = subprocess.run([sys.executable, str(DEPLOY), "b.zip", "--port", "p", "--config", "c.json",
+                              "--user", "engineer", "--password-file", str(tmp_path / "absent")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "--password-file: cannot read" in missing.stderr
+    assert "Traceback" not in missing.stderr
