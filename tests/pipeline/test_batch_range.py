@@ -22,11 +22,12 @@ def _queue(sent):
     return {"depth": 1, "oldest_age_s": 0.5, "sent": sent, "expired": 0, "dropped": 0, "retries": 0}
 
 
-def five_days() -> list[Incoming]:
-    """gw1/t1 and gw2/t2 reading every hour for five days (2026-01-01..05); set points change now and then;
-    gw1 sends metrics every hour and restarts on day 3."""
+def five_days(every_hours: int = 1) -> list[Incoming]:
+    """gw1/t1 and gw2/t2 reading every ``every_hours`` hours for five days (2026-01-01..05); set points
+    change now and then; gw1 sends metrics as often and restarts on day 3. (The ingest seals a file per
+    hour and kind: every hour is 240 landing files.)"""
     out = []
-    for hour in range(5 * 24):
+    for hour in range(0, 5 * 24, every_hours):
         minute = hour * HOUR
         out.append(reading("gw1", "t1", hour + 1, minute + 7, 20 + hour % 5, 20.0 + (hour // 17) % 3, hour % 2 == 0))
         out.append(reading("gw2", "t2", hour + 1, minute + 31, 18 + hour % 3, 19.0 + (hour // 29) % 2, True,
@@ -98,7 +99,7 @@ def test_a_rerun_of_one_day_rewrites_only_what_it_can_touch_and_equals_a_full_ru
 
 def test_a_range_reads_only_its_days(spark, tmp_path):
     landing = tmp_path / "landing"
-    write_batch(landing, five_days(), 0)
+    write_batch(landing, five_days(every_hours=6), 0)  # which days are read, not how much of each: 40 files
     shutil.rmtree(landing / "events" / "date=2026-01-01")  # a run that read it would not notice; so break it
     (landing / "events" / "date=2026-01-01" / "hour=00").mkdir(parents=True)
     (landing / "events" / "date=2026-01-01" / "hour=00" / "part-x.jsonl").write_text("not json\n")
