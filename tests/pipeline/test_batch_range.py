@@ -103,8 +103,12 @@ def test_a_range_reads_only_its_days(spark, tmp_path):
     shutil.rmtree(landing / "events" / "date=2026-01-01")  # a run that read it would not notice; so break it
     (landing / "events" / "date=2026-01-01" / "hour=00").mkdir(parents=True)
     (landing / "events" / "date=2026-01-01" / "hour=00" / "part-x.jsonl").write_text("not json\n")
+    # A reading about 01-04 landed on 01-01 (its receive date): a run that read 01-01 would roll it up into
+    # a day it writes. (The unreadable line's reject would be of 01-01, a day the run does not write.)
+    write_batch(landing, [reading("gw9", "t9", 1, 3 * DAY + 10, 21.0, 21.0, True, received_ms=T0 + HOUR * MINUTE)], 1)
     settings = JobSettings(str(landing), str(tmp_path / "out"), received_from="2026-01-04", received_to="2026-01-05")
     counts = run_batch(spark, settings, progress=lambda _: None)
     assert counts["quarantine"] == 0  # the unreadable line of 01-01 was never read
     dates = sorted(path.name for path in (tmp_path / "out" / "rollups").glob("date=*"))
     assert dates == ["date=2026-01-03", "date=2026-01-04", "date=2026-01-05"]
+    assert spark.read.parquet(settings.output("rollups")).where("gateway_id = 'gw9'").count() == 0
