@@ -1,5 +1,12 @@
 """Batch on landing zones that broke it: nothing to quarantine, non-finite readings, lines cut short,
-rejects redelivered. Every case is held to the independent DuckDB computation (duckdb_reference.py)."""
+rejects redelivered. Every case is held to the independent DuckDB computation (duckdb_reference.py).
+
+A batch run over a landing zone of a few rows costs the same as over one many times its size (seconds of
+planning and scheduling per output; the rows are nothing), so the hostile zones are one landing zone, one
+run: each zone lands in an hour of its own from its own gateway (``HOSTILE_ZONES``), and what each zone
+asks of the outputs is read from its rows alone (its hour's quarantine, its gateway's rollups), as
+test_first_events does with its zones.
+"""
 
 import json
 import math
@@ -16,10 +23,11 @@ from pipeline.jobs.batch import run_batch
 from pipeline.jobs.settings import JobSettings
 from pipeline.report import read_output, render_report
 from tests.pipeline import duckdb_reference
-from tests.pipeline.pipeline_data import at, metrics, reading, write_batch
+from tests.pipeline.pipeline_data import MINUTE, T0, at, metrics, reading, write_batch
 
 OUTPUTS = {"rollups", "setpoint_changes", "delivery_latency", "queue_counters", "sla", "quarantine", "firmware",
            "firmware_updates"}
+HOUR = 60  # minutes
 
 
 def run(spark, landing, out, **options):
@@ -47,8 +55,9 @@ def assert_matches_duckdb(spark, settings):
                                   check_dtype=False)
 
 
-def minutes(gateway, device, count, first_seq=1):
-    return [reading(gateway, device, first_seq + m, m, 20.0 + m / 10, 21.0, m % 2 == 0) for m in range(count)]
+def minutes(gateway, device, count, first_seq=1, hour=0):
+    return [reading(gateway, device, first_seq + m, hour * HOUR + m, 20.0 + m / 10, 21.0, m % 2 == 0)
+            for m in range(count)]
 
 
 @pytest.mark.parametrize("zone", ["clean", "empty"])
@@ -72,95 +81,84 @@ def test_a_zone_with_nothing_to_quarantine_writes_every_output_with_its_schema(s
     render_report(settings.out, tmp_path / "report")
     assert_matches_duckdb(spark, settings)
 
-
-def test_an_empty_output_takes_data_on_the_next_run(spark, tmp_path):
-    landing = tmp_path / "landing"
-    write_batch(landing, minutes("gw1", "t1", 3), 0)
-    settings, counts = run(spark, landing, tmp_path / "out")
-    assert counts["quarantine"] == 0
-    write_batch(landing, [reading("gw1", "t1", 99, 1, 0, 0, False, payload=b"{not json")], 1)
-    settings, counts = run(spark, landing, tmp_path / "out")
-    assert counts["quarantine"] == 1
-    assert spark.read.parquet(settings.output("quarantine")).count() == 1  # no schema-only file left beside
+    if zone == "clean":  # the empty outputs take data on the next run
+        write_batch(landing, [reading("gw1", "t1", 99, 1, 0, 0, False, payload=b"{not json")], 1)
+        settings, counts = run(spark, landing, tmp_path / "out")
+        assert counts["quarantine"] == 1
+        assert spark.read.parquet(settings.output("quarantine")).count() == 1  # no schema-only file left beside
 
 
-def non_finite(seq, minute, **fields):
+# -- the hostile zones, one landing zone and one run ------------------------------------------------------
+#: Zone name -> (its hour of the landing zone, its gateway). Message ids are ``<gateway>:<seq>``, so the
+#: zones' ids never meet; every row a zone lands is received within its hour.
+HOSTILE_ZONES = {"non-finite": (0, "gwn"), "cut short": (1, "gwc"), "redelivered": (2, "gwr"), "fuzz": (3, "gwf")}
+
+
+def zone_of(received_ms: int) -> str | None:
+    """The zone whose hour ``received_ms`` falls in."""
+    hours = {hour: name for name, (hour, _) in HOSTILE_ZONES.items()}
+    return hours.get((received_ms - T0) // (HOUR * MINUTE))
+
+
+def non_finite(gateway, seq, minute, **fields):
     body = {"temperature": 20.0, "set_point": 21.0, "heater": True, "device": "t1", "ts_ms": at(minute)}
     body.update(fields)
-    return reading("gw1", "t1", seq, minute, 0, 0, False, payload=json.dumps(body).encode())
+    return reading(gateway, "t1", seq, minute, 0, 0, False, payload=json.dumps(body).encode())
 
 
-def test_non_finite_readings_are_quarantined_not_averaged(spark, tmp_path):
-    landing = tmp_path / "landing"
-    write_batch(landing, minutes("gw1", "t1", 10) + [
-        non_finite(101, 1.5, temperature=math.nan),
-        non_finite(102, 2.5, temperature=math.inf),
-        non_finite(103, 6.5, temperature=-math.inf),
-        non_finite(104, 7.5, set_point=math.nan),
-        non_finite(105, 8.5, set_point=-math.inf, temperature=math.nan),
-    ], 0)
-    settings, counts = run(spark, landing, tmp_path / "out")
-
-    rollups = spark_rollups(spark, settings)
-    assert rollups["readings"].tolist() == [5, 5]
-    assert rollups[["temperature_avg", "temperature_max", "set_point_avg"]].map(math.isfinite).all().all()
-    reasons = spark_quarantine(spark, settings).set_index("message_id")["reason"].to_dict()
-    assert reasons == {
-        "gw1:101": "temperature is not a finite number", "gw1:102": "temperature is not a finite number",
-        "gw1:103": "temperature is not a finite number", "gw1:104": "set_point is not a finite number",
-        "gw1:105": "temperature is not a finite number",
-    }
-    assert_matches_duckdb(spark, settings)
+def non_finite_zone(hour, gateway):
+    """Ten minutes of readings and five with NaN or an infinity in a reading's number."""
+    return minutes(gateway, "t1", 10, hour=hour) + [
+        non_finite(gateway, 101, hour * HOUR + 1.5, temperature=math.nan),
+        non_finite(gateway, 102, hour * HOUR + 2.5, temperature=math.inf),
+        non_finite(gateway, 103, hour * HOUR + 6.5, temperature=-math.inf),
+        non_finite(gateway, 104, hour * HOUR + 7.5, set_point=math.nan),
+        non_finite(gateway, 105, hour * HOUR + 8.5, set_point=-math.inf, temperature=math.nan),
+    ]
 
 
-def test_lines_cut_short_are_quarantined_and_counted(spark, tmp_path):
-    landing = tmp_path / "landing"
-    write_batch(landing, minutes("gw1", "t1", 10) + [metrics("gw1", 1, {5: {"sent": 3}})], 0)
-    (events_file,) = landing.glob("events/*/*/*.jsonl")
-    whole = events_file.read_text().splitlines(keepends=True)
-    events_file.write_text("".join(whole) + whole[3][:57])  # a copy interrupted in the last line
-    (metrics_file,) = landing.glob("metrics/*/*/*.jsonl")
-    metrics_file.write_text(metrics_file.read_text() + '{"message_id": "x"}\n' + "not json at all\n")
-    settings, counts = run(spark, landing, tmp_path / "out")
-
-    landing_rejects = spark_quarantine(spark, settings).query("stage == 'landing'")
-    assert landing_rejects["reason"].tolist() == [
-        "landing line is not a JSON record (cut short?)", "landing line is not a JSON record (cut short?)",
-        "landing record has no received_ms"]
-    assert set(landing_rejects["received_ms"]) == {at(0)}  # the start of the files' hour partition
-    assert counts["quarantine"] == 3
-    assert spark_rollups(spark, settings)["readings"].sum() == 10
-    raw = spark.read.parquet(settings.output("quarantine")).where("stage = 'landing'").toPandas()
-    assert whole[3][:57] in raw["payload"].tolist()  # kept raw, to replay
-    assert_matches_duckdb(spark, settings)
-
-
-def test_a_redelivered_reject_is_quarantined_once(spark, tmp_path):
-    landing = tmp_path / "landing"
-    bad_json = reading("gw1", "t1", 7, 0, 0, 0, False, payload=b"{oops")
-    no_ids = Incoming("gateways/gw1/devices/t1/messages/events", b"{}", at(1), [("gw-gateway-id", "gw1")])
-    other = Incoming("gateways/gw1/devices/t1/messages/events", b"{ }", at(1), [("gw-gateway-id", "gw1")])
+def redelivered_zone(hour, gateway):
+    """Rejects with and without ids, landed twice or three times: (the first batch, the second)."""
+    bad_json = reading(gateway, "t1", 7, hour * HOUR, 0, 0, False, payload=b"{oops")
+    no_ids = Incoming(f"gateways/{gateway}/devices/t1/messages/events", b"{}", at(hour * HOUR + 1),
+                      [("gw-gateway-id", gateway)])
+    other = Incoming(f"gateways/{gateway}/devices/t1/messages/events", b"{ }", at(hour * HOUR + 1),
+                     [("gw-gateway-id", gateway)])
 
     def again(message, delay_ms):
         return Incoming(message.topic, message.payload, message.received_ms + delay_ms, message.user_properties,
                         message.content_type, True)
 
-    write_batch(landing, minutes("gw1", "t1", 3) + [bad_json, no_ids, other, again(no_ids, 100)], 0)
-    write_batch(landing, [again(bad_json, 60_000), again(no_ids, 60_000)], 1)
-    settings, counts = run(spark, landing, tmp_path / "out")
-
-    rejects = spark_quarantine(spark, settings)
-    assert counts["quarantine"] == 3
-    assert sorted(rejects["received_ms"]) == [at(0) + 1_000, at(1), at(1)]  # the first copies
-    assert_matches_duckdb(spark, settings)
-    assert len(read_output(settings.out, "quarantine")) == 3  # what the report counts
+    return (minutes(gateway, "t1", 3, hour=hour) + [bad_json, no_ids, other, again(no_ids, 100)],
+            [again(bad_json, 60_000), again(no_ids, 60_000)])
 
 
-def test_any_cut_of_a_line_and_any_garbage_line_is_quarantined_never_lost_never_fatal(spark, tmp_path):
-    """Hostile landing files: every cut of a real record line and random printable junk, one run."""
+def test_hostile_zones_are_quarantined_never_averaged_never_lost_never_fatal(spark, tmp_path):
+    """Non-finite readings are quarantined, not averaged; lines cut short are quarantined and counted; a
+    redelivered reject is quarantined once; any cut of a real record line and random printable junk is
+    quarantined, never lost, never fatal. One run over the four zones."""
     landing = tmp_path / "landing"
-    write_batch(landing, minutes("gw1", "t1", 10), 0)
-    (events_file,) = landing.glob("events/*/*/*.jsonl")
+    zone = {name: hour for name, (hour, _) in HOSTILE_ZONES.items()}
+    gateway = {name: gw for name, (_, gw) in HOSTILE_ZONES.items()}
+    redelivered_first, redelivered_again = redelivered_zone(zone["redelivered"], gateway["redelivered"])
+    write_batch(landing, non_finite_zone(zone["non-finite"], gateway["non-finite"])
+                + minutes(gateway["cut short"], "t1", 10, hour=zone["cut short"])
+                + [metrics(gateway["cut short"], zone["cut short"] * HOUR + 1, {5: {"sent": 3}})]
+                + redelivered_first + minutes(gateway["fuzz"], "t1", 10, hour=zone["fuzz"]), 0)
+    write_batch(landing, redelivered_again, 1)
+
+    def landed(kind, name):
+        (path,) = landing.glob(f"{kind}/date=*/hour={zone[name]:02d}/*.jsonl")
+        return path
+
+    # cut short: a copy interrupted in the events' last line, metrics lines without received_ms or JSON
+    events_file = landed("events", "cut short")
+    whole = events_file.read_text().splitlines(keepends=True)
+    events_file.write_text("".join(whole) + whole[3][:57])
+    metrics_file = landed("metrics", "cut short")
+    metrics_file.write_text(metrics_file.read_text() + '{"message_id": "x"}\n' + "not json at all\n")
+    # fuzz: every 9th cut of a real record line and random printable junk
+    events_file = landed("events", "fuzz")
     line = events_file.read_text().splitlines()[4]
     rng = random.Random(17)
     alphabet = string.printable.replace("\n", "").replace("\r", "").replace("\x0b", "").replace("\x0c", "")
@@ -169,11 +167,47 @@ def test_any_cut_of_a_line_and_any_garbage_line_is_quarantined_never_lost_never_
     cuts = [line[:k] for k in range(1, len(line), 9)]
     with events_file.open("a") as handle:
         handle.write("".join(text + "\n" for text in cuts + junk))
+
     settings, counts = run(spark, landing, tmp_path / "out")
 
-    landing_rejects = spark_quarantine(spark, settings).query("stage == 'landing'")
-    assert len(landing_rejects) == len(cuts) + len(junk)
-    assert spark_rollups(spark, settings)["readings"].sum() == 10
+    rejects = spark_quarantine(spark, settings)
+    rejects_of = {name: rejects[rejects["received_ms"].map(zone_of) == name] for name in HOSTILE_ZONES}
+    rollups = spark_rollups(spark, settings)
+    rollups_of = {name: rollups[rollups["gateway_id"] == gw] for name, gw in gateway.items()}
+
+    # non-finite readings are quarantined, not averaged
+    assert rollups_of["non-finite"]["readings"].tolist() == [5, 5]
+    assert rollups_of["non-finite"][["temperature_avg", "temperature_max", "set_point_avg"]].map(math.isfinite).all().all()
+    gwn = gateway["non-finite"]
+    assert rejects_of["non-finite"].set_index("message_id")["reason"].to_dict() == {
+        f"{gwn}:101": "temperature is not a finite number", f"{gwn}:102": "temperature is not a finite number",
+        f"{gwn}:103": "temperature is not a finite number", f"{gwn}:104": "set_point is not a finite number",
+        f"{gwn}:105": "temperature is not a finite number",
+    }
+
+    # lines cut short are quarantined and counted
+    cut_short = rejects_of["cut short"]
+    assert cut_short["stage"].tolist() == ["landing"] * 3
+    assert cut_short["reason"].tolist() == [
+        "landing line is not a JSON record (cut short?)", "landing line is not a JSON record (cut short?)",
+        "landing record has no received_ms"]
+    assert set(cut_short["received_ms"]) == {at(zone["cut short"] * HOUR)}  # the start of the files' hour partition
+    assert rollups_of["cut short"]["readings"].sum() == 10
+    raw = spark.read.parquet(settings.output("quarantine")).where("stage = 'landing'").toPandas()
+    assert whole[3][:57] in raw["payload"].tolist()  # kept raw, to replay
+
+    # a redelivered reject is quarantined once
+    h = zone["redelivered"] * HOUR
+    assert sorted(rejects_of["redelivered"]["received_ms"]) == [at(h) + 1_000, at(h + 1), at(h + 1)]  # the first copies
+    reported = read_output(settings.out, "quarantine")  # what the report counts
+    assert sum(reported["received_ms"].map(zone_of) == "redelivered") == 3
+
+    # any cut of a line and any garbage line is quarantined, never lost, never fatal
+    fuzz = rejects_of["fuzz"]
+    assert (fuzz["stage"] == "landing").all() and len(fuzz) == len(cuts) + len(junk)
+    assert rollups_of["fuzz"]["readings"].sum() == 10
+
+    assert counts["quarantine"] == len(rejects) == 5 + 3 + 3 + len(cuts) + len(junk)  # and nothing else
     assert_matches_duckdb(spark, settings)
 
 

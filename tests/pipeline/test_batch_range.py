@@ -22,11 +22,12 @@ def _queue(sent):
     return {"depth": 1, "oldest_age_s": 0.5, "sent": sent, "expired": 0, "dropped": 0, "retries": 0}
 
 
-def five_days() -> list[Incoming]:
-    """gw1/t1 and gw2/t2 reading every hour for five days (2026-01-01..05); set points change now and then;
-    gw1 sends metrics every hour and restarts on day 3."""
+def five_days(every_hours: int = 1) -> list[Incoming]:
+    """gw1/t1 and gw2/t2 reading every ``every_hours`` hours for five days (2026-01-01..05); set points
+    change now and then; gw1 sends metrics as often and restarts on day 3. (The ingest seals a file per
+    hour and kind: every hour is 240 landing files.)"""
     out = []
-    for hour in range(5 * 24):
+    for hour in range(0, 5 * 24, every_hours):
         minute = hour * HOUR
         out.append(reading("gw1", "t1", hour + 1, minute + 7, 20 + hour % 5, 20.0 + (hour // 17) % 3, hour % 2 == 0))
         out.append(reading("gw2", "t2", hour + 1, minute + 31, 18 + hour % 3, 19.0 + (hour // 29) % 2, True,
@@ -98,12 +99,16 @@ def test_a_rerun_of_one_day_rewrites_only_what_it_can_touch_and_equals_a_full_ru
 
 def test_a_range_reads_only_its_days(spark, tmp_path):
     landing = tmp_path / "landing"
-    write_batch(landing, five_days(), 0)
+    write_batch(landing, five_days(every_hours=6), 0)  # which days are read, not how much of each: 40 files
     shutil.rmtree(landing / "events" / "date=2026-01-01")  # a run that read it would not notice; so break it
     (landing / "events" / "date=2026-01-01" / "hour=00").mkdir(parents=True)
     (landing / "events" / "date=2026-01-01" / "hour=00" / "part-x.jsonl").write_text("not json\n")
+    # A reading about 01-04 landed on 01-01 (its receive date): a run that read 01-01 would roll it up into
+    # a day it writes. (The unreadable line's reject would be of 01-01, a day the run does not write.)
+    write_batch(landing, [reading("gw9", "t9", 1, 3 * DAY + 10, 21.0, 21.0, True, received_ms=T0 + HOUR * MINUTE)], 1)
     settings = JobSettings(str(landing), str(tmp_path / "out"), received_from="2026-01-04", received_to="2026-01-05")
     counts = run_batch(spark, settings, progress=lambda _: None)
     assert counts["quarantine"] == 0  # the unreadable line of 01-01 was never read
     dates = sorted(path.name for path in (tmp_path / "out" / "rollups").glob("date=*"))
     assert dates == ["date=2026-01-03", "date=2026-01-04", "date=2026-01-05"]
+    assert spark.read.parquet(settings.output("rollups")).where("gateway_id = 'gw9'").count() == 0

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +19,6 @@ from pyspark.sql import functions as F
 
 from pipeline.jobs import bronze
 from pipeline.jobs.batch import run_batch
-from pipeline.jobs.settings import JobSettings
 from pipeline.landing import sealed_files
 from pipeline.records import EVENTS
 from testing.campaigns import campaign
@@ -64,17 +64,15 @@ def test_each_landing_file_is_compacted_once_with_its_payload_parsed(spark, tmp_
     assert sample.metrics_doc.endpoints["upstream"]["5"].sent == 3
 
 
-def test_batch_reads_the_bronze_table_not_the_landing_files(spark, tmp_path):
-    landing = tmp_path / "landing"
-    write_batch(landing, minutes(12) + [metrics("gw1", 2, {5: {"sent": 4}})], 0)
-    settings = JobSettings(str(landing), str(tmp_path / "out"))
-    counts = run_batch(spark, settings, progress=lambda _: None)
-    for kind in ("events", "metrics"):  # what a job reading JSON would now find: nothing
-        for path in sealed_files(landing, kind):
-            path.unlink()
-    again = JobSettings(str(landing), str(tmp_path / "again"))
+def test_batch_reads_the_bronze_table_not_the_landing_files(spark, batch_outputs, tmp_path):
+    """``batch_outputs`` compacted the sample into its bronze table and wrote the outputs from it; a run on
+    that table from a landing zone with no file in it writes the same rows."""
+    settings, counts = batch_outputs
+    landing = tmp_path / "landing"  # what a job reading JSON would find: nothing
+    landing.mkdir()
+    again = replace(settings, landing=str(landing), out=str(tmp_path / "again"), bronze=settings.bronze_path)
     assert run_batch(spark, again, progress=lambda _: None) == counts
-    assert counts["rollups"] == 3 and counts["queue_counters"] == 1
+    assert counts["rollups"] > 0 and counts["queue_counters"] > 0 and counts["quarantine"] > 0
 
 
 def test_many_small_landing_files_make_a_few_parquet_files(spark, tmp_path):
@@ -155,11 +153,15 @@ LINE = st.one_of(
 )
 
 
-@campaign(5, deadline=None)
-@given(files=st.lists(st.lists(LINE, max_size=30), min_size=1, max_size=3))
+@campaign(2, deadline=None)
+@given(files=st.lists(st.lists(LINE, max_size=30), min_size=4, max_size=12))
 def test_any_landing_file_content_is_kept_line_for_line_never_fatal(spark, tmp_path_factory, files):
     """Hostile landing files: whatever a sealed file holds, compaction keeps each of its non-blank lines as
-    one row - a record, or a bad line with its text, readable by pyarrow - and never stops."""
+    one row - a record, or a bad line with its text, readable by pyarrow - and never stops.
+
+    A compaction costs the same for one file or a dozen (seconds of a streaming query's start, commit and
+    stop; the lines are nothing), so an example is many files: the simplest example (hypothesis' first,
+    empty files) and one drawn at random of 4-12 files, as many as five examples of 1-3 files held."""
     landing, table = tmp_path_factory.mktemp("landing"), tmp_path_factory.mktemp("bronze")
     write_batch(landing, minutes(3), 0)
     (events_file,) = sealed_files(landing, "events")
