@@ -19,6 +19,9 @@ and incremental, on the same landing files.
      (``JobSettings.read_dates``/``output_dates``);
    * **duckdb incremental**: the same SQL over the JSON files of those receive dates, its outputs kept to
      those output dates.
+   * with ``--floor``, **spark floor fresh** after DuckDB's fresh run: DuckDB's work and nothing more in one
+     Spark pass over the same JSON (``run_spark_floor``), the least any redesign of the batch plan could
+     cost on Spark.
    Like for like but for what only Spark does: it validates readings and writes more outputs (queue
    counters, SLA, firmware, quarantine: empty or small on this data), keeps a bronze table a later run
    reads instead of the JSON, and starts a JVM.
@@ -226,6 +229,54 @@ def run_duckdb(work: Path, threads: int, received_from: str | None) -> dict:
     return {"startup_s": ready - started, "job_s": done - ready, "counts": counts}
 
 
+def run_spark_floor(work: Path, master: str) -> dict:
+    """``--floor``: the least any Spark plan can do here, DuckDB's work and nothing more, in one pass over the
+    history's JSON: Spark's JSON file source with a schema (its byte-level parser, which the product cannot
+    use: it makes a JSON array several rows), ``from_json`` of the payload, the job's candidate-key
+    deduplication, one cached frame, the job's rollups, change log and latency, three outputs written three
+    at a time. No bronze table, no validation, no other outputs, no exactly-once bookkeeping: not a job
+    anyone should run, the bound a redesign of the batch plan could approach (bench/RESULTS-pipeline.md)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from pipeline.jobs import delivery, rollups, setpoints
+    from pipeline.jobs.dedup import mark_repeated_copies
+    from pipeline.spark import session
+
+    started = time.monotonic()
+    spark = session(master, "pipeline-floor")
+    out = work / "spark-floor"
+    schema = ("message_id string, gateway_id string, device_id string, output string, priority int, "
+              "enqueued_ms long, sent_ms long, received_ms long, payload string")
+    lines = spark.read.schema(schema).json(str(work / "landing" / "events" / "date=*" / "hour=*" / "*.jsonl"))
+    parsed = lines.select("*", F.col("_metadata.file_path").alias("landing_file"), F.from_json(
+        "payload", "temperature double, set_point double, heater boolean, ts_ms long").alias("t")).drop("payload")
+    reading = (F.col("output") == "data") & F.col("t.temperature").isNotNull()
+    marked = mark_repeated_copies(parsed.withColumn("_reading", reading),
+                                  {"_event": F.lit(True), "_first_reading": F.col("_reading")}, F.lit(True))
+    events = marked.where("_event or _first_reading").select(
+        "message_id", "gateway_id", "device_id", "priority", "enqueued_ms", "received_ms", "sent_ms", "_event",
+        "_first_reading", F.col("t.temperature").alias("temperature"), F.col("t.set_point").alias("set_point"),
+        F.col("t.heater").alias("heater"), F.col("t.ts_ms").alias("reading_ms"),
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    readings = events.where("_first_reading").withColumn("reading_at", F.timestamp_millis("reading_ms"))
+    outputs = {"rollups": rollups.rollups(readings, WINDOW), "setpoint_changes": setpoints.changes(readings),
+               "delivery_latency": delivery.latency(events.where("_event"), WINDOW)}
+    ready = time.monotonic()
+
+    def write(name: str) -> int:
+        outputs[name].write.mode("overwrite").partitionBy("date").parquet(str(out / name))
+        return spark.read.parquet(str(out / name)).count()
+
+    with ThreadPoolExecutor(len(outputs)) as pool:
+        counts = dict(zip(outputs, pool.map(write, outputs), strict=True))
+    done = time.monotonic()
+    spark.stop()
+    return {"startup_s": ready - started, "job_s": done - ready, "counts": counts}
+
+
 class Measured(NamedTuple):
     output: str
     peak_rss: int  # bytes, the process tree's
@@ -293,9 +344,14 @@ def main(argv=None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--workdir", help="keep data and outputs here (default: a temporary folder, removed)")
     parser.add_argument("--reuse-data", action="store_true", help="keep the landing zone already in --workdir")
+    parser.add_argument("--floor", action="store_true",
+                        help="also run the floor of any Spark plan after the fresh runs (run_spark_floor)")
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # child mode: duckdb-all or duckdb-from-YYYY-MM-DD
     args = parser.parse_args(argv)
 
+    if args.engine == "spark-floor":  # child mode: the floor of a Spark plan (--floor)
+        print(json.dumps(run_spark_floor(Path(args.workdir), args.master)))
+        return 0
     if args.engine:  # child mode: DuckDB in its own process
         received_from = None if args.engine == "duckdb-all" else args.engine.removeprefix("duckdb-from-")
         print(json.dumps(run_duckdb(Path(args.workdir), threads=2, received_from=received_from)))
@@ -322,6 +378,7 @@ def main(argv=None) -> int:
         for name, command, before in [
             ("spark fresh", spark_command(work, args.master), None),
             ("duckdb fresh", [*duckdb, "duckdb-all"], None),
+            *([("spark floor fresh", [*duckdb, "spark-floor", "--master", args.master], None)] if args.floor else []),
             ("spark incremental", [*spark_command(work, args.master), "--from", day], lambda: land(held, work / "landing")),
             ("duckdb incremental", [*duckdb, f"duckdb-from-{day}"], None),
         ]:
@@ -330,7 +387,8 @@ def main(argv=None) -> int:
             if name.startswith("duckdb"):
                 shutil.rmtree(work / "duckdb", ignore_errors=True)
             run = measured(command, work / "logs" / f"{name.replace(' ', '-')}.log")
-            result = spark_result(run.output) if name.startswith("spark") else json.loads(run.output.strip().splitlines()[-1])
+            by_command = name.startswith("spark") and "floor" not in name  # the command's progress lines, else JSON
+            result = spark_result(run.output) if by_command else json.loads(run.output.strip().splitlines()[-1])
             runs.append((name, run, result))
             print(f"{name}: {run.wall_s:.1f}s, CPU {run.cpu_s:.1f}s, peak {run.peak_rss / 2**20:,.0f} MB, "
                   f"load {run.load[0]:.1f}-{run.load[1]:.1f}", flush=True)
@@ -353,6 +411,9 @@ def main(argv=None) -> int:
     for mode in ("fresh", "incremental"):
         print(f"{mode}: spark / duckdb wall x{walls[f'spark {mode}'] / walls[f'duckdb {mode}']:.1f}, "
               f"CPU x{cpus[f'spark {mode}'] / cpus[f'duckdb {mode}']:.1f}")
+    if "spark floor fresh" in walls:
+        print(f"floor (DuckDB's work in one Spark pass): spark floor / duckdb wall "
+              f"x{walls['spark floor fresh'] / walls['duckdb fresh']:.1f}, CPU x{cpus['spark floor fresh'] / cpus['duckdb fresh']:.1f}")
     disagree = 0
     for mode in ("fresh", "incremental"):
         counts = [{name: result["counts"].get(name) for name in OUTPUTS} for name, _, result in runs if mode in name]

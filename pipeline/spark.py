@@ -46,7 +46,16 @@ def session(master: str | None = None, app_name: str = "pipeline", shuffle_parti
 
 
 LOCAL_DRIVER_MEMORY = "4g"
-LOCAL_JAVA_OPTIONS = "-XX:+UseParallelGC"
+# The JVM's just-in-time compilers were the largest single CPU cost of a 1M-record batch: 36 of 98 CPU-s,
+# C2 most of it, more than all the tasks together (bench/RESULTS-pipeline.md, session 11). At the JVM's
+# thresholds C2 compiles every method called 5,000 times (a loop: 40,000 iterations), and a run of some
+# 30 Spark jobs has thousands of planner, optimiser and generated-code methods that are that warm for a
+# moment and never again. At 40 times the calls and 10 times the loop iterations those stay with C1, while
+# the per-row code, run millions of times, still reaches C2 within its first few percent of rows: 1M
+# records, JIT 35.9 -> 18.6 CPU-s, the tasks' CPU unchanged (35.0 / 34.1 s), the whole run -18 %.
+C2_THRESHOLDS = ("-XX:Tier4InvocationThreshold=200000", "-XX:Tier4MinInvocationThreshold=100000",
+                 "-XX:Tier4CompileThreshold=250000", "-XX:Tier4BackEdgeThreshold=400000")
+LOCAL_JAVA_OPTIONS = " ".join(("-XX:+UseParallelGC", *C2_THRESHOLDS))
 
 # What opening a file costs, in bytes of reading, when Spark packs files into read tasks. Spark's 4 MiB
 # made each of many small sealed landing files (the ingest seals one a minute) weigh as much as 4 MiB of
@@ -81,7 +90,7 @@ def local_settings(cores: int) -> dict[str, str]:
         # The JVM's throughput collector rather than its default G1, whose concurrent marking and
         # remembered-set upkeep run beside a batch job's allocation-heavy tasks: 3M records, the batch
         # outputs cost 12-14 % less JVM CPU, a 1M compaction 7-8 % (bench/RESULTS-pipeline.md). Its pauses,
-        # which G1 keeps short, do not matter to a batch job.
+        # which G1 keeps short, do not matter to a batch job. Then fewer C2 compilations (``C2_THRESHOLDS``).
         "spark.driver.extraJavaOptions": LOCAL_JAVA_OPTIONS,
         "spark.sql.shuffle.partitions": str(4 * cores),
         "spark.sql.adaptive.enabled": "true",
