@@ -19,7 +19,7 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import MqttProtocolError
-from appliance.broker.codec.writer import encode_ack
+from appliance.broker.codec.writer import encode_ack, puback_success
 from appliance.broker.context import HandlerContext, Instant, read_clock
 from appliance.broker.persistence import store_failure
 from appliance.broker.routing.message import BrokerMessage
@@ -109,7 +109,10 @@ def accept_publish(context: HandlerContext, link: Link, session: Session, publis
     start = len(out)
     packet_id: int = publish.packet_id  # type: ignore[assignment]  # QoS 1/2: the reader always sets it
     if qos == 1:
-        out += encode_ack(pk.PUBACK, packet_id, connection.protocol_level, code, properties_out)
+        if code or reason:
+            out += encode_ack(pk.PUBACK, packet_id, connection.protocol_level, code, properties_out)
+        else:
+            out += puback_success(packet_id)
         if store is not None and store.revision != revision:
             connection.held_acks.append(start)  # ``CommitGate.hold``, inline
         return
