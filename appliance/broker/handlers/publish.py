@@ -38,7 +38,9 @@ def handle_publish(context: HandlerContext, link: Link, publish: pk.Publish, now
     connection = link.connection
     if connection.state != CONNECTED:
         raise MqttProtocolError(rc.PROTOCOL_ERROR, "PUBLISH before CONNACK")
-    if connection.resolve_topic(publish):
+    # An alias travels in the properties, so a PUBLISH without any that names its topic has nothing to
+    # resolve (the common case: no call per message).
+    if (publish.properties or not publish.topic) and connection.resolve_topic(publish):
         publish.frame = None
     context.stats.messages_received += 1
     session = connection.session
