@@ -558,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
         targets = {"ours": every[0], "mosquitto": every[1], **({"mosquitto-persistent": every[2]} if len(every) > 2 else {})}
         report = uvloop.run(run({name: (t.host, t.port, t.process) for name, t in targets.items()}, args))
     print(f"\nload average at the end {' '.join(f'{value:.2f}' for value in os.getloadavg())}")
+    if max(os.getloadavg()) > (psutil.cpu_count() or 1):
+        print("(not a quiet machine: the throughput ratios are the scheduler's; read the CPU us per message rows)")
     print(report)
     return 0
 
