@@ -104,6 +104,7 @@ UNIT_MODULES = frozenset(
 
 INPROCESS_MODULES = frozenset(
     {
+        "tests/bench/test_broker_light.py",
         "tests/broker/test_retained_feed_sockets.py",
         "tests/broker/test_server.py",
         "tests/broker/test_server_linger.py",

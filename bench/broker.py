@@ -15,6 +15,12 @@ broker's own CPU time (user + system) per message delivered: the figure that doe
 (issue 30). A single-threaded broker that is CPU-bound on a quiet machine delivers about 1 / (CPU per
 message), so the CPU ratio ours/mosquitto predicts the quiet machine's throughput ratio (inverted).
 
+Its generator (``bench/mqtt_load.py``, several processes) is heavy against mosquitto: it answers each of
+mosquitto's one-packet writes at once and took 86-94 % of a core while mosquitto ran, which on 2 cores
+starves mosquitto and flatters our ratios. ``bench/broker_light.py`` runs the throughput and latency
+scenarios with a light, independent generator (one uvloop process, its own MQTT 5 lines, work per read
+rather than per message) and prints its CPU share beside every figure; quote that one for issue 30.
+
 The scenarios (issue 2, "Benchmark"):
 
 * ``connections``: 2,000 clients connect at once; seconds until the last CONNACK, broker RSS while all

@@ -25,7 +25,7 @@ from appliance.broker.codec.reasons import (
     V311_CONNACK_REASONS,
     MqttProtocolError,
 )
-from appliance.broker.codec.writer import encode
+from appliance.broker.codec.writer import encode, encode_ack, puback_success
 from testing.campaigns import campaign
 
 SETTINGS = campaign(150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -281,3 +281,11 @@ def test_every_part_of_a_publish_is_bytes_whatever_the_reads_were(kind: type) ->
         assert isinstance(publish, pk.Publish)
         assert type(publish.payload) is bytes and publish.payload == b"payload"
         assert type(publish.frame) is bytes and publish.frame == wire
+
+
+@given(st.integers(1, 65535), st.sampled_from([pk.MQTT_311, pk.MQTT_5]))
+def test_the_success_puback_shortcut_writes_what_encode_ack_writes(packet_id: int, level: int) -> None:
+    # The publish handler writes an accepted QoS 1 PUBLISH's PUBACK with ``puback_success``; a reader
+    # must get the same packet back as from the general writer.
+    assert puback_success(packet_id) == encode_ack(pk.PUBACK, packet_id, level)
+    assert PacketReader(protocol_level=level).feed(puback_success(packet_id)) == [pk.PubAck(packet_id)]

@@ -11,11 +11,13 @@ subscribers is encoded once per distinct header (see ``router``).
 from __future__ import annotations
 
 import struct
+from functools import partial
 
 from appliance.broker.codec.packets import (
     MQTT_5,
     PINGREQ,
     PINGRESP,
+    PUBACK,
     PUBREL,
     SUBACK,
     UNSUBACK,
@@ -48,6 +50,10 @@ from appliance.broker.codec.reasons import V311_CONNACK_CODES
 _U16 = struct.Struct(">H")
 _ACK_FIXED = struct.Struct(">BBH")
 _ACK_REASON = struct.Struct(">BBHB")
+#: ``puback_success(packet_id)``: the PUBACK of an accepted QoS 1 PUBLISH (reason code 0, no properties:
+#: MQTT 5's short form, 3.1.1's only one), the same bytes ``encode_ack`` returns for it. One is written
+#: per QoS 1 message, so this is a C call (a partial of ``Struct.pack``) rather than a Python frame.
+puback_success = partial(struct.Struct(">HH").pack, (PUBACK << 12) | 2)
 PINGRESP_BYTES = bytes((PINGRESP << 4, 0))
 PINGREQ_BYTES = bytes((PINGREQ << 4, 0))
 

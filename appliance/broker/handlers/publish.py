@@ -19,7 +19,7 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import MqttProtocolError
-from appliance.broker.codec.writer import encode_ack
+from appliance.broker.codec.writer import encode_ack, puback_success
 from appliance.broker.context import HandlerContext, Instant, read_clock
 from appliance.broker.persistence import store_failure
 from appliance.broker.routing.message import BrokerMessage
@@ -38,7 +38,9 @@ def handle_publish(context: HandlerContext, link: Link, publish: pk.Publish, now
     connection = link.connection
     if connection.state != CONNECTED:
         raise MqttProtocolError(rc.PROTOCOL_ERROR, "PUBLISH before CONNACK")
-    if connection.resolve_topic(publish):
+    # An alias travels in the properties, so a PUBLISH without any that names its topic has nothing to
+    # resolve (the common case: no call per message).
+    if (publish.properties or not publish.topic) and connection.resolve_topic(publish):
         publish.frame = None
     context.stats.messages_received += 1
     session = connection.session
@@ -109,7 +111,10 @@ def accept_publish(context: HandlerContext, link: Link, session: Session, publis
     start = len(out)
     packet_id: int = publish.packet_id  # type: ignore[assignment]  # QoS 1/2: the reader always sets it
     if qos == 1:
-        out += encode_ack(pk.PUBACK, packet_id, connection.protocol_level, code, properties_out)
+        if code or reason:
+            out += encode_ack(pk.PUBACK, packet_id, connection.protocol_level, code, properties_out)
+        else:
+            out += puback_success(packet_id)
         if store is not None and store.revision != revision:
             connection.held_acks.append(start)  # ``CommitGate.hold``, inline
         return
