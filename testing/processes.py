@@ -90,7 +90,7 @@ class GatewayProcess:
             cmd += ["--config", str(self.config)]
         return cmd + self.extra_args
 
-    def start(self, timeout: float = 20.0) -> GatewayProcess:
+    def start(self, timeout: float = 60.0) -> GatewayProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if self.env:
             env.update(self.env)

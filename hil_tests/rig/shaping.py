@@ -114,13 +114,23 @@ def wire_bytes(payload_bytes: int) -> int:
 
 
 class TokenBucket:
-    """A byte bucket refilled at ``rate_bps / 8`` bytes per second up to ``burst_bytes``; starts full like tbf."""
+    """A byte bucket refilled at ``rate_bps / 8`` bytes per second up to ``burst_bytes``; starts full like tbf.
+
+    Rules:
+    - Idle time earns at most one burst, as tbf's bucket does.
+    - A segment that had to wait leaves at its due time, even if the relay wakes up late (a starved
+      process): tbf's dequeue timer is in the kernel and is never late, so the link keeps sending at
+      ``rate`` while the relay is not scheduled. The link time lost to the late wake-up is kept as tokens
+      above the burst (never more than the lateness times the rate), so the relay catches up instead of
+      delivering less than ``rate`` on a busy machine.
+    """
 
     def __init__(self, settings: LinkSettings, now: float) -> None:
         self._rate_bytes = settings.rate_bps / 8
         self._burst = settings.burst_bytes
         self._tokens = float(settings.burst_bytes)
         self._updated = now
+        self._due: float | None = None  # when the segment the sender waits for may leave
 
     def configure(self, settings: LinkSettings, now: float) -> None:
         """Change rate and burst: time until ``now`` accrues at the old rate, what follows at the new one.
@@ -130,25 +140,37 @@ class TokenBucket:
         self._rate_bytes = settings.rate_bps / 8
         self._burst = settings.burst_bytes
         self._tokens = float(self._burst) if was_unshaped else min(self._tokens, self._burst)
+        self._due = None
 
     def wait_time(self, nbytes: int, now: float) -> float:
-        """Seconds until ``nbytes`` may pass; 0 when they may pass now."""
+        """Seconds until ``nbytes`` may pass; 0 when they may pass now. A wait makes the sender backlogged:
+        its segment is due at ``now`` plus the wait."""
         if self._rate_bytes == 0:
             return 0.0
         self._refill(now)
         missing = min(nbytes, self._burst) - self._tokens
-        return max(0.0, missing / self._rate_bytes)
+        wait = max(0.0, missing / self._rate_bytes)
+        self._due = now + wait if wait > 0 else None
+        return wait
 
     def take(self, nbytes: int, now: float) -> None:
-        """Spend tokens for bytes sent now (call when `wait_time` said 0)."""
+        """Spend tokens for bytes sent now (call when `wait_time` said 0). A waiting segment is charged at
+        its due time; the time between that and ``now`` is credited to the bytes behind it."""
         if self._rate_bytes == 0:
             return
-        self._refill(now)
+        due, self._due = self._due, None
+        if due is not None and due < now:
+            self._refill(due)
+            self._tokens += (now - due) * self._rate_bytes  # the link's time lost while the relay was late
+            self._updated = now
+        else:
+            self._refill(now)
         self._tokens -= nbytes
 
     def _refill(self, now: float) -> None:
         elapsed = max(0.0, now - self._updated)
-        self._tokens = min(self._burst, self._tokens + elapsed * self._rate_bytes)
+        # Up to one burst, but a credit above it (see `take`) stays until it is spent.
+        self._tokens = max(self._tokens, min(self._burst, self._tokens + elapsed * self._rate_bytes))
         self._updated = now
 
 

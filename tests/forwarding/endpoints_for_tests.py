@@ -9,6 +9,10 @@ from appliance.forwarding.endpoints import Refused, SendFailed
 from appliance.forwarding.queues import QueuedMessage
 from appliance.forwarding.window import LinkEstimate, Window
 
+# How long a pump test waits for an event (a batch, an attempt) before it calls the pump stuck: a guard
+# against a hang, not a bound on speed, so it is long enough for a test process starved at load 36.
+WAIT_S = 30.0
+
 
 class RecordingEndpoint:
     """Acknowledges everything; records each batch as (priority, [n, ...]).
@@ -46,7 +50,7 @@ class RecordingEndpoint:
         self.changed.set()
         return len(batch)
 
-    async def wait_for(self, count: int, timeout: float = 5.0) -> None:
+    async def wait_for(self, count: int, timeout: float = WAIT_S) -> None:
         async def enough() -> None:
             while sum(len(b) for _, b in self.batches) < count:
                 self.changed.clear()

@@ -19,6 +19,7 @@ from appliance.store_thread import StoreThread
 from testing import waiting
 from testing.fake_runtime import FakeRuntime
 from tests.forwarding.endpoints_for_tests import (
+    WAIT_S,
     BrokenWindowEndpoint,
     DroppingEndpoint,
     FaultyEndpoint,
@@ -70,7 +71,7 @@ async def send_six_at_priority_9(pump: Pump, add, endpoint: RecordingEndpoint) -
     for n in range(6):
         await add(n, 9)
     pump.start()
-    await asyncio.wait_for(endpoint.in_flight.wait(), 5)
+    await asyncio.wait_for(endpoint.in_flight.wait(), WAIT_S)
 
 
 def test_highest_priority_first_and_restart_after_every_batch(tmp_path: Path) -> None:
@@ -112,7 +113,7 @@ def test_expired_messages_are_never_sent_and_counted(tmp_path: Path) -> None:
         await add(2, 2, ttl=60)
         store.clock = lambda: time.time() + 2  # two seconds later, as the store sees it
         pump.start()
-        await asyncio.wait_for(pump.wait_batches(1), 5)
+        await asyncio.wait_for(pump.wait_batches(1), WAIT_S)
 
     metrics = asyncio.run(_with_pump(tmp_path, endpoint, scenario))
     assert endpoint.batches == [(2, [2])]
@@ -127,7 +128,7 @@ def test_a_failed_batch_stays_queued_and_is_retried(tmp_path: Path) -> None:
         await add(1, 0)
         await add(2, 0)
         pump.start()
-        await asyncio.wait_for(pump.wait_batches(1), 5)
+        await asyncio.wait_for(pump.wait_batches(1), WAIT_S)
         assert await thread.call(store.message_count) == 0
 
     metrics = asyncio.run(_with_pump(tmp_path, endpoint, scenario))
@@ -143,7 +144,7 @@ def test_a_message_refused_three_times_goes_to_the_dead_letters_and_the_queue_mo
             await add(n, 4)
         pump.start()
         await endpoint.wait_for(4)
-        await waiting.until(lambda: metrics_of(pump).counters["dead_lettered"][("upstream", 4)] == 1, 5)
+        await waiting.until(lambda: metrics_of(pump).counters["dead_lettered"][("upstream", 4)] == 1, WAIT_S)
         letters = await thread.call(store.dead_letters)
         assert [d.message.app_property("n") for d in letters] == ["2"]
         assert await thread.call(store.message_count) == 0
@@ -165,7 +166,7 @@ def test_a_refusal_that_clears_up_is_only_retried(tmp_path: Path) -> None:
         pump.start()
         await endpoint.wait_for(3)
         assert await thread.call(store.dead_letters) == []
-        await asyncio.wait_for(pump.wait_batches(1), 5)  # its checkpoint, after the send
+        await asyncio.wait_for(pump.wait_batches(1), WAIT_S)  # its checkpoint, after the send
         assert await thread.call(store.refusals, "upstream", 1, 1) == 0, "the count of a message that got through is forgotten"
 
     metrics = asyncio.run(_with_pump(tmp_path, endpoint, scenario))
@@ -183,15 +184,15 @@ def test_a_store_that_cannot_be_written_does_not_end_the_pump(tmp_path: Path, ca
         await add(2, 0)
         await thread.call(store.db.execute, "PRAGMA busy_timeout = 0")
         pump.start()
-        await asyncio.wait_for(endpoint.in_flight.wait(), 5)
+        await asyncio.wait_for(endpoint.in_flight.wait(), WAIT_S)
         blocker = sqlite3.connect(tmp_path / "forwarding.db", isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
         endpoint.release.set()
-        await waiting.until(lambda: pump.store_failures >= 3, 5, "three failed checkpoints")
+        await waiting.until(lambda: pump.store_failures >= 3, WAIT_S, "three failed checkpoints")
         assert pump.task is not None and not pump.task.done()
         blocker.execute("ROLLBACK")
         blocker.close()
-        await asyncio.wait_for(pump.wait_batches(1), 5)
+        await asyncio.wait_for(pump.wait_batches(1), WAIT_S)
         assert await thread.call(store.message_count) == 0 and pump.store_failures == 0
 
     with caplog.at_level(logging.INFO, logger="appliance.forwarding.pump"):
@@ -216,7 +217,7 @@ def test_an_exception_on_one_message_dead_letters_it_and_the_pump_goes_on(
         for n in range(5):
             await add(n, 3)
         pump.start()
-        await waiting.until(lambda: pump.metrics.counters["dead_lettered"][("upstream", 3)] == 1, 5)
+        await waiting.until(lambda: pump.metrics.counters["dead_lettered"][("upstream", 3)] == 1, WAIT_S)
         await add(100, 0)
         await endpoint.wait_for(5)
         [letter] = await thread.call(store.dead_letters)
@@ -238,8 +239,8 @@ def test_a_message_the_link_drops_on_is_dead_lettered_and_its_count_survives_a_r
         seqs = [await add(n, 2) for n in range(5)]
         pump.start()
         # Dropped with 2, 3, 4 in flight (2 is blamed, the first unacknowledged); then 2 alone.
-        await waiting.until(lambda: len(endpoint.drops) == 2, 5)
-        await waiting.until(lambda: store.link_drops("upstream", 2, seqs[2]) == 2, 5)
+        await waiting.until(lambda: len(endpoint.drops) == 2, WAIT_S)
+        await waiting.until(lambda: store.link_drops("upstream", 2, seqs[2]) == 2, WAIT_S)
 
     asyncio.run(_with_pump(tmp_path, endpoint, first_run, max_link_drops=3))
     assert endpoint.drops == [[2, 3, 4], [2]]
@@ -308,7 +309,7 @@ def test_a_sender_that_fails_on_every_message_goes_to_the_supervisor_not_the_dea
         for n in range(10):
             await add(n, 5)
         pump.start()
-        await waiting.until(lambda: pump.state.restarts == 1, 5)
+        await waiting.until(lambda: pump.state.restarts == 1, WAIT_S)
         assert not pump.running
         assert len(await thread.call(store.dead_letters)) == 3
 

@@ -22,8 +22,9 @@ from gpiozero.pins.mock import MockFactory, MockPin
 from appliance.gateway import serve
 from appliance.gateway_config import load_config
 from appliance.hardware.factory_reset import FACTORY_RESET_EXIT_STATUS
+from appliance.hardware.gpio import FAST_BLINK, SLOW_BLINK
 from hil_tests.rig.relay import RelayThread
-from testing import waiting
+from testing import timer_lateness, waiting
 from testing.processes import MosquittoProcess
 from tests.forwarding.peers import Collector
 from tests.forwarding.peers import Device as PeerDevice
@@ -102,8 +103,16 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 
+# The backlog LED's slow and fast blink (seconds on = seconds off), and the halfway mark between them.
+SLOW_BLINK_S = SLOW_BLINK[0]
+FAST_BLINK_S = FAST_BLINK[0]
+HALFWAY_BLINK_S = (SLOW_BLINK_S + FAST_BLINK_S) / 2
+# A backoff floor far longer than a reconnect takes on a loaded machine, so a reconnect woken by the link
+# is told from one after the backoff.
+BACKOFF_MIN_S = 30
 
-def blink_period(pin: MockPin, changes: int = 6, timeout: float = 5.0) -> float:
+
+def blink_period(pin: MockPin, changes: int = 6, timeout: float = 30.0) -> float:
     """The median time between the pin's next ``changes`` state changes (the LED must be blinking; run
     from a worker thread while the gateway's loop blinks it: the pin's history is all there is to watch)."""
     pin.clear_states()
@@ -111,12 +120,19 @@ def blink_period(pin: MockPin, changes: int = 6, timeout: float = 5.0) -> float:
     return statistics.median(state.timestamp for state in pin.states[2:])
 
 
+def fast_blink_period(pin: MockPin) -> tuple[float, float]:
+    """`blink_period` and the typical lateness of a 0.1 s timer on this machine meanwhile."""
+    with timer_lateness.probing(FAST_BLINK_S) as lateness:
+        period = blink_period(pin)
+    return period, lateness.median()
+
+
 def test_modem_link_gates_the_bridge_and_the_leds_follow_bridge_and_backlog(
     tmp_path: Path, factory: MockFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Registration lost -> the bridge disconnects and makes no attempt at all (the relay, standing in for
     the cellular network, is down too, so every attempt would be counted there); devices' messages wait,
-    the backlog LED blinks slow then fast. Registration back -> one connection at once (the 5 s backoff
+    the backlog LED blinks slow then fast. Registration back -> one connection at once (the backoff
     floor is skipped), the backlog drains, the LEDs go to "connected" and "empty"."""
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     caplog.set_level(logging.INFO, logger="appliance")
@@ -134,7 +150,7 @@ def test_modem_link_gates_the_bridge_and_the_leds_follow_bridge_and_backlog(
         f'[hardware.modem]\nenabled = true\nport = "{emulator.port}"\ncommand_timeout = 0.5\npoll_interval = 0.2\n'
         '[forwarding]\nenabled = true\nmanifest = "manifest.json"\n'
         f'[forwarding.upstream]\nhost = "127.0.0.1"\nport = {relay.port}\nkeepalive_s = 5\n'
-        "backoff_min_s = 5\nbackoff_max_s = 10\n"
+        f"backoff_min_s = {BACKOFF_MIN_S}\nbackoff_max_s = {2 * BACKOFF_MIN_S}\n"
     )
     uplink, backlog = factory.pin(UPLINK), factory.pin(BACKLOG)
 
@@ -164,8 +180,11 @@ def test_modem_link_gates_the_bridge_and_the_leds_follow_bridge_and_backlog(
             for n in range(6):
                 assert await loop.run_in_executor(None, device.publish, "data", b"x", {"n": str(n)}) == 0
                 if n == 2:
-                    assert await loop.run_in_executor(None, blink_period, backlog) > 0.3  # slow: 0.5 s
-            assert await loop.run_in_executor(None, blink_period, backlog) < 0.2  # fast: 0.1 s
+                    assert await loop.run_in_executor(None, blink_period, backlog) > HALFWAY_BLINK_S  # slow (timers are never early)
+            # Fast, not slow: below halfway between them plus how late a timer of the fast blink's length
+            # wakes up on this machine right now (each blink is such a timer).
+            fast, lateness = await loop.run_in_executor(None, fast_blink_period, backlog)
+            assert fast < HALFWAY_BLINK_S + lateness, (fast, lateness)
             polls = emulator.commands.count("AT+CSQ")
             await until(lambda: emulator.commands.count("AT+CSQ") >= polls + 5)  # >= 1 s of polling while down
             assert attempts() == before and cloud.messages == []  # no attempt, nothing sent
@@ -175,7 +194,7 @@ def test_modem_link_gates_the_bridge_and_the_leds_follow_bridge_and_backlog(
             back_at = loop.time()
             emulator.send_urc("+CEREG: 1")
             await until(lambda: uplink.state is True)
-            assert loop.time() - back_at < 2.0  # not after the 5 s backoff floor
+            assert loop.time() - back_at < BACKOFF_MIN_S  # woken by the link, not after the backoff floor
             received = await loop.run_in_executor(None, cloud.wait_for, 6)
             assert sorted(r.n for r in received) == list(range(6))
             # One attempt per link-up: a poll the emulator answered just before its registration changed

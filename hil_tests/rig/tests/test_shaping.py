@@ -121,3 +121,24 @@ def test_rate_counts_wire_bytes_headers_included_as_tc_does() -> None:
     assert wire_bytes(1448 * 1000) == 1514 * 1000
     assert wire_bytes(100) == 105  # a share of a frame's headers, rounded up
     assert wire_bytes(0) == 0
+
+
+def test_a_late_wake_up_does_not_cost_the_link_its_rate():
+    """A relay starved of CPU wakes up long after its segment was due; tbf's kernel timer would have sent
+    on time and kept sending, so the bytes behind the segment may leave at once, up to the lost time."""
+    bucket = TokenBucket(LinkSettings(rate_bps=8000, burst_bytes=2000), now=0.0)  # 1000 bytes/s
+    bucket.take(2000, 0.0)
+    assert bucket.wait_time(500, 0.0) == pytest.approx(0.5)
+    bucket.take(500, 3.5)  # 3 s late: the link would have carried 3000 more bytes by now
+    assert bucket.wait_time(3000, 3.5) == 0
+    bucket.take(3000, 3.5)
+    assert bucket.wait_time(500, 3.5) == pytest.approx(0.5)  # caught up: the rate again, no more
+
+
+def test_idle_time_is_not_credited_beyond_the_burst():
+    bucket = TokenBucket(LinkSettings(rate_bps=8000, burst_bytes=2000), now=0.0)
+    bucket.take(2000, 0.0)
+    assert bucket.wait_time(500, 0.0) > 0
+    bucket.take(500, 0.5)  # on time: no credit
+    bucket.take(2000, 100.0)  # idle for 99.5 s with nothing waiting: one burst
+    assert bucket.wait_time(1000, 100.0) == pytest.approx(1.0)
