@@ -124,7 +124,8 @@ def slot_image(root: Path, scratch: Path, out: Path) -> None:
 def data_partition(root: Path, scratch: Path, out: Path) -> None:
     """``/data``: ``appliance/`` (bound on ``/var/lib/appliance``, owned by the gateway's user),
     ``etc-appliance/`` (bound on ``/etc/appliance``: the shipped config, provisioned at first boot),
-    ``rauc/`` (RAUC's status); ``network-connections/`` (NetworkManager's profiles) is made at boot by
+    ``rauc/`` (RAUC's status: root writes it, the gateway's group reads the installed version from it for
+    the metrics page, which the gateway serves as its own user); ``network-connections/`` (NetworkManager's profiles) is made at boot by
     ``tmpfiles.d/appliance-network.conf``, also on a data partition older than it. Outside both slots: an
     update or a fallback leaves it as it is."""
     staged = scratch / "data"
@@ -139,7 +140,8 @@ def data_partition(root: Path, scratch: Path, out: Path) -> None:
     (staged / "appliance").mkdir(mode=0o750)
     os.chown(staged / "appliance", uid, gid)
     run("cp", "-a", root / "etc/appliance", staged / "etc-appliance")
-    (staged / "rauc").mkdir(mode=0o700)
+    (staged / "rauc").mkdir(mode=0o750)
+    os.chown(staged / "rauc", 0, gid)
     run("mkfs.ext4", "-q", "-L", DATA_LABEL, "-d", staged, "-E", "root_owner=0:0", out, f"{DATA_MB}M")
 
 
