@@ -6,17 +6,18 @@ about 20 minutes of CPU on a 2-core machine, most of it mkinitramfs; cached like
 only assembles the disk, without loop devices, so it runs in a container or CI job that cannot mount:
 
 * the boot partition: ``mkfs.vfat -C`` makes the FAT32 file system in a plain file, ``mcopy`` fills it
-  with the root's ``/boot/firmware`` (firmware blobs, kernel, initrd, DTBs, ``config.txt``,
-  ``cmdline.txt``: what the Pi's firmware reads);
-* the root partition: ``mkfs.ext4 -d`` makes the ext4 file system from a directory (owners, modes and
-  symlinks kept), with ``/boot/firmware`` left empty as the mount point;
-* the disk: an ``sfdisk`` MBR table (the Pi 4 boot ROM reads MBR) in a sparse file, both file systems
-  copied in with ``dd conv=notrunc,sparse``; then ``zstd``.
+  with what the Pi's firmware reads from the root's ``/boot/firmware`` (firmware blobs, DTBs, overlays,
+  ``config.txt`` starting U-Boot, ``cmdline.txt``), U-Boot for the Pi and the A/B boot script ``boot.scr``;
+  the kernel and initramfs stay in the slot, which the boot script loads them from;
+* slot A and the data partition: ``mkfs.ext4 -d`` makes each ext4 file system from a directory (owners,
+  modes and symlinks kept); slot B stays empty until the first update;
+* the disk: an ``sfdisk`` MBR table (the Pi 4 boot ROM reads MBR) in a sparse file, the file systems
+  copied in with ``dd conv=notrunc,sparse``; then ``zstd``. The same slot file goes into the RAUC bundle.
 
-Partitions are found by label (``GW-BOOT``, ``gw-root``: ``image-rootfs/etc/fstab``, ``cmdline.txt``), so
-the same image boots from an SD card or a USB disk. The root file system is its contents plus
-``ROOT_SPARE_MB`` (the data directory's queues live there); it does not grow by itself to fill a larger
-card (``growpart`` and ``resize2fs`` do that by hand).
+Partitions are found by the disk identifier (``root=PARTUUID=47617465-0N`` from the boot script, RAUC's
+``system.conf``) and by label (``GW-BOOT``, ``gw-data``: ``image-rootfs/etc/fstab``), so the same image
+boots from an SD card, a USB disk or QEMU's virtio disk. The partitions are fixed-size (the sizes below);
+nothing grows them to fill a larger card.
 
 The manifest lists every Debian package and version in the root and every wheel in the gateway's venv.
 """
@@ -124,7 +125,8 @@ def slot_image(root: Path, scratch: Path, out: Path) -> None:
 def data_partition(root: Path, scratch: Path, out: Path) -> None:
     """``/data``: ``appliance/`` (bound on ``/var/lib/appliance``, owned by the gateway's user),
     ``etc-appliance/`` (bound on ``/etc/appliance``: the shipped config, provisioned at first boot),
-    ``rauc/`` (RAUC's status); ``network-connections/`` (NetworkManager's profiles) is made at boot by
+    ``rauc/`` (RAUC's status: root writes it, the gateway's group reads the installed version from it for
+    the metrics page, which the gateway serves as its own user); ``network-connections/`` (NetworkManager's profiles) is made at boot by
     ``tmpfiles.d/appliance-network.conf``, also on a data partition older than it. Outside both slots: an
     update or a fallback leaves it as it is."""
     staged = scratch / "data"
@@ -139,7 +141,8 @@ def data_partition(root: Path, scratch: Path, out: Path) -> None:
     (staged / "appliance").mkdir(mode=0o750)
     os.chown(staged / "appliance", uid, gid)
     run("cp", "-a", root / "etc/appliance", staged / "etc-appliance")
-    (staged / "rauc").mkdir(mode=0o700)
+    (staged / "rauc").mkdir(mode=0o750)
+    os.chown(staged / "rauc", 0, gid)
     run("mkfs.ext4", "-q", "-L", DATA_LABEL, "-d", staged, "-E", "root_owner=0:0", out, f"{DATA_MB}M")
 
 

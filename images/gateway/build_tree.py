@@ -17,6 +17,7 @@ Layout (read-only-root friendly: nothing under it is written at run time except 
     /usr/lib/systemd/system/     appliance.service, appliance-firstboot.service (+ enable symlinks)
     /usr/lib/sysusers.d/         appliance.conf: the dedicated user and its groups
     /usr/local/sbin/             appliance-firstboot
+    /etc/udev/rules.d/           77-appliance-modem.rules: the modem's AT port for the gateway, not ModemManager
     /var/lib/appliance           not shipped: systemd creates it (StateDirectory=)
 """
 

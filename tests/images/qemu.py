@@ -38,8 +38,9 @@ import pytest
 from tests.images.gateway_checks import PROJECT, round_trip, write_provisioning
 
 SECTOR = 512
-#: An emulated boot on a loaded 2-core machine: 40-60 s quiet, several minutes beside other builds.
-BOOT_TIMEOUT_S = 900.0
+#: An emulated boot on a loaded 2-core machine: 40-60 s quiet, 6 min at load 15, over 15 min at load 28 (QEMU
+#: at nice 19 beside other sessions' suites).
+BOOT_TIMEOUT_S = 1800.0
 #: Boot-to-ready and update times of the QEMU tests, for images/gateway/README.md.
 TIMINGS = PROJECT / "build/qemu-timings.txt"
 UBOOT = Path("/usr/lib/u-boot/qemu_arm64/u-boot.bin")
@@ -65,6 +66,15 @@ RestartSec=2
 KillSignal=SIGHUP
 """
 TEST_SHELL_NAME = "image-test-shell.service"
+#: The gateway's start under emulation: the shipped unit gives it 90 s from exec to READY=1 (seconds on a Pi).
+#: Under TCG on an overloaded host (load 28 on 2 cores, QEMU at nice 19) the Python start alone took longer:
+#: systemd killed it at 90 s and started it again, every time, and the boot never got a READY gateway. The
+#: test gives the start more time in a drop-in of its own, like its shell not part of the image.
+EMULATED_START_DROP_IN = ("appliance.service.d", "emulated-start.conf", """\
+[Service]
+# Added by tests/images/qemu.py: an emulated, starved machine starts the gateway in minutes, not seconds.
+TimeoutStartSec=20min
+""")
 #: The cellular profile a field engineer puts on the boot partition (docs/hardware.md, "Setting the APN").
 CELLULAR_APN, CELLULAR_PIN = "internet.example", "1234"
 CELLULAR_PROFILE = f"""\
@@ -119,12 +129,15 @@ def debugfs(file_system: str, commands: str, scratch: Path) -> None:
 
 def add_test_shell(file_system: str, scratch: Path, extra_units: dict[str, str] | None = None) -> None:
     """The test's shell unit (and ``extra_units``: name to text), written into a clean root file system
-    with debugfs and enabled for multi-user.target."""
+    with debugfs and enabled for multi-user.target, and the gateway's longer start (``EMULATED_START_DROP_IN``)."""
     units = {TEST_SHELL_NAME: TEST_SHELL_UNIT, **(extra_units or {})}
     commands = ""
     for name, text in units.items():
         (scratch / name).write_text(text)
         commands += f"cd /etc/systemd/system\nwrite {scratch / name} {name}\n"
+    directory, name, text = EMULATED_START_DROP_IN
+    (scratch / name).write_text(text)
+    commands += f"cd /etc/systemd/system\nmkdir {directory}\ncd {directory}\nwrite {scratch / name} {name}\n"
     commands += f"cd /etc/systemd/system/multi-user.target.wants\nsymlink {TEST_SHELL_NAME} /etc/systemd/system/{TEST_SHELL_NAME}\n"
     debugfs(file_system, commands, scratch)
 
@@ -287,7 +300,7 @@ class VirtMachine:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no shell in the guest after {timeout} s:\n{self.console_text()[-3000:]}")
 
-    def run(self, command: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def run(self, command: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
         """``command`` in the guest's root shell; its output (stdout and stderr) and exit status."""
         assert self.shell is not None
         token = time.monotonic_ns()

@@ -24,6 +24,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="a root's owners can only be staged as root"),
 ]
 APPLIANCE_UID = 996
+IMAGE_ROOTFS = Path(__file__).resolve().parents[2] / "images/gateway/image-rootfs"
 
 
 def stand_in_root(root: Path) -> None:
@@ -98,4 +99,23 @@ def test_an_ab_disk_from_a_root(tmp_path: Path) -> None:
     state = debugfs(data_fs, "stat /appliance")
     assert "Mode:  0750" in state and f"User:   {APPLIANCE_UID}   Group:   {APPLIANCE_UID}" in state, state
     assert "Mode:  0640" in debugfs(data_fs, "stat /etc-appliance/gateway.toml")
+    # RAUC's status file (the installed bundle's version) is read by the gateway itself, as its own user,
+    # for the metrics page: the directory is the gateway's group's to enter, nobody else's; only root writes.
+    rauc = debugfs(data_fs, "stat /rauc")
+    assert "Mode:  0750" in rauc and f"User:     0   Group:   {APPLIANCE_UID}" in rauc, rauc
     assert build_image.DATA_LABEL in subprocess.run(["e2label", str(data)], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif(shutil.which("systemd-tmpfiles") is None, reason="needs systemd")
+def test_a_data_partition_made_root_only_by_an_older_image_is_opened_to_the_gateway_at_boot(tmp_path: Path) -> None:
+    """The image's tmpfiles.d entry, applied by the real systemd-tmpfiles to a root whose ``/data/rauc`` is
+    0700 root (as images before it made it): the gateway's group may then read RAUC's status file."""
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    (root / "etc/group").write_text(f"root:x:0:\nappliance:x:{APPLIANCE_UID}:\n")
+    (root / "data/rauc").mkdir(parents=True, mode=0o700)
+    entries = IMAGE_ROOTFS / "etc/tmpfiles.d/appliance-rauc.conf"
+    subprocess.run(["systemd-tmpfiles", "--create", f"--root={root}", str(entries)], check=True)
+    found = (root / "data/rauc").stat()
+    assert (found.st_mode & 0o777, found.st_uid, found.st_gid) == (0o750, 0, APPLIANCE_UID)

@@ -178,6 +178,8 @@ def test_the_at_port_is_left_to_the_gateway_and_profiles_live_on_the_data_partit
     rule = flashed.read(2, "/etc/udev/rules.d/77-appliance-modem.rules")
     ignoring = [line for line in rule.splitlines() if not line.startswith("#") and 'ENV{ID_MM_PORT_IGNORE}="1"' in line]
     assert len(ignoring) >= 2 and all('SYMLINK+="appliance-modem-at"' in line for line in ignoring), rule
+    # The config the gateway starts with (on the data partition) opens that port by the rule's name for it.
+    assert 'port = "/dev/appliance-modem-at"' in flashed.read(4, "/etc-appliance/gateway.toml").splitlines()
     assert "path=/data/network-connections" in flashed.read(2, "/etc/NetworkManager/conf.d/50-appliance.conf").splitlines()
     assert "d /data/network-connections 0700 root root -" in flashed.read(2, "/etc/tmpfiles.d/appliance-network.conf")
     unit = flashed.read(2, "/etc/systemd/system/appliance-uplink-provision.service")
@@ -203,7 +205,10 @@ def test_the_data_partition_belongs_to_the_gateway(flashed: Flashed) -> None:
     assert "Mode:  0750" in state and f"User: {uid:>5}   Group: {gid:>5}" in state, state
     config = debugfs(data, "stat /etc-appliance/gateway.toml")
     assert "Mode:  0640" in config and f"User:     0   Group: {gid:>5}" in config, config
-    assert "Mode:  0700" in debugfs(data, "stat /rauc")
+    # RAUC's status: root's to write, the gateway's group's to read (the installed version on its metrics page).
+    rauc = debugfs(data, "stat /rauc")
+    assert "Mode:  0750" in rauc and f"User:     0   Group: {gid:>5}" in rauc, rauc
+    assert "d /data/rauc 0750 root appliance -" in flashed.read(2, "/etc/tmpfiles.d/appliance-rauc.conf")
     assert build_image.DATA_LABEL in subprocess.run(
         ["debugfs", "-R", "show_super_stats -h", data], capture_output=True, text=True, check=True,
     ).stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import configparser
 import fcntl
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -133,3 +134,24 @@ def test_the_image_config_keeps_acknowledged_data_through_a_power_cut(tree: Path
     config = load_config(in_tree(tree, "/etc/appliance/gateway.toml"))
     assert config.broker.persistence.synchronous == "full"
     assert config.statestore.sync == "full"
+
+
+def modem_ports_left_to_the_gateway(tree: Path) -> set[str]:
+    """The device names the tree's udev rules give to modem ports they also take away from ModemManager
+    (``ENV{ID_MM_PORT_IGNORE}="1"`` with ``SYMLINK+=``)."""
+    names = set()
+    for rules in sorted((tree / "etc/udev/rules.d").glob("*.rules")):
+        for line in rules.read_text().splitlines():
+            if 'ENV{ID_MM_PORT_IGNORE}="1"' in line and not line.lstrip().startswith("#"):
+                names.update(f"/dev/{name}" for name in re.findall(r'SYMLINK\+="([^"]+)"', line))
+    return names
+
+
+def test_the_modem_port_the_image_config_opens_is_one_modemmanager_leaves_alone(tree: Path) -> None:
+    """ModemManager probes and holds every AT port of a modem; the gateway's AT monitor opens its port
+    exclusively. A kernel name (``/dev/ttyUSB2``) is whichever USB serial port enumerated third, which
+    ModemManager may own: the config must name the port the udev rule excludes, by the name it gives it,
+    and the tree that ships the config must ship the rule (the pi-gen stage copies this tree alone)."""
+    config = load_config(in_tree(tree, "/etc/appliance/gateway.toml"))
+    assert config.hardware.modem.enabled
+    assert config.hardware.modem.port in modem_ports_left_to_the_gateway(tree), config.hardware.modem.port

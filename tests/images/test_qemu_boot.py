@@ -39,7 +39,7 @@ from tests.images.qemu import (
     provisioned_machine,
 )
 
-pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.image, pytest.mark.timeout(3600)]
 
 GATEWAY_ID = "qemu-042"
 
@@ -103,7 +103,7 @@ def test_the_boot_script_booted_slot_a_and_the_health_check_marked_it_good(boote
     status = json.loads(machine.run("rauc status --output-format=json").stdout)
     slots = {name: slot for entry in status["slots"] for name, slot in entry.items()}
     assert status["booted"] == "A" and slots["rootfs.0"]["boot_status"] == "good", status
-    doctor = machine.run("/opt/appliance/venv/bin/appliance doctor --config /etc/appliance/gateway.toml", timeout=300).stdout
+    doctor = machine.run("/opt/appliance/venv/bin/appliance doctor --config /etc/appliance/gateway.toml", timeout=900).stdout
     assert "running root slot A (rootfs.0), version as flashed" in doctor, doctor
 
 
@@ -140,7 +140,7 @@ def test_the_uplink_profile_went_from_the_boot_partition_to_networkmanager_on_th
     assert machine.run("stat -c '%a %U:%G' /data/network-connections/cellular.nmconnection").stdout.strip() == "600 root:root"
     assert machine.cellular_profile() == (CELLULAR_APN, CELLULAR_PIN)
     # No modem on QEMU's virt machine: doctor says so, and the gateway serves on (the other tests).
-    doctor = machine.run("/opt/appliance/venv/bin/appliance doctor --config /etc/appliance/gateway.toml", timeout=300).stdout
+    doctor = machine.run("/opt/appliance/venv/bin/appliance doctor --config /etc/appliance/gateway.toml", timeout=900).stdout
     assert "NetworkManager knows no cellular modem" in doctor, doctor
 
 

@@ -43,8 +43,8 @@ from tests.images.qemu import (
 )
 
 # The first test also pays for the fixture (two squashfs bundles, a boot) before its install: under TCG on a
-# loaded machine the install alone took 29 min.
-pytestmark = [pytest.mark.image, pytest.mark.timeout(5400)]
+# loaded machine the install alone took 29 min at load 10-16, the bundles 20 min at load 28.
+pytestmark = [pytest.mark.image, pytest.mark.timeout(10800)]
 
 sys.path.insert(0, str(PROJECT / "images/gateway"))
 import build_bundle  # noqa: E402
@@ -173,7 +173,7 @@ def assert_data_survived(machine: VirtMachine) -> None:
 def test_bundle_v2_installs_into_slot_b_boots_and_is_marked_good(updating: Updating) -> None:
     machine = updating.machine
     started = time.monotonic()
-    installed = machine.run("rauc install /mnt/bundles/v2.raucb", timeout=1800)
+    installed = machine.run("rauc install /mnt/bundles/v2.raucb", timeout=5400)
     updating.timings["rauc install v2"] = time.monotonic() - started
     assert installed.returncode == 0, installed.stdout
     assert updating.boot_state() == "BOOT_ORDER=B A\nBOOT_A_LEFT=3\nBOOT_B_LEFT=3\n"
@@ -183,7 +183,7 @@ def test_bundle_v2_installs_into_slot_b_boots_and_is_marked_good(updating: Updat
     assert updating.version() == "2"
     assert machine.run("systemctl show appliance-health-check -p Result --value").stdout.strip() == "success"
     assert updating.boot_state() == "BOOT_ORDER=B A\nBOOT_A_LEFT=3\nBOOT_B_LEFT=3\n"
-    doctor = machine.run("/opt/appliance/venv/bin/appliance doctor --config /etc/appliance/gateway.toml", timeout=300).stdout
+    doctor = machine.run("/opt/appliance/venv/bin/appliance doctor --config /etc/appliance/gateway.toml", timeout=900).stdout
     assert "running root slot B (rootfs.1), version 2.0.0" in doctor, doctor
     assert_data_survived(machine)
     assert machine.cellular_profile() == (CELLULAR_APN, CELLULAR_PIN)  # the APN outlived the slot
@@ -192,7 +192,7 @@ def test_bundle_v2_installs_into_slot_b_boots_and_is_marked_good(updating: Updat
 def test_a_bundle_signed_with_another_key_is_refused_and_changes_nothing(updating: Updating) -> None:
     machine = updating.machine
     before = updating.boot_state()
-    refused = machine.run("rauc install /mnt/bundles/foreign.raucb", timeout=600)
+    refused = machine.run("rauc install /mnt/bundles/foreign.raucb", timeout=1800)
     assert refused.returncode != 0
     assert "signature verification failed" in refused.stdout, refused.stdout
     assert updating.boot_state() == before
@@ -204,7 +204,7 @@ def test_a_power_cut_during_an_install_still_boots_v2(updating: Updating) -> Non
     # In the background (setsid --fork: the shell's command line takes no trailing "&"), its progress
     # line by line in a file.
     machine.run("setsid --fork sh -c 'stdbuf -oL rauc install /mnt/bundles/v3.raucb > /root/install.log 2>&1'")
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 1800
     while "Copying image" not in machine.run("cat /root/install.log").stdout:
         assert time.monotonic() < deadline, machine.run("cat /root/install.log").stdout
         time.sleep(2)
@@ -222,7 +222,7 @@ def test_a_power_cut_during_an_install_still_boots_v2(updating: Updating) -> Non
 
 def test_a_v3_that_never_gets_ready_falls_back_to_v2_by_itself(updating: Updating) -> None:
     machine = updating.machine
-    installed = machine.run("rauc install /mnt/bundles/v3.raucb", timeout=1800)
+    installed = machine.run("rauc install /mnt/bundles/v3.raucb", timeout=5400)
     assert installed.returncode == 0, installed.stdout
     assert updating.boot_state().startswith("BOOT_ORDER=A B\n")
     booted_before = len(machine.booted_slots())
