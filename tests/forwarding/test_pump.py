@@ -270,7 +270,9 @@ def test_a_pump_whose_loop_fails_is_restarted_counted_and_reported_down(
 
     with caplog.at_level(logging.ERROR, logger="appliance.forwarding.pump"):
         asyncio.run(_with_pump(tmp_path, endpoint, scenario, restart_min_s=0.01, restart_max_s=0.02))
-    assert endpoint.running_seen == [True, False, False], "down from the failure until it read its queues"
+    # The calls up to the one that got through; the pump may already have asked for its next window (a 4th
+    # entry, up) before the scenario, woken by the delivery, stopped it.
+    assert endpoint.running_seen[:3] == [True, False, False], "down from the failure until it read its queues"
     assert [r.levelno for r in caplog.records] == [logging.ERROR, logging.ERROR]
     assert "starting it again" in caplog.records[0].getMessage()
 
