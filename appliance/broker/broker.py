@@ -103,7 +103,7 @@ class Broker:
         self.tree = SubscriptionTree(config.limits.max_topic_levels)
         self.sessions: dict[str, Session] = {}
         self.router = Router(self.tree, self.sessions, acl)
-        #: ``max_queued_bytes`` as resolved (``config.queued_bytes_limit``): the bound of each durable
+        #: ``max_queued_bytes`` as resolved (``gateway.resolve_queued_bytes``): the bound of each durable
         #: session's stored deliveries.
         self.queue_bytes_limit = config.limits.max_queued_bytes if config.limits.max_queued_bytes is not None \
             else DEFAULT_QUEUED_BYTES_CAP

@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 
 class FakeClient:
-    """One client connection as the socket layer would present it (``broker.link.Link``)."""
+    """One client connection as the socket layer would present it (``transport.link.Link``)."""
 
     def __init__(self, pair: BrokerPair, level: int, name: str) -> None:
         self.pair = pair

@@ -28,7 +28,7 @@ def test_telemetry_on_the_data_output_while_the_store_does_not_answer(tmp_path, 
     assert 17.5 < data["temperature"] < 18.5
     assert data["registered"] is False and data["set_point_rejected"] is None
     assert abs(data["ts_ms"] - time.time() * 1000) < 60_000  # Unix epoch milliseconds
-    assert data["mem_peak"] > 10_000  # gc.mem_alloc() of a running app; the 64 KB bound: test_image.py
+    assert data["mem_peak"] > 10_000  # gc.mem_alloc() of a running app; the 64 KB bound: tests/images/test_firmware_image.py
     second = peer.next_json("/data")
     assert second["seq"] > data["seq"]
 
