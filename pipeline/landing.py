@@ -167,6 +167,8 @@ def _seal_path(path: Path) -> Path:
     return final
 
 
+# appliance.atomic_file.fsync_directory's twin, on purpose: the Spark side imports this module and nothing of
+# appliance (tests/pipeline/test_imports.py).
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:

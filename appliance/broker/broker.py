@@ -38,13 +38,12 @@ from typing import Any
 
 from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.broker.api import BrokerService
-from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, BrokerConfig
 from appliance.broker.context import Instant, read_clock
-from appliance.broker.handlers.dispatch import ReadFailure, handle_packets
+from appliance.broker.handlers.dispatch import Incoming, ReadFailure, handle_packets
 from appliance.broker.persistence import storage
 from appliance.broker.persistence.store import BrokerStore
 from appliance.broker.persistence.store_failure import CommitGate
@@ -202,9 +201,9 @@ class Broker:
             backlog = self.backlogs.waiting.get(connection)
             if backlog is not None:
                 backlog.extend(exc.parsed)
-                backlog.append(failure)  # type: ignore[arg-type]
+                backlog.append(failure)
             else:
-                self._process(link, deque([*exc.parsed, failure]), now)  # type: ignore[list-item]
+                self._process(link, deque[Incoming]([*exc.parsed, failure]), now)
             return 0
         if not packets:
             return 0
@@ -243,7 +242,7 @@ class Broker:
 
     # -- packet dispatch ------------------------------------------------------------------------------
 
-    def _process(self, link: Link, packets: deque[pk.Packet], now: Instant) -> None:
+    def _process(self, link: Link, packets: deque[Incoming], now: Instant) -> None:
         """A fresh batch: handle what the dispatch loop can now; what it leaves waits in the backlog."""
         pending = handle_packets(self, link, packets, now)
         if pending is not None or (packets and link.connection.state != CLOSED):

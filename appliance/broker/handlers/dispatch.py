@@ -76,13 +76,17 @@ class ReadFailure:
         self.error = error
 
 
+#: What waits in a connection's batch or backlog: framed packets, and at most one ``ReadFailure`` last.
+Incoming = pk.Packet | ReadFailure
+
+
 def unexpected(packet: pk.Packet | ReadFailure) -> MqttProtocolError:
     if isinstance(packet, ReadFailure):
         return packet.error
     return MqttProtocolError(rc.PROTOCOL_ERROR, f"unexpected packet type {packet.type}")
 
 
-def handle_packets(context: HandlerContext, link: Link, packets: deque[pk.Packet], now: Instant) -> Awaitable[None] | None:
+def handle_packets(context: HandlerContext, link: Link, packets: deque[Incoming], now: Instant) -> Awaitable[None] | None:
     """Handle packets from the front of ``packets`` (see the module docstring); returns what the rest
     waits for, if a handler gave one. Packets left in ``packets`` with no awaitable returned and the
     connection open are the budget's: they wait for the next loop turn."""

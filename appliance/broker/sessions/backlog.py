@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Awaitable
 
-from appliance.broker.codec import packets as pk
 from appliance.broker.context import HandlerContext, read_clock
-from appliance.broker.handlers.dispatch import failed, handle_packets
+from appliance.broker.handlers.dispatch import Incoming, failed, handle_packets
 from appliance.broker.sessions.session import CLOSED, ClientConnection
 from appliance.broker.transport.link import Link
 
@@ -27,18 +26,18 @@ class Backlogs:
 
     def __init__(self, context: HandlerContext) -> None:
         self.context = context
-        self.waiting: dict[ClientConnection, deque[pk.Packet]] = {}
+        self.waiting: dict[ClientConnection, deque[Incoming]] = {}
 
     def forget(self, connection: ClientConnection) -> None:
         self.waiting.pop(connection, None)
 
-    def hold(self, link: Link, pending: Awaitable[None] | None, backlog: deque[pk.Packet]) -> None:
+    def hold(self, link: Link, pending: Awaitable[None] | None, backlog: deque[Incoming]) -> None:
         """Stop ``link`` reading and handle ``backlog`` after ``pending`` (if any) in later loop turns."""
         self.waiting[link.connection] = backlog
         link.hold_reading("backlog", True)
         self.context.runtime.spawn(self._resume_after(link, pending, backlog))
 
-    async def _resume_after(self, link: Link, pending: Awaitable[None] | None, backlog: deque[pk.Packet]) -> None:
+    async def _resume_after(self, link: Link, pending: Awaitable[None] | None, backlog: deque[Incoming]) -> None:
         context = self.context
         runtime = context.runtime
         connection = link.connection
