@@ -44,7 +44,9 @@ def new_run_id() -> str:
 
 
 def scenario_file_name(scenario: str) -> str:
-    """A file name for a scenario such as ``test_outage[userspace]`` (no slashes, brackets or spaces)."""
+    """A file name for a scenario's node name, such as
+    ``test_a_satellite_backlog_drains_with_the_window_full_and_alerts_first[userspace]`` (no slashes,
+    brackets or spaces)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", scenario).strip("_") + ".jsonl"
 
 

@@ -124,3 +124,40 @@ def test_python_files_named_in_documents_exist_somewhere_in_the_tree() -> None:
         and not any(known == named.removeprefix("../") or known.endswith("/" + named.removeprefix("../")) for known in tree)
     )
     assert missing == []
+
+
+#: A test named in prose: ``test_expiry_notifies_delete_at_the_deadline``, or a prefix of one written
+#: ``test_the_sweep_...`` (a table cell too narrow for the whole name).
+TEST_NAME = re.compile(r"(?<![\w/])(test_\w+)(\.\.\.)?")
+
+
+@functools.cache
+def defined_tests() -> frozenset[str]:
+    """Every test module's name and every function and class defined in the tree's Python files."""
+    names = {path.stem for path in sources()}
+    for path in sources():
+        names.update(
+            node.name for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        )
+    return frozenset(names)
+
+
+def names_a_test(named: str, prefix: bool) -> bool:
+    names = defined_tests()
+    if named in names:
+        return True
+    return (prefix or named.endswith("_")) and any(name.startswith(named) for name in names)
+
+
+def test_tests_named_in_docstrings_comments_and_documents_exist() -> None:
+    """A docstring that names a test sends the reader to it: the test must still be there."""
+    texts = [(path, text) for path in sources() for text in prose(path) if "test_" in text]
+    texts += [(path, path.read_text()) for path in documents()]
+    missing = sorted({
+        f"{path.relative_to(ROOT)}: {named}"
+        for path, text in texts
+        for named, ellipsis in TEST_NAME.findall(text)
+        if not names_a_test(named, bool(ellipsis))
+    })
+    assert missing == []

@@ -132,7 +132,9 @@ class UpstreamSender:
         self._stopping = True
         self._link_changed.set()
         if self._task is not None:
-            await asyncio.wait({self._task}, timeout=CLOSE_TIMEOUT_S + 2 * TICK_S)
+            with contextlib.suppress(TimeoutError):
+                async with self.runtime.timeout(CLOSE_TIMEOUT_S + 2 * TICK_S):
+                    await asyncio.wait({self._task})  # a wait cut short leaves the task running
             self._task.cancel()  # still connecting (up to CONNECT_TIMEOUT_S): the socket is closed on the way out
             await asyncio.gather(self._task, return_exceptions=True)
 
