@@ -21,7 +21,7 @@ from appliance.statestore.client import (
     StateStoreClient,
     UnknownCommand,
 )
-from appliance.statestore.client.errors import raise_for_error
+from appliance.statestore.client.results import raise_for_error
 from appliance.statestore.resp3 import ErrorReply, encode_array
 from testing.processes import GatewayProcess
 

@@ -21,7 +21,7 @@ from appliance.statestore.client import (
     StateStoreClient,
     TimestampSkew,
 )
-from appliance.statestore.client.errors import raise_for_error
+from appliance.statestore.client.results import raise_for_error
 from appliance.statestore.commands import Condition, SetCommand
 from appliance.statestore.hlc import Hlc
 from appliance.statestore.resp3 import encode_array

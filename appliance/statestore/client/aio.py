@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import TypeVar
 
-from appliance.statestore.client import calls
+import appliance.statestore.client.calls as calls
 from appliance.statestore.client.blocking import StateStoreClient
 from appliance.statestore.client.calls import Call
 from appliance.statestore.client.errors import RequestTimeout

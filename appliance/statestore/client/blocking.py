@@ -17,9 +17,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+import appliance.statestore.client.calls as calls
 from appliance.blocking_clock import SYSTEM_CLOCK
 from appliance.statestore import resp3
-from appliance.statestore.client import calls
 from appliance.statestore.client.calls import Call
 from appliance.statestore.client.errors import (
     NotConnected,

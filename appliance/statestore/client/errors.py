@@ -5,13 +5,8 @@ theirs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from appliance.statestore import errors, resp3
+from appliance.statestore import errors
 from appliance.statestore.protocol import supported_protocol_version
-
-if TYPE_CHECKING:
-    from appliance.statestore.client.results import RawResponse
 
 
 class StateStoreClientError(Exception):
@@ -95,9 +90,3 @@ def status_failure(properties: dict[str, str]) -> StateStoreClientError | None:
         return StatusError(status, properties.get("__stMsg", ""))
     return None
 
-
-def raise_for_error(response: RawResponse) -> None:
-    if isinstance(response.value, resp3.ErrorReply):
-        text = response.value.text.decode("utf-8", "replace")
-        message = text[4:] if text.startswith("ERR ") else text
-        raise ERROR_CLASSES.get(message, ServiceError)(message)

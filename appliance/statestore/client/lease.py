@@ -3,21 +3,35 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from appliance.blocking_clock import SYSTEM_CLOCK
-from appliance.statestore.client.results import Notification
+from appliance.statestore.client.results import DeleteResult, GetResult, Notification, SetResult
 from appliance.statestore.commands import Condition
 from appliance.statestore.hlc import Hlc
 
-if TYPE_CHECKING:
-    from appliance.statestore.client.blocking import StateStoreClient
+
+class LeaseClient(Protocol):
+    """What a lease asks of its client (``blocking.StateStoreClient`` is one): the four commands it uses."""
+
+    def set(self, key: bytes, value: bytes, *, condition: Condition, expire_ms: int | None,
+            timeout: float | None) -> SetResult: ...
+
+    def get(self, key: bytes, *, timeout: float | None) -> GetResult: ...
+
+    def vdelete(self, key: bytes, value: bytes, *, timeout: float | None) -> DeleteResult: ...
+
+    def keynotify(self, key: bytes, callback: Callable[[Notification], None], *, timeout: float | None) -> None: ...
+
+    def stop_keynotify(self, key: bytes, callback: Callable[[Notification], None] | None = None, *,
+                       timeout: float | None = None) -> bool: ...
 
 
 class Lease:
     """A lock key held with ``SET name holder NEX PX ttl``; ``fencing_token`` is its latest version."""
 
-    def __init__(self, client: StateStoreClient, name: bytes, holder: bytes, ttl_ms: int) -> None:
+    def __init__(self, client: LeaseClient, name: bytes, holder: bytes, ttl_ms: int) -> None:
         self.client, self.name, self.holder, self.ttl_ms = client, name, holder, ttl_ms
         self.fencing_token: Hlc | None = None
 

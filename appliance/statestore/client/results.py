@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from appliance.statestore import resp3
-from appliance.statestore.client.errors import UnexpectedResponse, raise_for_error
+from appliance.statestore.client.errors import ERROR_CLASSES, ServiceError, UnexpectedResponse
 from appliance.statestore.hlc import Hlc, HlcFormatError
 
 
@@ -26,6 +26,14 @@ class RawResponse:
             return Hlc.parse(text) if text is not None else None
         except HlcFormatError:
             raise UnexpectedResponse(f"malformed __ts in response: {text!r}") from None
+
+
+def raise_for_error(response: RawResponse) -> None:
+    """An ``-ERR`` reply raised as its exception class (``ServiceError`` with the text for an unknown one)."""
+    if isinstance(response.value, resp3.ErrorReply):
+        text = response.value.text.decode("utf-8", "replace")
+        message = text[4:] if text.startswith("ERR ") else text
+        raise ERROR_CLASSES.get(message, ServiceError)(message)
 
 
 @dataclass(frozen=True, slots=True)
