@@ -2,29 +2,31 @@
 
 paho's own rule sends a PINGREQ after ``keepalive`` seconds without writing and gives up when the PINGRESP
 has not come ``keepalive`` seconds later. On a link that suddenly got slow that PINGREQ waits behind
-everything already in flight - a window sized for the fast link takes ``window bytes / slow rate`` to get
-through (16 kB at 9.6 kbit/s: 13 s) - so a 1 s keep-alive took a slow link for a dead one and reconnected,
-which only made the backlog, and the alert behind it, wait longer.
+everything already in flight (a window sized for the fast link takes ``window bytes / slow rate`` to get
+through), so that rule takes a slow link for a dead one and reconnects, which only makes the backlog, and
+the alert behind it, wait longer. Measurements and history: docs/forwarding.md, "Store, pump, upstream"
+(keep-alive on a slow link).
 
-So while the bridge is *busy* (PUBLISHes unacknowledged, or bytes still in the socket's send queue) the
-link is alive as long as it makes progress: a byte arrives from the upstream (a PUBACK), or TCP reports
-more of our bytes acknowledged (the kernel's ``tcpi_bytes_acked``: the bytes are leaving at whatever rate
-the link has). It is dead after ``DEAD_AFTER`` keep-alive periods - the factor the MQTT server itself
-allows the client (MQTT 5 section 3.1.2.10) - *plus one step of the link* without either.
+Rules
+-----
+* **Busy** (PUBLISHes unacknowledged, a PINGREQ out, or bytes still in the socket's send queue): the link
+  is alive as long as it makes progress, that is a byte arrives from the upstream (a PUBACK) or TCP
+  reports more of our bytes acknowledged (the kernel's ``tcpi_bytes_acked``). It is dead after
+  ``DEAD_AFTER`` keep-alive periods (the factor the MQTT server itself allows the client, MQTT 5 section
+  3.1.2.10) *plus one step of the link* without either.
+* **Idle**: paho's PINGREQ/PINGRESP rule applies (it then has nothing to wait behind).
+* **A step** is the longest of the last ``RECENT_STEPS`` gaps between progress events while busy (what
+  the link has just shown it needs) and of the caller's estimate from the measured rate (a frame and a
+  PUBLISH at that rate, plus the round trip).
 
-A step is how long this link takes between two signs of progress when it works: a slow link makes
-progress in steps, not continuously. Behind a relay or a proxy (the HIL bridge rig's, a satellite
-modem's) our TCP bytes are acknowledged at once and only PUBACKs tell that the link moves; a PUBACK comes
-when the frame that ends its PUBLISH has crossed the link, and at 9.6 kbit/s a 1514-byte frame takes
-1.26 s, so PUBACKs came 1.5-1.6 s apart on a link that never stopped: with 1.5 s allowed for a 1 s
-keep-alive the bridge reconnected every few seconds. The step is the longest of the last
-``RECENT_STEPS`` gaps between progress events while busy (what the link has just shown it needs) and of
-the caller's estimate from the measured rate (a frame and a PUBLISH at that rate, plus the round trip).
-A link that keeps making progress is therefore never taken for a dead one, however it slows down; a dead
-one is known one step later than a link that never showed a step.
-
-While the bridge is idle the ordinary PINGREQ/PINGRESP rule applies (paho's, which then has nothing to
-wait behind). Pure: no I/O; the caller passes the clock and what it read from the socket.
+Theory of operation
+-------------------
+A slow link makes progress in steps, not continuously. Behind a relay or a proxy (a satellite modem's)
+our TCP bytes are acknowledged at once and only PUBACKs tell that the link moves, and a PUBACK comes only
+when the frame that ends its PUBLISH has crossed the link (a 1514-byte frame takes 1.26 s at 9.6 kbit/s).
+Allowing one step beyond the keep-alive tolerance means a link that keeps making progress is never taken
+for a dead one, however it slows down; a dead one is known one step later than a link that never showed
+a step. Pure: no I/O; the caller passes the clock and what it read from the socket.
 """
 
 from __future__ import annotations

@@ -7,16 +7,15 @@ gateway's metrics messages, over tumbling windows aligned to the Unix epoch.
   on two clocks (the ingest's, the gateway's), so each window also gets the gateway's **clock offset**
   as seen from the cloud: ``clock_offset_ms``, the lower envelope (minimum) of receive time - ``gw-sent-ms``
   over its messages, which is the cloud clock minus the gateway's plus the fastest transit. A negative
-  one is impossible on agreeing clocks (the gateway's is ahead: a gateway 10 minutes ahead reported a p50
-  of -600 s), one above ``CLOCK_TOLERANCE_MS`` is no transit time of a live link; such a window has
-  ``clock_suspect`` true, and ``corrected`` (the report) subtracts the offset from its latencies.
+  one is impossible on agreeing clocks (the gateway's is ahead, and its latencies read negative), one
+  above ``CLOCK_TOLERANCE_MS`` is no transit time of a live link; such a window has ``clock_suspect``
+  true, and ``corrected`` (the report) subtracts the offset from its latencies.
 * ``queue_counters``: the metrics' ``sent``/``expired``/``dropped``/``retries``/``dead_lettered`` are read as counters that
   only grow while the gateway runs (its restart resets them to zero), so a window gets the increase over
   the samples in it: a counter below the previous sample is a reset and counts from zero, the first sample
   seen counts from zero, and a repeated sample adds nothing. "Previous" is in the gateway's own order, not
   its clock: a document's ``boot_id`` and ``seq`` (boots in the order the cloud first received them, then
-  the sequence); a new boot counts from zero. A clock that stepped back ten minutes interleaved old and new
-  samples in ``ts_ms`` order and every drop read as a restart (sent 30,023 against 6,060). Documents of
+  the sequence); a new boot counts from zero (why not the ``ts_ms`` order: docs/pipeline.md). Documents of
   older gateways (no boot id) keep the ``ts_ms`` order, as one boot. The window is the one of the cloud's
   receive time, as latency's: the gateway publishes its metrics directly (never queued), so they arrive
   as they are sent, and its clock, stepped or skewed, places nothing (in ``ts_ms`` windows a step back
