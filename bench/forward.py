@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -41,7 +42,9 @@ if __package__ in (None, ""):
 
 from appliance.forwarding.batch import decode_batch  # noqa: E402
 from hil_tests.rig.relay import RelayThread  # noqa: E402
+from testing.collector import Collector  # noqa: E402
 from testing.processes import GatewayProcess, MosquittoProcess  # noqa: E402
+from testing.waiting import WaitTimeout  # noqa: E402
 
 LINK_BPS = 64_000
 #: mosquitto leaves Nagle on by default; with it every small PUBLISH can wait for a delayed ACK.
@@ -50,47 +53,39 @@ PAYLOAD = 200
 QUEUED = 1024  # publishes handed to paho and not yet acknowledged
 
 
-class Cloud:
-    """Counts what reaches the cloud broker and timestamps alerts."""
+class Cloud(Collector[int]):
+    """Counts what reaches the cloud broker and timestamps alerts: the suite's collector, subscribed to
+    everything, keeping per PUBLISH only how many messages it carried (a drain is 100,000 of them)."""
 
     def __init__(self, host: str, port: int) -> None:
         self.count = 0
         self.payload_bytes = 0
         self.alerts: dict[int, float] = {}
-        self.cond = threading.Condition()
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-cloud", protocol=mqtt.MQTTv5)
-        self.client.on_message = self.on_message
-        ready = threading.Event()
-        self.client.on_subscribe = lambda *a: ready.set()
-        self.client.on_connect = lambda c, *a: c.subscribe("#", qos=1)
-        self.client.connect(host, port)
-        self.client.loop_start()
-        ready.wait(10)
+        super().__init__(host, port, "#", client_id="bench-cloud", name="bench-cloud")
 
-    def on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
-        now = time.monotonic()
+    def parse(self, message: mqtt.MQTTMessage, at: float) -> list[int]:
+        """Counted here, on paho's thread, before the collector wakes its waiters."""
         if message.topic.endswith("/metrics"):
-            return
+            return []
         if message.topic.endswith("/batches"):
             payloads = [record.payload for record in decode_batch(message.payload).records]
         else:
             payloads = [message.payload]
-        with self.cond:
-            for payload in payloads:
-                if payload.startswith(b"ALERT"):
-                    self.alerts[int(payload.split(b":")[1])] = now
-                else:
-                    self.count += 1
-                self.payload_bytes += len(payload)
-            self.cond.notify_all()
+        for payload in payloads:
+            if payload.startswith(b"ALERT"):
+                self.alerts[int(payload.split(b":")[1])] = at
+            else:
+                self.count += 1
+            self.payload_bytes += len(payload)
+        return [len(payloads)]
 
-    def wait(self, predicate, timeout: float) -> bool:
-        with self.cond:
-            return self.cond.wait_for(predicate, timeout)
-
-    def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
+    def wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Whether ``predicate()`` came to hold within ``timeout`` (re-checked on every arrival)."""
+        try:
+            self.wait_until(predicate, timeout)
+        except WaitTimeout:
+            return False
+        return True
 
 
 class Publisher:

@@ -42,6 +42,7 @@ from appliance.statestore.commands import GetCommand, SetCommand  # noqa: E402
 from appliance.statestore.hlc import Hlc  # noqa: E402
 from appliance.statestore.protocol import REQUEST_TOPIC  # noqa: E402
 from testing.processes import GatewayProcess  # noqa: E402
+from testing.waiting import wait_on  # noqa: E402
 
 ECHO_TOPIC = "bench/echo/request"
 VALUE = b"x" * 100
@@ -93,7 +94,7 @@ class Requester:
         self.slots = threading.Semaphore(window)
         self.sent_at: dict[bytes, float] = {}
         self.latencies: list[float] = []
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()  # notified on every response
         self.client.on_message = self.on_message
         subscribe(self.client, self.response_topic)
 
@@ -103,6 +104,7 @@ class Requester:
         with self.lock:
             started = self.sent_at.pop(correlation)
             self.latencies.append((now - started) * 1000)
+            self.lock.notify_all()
         self.slots.release()
 
     def run(self, payloads: list[bytes]) -> None:
@@ -116,13 +118,7 @@ class Requester:
             with self.lock:
                 self.sent_at[correlation] = time.perf_counter()
             self.client.publish(self.topic, payload, qos=1, properties=properties)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with self.lock:
-                if not self.sent_at:
-                    return
-            time.sleep(0.01)
-        raise TimeoutError("responses missing")
+        wait_on(self.lock, lambda: not self.sent_at, 60, lambda: f"{len(self.sent_at)} missing responses")
 
     def close(self) -> None:
         self.client.disconnect()

@@ -38,6 +38,7 @@ from appliance.forwarding.config import DEFAULT_BATCH_TOPIC
 from hil_tests.timeline import Timeline
 from testing.collector import Collector
 from testing.processes import GatewayProcess
+from testing.waiting import wait_until
 
 RUN_UNIX = Path(__file__).resolve().parents[1] / "images" / "firmware" / "run_unix.py"
 #: The heap the bench's thermostats run with: they run the sources (see ``Thermostat.start``).
@@ -167,15 +168,14 @@ def wait_for_gateway_log(
 ) -> list[str]:
     """Until ``condition(log lines)`` holds. The gateway's log is its only event source seen from outside,
     and `GatewayProcess` offers no notification, so this polls it as `GatewayProcess.wait_for_log` does."""
-    deadline = time.monotonic() + timeout
-    poll = threading.Event()
-    while True:
-        lines = gateway_log(gateway)
-        if condition(lines):
-            return lines
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout} s; gateway log tail:\n" + "\n".join(lines[-30:]))
-        poll.wait(0.02)
+    lines: list[str] = []
+
+    def holds() -> bool:
+        lines[:] = gateway_log(gateway)
+        return condition(lines)
+
+    wait_until(holds, timeout, lambda: f"{what}; gateway log tail:\n" + "\n".join(lines[-30:]))
+    return lines
 
 
 CLEANUP_PATTERN = re.compile(r"cleanup removed \d+ expired messages: (.*)$")

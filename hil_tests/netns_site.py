@@ -19,13 +19,13 @@ import ipaddress
 import random
 import secrets
 import subprocess
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from testing.processes import GatewayProcess, stop_child, wait_for_port
+from testing.waiting import WaitTimeout, wait_until
 
 # Inside the cloud namespace every port is free, so the broker takes the well-known one: the rig's delay
 # relay is told where the cloud is (``--target``) before the broker exists.
@@ -186,12 +186,19 @@ class NamespacedMosquitto:
             command = ["ip", "netns", "exec", self.namespace, "mosquitto", "-c", str(conf)]
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
-        poll = threading.Event()
-        while self.log_path.read_text(errors="replace").count(f"listen socket on port {self.port}") < 2:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise SiteError(f"mosquitto in {self.namespace} did not listen:\n{self.log_path.read_text()}")
-            poll.wait(0.02)  # mosquitto's log is its only readiness signal
+        process = self.process
+
+        def listening() -> bool:  # mosquitto's log is its only readiness signal
+            return (process.poll() is not None
+                    or self.log_path.read_text(errors="replace").count(f"listen socket on port {self.port}") >= 2)
+
+        try:
+            wait_until(listening, timeout)
+            if process.poll() is not None:
+                raise WaitTimeout("mosquitto exited")
+        except WaitTimeout:
+            self.stop()
+            raise SiteError(f"mosquitto in {self.namespace} did not listen:\n{self.log_path.read_text()}") from None
         wait_for_port(self.host, self.port, max(0.1, deadline - time.monotonic()))
         return self
 

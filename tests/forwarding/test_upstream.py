@@ -399,8 +399,7 @@ def test_a_round_trip_longer_than_the_keepalive_is_a_slow_link_not_a_dead_one(
 
 
 async def _until_logged(caplog: pytest.LogCaptureFixture, text: str) -> None:
-    while not any(text in r.getMessage() for r in caplog.records):
-        await asyncio.sleep(0.01)
+    await waiting.until(lambda: any(text in r.getMessage() for r in caplog.records), 10, f"a log line with {text!r}")
 
 
 def test_cloud_connection_failures_are_warnings_with_the_reason(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -411,7 +410,7 @@ def test_cloud_connection_failures_are_warnings_with_the_reason(tmp_path: Path, 
     cloud_config = f"allow_anonymous false\npassword_file {passwords}\nuser {getpass.getuser()}\n"
     with MosquittoProcess(tmp_path / "cloud", extra_config=cloud_config) as cloud:
         async def scenario(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
-            await asyncio.wait_for(_until_logged(caplog, "refused the connection"), 10)
+            await _until_logged(caplog, "refused the connection")
 
         with caplog.at_level(logging.INFO, logger="appliance.forwarding.upstream"):
             run_bridge(tmp_path, cloud.port, "5", scenario, username="gw", password="wrong")
@@ -422,7 +421,7 @@ def test_cloud_connection_failures_are_warnings_with_the_reason(tmp_path: Path, 
     caplog.clear()
 
     async def unreachable(add, pump: Pump, store: MessageStore, thread: StoreThread) -> None:
-        await asyncio.wait_for(_until_logged(caplog, "connect failed"), 10)
+        await _until_logged(caplog, "connect failed")
 
     with caplog.at_level(logging.INFO, logger="appliance.forwarding.upstream"):
         run_bridge(tmp_path, free_port(), "5", unreachable)
