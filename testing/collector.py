@@ -75,8 +75,12 @@ class Collector(Generic[Item]):
     """A subscriber that keeps what arrives (see the module's rules).
 
     ``topics`` are filters (subscribed at ``qos``); more can be added with `subscribe`. ``protocol``,
-    ``username``/``password``, ``keepalive``, ``client_id`` and ``connect_properties`` go to paho as they
-    are. ``reconnect_delay`` is paho's (min, max) retry delay once the broker goes away.
+    ``username``/``password``, ``keepalive`` and ``client_id`` go to paho as they are. ``reconnect_delay``
+    is paho's (min, max) retry delay once the broker goes away.
+
+    A durable session: ``clean_start=False`` with a ``session_expiry`` (seconds, MQTT 5) resumes the
+    session the broker kept for ``client_id``; ``session_present`` is what the CONNACK said. Closing and
+    building a new collector with the same arguments is the subscriber that went away and came back.
     """
 
     def __init__(
@@ -94,6 +98,8 @@ class Collector(Generic[Item]):
         password: str | None = None,
         keepalive: int = 60,
         reconnect_delay: tuple[float, float] | None = None,
+        clean_start: bool = True,
+        session_expiry: int | None = None,
     ) -> None:
         self.messages: list[Item] = []
         self.set_aside: list[Item] = []
@@ -104,9 +110,11 @@ class Collector(Generic[Item]):
         self._subscriptions: dict[int, str] = {}  # SUBSCRIBE packet id -> filter, of this connection
         self._acked: set[int] = set()
         self._connected = False
+        self.session_present: bool | None = None
         self.name = name
         self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or f"{name}-{uuid.uuid4().hex[:8]}", protocol=protocol
+            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or f"{name}-{uuid.uuid4().hex[:8]}", protocol=protocol,
+            **({} if protocol == mqtt.MQTTv5 else {"clean_session": clean_start}),
         )
         if username is not None:
             self.client.username_pw_set(username, password)
@@ -115,8 +123,13 @@ class Collector(Generic[Item]):
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = self._on_subscribe
         self.client.on_message = self._on_message
+        connect_properties = None
+        if session_expiry is not None:
+            connect_properties = Properties(PacketTypes.CONNECT)
+            connect_properties.SessionExpiryInterval = session_expiry
+        v5_only: dict[str, Any] = {"clean_start": clean_start, "properties": connect_properties} if protocol == mqtt.MQTTv5 else {}
         try:
-            self.client.connect(host, port, keepalive=keepalive)
+            self.client.connect(host, port, keepalive=keepalive, **v5_only)
         except OSError:
             raise CollectorError(f"{name}: cannot connect to {host}:{port}") from None
         self.client.loop_start()
@@ -129,8 +142,9 @@ class Collector(Generic[Item]):
 
     # -- paho's threads ------------------------------------------------------------------------------------
 
-    def _on_connect(self, client: mqtt.Client, userdata: object, flags: object, reason: Any, properties: object) -> None:
+    def _on_connect(self, client: mqtt.Client, userdata: object, flags: Any, reason: Any, properties: object) -> None:
         with self.cond:
+            self.session_present = bool(flags.session_present)
             self._acked.clear()
             self._subscriptions = {}
             for topic, qos in self._filters:

@@ -15,7 +15,6 @@ back on the same data directory and port and the link speeds up again:
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections import defaultdict
@@ -23,12 +22,11 @@ from collections.abc import Callable
 
 import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 from appliance.statestore.client import StateStoreClient
 from hil_tests.harness import Recorder, Route, Seen, System, identity_problems
 from hil_tests.rig.client import RigClient
+from testing.collector import Collector, Received
 
 pytestmark = pytest.mark.forwarding  # runs in each upstream format of the bench
 
@@ -38,60 +36,16 @@ COMMANDS = "site/commands"
 ROUTES = (Route("alerts", "alerts", priority=0, ttl_s=120), Route("data", "data", priority=1, ttl_s=120))
 
 
-class SessionClient:
-    """An MQTT 5 client with a durable session (expiry 600 s) whose messages the test waits on."""
+class SessionClient(Collector[Received]):
+    """One connection of an MQTT 5 subscriber with a durable session (expiry 600 s): built again with the
+    same client id, it resumes the session; what it receives goes to the recorder."""
 
-    def __init__(self, host: str, port: int, client_id: str, recorder: Recorder) -> None:
-        self.host, self.port, self.client_id, self.recorder = host, port, client_id, recorder
-        self.payloads: list[bytes] = []
-        self.session_present: bool | None = None
-        self.cond = threading.Condition()
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-        self.client.on_connect = self._on_connect
-        self.client.on_message = self._on_message
+    def __init__(self, host: str, port: int, client_id: str, recorder: Recorder, topics: tuple[str, ...] = ()) -> None:
+        self.recorder = recorder
+        super().__init__(host, port, topics, client_id=client_id, name=client_id, clean_start=False, session_expiry=600)
 
-    def _on_connect(
-        self, client: mqtt.Client, userdata: object, flags: mqtt.ConnectFlags, reason: object, properties: object
-    ) -> None:
-        with self.cond:
-            self.session_present = flags.session_present
-            self.cond.notify_all()
-
-    def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
-        self.recorder.received(message.payload.decode(), None, self.client_id)
-        with self.cond:
-            self.payloads.append(message.payload)
-            self.cond.notify_all()
-
-    def connect(self) -> bool:
-        """Resume (or create) the session; returns CONNACK's session present flag."""
-        properties = Properties(PacketTypes.CONNECT)
-        properties.SessionExpiryInterval = 600
-        self.client.connect(self.host, self.port, clean_start=False, properties=properties)
-        self.client.loop_start()
-        with self.cond:
-            if not self.cond.wait_for(lambda: self.session_present is not None, 10):
-                raise TimeoutError(f"{self.client_id}: no CONNACK")
-            return bool(self.session_present)
-
-    def subscribe(self, topic: str) -> None:
-        done = threading.Event()
-        self.client.on_subscribe = lambda *_: done.set()
-        self.client.subscribe(topic, qos=1)
-        if not done.wait(10):
-            raise TimeoutError(f"{self.client_id}: no SUBACK")
-
-    def wait_for(self, count: int, timeout: float) -> list[bytes]:
-        with self.cond:
-            if not self.cond.wait_for(lambda: len(self.payloads) >= count, timeout):
-                raise TimeoutError(f"{self.client_id}: {len(self.payloads)} of {count} messages")
-            return list(self.payloads)
-
-    def disconnect(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-        with self.cond:
-            self.session_present = None
+    def record(self, item: Received) -> None:
+        self.recorder.received(item.payload.decode(), None, self.name)
 
 
 def publish_commands(host: str, port: int, recorder: Recorder, device: str) -> list[bytes]:
@@ -121,11 +75,9 @@ def test_queues_state_store_and_sessions_survive_a_power_cut(system: Callable[..
     with StateStoreClient(gateway.host, gateway.port, client_id="hil-operator", timeout=5) as store:
         written = {f"site/zone-{n}": f"value-{n}".encode() for n in range(10)} | {t.key: b"22" for t in bench.thermostats}
         versions = {key: store.set(key, value).version for key, value in written.items()}
-    subscriber = SessionClient(gateway.host, gateway.port, "hil-durable-subscriber", bench.recorder)
-    assert subscriber.connect() is False
-    subscriber.subscribe(COMMANDS)
-    subscriber.disconnect()
-    commands = publish_commands(gateway.host, gateway.port, bench.recorder, subscriber.client_id)
+    with SessionClient(gateway.host, gateway.port, "hil-durable-subscriber", bench.recorder, (COMMANDS,)) as subscriber:
+        assert subscriber.session_present is False
+    commands = publish_commands(gateway.host, gateway.port, bench.recorder, subscriber.name)
 
     rig.rate(9600)
     bench.cloud.wait_for(  # woken by each arrival at the cloud, while the tap keeps adding to the backlog
@@ -159,8 +111,6 @@ def test_queues_state_store_and_sessions_survive_a_power_cut(system: Callable[..
                if (result.value, result.version) != (written[key], versions[key])}
     assert not changed, f"state store keys changed by the power cut: {changed}"
 
-    assert subscriber.connect() is True, "the durable session did not survive the power cut"
-    try:
-        assert subscriber.wait_for(len(commands), timeout=10) == commands
-    finally:
-        subscriber.disconnect()
+    with SessionClient(gateway.host, gateway.port, subscriber.name, bench.recorder) as resumed:
+        assert resumed.session_present is True, "the durable session did not survive the power cut"
+        assert [m.payload for m in resumed.wait_for(len(commands), timeout=10)] == commands

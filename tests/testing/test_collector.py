@@ -61,3 +61,17 @@ def test_nothing_listening_is_a_collector_error_not_a_hang() -> None:
         port = unused.getsockname()[1]  # bound, never listening: connections are refused
         with pytest.raises(CollectorError, match="cannot connect"):
             Collector("127.0.0.1", port, "t/#")
+
+
+def test_a_durable_collector_comes_back_to_what_was_queued_while_it_was_away(tmp_path: Path) -> None:
+    durable = {"client_id": "durable-collector", "clean_start": False, "session_expiry": 600}
+    with InProcessBroker(tmp_path) as hosted, Collector(hosted.host, hosted.port) as publisher:
+        with Collector(hosted.host, hosted.port, "cmd/#", **durable) as first:
+            assert first.session_present is False
+        for n in range(3):
+            publisher.publish(f"cmd/{n}", b"%d" % n)
+        with Collector(hosted.host, hosted.port, **durable) as back:
+            assert back.session_present is True
+            assert [m.payload for m in back.wait_for(3)] == [b"0", b"1", b"2"]
+        with Collector(hosted.host, hosted.port, "cmd/#", client_id="durable-collector") as clean:
+            assert clean.session_present is False  # clean start: the kept session is gone
