@@ -12,7 +12,8 @@ state they may touch and the ``Output`` port) and import neither asyncio nor tim
 scheduler come in through ``runtime.Runtime``, so tests drive them with a fake clock
 (``tests/broker/pair.py``).
 
-Why the core is built this way:
+Theory of operation
+-------------------
 
 * Throughput in Python is per-message work, so the unit of work is a *batch*: the socket layer hands over
   every packet of one read, they are all handled with one reading of the clock (``context.Instant``,

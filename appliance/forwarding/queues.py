@@ -1,6 +1,7 @@
 """The durable store: one message body, referenced by every endpoint queue ``<endpoint>_Pri<n>`` it was routed to.
 
-Why it looks like this:
+Rules
+-----
 
 * Edge Hub's ``MessageStore`` writes the body and each queue entry separately, so a crash in between leaves
   a body no queue references, or an entry with no body. Here the body and all its entries go in ONE SQLite

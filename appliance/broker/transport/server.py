@@ -1,7 +1,11 @@
 """The only socket code: one protocol object per client connection, and the TCP/TLS listeners.
 
 Kept thin on purpose (uvicorn's ``h11_impl`` is the model): bytes go to the broker as they arrive, the
-broker writes back through ``write``. What lives here is what needs the transport:
+broker writes back through ``write``.
+
+Rules
+-----
+What lives here is what needs the transport:
 
 * fairness of reading: the protocol is an ``asyncio.BufferedProtocol`` with a ``READ_BUFFER_BYTES``
   buffer, so one read is small (an ``asyncio.Protocol`` gets up to 256 KiB from uvloop, about 3,300

@@ -1,6 +1,7 @@
 """A state store client on paho-mqtt (MQTT 5): blocking and asyncio APIs, key notifications, leases.
 
-Why it is built this way:
+Rules
+-----
 
 * **One MQTT connection, many requests in flight.** Each request gets fresh Correlation Data and a
   ``concurrent.futures.Future``; the paho network thread completes it from the response (or fails it from a
