@@ -4,8 +4,8 @@ Each subsystem contributes its own subcommands through a ``register(subparsers)`
 stays a table of contents rather than a second home for subsystem logic.
 
 ``appliance run`` is the gateway, a process that lives for months: it builds only its own subcommand and
-imports none of the others' modules (the doctor, the state store and forwarding tools with jsonschema:
-about 7 MB of resident memory it would carry for nothing; bench/RESULTS.md, issue 30).
+imports none of the others' modules (the doctor, the state store and forwarding tools with jsonschema):
+memory it would carry for nothing (measured in bench/RESULTS.md, "idle connections back under 48 MB").
 """
 
 from __future__ import annotations
