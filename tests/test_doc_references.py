@@ -17,8 +17,8 @@ PATH = re.compile(rf"(?<![\w./-])((?:{'|'.join(TOP_LEVELS)})/[\w./-]*\w\.(?:py|m
 DOTTED = re.compile(r"(?<![\w./])(appliance(?:\.\w+)+)")
 #: A relative Markdown link such as ``[security](broker-security.md#limits)``.
 LINK = re.compile(r"\]\(([^)#:\s]+\.md)(?:#[^)]*)?\)")
-#: Folders that are not the repository's own text: environments, caches and build output.
-SKIP = {".venv", ".git", ".hypothesis", ".pytest_cache", "node_modules", "__pycache__", "build", "dist"}
+#: Folders that are not the repository's own text: environments, caches, build output and run artifacts.
+SKIP = {".venv", ".git", ".hypothesis", ".pytest_cache", "node_modules", "__pycache__", "build", "dist", "artifacts"}
 
 
 @functools.cache

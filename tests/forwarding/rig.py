@@ -14,9 +14,10 @@ from typing import Any
 
 from appliance import run_state
 from hil_tests.rig.relay import RelayThread
+from testing.collector import Collector
+from testing.device import Device
 from testing.processes import ROOT, GatewayProcess, MosquittoProcess
 from testing.waiting import wait_until
-from tests.forwarding.peers import Collector, Device
 
 
 def manifest(routes: dict[str, Any], global_ttl: int = 7200) -> str:

@@ -14,8 +14,9 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from testing import paho_clients
+from testing.collector import Collector
 from testing.waiting import wait_until
-from tests.forwarding.peers import Collector, delivered
+from tests.forwarding.peers import delivered
 from tests.forwarding.rig import ForwardingRig, manifest
 
 DATA = "FROM /messages/* WHERE $outputName = 'data' INTO $upstream"

@@ -15,9 +15,10 @@ from appliance.forwarding.pump import Pump
 from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.upstream import UpstreamSender
 from appliance.store_thread import StoreThread
+from testing.collector import Collector
 from testing.processes import MosquittoProcess
 from testing.waiting import wait_until
-from tests.forwarding.peers import Collector, delivered
+from tests.forwarding.peers import delivered
 from tests.forwarding.rig import ForwardingRig
 from tests.forwarding.test_gateway_forwarding import cloud_acl
 from tests.forwarding.test_upstream import run_bridge, until_empty

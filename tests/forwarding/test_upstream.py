@@ -28,9 +28,10 @@ from appliance.forwarding.upstream import UpstreamSender
 from appliance.store_thread import StoreThread
 from hil_tests.rig.relay import RelayThread
 from testing import waiting
+from testing.collector import Collector
 from testing.fake_runtime import FakeRuntime
 from testing.processes import MosquittoProcess, free_port
-from tests.forwarding.peers import Collector, batch_records
+from tests.forwarding.peers import batch_records
 
 UP = Endpoint("upstream")
 

@@ -26,8 +26,8 @@ from appliance.forwarding.queues import MessageStore
 from appliance.forwarding.routes import Endpoint, RouteResult
 from appliance.store_thread import StoreThread
 from hil_tests.rig.relay import RelayThread
+from testing.collector import Collector
 from testing.processes import MosquittoProcess
-from tests.forwarding.peers import Collector
 from tests.forwarding.test_upstream import run_bridge
 
 DEVICES = ("t1", "t2", "t3")

@@ -25,9 +25,9 @@ from appliance.hardware.factory_reset import FACTORY_RESET_EXIT_STATUS
 from appliance.hardware.gpio import FAST_BLINK, SLOW_BLINK
 from hil_tests.rig.relay import RelayThread
 from testing import timer_lateness, waiting
+from testing.collector import Collector
+from testing.device import Device as PeerDevice
 from testing.processes import MosquittoProcess
-from tests.forwarding.peers import Collector
-from tests.forwarding.peers import Device as PeerDevice
 from tests.forwarding.rig import manifest
 from tests.hardware.modem_emulator import ModemEmulator
 from tests.systemd.notify_socket import NotifySocket

@@ -20,10 +20,10 @@ from appliance.doctor import Finding, Verdict, check_gpio
 from appliance.hardware.config import GpioConfig
 from appliance.hardware.gpio import GpioUnavailable, pin_library
 from appliance.statestore.client.blocking import StateStoreClient
+from testing.collector import Collector
+from testing.device import Device as PeerDevice
 from testing.processes import ROOT, GatewayProcess, MosquittoProcess
 from testing.waiting import wait_until
-from tests.forwarding.peers import Collector
-from tests.forwarding.peers import Device as PeerDevice
 from tests.forwarding.rig import manifest
 from tests.hardware.modem_emulator import ModemEmulator
 

@@ -46,8 +46,9 @@ from hil_tests.rig.namespace_sockets import in_namespace
 from hil_tests.rig.program import _ports
 from hil_tests.rig.shaping import WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES, LinkSettings
 from hil_tests.rig.tests.flow import drain, flooding, measure_connection, quiet_for
+from testing.collector import Collector
+from testing.device import Device
 from testing.waiting import WaitTimeout, wait_until
-from tests.forwarding.peers import Collector, Device
 
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 GOODPUT_SHARE = WIRE_PAYLOAD_BYTES / (WIRE_PAYLOAD_BYTES + WIRE_HEADER_BYTES)  # RATE counts frames on the wire
