@@ -43,7 +43,7 @@ class RigConfig:
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class ProcessEndpoint:
     """A TCP endpoint; ``start`` means the suite starts the process itself (then port 0 = any free port)."""
 
     start: bool
@@ -52,7 +52,7 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
-class GatewayConfig(Endpoint):
+class GatewayUnderTest(ProcessEndpoint):
     """The gateway under test. ``upstream_formats``: the ``[forwarding.upstream] format`` values the
     forwarding scenarios run with, each once (docs/message-format.md); every other scenario uses the first."""
 
@@ -63,7 +63,7 @@ class GatewayConfig(Endpoint):
 
 
 @dataclass(frozen=True)
-class CloudConfig(Endpoint):
+class CloudConfig(ProcessEndpoint):
     """The cloud broker: ``host``/``port`` as the suite's collector reaches it (unshaped), ``uplink`` as the
     gateway reaches it through the rig; the same address unless the bench file says otherwise."""
 
@@ -98,7 +98,7 @@ class HistoryConfig:
 class BenchConfig:
     source: Path
     rig: RigConfig
-    gateway: GatewayConfig
+    gateway: GatewayUnderTest
     cloud: CloudConfig
     devices: DevicesConfig
     artifacts_dir: Path
@@ -185,7 +185,7 @@ def _get(table: dict[str, Any], section: str, key: str, kind: type) -> Any:
     return value
 
 
-def _gateway(data: dict[str, Any]) -> GatewayConfig:
+def _gateway(data: dict[str, Any]) -> GatewayUnderTest:
     endpoint = _endpoint(data, "gateway")
     table = data["gateway"]
     formats = UPSTREAM_FORMATS[:1]  # optional: bench files from before the batch format
@@ -198,7 +198,7 @@ def _gateway(data: dict[str, Any]) -> GatewayConfig:
     run_in: list[Any] = _get(table, "gateway", "run_in", list) if "run_in" in table else []
     if not all(isinstance(word, str) and word for word in run_in):
         raise BenchConfigError("gateway.run_in", f"expected a list of non-empty strings, got {run_in!r}")
-    return GatewayConfig(endpoint.start, endpoint.host, endpoint.port, tuple(formats), tuple(run_in))
+    return GatewayUnderTest(endpoint.start, endpoint.host, endpoint.port, tuple(formats), tuple(run_in))
 
 
 def _cloud(data: dict[str, Any]) -> CloudConfig:
@@ -211,9 +211,9 @@ def _cloud(data: dict[str, Any]) -> CloudConfig:
     return CloudConfig(endpoint.start, endpoint.host, endpoint.port, uplink_host, uplink_port)
 
 
-def _endpoint(data: dict[str, Any], section: str) -> Endpoint:
+def _endpoint(data: dict[str, Any], section: str) -> ProcessEndpoint:
     table = _table(data, section)
-    endpoint = Endpoint(
+    endpoint = ProcessEndpoint(
         start=_get(table, section, "start", bool),
         host=_get(table, section, "host", str),
         port=_get(table, section, "port", int),
