@@ -10,7 +10,8 @@ Layers, from the wire inwards (each a subpackage whose ``__init__`` names its pa
 - ``routing``: topics, subscriptions, retained messages, deliveries.
 - ``persistence``: ``broker.db``, committed before anything is acknowledged.
 
-``broker`` ties them together (dispatch, the flush that commits before it writes, the tick); ``api`` and
+``broker`` ties them together (dispatch, the flush that commits before it writes, the tick) and is the
+``context.HandlerContext`` the handlers, sessions and persistence are given; ``api`` and
 ``request_envelope`` are the contract with the services that live in the broker's process; ``config`` is
 the ``[broker]`` section; ``sys_topics`` the ``$SYS`` statistics. Time and scheduling come from
 ``appliance.runtime``.
