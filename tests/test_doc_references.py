@@ -111,15 +111,20 @@ GENERATED = {
 }
 
 
+#: A Python file named anywhere in a document's text, a diagram's code block too (not inside a URL).
+PY_FILE = re.compile(r"(?<![\w/.:<>-])((?:\.\./)?[\w/.-]*\w\.py)\b")
+
+
 def test_python_files_named_in_documents_exist_somewhere_in_the_tree() -> None:
-    """A layout table names files relative to its package (``routing/router.py`` in docs/broker.md): each
-    must be the end of some path in the tree, so a module that moved is caught there too. (Run logs such
-    as bench/RESULTS*.md name the scratch scripts of a measurement, which are not kept: not checked.)"""
+    """A layout table or diagram names files relative to its package (``routing/router.py`` in
+    docs/broker.md): each must be the end of some path in the tree, so a module that moved is caught
+    there too. (Run logs such as bench/RESULTS*.md name the scratch scripts of a measurement, which are
+    not kept: not checked.)"""
     tree = {p.relative_to(ROOT).as_posix() for p in sources()}
     missing = sorted(
         f"{path.relative_to(ROOT)}: {named}"
         for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-        for named in set(re.findall(r"`((?:\.\./)?[\w/.-]+\.py)`", path.read_text()))
+        for named in set(PY_FILE.findall(path.read_text()))
         if named not in GENERATED
         and not any(known == named.removeprefix("../") or known.endswith("/" + named.removeprefix("../")) for known in tree)
     )
