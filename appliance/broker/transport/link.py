@@ -1,11 +1,15 @@
-"""What the broker needs from the socket layer for one connection (``server.ClientProtocol`` in
-production, the fake client of ``tests/broker/pair.py`` in tests). Its own module so the handler
-modules can name it without importing the socket layer."""
+"""The seam between the broker core and the socket layer, both ways.
+
+``Link`` is what the broker needs from the socket layer for one connection (``server.ClientProtocol`` in
+production, the fake client of ``tests/broker/pair.py`` in tests); ``BrokerCore`` is what the socket layer
+tells the core (``broker.Broker``). Their own module, so the handler modules can name a connection without
+importing the socket layer, and the socket layer reaches the core without importing it."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from appliance.broker.config import LimitsConfig
 from appliance.broker.sessions.session import ClientConnection
 
 
@@ -22,3 +26,19 @@ class Link(Protocol):
     def peer_closed(self) -> bool:
         """Whether the client has closed its side, even while reading is held (when the connection would
         only notice once it reads again): a waiting password check of a client that left is skipped."""
+
+
+class BrokerCore(Protocol):
+    """What the socket layer tells the broker core about its connections, and the limits it reads."""
+
+    @property
+    def limits(self) -> LimitsConfig: ...
+
+    def connection_made(self, link: Link) -> None: ...
+
+    def data_received(self, link: Link, data: bytes) -> int:
+        """Bytes read from ``link``; how many packets they completed."""
+
+    def connection_lost(self, link: Link) -> None: ...
+
+    def congestion_changed(self, link: Link, congested: bool) -> None: ...

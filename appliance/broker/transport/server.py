@@ -41,10 +41,10 @@ from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, cast
 
-from appliance.broker.broker import Broker
 from appliance.broker.config import ListenerConfig
 from appliance.broker.sessions.session import AWAITING_CONNECT, ClientConnection
 from appliance.broker.transport.certificates import CertificateFileError, date_problems
+from appliance.broker.transport.link import BrokerCore
 from appliance.startup_error import StartupError
 from appliance.tcp_floor import keep_kernel_floor
 
@@ -68,7 +68,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
                  "_reading", "_buffer")
 
     def __init__(
-        self, broker: Broker, websocket: type[WebSocketServer] | None = None, read_buffer: memoryview | None = None,
+        self, broker: BrokerCore, websocket: type[WebSocketServer] | None = None, read_buffer: memoryview | None = None,
         connect_deadlines: ConnectDeadlines | None = None,
     ) -> None:
         """``websocket`` is the WebSocket adapter's class for a WebSocket listener (passed in, so a gateway
@@ -340,7 +340,7 @@ def _websocket_adapter() -> type[WebSocketServer]:
     return WebSocketServer
 
 
-async def start_listener(broker: Broker, listener: ListenerConfig) -> tuple[asyncio.Server, str]:
+async def start_listener(broker: BrokerCore, listener: ListenerConfig) -> tuple[asyncio.Server, str]:
     """Start one listener; returns the server and its URL with the port actually bound.
 
     A websocket listener with a ``certfile`` speaks ``wss``; the HTTP path is not checked."""
