@@ -74,6 +74,7 @@ UNIT_MODULES = frozenset(
         "tests/test_atomic_file.py",
         "tests/test_backoff.py",
         "tests/test_campaigns.py",
+        "tests/test_layers.py",
         "tests/test_prometheus.py",
         "tests/test_runtime_port.py",
         "tests/testing/test_fake_runtime.py",
