@@ -345,8 +345,9 @@ class Session:
         self.pager = None
 
     def restore(self, delivery: Delivery) -> None:
-        """Put back a delivery loaded from the store: in flight if it had a packet id, else queued."""
-        if delivery.packet_id:
+        """Put back a delivery loaded from the store: in flight if it had a packet id, else queued (also
+        one whose packet id another restored delivery has: never replace one in flight)."""
+        if delivery.packet_id and delivery.packet_id not in self.inflight:
             self.inflight[delivery.packet_id] = delivery
             self._next_packet_id = delivery.packet_id % 65535 + 1
         else:
@@ -363,15 +364,28 @@ class Session:
         self.stored_bytes = 0
 
     def _send_new(self, connection: ClientConnection, delivery: Delivery, now: float) -> None:
-        packet_id = self._next_packet_id
+        """Give a delivery its packet id and send it. A stored one takes its sequence number's
+        (``stored_packet_id``, inline) unless a delivery in flight has it: then the store records one
+        sequence number per session and turn, not the packet id of each delivery."""
         inflight = self.inflight
+        seq = delivery.seq
+        journal = self.journal
+        if seq and journal is not None:
+            packet_id = seq % 65535 + 1
+            if packet_id not in inflight:
+                delivery.packet_id = packet_id
+                inflight[packet_id] = delivery
+                journal.mark_sent_through(self.client_id, seq)
+                self._write_publish(connection, delivery, now)
+                return
+        packet_id = self._next_packet_id
         while packet_id in inflight:
             packet_id = packet_id % 65535 + 1
         self._next_packet_id = packet_id % 65535 + 1
         delivery.packet_id = packet_id
         inflight[packet_id] = delivery
-        if delivery.seq and self.journal is not None:
-            self.journal.mark_publish_sent(delivery.seq, packet_id)
+        if seq and journal is not None:
+            journal.mark_publish_sent(seq, packet_id)
         self._write_publish(connection, delivery, now)
 
     def _readable(self, delivery: Delivery) -> bool:
