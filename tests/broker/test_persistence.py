@@ -28,6 +28,7 @@ from appliance.broker.persistence.store import (
     decode_properties,
     encode_properties,
 )
+from appliance.broker.routing.delivery import stored_packet_id
 from appliance.broker.routing.topic_tree import SubscriptionOptions
 from appliance.config import ConfigError
 from appliance.gateway_config import load_config
@@ -278,10 +279,10 @@ def test_a_sessions_sends_in_queue_order_are_one_mark_read_back_as_in_flight_aft
     state = reopened.load()
     in_flight = [(d.seq, d.packet_id, d.state) for d in state.sessions["c"].outbound]
     sent = OutboundState.PUBLISH_SENT
-    assert in_flight == [(seqs[0], seqs[0] % 65535 + 1, sent), (seqs[1], seqs[1] % 65535 + 1, sent)]
+    assert in_flight == [(seqs[0], stored_packet_id(seqs[0]), sent), (seqs[1], stored_packet_id(seqs[1]), sent)]
     assert state.sessions["c"].queued == 2
     assert [d.seq for d, _ in reopened.page("c", 0, 10)] == seqs[2:]
-    assert [(d.seq, d.packet_id) for d in state.sessions["other"].outbound] == [(fresh, fresh % 65535 + 1)]
+    assert [(d.seq, d.packet_id) for d in state.sessions["other"].outbound] == [(fresh, stored_packet_id(fresh))]
     assert [d.seq for d, _ in reopened.page("other", 0, 10)] == [other]
 
 

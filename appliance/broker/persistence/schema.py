@@ -9,9 +9,9 @@ layout); an older one is migrated on opening, in one transaction (``migrate``). 
 version 2 gateway would not read those rows, so it refuses a version 3 file. Version 4 adds
 ``outbound_sent``: a session's PUBLISHes sent in queue order with the packet id their sequence number
 gives (``routing.delivery.stored_packet_id``) are recorded as one row per session, not by rewriting
-each ``outbound`` row; a version 3 gateway would resend those as new, so it refuses a version 4 file. A
-file that is not a broker database raises ``CorruptDatabaseError`` naming the file; a migration that fails (a full disk)
-raises ``PersistenceError`` and leaves the file as it was.
+each ``outbound`` row; a version 3 gateway would resend those as new, so it refuses a version 4 file.
+A file that is not a broker database raises ``CorruptDatabaseError`` naming the file; a migration
+that fails (a full disk) raises ``PersistenceError`` and leaves the file as it was.
 
 ``synchronous``: ``normal`` survives a killed process (``kill -9``: the WAL is in the OS cache) and
 commits with a ``write(2)``; ``full`` also survives power loss at the cost of an fsync per commit.

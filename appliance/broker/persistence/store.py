@@ -69,6 +69,7 @@ from appliance.broker.persistence.schema import (
     SchemaTooNewError,
     prepare,
 )
+from appliance.broker.routing.delivery import stored_packet_id
 from appliance.broker.routing.topic_tree import SubscriptionOptions
 from appliance.sqlite_files import DatabaseFileError, refuse_emptied
 
@@ -346,7 +347,7 @@ class BrokerStore:
         next opening (``sql.SETTLE_SENT_THROUGH``)."""
         row = self._new_deliveries.get(seq)
         if row is not None:
-            row[_PACKET_ID] = seq % 65535 + 1
+            row[_PACKET_ID] = stored_packet_id(seq)
             row[_STATE] = _PUBLISH_SENT
         else:
             self._sent_through[client_id] = seq

@@ -25,7 +25,8 @@ MARK_SENT_THROUGH = (
     " ON CONFLICT (client_id) DO UPDATE SET seq = max(seq, excluded.seq)"
 )
 #: On opening: what ``outbound_sent`` says, written into the rows themselves (state PUBLISH_SENT, the packet
-#: id of ``routing.delivery.stored_packet_id``), so that loading and paging read one kind of row.
+#: id of ``routing.delivery.stored_packet_id``, spelled out in SQL), so that loading and paging read one kind
+#: of row.
 SETTLE_SENT_THROUGH = (
     "UPDATE outbound SET packet_id = outbound.seq % 65535 + 1, state = 1 FROM outbound_sent s"
     " WHERE outbound.client_id = s.client_id AND outbound.seq <= s.seq AND outbound.state = 0"
