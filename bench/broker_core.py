@@ -4,6 +4,7 @@
     .venv/bin/python bench/broker_core.py --durable        # the same to a durable subscriber (broker.db)
     .venv/bin/python bench/broker_core.py --opcodes        # bytecodes per message, per function
     .venv/bin/python bench/broker_core.py --fanout --opcodes   # QoS 0 1->100: bytecodes per delivery
+    .venv/bin/python bench/broker_core.py --durable --statements   # SQLite's share, by statement
 
 Why it exists: ``bench/broker.py`` is the figure that counts, but on the shared 2-core machine one run's
 throughput swings 2-3x from round to round, so a 10 % regression of the per-message path cannot be seen
@@ -15,7 +16,9 @@ counts less). ``min block`` is the cheapest of the 100-turn blocks, the figure l
 machine's load. ``--opcodes`` counts the bytecodes the broker executes per message instead (slow, but
 exact and independent of the load: compare two trees with it). ``--fanout`` measures issue 13's other
 shape instead: one publisher, QoS 0, ``FANOUT_SUBSCRIBERS`` subscribers of the topic, figures per
-delivery (one message to one subscriber). No syscalls are measured: the socket
+delivery (one message to one subscriber). ``--statements`` also times every ``sqlite3`` call of the
+store by statement (thread CPU time, its ``execute``/``executemany`` only: the rows' buffering is the
+broker's). No syscalls are measured: the socket
 writes and SQLite's own work below Python are not in these figures.
 """
 
@@ -26,6 +29,7 @@ import asyncio
 import collections
 import contextlib
 import gc
+import sqlite3
 import sys
 import tempfile
 import time
@@ -84,6 +88,37 @@ class MemoryLink:
         return data
 
 
+class StatementTimer:
+    """The store's ``sqlite3`` connection, with each ``execute``/``executemany`` timed by statement (thread
+    CPU seconds and calls, keyed by the statement's first 40 characters)."""
+
+    def __init__(self) -> None:
+        #: Set when the store is open (``started_broker``).
+        self.connection: sqlite3.Connection
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.connection, name)
+
+    def execute(self, statement: str, parameters: Any = ()) -> sqlite3.Cursor:
+        started = time.thread_time()
+        cursor = self.connection.execute(statement, parameters)
+        self._count(statement, started)
+        return cursor
+
+    def executemany(self, statement: str, rows: Any) -> sqlite3.Cursor:
+        started = time.thread_time()
+        cursor = self.connection.executemany(statement, rows)
+        self._count(statement, started)
+        return cursor
+
+    def _count(self, statement: str, started: float) -> None:
+        key = statement[:40]
+        self.seconds[key] += time.thread_time() - started
+        self.calls[key] += 1
+
+
 class OpcodeCounter:
     """Counts the bytecodes executed while enabled, per (file, function)."""
 
@@ -109,10 +144,15 @@ class OpcodeCounter:
 
 
 @contextlib.asynccontextmanager
-async def started_broker(limits: LimitsConfig | None = None) -> AsyncIterator[Broker]:
-    """A broker on a throwaway broker.db, its start-up heap frozen as the gateway does."""
+async def started_broker(limits: LimitsConfig | None = None,
+                         statements: StatementTimer | None = None) -> AsyncIterator[Broker]:
+    """A broker on a throwaway broker.db, its start-up heap frozen as the gateway does; with
+    ``statements``, its connection is timed (``StatementTimer.connection`` is set here)."""
     with tempfile.TemporaryDirectory(prefix="bench-core-") as tmp:
         store = BrokerStore.open(Path(tmp) / "broker.db")
+        if statements is not None:
+            statements.connection = store._db
+            store._db = statements  # type: ignore[assignment]
         config = BrokerConfig((ListenerConfig("tcp", "memory", 0),), limits=limits or LimitsConfig())
         broker = Broker(config, store, Authenticator(None, True), None)
         await broker.start()
@@ -161,9 +201,10 @@ class Blocks:
             self.seconds, self.units = 0.0, 0
 
 
-async def run(turns: int, per_publisher: int, durable: bool, opcodes: OpcodeCounter | None) -> tuple[int, list[float]]:
+async def run(turns: int, per_publisher: int, durable: bool, opcodes: OpcodeCounter | None,
+              statements: StatementTimer | None = None) -> tuple[int, list[float]]:
     """Returns the messages delivered and the CPU microseconds per message of each block of turns."""
-    async with started_broker(LimitsConfig(max_inflight_messages=WINDOW)) as broker:
+    async with started_broker(LimitsConfig(max_inflight_messages=WINDOW), statements) as broker:
         subscriber_properties = {0x21: WINDOW, **({0x11: 3600} if durable else {})}
         subscriber = connect(broker, "sub", pk.Subscribe(1, [pk.SubscribeRequest(TOPIC, 1)]),
                              properties=subscriber_properties)
@@ -239,13 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, help="turns (default 3,000; with --opcodes 300)")
     parser.add_argument("--opcodes", action="store_true", help="count bytecodes per message instead of timing")
     parser.add_argument("--top", type=int, default=30, help="functions listed with --opcodes")
+    parser.add_argument("--statements", action="store_true", help="also time the store's SQLite calls by statement")
     args = parser.parse_args(argv)
     turns = args.turns or (300 if args.opcodes else 3000)
     counter = OpcodeCounter() if args.opcodes else None
+    statements = StatementTimer() if args.statements else None
     if args.fanout:
         delivered, blocks = uvloop.run(run_fanout(turns, args.per_publisher, counter))
     else:
-        delivered, blocks = uvloop.run(run(turns, args.per_publisher, args.durable, counter))
+        delivered, blocks = uvloop.run(run(turns, args.per_publisher, args.durable, counter, statements))
     kind = "fanout" if args.fanout else "durable" if args.durable else "qos1"
     unit, units = ("delivery", "deliveries") if args.fanout else ("message", "messages")
     if counter is not None:
@@ -256,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     ordered = sorted(blocks)
     print(f"{kind}: {delivered:,} {units}, broker CPU per {unit}: min block {ordered[0]:.2f} us, "
           f"median {ordered[len(ordered) // 2]:.2f} us")
+    if statements is not None:
+        print(f"  SQLite, us per message: {sum(statements.seconds.values()) / delivered * 1e6:.2f}")
+        for key, seconds in statements.seconds.most_common():
+            print(f"  {seconds / delivered * 1e6:7.2f}  {statements.calls[key]:6,} calls  {key}")
     return 0
 
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/broker_light.py                        # every scenario, 3 rounds
     .venv/bin/python bench/broker_light.py --only qos1 --rounds 5 --messages 200000
+    .venv/bin/python bench/broker_light.py --pin                  # broker under test on CPU 1, generator on CPU 0
 
 Why a second generator: ``bench/mqtt_load.py`` answers every read at once, so against mosquitto, which
 writes each PUBACK on its own, its publishers read many small segments and write one small refill per
@@ -27,6 +28,14 @@ the figure is not the broker's. Rounds alternate which broker goes first. ``qos1
 durable subscriber (``broker.db``, commit before PUBACK) with a mosquitto that runs ``persistence true``.
 ``qos1_latency`` paces one publisher at 2,000 msgs/s for ``--latency-seconds`` and reports p50/p99 from the
 send time stamped in the payload to the subscriber's read (one process: one clock).
+
+``--pin`` gives the broker under test a core of its own: every thread of every broker on ``--broker-cpu``
+(1), the generator on ``--generator-cpu`` (0), as ``taskset -a -p`` does (``sched_setaffinity`` per
+thread). Unpinned, mosquitto shares a core with the generator: it writes every packet on its own, so the
+generator reads about 2 messages per read against it and takes 85-92 % of a core, and the scheduler
+splits the second core between them. Pinned, each broker gets one whole core and the generator the other,
+so the ratio is one broker's core against the other's (the machine must have nothing else running for
+that to hold: the load average is printed with every round).
 """
 
 from __future__ import annotations
@@ -513,13 +522,29 @@ def table(collected: dict[str, dict[str, dict[str, list[float]]]]) -> str:
     return "\n".join(lines)
 
 
+def pin(pid: int, cpu: int) -> None:
+    """Every thread of process ``pid`` on ``cpu`` only (``taskset -a -p``); threads it starts later
+    inherit it."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(task), {cpu})
+        except ProcessLookupError:  # a thread that ended
+            continue
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated, of {', '.join(SCENARIOS)}")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per scenario and broker (alternating)")
     parser.add_argument("--messages", type=int, default=100_000, help="messages counted per throughput round")
     parser.add_argument("--latency-seconds", type=float, default=5.0, help="seconds measured at 2,000 msgs/s")
+    parser.add_argument("--pin", action="store_true", help="each broker on --broker-cpu, the generator on --generator-cpu")
+    parser.add_argument("--broker-cpu", type=int, default=1, help="with --pin: the CPU of every broker (default 1)")
+    parser.add_argument("--generator-cpu", type=int, default=0, help="with --pin: the generator's CPU (default 0)")
     args = parser.parse_args(argv)
+    if args.pin and (args.broker_cpu == args.generator_cpu
+                     or not {args.broker_cpu, args.generator_cpu} <= os.sched_getaffinity(0)):
+        parser.error(f"--pin needs two different CPUs this process may use ({sorted(os.sched_getaffinity(0))})")
     args.only = [name for name in args.only.split(",") if name]
     if set(args.only) - set(SCENARIOS):
         parser.error(f"unknown scenario; choose from {', '.join(SCENARIOS)}")
@@ -551,11 +576,16 @@ async def run(targets: dict[str, tuple[str, int, psutil.Process]], args: argpars
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    print(f"broker_light: {', '.join(args.only)}; {args.rounds} round(s); {psutil.cpu_count()} cores; "
+    pinning = f"brokers pinned to CPU {args.broker_cpu}, generator to CPU {args.generator_cpu}" if args.pin else "not pinned"
+    print(f"broker_light: {', '.join(args.only)}; {args.rounds} round(s); {psutil.cpu_count()} cores, {pinning}; "
           f"load average {' '.join(f'{value:.2f}' for value in os.getloadavg())}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-light-") as tmp, \
             brokers(Path(tmp), persistent="qos1_durable" in args.only) as every:
         targets = {"ours": every[0], "mosquitto": every[1], **({"mosquitto-persistent": every[2]} if len(every) > 2 else {})}
+        if args.pin:
+            for target in every:
+                pin(target.process.pid, args.broker_cpu)
+            pin(os.getpid(), args.generator_cpu)
         report = uvloop.run(run({name: (t.host, t.port, t.process) for name, t in targets.items()}, args))
     print(f"\nload average at the end {' '.join(f'{value:.2f}' for value in os.getloadavg())}")
     if max(os.getloadavg()) > (psutil.cpu_count() or 1):

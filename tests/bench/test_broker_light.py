@@ -10,6 +10,9 @@ walk (two sizes mixed), QoS 0 and QoS 1, against the real broker on uvloop.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +22,18 @@ import uvloop
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.broker_light import Load, Publisher, Subscriber, connect, measure, publish, subscribe, uniform_run, walk
+from bench.broker_light import (
+    Load,
+    Publisher,
+    Subscriber,
+    connect,
+    measure,
+    pin,
+    publish,
+    subscribe,
+    uniform_run,
+    walk,
+)
 from testing.inprocess import InProcessBroker
 
 
@@ -133,3 +147,33 @@ def test_each_scenario_measures_a_rate_and_cpu_times(hosted: InProcessBroker, lo
     assert result.broker_cpu > 0 and result.generator_cpu > 0  # here both are this process's
     if load.rate is not None:
         assert len(result.latencies_ns) >= load.messages and min(result.latencies_ns) > 0
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two CPUs")
+def test_pin_puts_every_thread_of_a_process_and_the_threads_it_starts_later_on_one_cpu() -> None:
+    """``--pin``: a broker's threads all on the broker's CPU (a thread left out would run beside the
+    generator), threads started after the pinning too."""
+    cpu = max(os.sched_getaffinity(0))
+    script = ("import sys, threading, os\n"
+              "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+              "print(flush=True); sys.stdin.readline()\n"
+              "later = threading.Thread(target=lambda: print(sorted(os.sched_getaffinity(0)), flush=True))\n"
+              "later.start(); later.join(); sys.stdin.readline()\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdout.readline()  # both threads running
+        tasks = os.listdir(f"/proc/{child.pid}/task")
+        assert len(tasks) >= 2
+        pin(child.pid, cpu)
+        assert all(os.sched_getaffinity(int(task)) == {cpu} for task in tasks)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == f"[{cpu}]"
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.wait(10) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)

@@ -28,6 +28,7 @@ from appliance.broker.persistence.store import (
     decode_properties,
     encode_properties,
 )
+from appliance.broker.routing.delivery import stored_packet_id
 from appliance.broker.routing.topic_tree import SubscriptionOptions
 from appliance.config import ConfigError
 from appliance.gateway_config import load_config
@@ -252,6 +253,56 @@ def test_delete_session_then_new_session_in_the_same_turn(db_path: Path) -> None
     assert count(db_path, "messages") == 1
 
 
+def test_a_sessions_sends_in_queue_order_are_one_mark_read_back_as_in_flight_after_a_reopen(db_path: Path) -> None:
+    """``mark_sent_through`` writes one ``outbound_sent`` row per session, not an UPDATE per row; the next
+    opening writes it into the rows: every row of that session up to the mark is in flight with its
+    sequence number's packet id, the ones after it are queued, other sessions' rows are untouched, and the
+    mark is gone. A mark of a row still in the buffer goes into the row (no mark)."""
+    store = BrokerStore.open(db_path)
+    for client_id in ("c", "other"):
+        store.save_session(StoredSession(client_id, 5, 60))
+    seqs = [store.enqueue_message("c", 1, False, None, "t", str(index).encode(), {}, None) for index in range(4)]
+    other = store.enqueue_message("other", 1, False, None, "t", b"o", {}, None)
+    store.commit()
+    store.mark_sent_through("c", seqs[0])
+    store.mark_sent_through("c", seqs[1])
+    fresh = store.enqueue_message("other", 1, False, None, "t", b"fresh", {}, None)
+    store.mark_sent_through("other", fresh)  # in the buffer: into its row
+    store.commit()
+    with closing(sqlite3.connect(db_path)) as connection:
+        assert connection.execute("SELECT client_id, seq FROM outbound_sent").fetchall() == [("c", seqs[1])]
+        assert connection.execute("SELECT count(*) FROM outbound WHERE state != 0").fetchone() == (1,)
+    store.close()
+    reopened = BrokerStore.open(db_path)
+    with closing(sqlite3.connect(db_path)) as connection:
+        assert connection.execute("SELECT count(*) FROM outbound_sent").fetchone() == (0,)
+    state = reopened.load()
+    in_flight = [(d.seq, d.packet_id, d.state) for d in state.sessions["c"].outbound]
+    sent = OutboundState.PUBLISH_SENT
+    assert in_flight == [(seqs[0], stored_packet_id(seqs[0]), sent), (seqs[1], stored_packet_id(seqs[1]), sent)]
+    assert state.sessions["c"].queued == 2
+    assert [d.seq for d, _ in reopened.page("c", 0, 10)] == seqs[2:]
+    assert [(d.seq, d.packet_id) for d in state.sessions["other"].outbound] == [(fresh, stored_packet_id(fresh))]
+    assert [d.seq for d, _ in reopened.page("other", 0, 10)] == [other]
+
+
+def test_a_deleted_session_takes_its_sent_mark_with_it(db_path: Path) -> None:
+    """Clean start after sends: the old session's mark goes (committed or buffered), so a new session of
+    that client id starts with none."""
+    store = BrokerStore.open(db_path)
+    store.save_session(StoredSession("c", 5, 60))
+    first = store.enqueue_message("c", 1, False, None, "t", b"1", {}, None)
+    second = store.enqueue_message("c", 1, False, None, "t", b"2", {}, None)
+    store.commit()
+    store.mark_sent_through("c", first)
+    store.commit()
+    store.mark_sent_through("c", second)
+    store.delete_session("c")
+    store.save_session(StoredSession("c", 5, 60))
+    store.commit()
+    assert count(db_path, "outbound_sent") == 0 and count(db_path, "outbound") == 0
+
+
 def test_sessions_subscriptions_inbound_and_retained_can_be_removed(db_path: Path) -> None:
     store = BrokerStore.open(db_path)
     store.save_session(StoredSession("c", 5, 60))
@@ -316,7 +367,7 @@ def test_a_version_2_database_is_migrated_with_nothing_lost(db_path: Path) -> No
     store = BrokerStore.open(db_path)
     state = store.load()
     with closing(sqlite3.connect(db_path)) as connection:
-        assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+        assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
     shared = [StoredMessage("q/shared", f"shared {index}".encode(),
                             {"content_type": "text/plain", "user_properties": [("k", f"v{index}")]}) for index in range(3)]
     expiring = StoredMessage("q/expiring", b"expires in a day", {}, 1700086400.0)
@@ -348,13 +399,35 @@ def test_a_version_2_database_is_migrated_with_nothing_lost(db_path: Path) -> No
     assert count(db_path, "messages") == 0 and count(db_path, "outbound") == 1
 
 
+def test_a_version_3_database_is_migrated_with_its_rows_as_they_were(db_path: Path) -> None:
+    """Version 4 only adds ``outbound_sent``: a version 3 file's rows, sent and queued, read back as before."""
+    store = BrokerStore.open(db_path)
+    store.save_session(StoredSession("c", 5, 60))
+    sent = store.enqueue_message("c", 1, False, None, "t", b"sent", {}, None, packet_id=9)
+    queued = store.enqueue_message("c", 1, False, None, "t", b"queued", {}, None)
+    store.commit()
+    store.close()
+    with closing(sqlite3.connect(db_path)) as connection, connection:
+        connection.execute("DROP TABLE outbound_sent")
+        connection.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    reopened = BrokerStore.open(db_path)
+    loaded = reopened.load().sessions["c"]
+    assert [(d.seq, d.packet_id, d.state) for d in loaded.outbound] == [(sent, 9, OutboundState.PUBLISH_SENT)]
+    assert [d.seq for d, _ in reopened.page("c", 0, 10)] == [queued]
+    reopened.mark_sent_through("c", queued)
+    reopened.commit()
+    assert count(db_path, "outbound_sent") == 1
+    with closing(sqlite3.connect(db_path)) as connection:
+        assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
+
+
 def test_a_migration_that_fails_leaves_the_file_as_it_was_and_says_so(db_path: Path) -> None:
     """A file the migration cannot rewrite (here a table in the way of the rebuild; in the field a full
     disk) is not a corrupt one: the error says what failed and that nothing changed, not "move it away"."""
     write_version_2(db_path)
     with closing(sqlite3.connect(db_path)) as connection, connection:
         connection.execute("CREATE TABLE outbound_v3 (x)")
-    with pytest.raises(PersistenceError, match="cannot migrate the broker database from schema version 2 to 3") as caught:
+    with pytest.raises(PersistenceError, match=f"cannot migrate the broker database from schema version 2 to {SCHEMA_VERSION}") as caught:
         BrokerStore.open(db_path)
     assert not isinstance(caught.value, CorruptDatabaseError) and "unchanged" in str(caught.value)
     with closing(sqlite3.connect(db_path)) as connection:

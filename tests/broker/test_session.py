@@ -27,6 +27,9 @@ class Journal:
     def mark_publish_sent(self, seq: int, packet_id: int) -> None:
         self.calls.append(("publish_sent", seq, packet_id))
 
+    def mark_sent_through(self, client_id: str, seq: int) -> None:
+        self.calls.append(("sent_through", seq, None))
+
     def mark_pubrel_sent(self, seq: int, packet_id: int) -> None:
         self.calls.append(("pubrel_sent", seq, packet_id))
 
@@ -190,8 +193,36 @@ def test_journal_records_progress_of_stored_deliveries(level: int) -> None:
     (publish,) = sent(connection)
     session.on_pubrec(publish.packet_id, 0, NOW)
     session.on_pubcomp(publish.packet_id, NOW)
-    assert journal.calls == [("publish_sent", 41, publish.packet_id), ("pubrel_sent", 41, publish.packet_id),
-                             ("remove", 41, None)]
+    assert publish.packet_id == 42  # its sequence number's (``stored_packet_id``): recorded per session
+    assert journal.calls == [("sent_through", 41, None), ("pubrel_sent", 41, 42), ("remove", 41, None)]
+
+
+def test_a_stored_delivery_whose_sequence_numbers_packet_id_is_in_flight_gets_another_recorded_with_it() -> None:
+    """Two stored deliveries 65,535 sequence numbers apart would share a packet id: the second takes the
+    next free one, and the store gets that packet id for its row (not the session's sent-through mark)."""
+    session, connection = connected(receive_maximum=10)
+    journal = Journal()
+    session.journal = journal
+    first, second = delivery(b"1"), delivery(b"2")
+    first.seq, second.seq = 41, 41 + 65535
+    session.detach(NOW)
+    session.deliver(first, NOW)
+    session.deliver(second, NOW)
+    session.resume(connection, NOW)
+    ids = [packet.packet_id for packet in sent(connection)]
+    assert ids[0] == 42 and ids[1] not in (0, 42)
+    assert journal.calls == [("sent_through", 41, None), ("publish_sent", 41 + 65535, ids[1])]
+
+
+def test_restored_deliveries_that_share_a_packet_id_are_both_kept() -> None:
+    """A damaged file could give two deliveries in flight one packet id: the second is queued (sent again
+    with a packet id of its own), not put in the first one's place."""
+    session, connection = connected()
+    first, second = delivery(b"1"), delivery(b"2")
+    for index, restored in enumerate((first, second), start=1):
+        restored.seq, restored.packet_id, restored.sent = index, 7, True
+        session.restore(restored)
+    assert session.inflight == {7: first} and list(session.queue) == [second]
 
 
 def test_pubrec_with_failure_ends_the_qos2_exchange() -> None:

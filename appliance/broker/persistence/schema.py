@@ -6,9 +6,12 @@ layout); an older one is migrated on opening, in one transaction (``migrate``). 
 1's tables; what changed is the meaning of an away session's will (see ``StoredSession``), so a version
 1 gateway refuses a version 2 file. Version 3 stores a message queued for one session in its
 ``outbound`` row (``message_id`` NULL) and only a message queued for several in ``messages``; a
-version 2 gateway would not read those rows, so it refuses a version 3 file. A file that is not a
-broker database raises ``CorruptDatabaseError`` naming the file; a migration that fails (a full disk)
-raises ``PersistenceError`` and leaves the file as it was.
+version 2 gateway would not read those rows, so it refuses a version 3 file. Version 4 adds
+``outbound_sent``: a session's PUBLISHes sent in queue order with the packet id their sequence number
+gives (``routing.delivery.stored_packet_id``) are recorded as one row per session, not by rewriting
+each ``outbound`` row; a version 3 gateway would resend those as new, so it refuses a version 4 file.
+A file that is not a broker database raises ``CorruptDatabaseError`` naming the file; a migration
+that fails (a full disk) raises ``PersistenceError`` and leaves the file as it was.
 
 ``synchronous``: ``normal`` survives a killed process (``kill -9``: the WAL is in the OS cache) and
 commits with a ``write(2)``; ``full`` also survives power loss at the cost of an fsync per commit.
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from appliance.startup_error import StartupError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SYNCHRONOUS_LEVELS = ("normal", "full")
 
 
@@ -96,6 +99,10 @@ BEGIN
     DELETE FROM messages WHERE id = OLD.message_id
         AND NOT EXISTS (SELECT 1 FROM outbound WHERE message_id = OLD.message_id);
 END;
+CREATE TABLE outbound_sent (
+    client_id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE inbound_qos2 (
     client_id TEXT NOT NULL,
     packet_id INTEGER NOT NULL,
@@ -173,13 +180,15 @@ def migrate(connection: sqlite3.Connection, version: int) -> None:
         )
     if version < 3:
         _rebuild_outbound(connection)
+    if version < 4:
+        connection.execute(_table("outbound_sent"))
     connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
     connection.execute("COMMIT")
 
 
 def _rebuild_outbound(connection: sqlite3.Connection) -> None:
     """Version 2's ``outbound`` into version 3's layout (``migrate``), inside the open transaction."""
-    statements = [s for s in _split_statements(_SCHEMA) if "outbound" in s.partition("\n")[0]]
+    statements = [s for s in _split_statements(_SCHEMA) if "outbound " in s.partition("\n")[0]]
     table, *index_and_trigger = statements
     connection.execute(table.replace("CREATE TABLE outbound ", "CREATE TABLE outbound_v3 ", 1))
     connection.execute(
@@ -191,6 +200,11 @@ def _rebuild_outbound(connection: sqlite3.Connection) -> None:
     connection.execute("ALTER TABLE outbound_v3 RENAME TO outbound")
     for statement in index_and_trigger:
         connection.execute(statement)
+
+
+def _table(name: str) -> str:
+    """The CREATE TABLE statement of ``name`` in the current layout."""
+    return next(s for s in _split_statements(_SCHEMA) if s.startswith(f"CREATE TABLE {name} ("))
 
 
 def _create_schema(connection: sqlite3.Connection) -> None:

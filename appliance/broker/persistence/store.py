@@ -69,6 +69,7 @@ from appliance.broker.persistence.schema import (
     SchemaTooNewError,
     prepare,
 )
+from appliance.broker.routing.delivery import stored_packet_id
 from appliance.broker.routing.topic_tree import SubscriptionOptions
 from appliance.sqlite_files import DatabaseFileError, refuse_emptied
 
@@ -159,6 +160,8 @@ class BrokerStore:
         self._operations: list[tuple[str, list[tuple[object, ...]]]] = []
         self._marks = []
         self._deletes = []
+        #: ``mark_sent_through`` by client id, written last in the batch (``_take_batch``).
+        self._sent_through: dict[str, int] = {}
 
     @classmethod
     def open(cls, path: Path, synchronous: str = "normal") -> BrokerStore:
@@ -180,6 +183,7 @@ class BrokerStore:
             raise PersistenceError(path, f"cannot open the broker database: {exc}") from exc
         try:
             prepare(connection, path, synchronous)
+            _settle_sent_through(connection, path)
             return cls(connection, path)
         except sqlite3.DatabaseError as exc:
             connection.close()
@@ -237,6 +241,7 @@ class BrokerStore:
         """
         for seq in [seq for seq, row in self._new_deliveries.items() if row[1] == client_id]:
             self._drop_new_delivery(seq)
+        self._sent_through.pop(client_id, None)
         for statement in sql.DELETE_SESSION:
             self._buffer((statement, (client_id,)))
         self._buffer((sql.DELETE_SESSION_QUEUE, (client_id, self._next_seq)))
@@ -334,6 +339,19 @@ class BrokerStore:
     def mark_publish_sent(self, seq: int, packet_id: int) -> None:
         """The PUBLISH went out with ``packet_id``; after a reconnect it is resent with DUP."""
         self._mark(seq, packet_id, _PUBLISH_SENT)
+
+    def mark_sent_through(self, client_id: str, seq: int) -> None:
+        """The PUBLISH of ``seq`` went out with ``stored_packet_id(seq)``, and every stored delivery of
+        this session before it that is still owed went out before it (``DeliveryJournal``). One
+        ``outbound_sent`` row per session and turn records them all; the rows are rewritten only on the
+        next opening (``sql.SETTLE_SENT_THROUGH``)."""
+        row = self._new_deliveries.get(seq)
+        if row is not None:
+            row[_PACKET_ID] = stored_packet_id(seq)
+            row[_STATE] = _PUBLISH_SENT
+        else:
+            self._sent_through[client_id] = seq
+            self.revision += 1
 
     def mark_pubrel_sent(self, seq: int, packet_id: int) -> None:
         """QoS 2: PUBREC arrived and PUBREL went out; after a reconnect PUBREL is resent."""
@@ -437,7 +455,8 @@ class BrokerStore:
     @property
     def has_pending(self) -> bool:
         """Whether ``commit`` has anything to write (cheap; call it every turn)."""
-        return bool(self._new_deliveries or self._operations or self._marks or self._deletes or self._failed)
+        return bool(self._new_deliveries or self._operations or self._marks or self._deletes or self._sent_through
+                    or self._failed)
 
     def commit(self) -> None:
         """Write every buffered change in one transaction. Raises ``PersistenceError`` (changes kept)."""
@@ -451,6 +470,8 @@ class BrokerStore:
     def _take_batch(self) -> _Batch | None:
         """Detach the buffered changes (None if there are none)."""
         self._end_progress()
+        if self._sent_through:
+            self._operations.append((sql.MARK_SENT_THROUGH, list(self._sent_through.items())))
         if not (self._new_deliveries or self._operations or self._new_messages):
             return None
         messages = [row for message_id, row in self._new_messages.items() if self._new_message_refs[message_id] > 0]
@@ -495,6 +516,23 @@ class BrokerStore:
             return load_state(self._db)
         except sqlite3.DatabaseError as exc:
             raise CorruptDatabaseError(self.path, f"cannot read the broker database: {exc}") from exc
+
+
+def _settle_sent_through(connection: sqlite3.Connection, path: Path) -> None:
+    """Write what ``outbound_sent`` says into the ``outbound`` rows themselves and empty it, in one
+    transaction: a restart then loads and pages one kind of row (``reads``)."""
+    if connection.execute("SELECT 1 FROM outbound_sent LIMIT 1").fetchone() is None:
+        return
+    try:
+        connection.execute("BEGIN")
+        connection.execute(sql.SETTLE_SENT_THROUGH)
+        connection.execute(sql.FORGET_SENT_THROUGH)
+        connection.execute("COMMIT")
+    except sqlite3.OperationalError as exc:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise PersistenceError(path, f"cannot record the deliveries sent before the restart: {exc}",
+                               disk_full=getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL) from exc
 
 
 def _seq(row: list[object]) -> int:

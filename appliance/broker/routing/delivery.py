@@ -31,11 +31,22 @@ class Delivery:
         self.spilled = False
 
 
+def stored_packet_id(seq: int) -> int:
+    """The packet id a stored delivery is sent with when no delivery in flight has it already: its
+    sequence number's, so the store records a session's sends in queue order as one sequence number
+    (``DeliveryJournal.mark_sent_through``) instead of a packet id per delivery."""
+    return seq % 65535 + 1
+
+
 class DeliveryJournal(Protocol):
     """Where a durable session records its outbound progress (``persistence.BrokerStore`` fits): it only
     buffers, so calling it keeps this module free of I/O."""
 
     def mark_publish_sent(self, seq: int, packet_id: int) -> None: ...
+
+    def mark_sent_through(self, client_id: str, seq: int) -> None:
+        """The PUBLISH of ``seq`` went out with ``stored_packet_id(seq)``, and so did every stored
+        delivery of this session before it that is still owed: a session sends its queue in order."""
 
     def mark_pubrel_sent(self, seq: int, packet_id: int) -> None: ...
 

@@ -345,8 +345,9 @@ class Session:
         self.pager = None
 
     def restore(self, delivery: Delivery) -> None:
-        """Put back a delivery loaded from the store: in flight if it had a packet id, else queued."""
-        if delivery.packet_id:
+        """Put back a delivery loaded from the store: in flight if it had a packet id, else queued (also
+        one whose packet id another restored delivery has: never replace one in flight)."""
+        if delivery.packet_id and delivery.packet_id not in self.inflight:
             self.inflight[delivery.packet_id] = delivery
             self._next_packet_id = delivery.packet_id % 65535 + 1
         else:
@@ -363,16 +364,36 @@ class Session:
         self.stored_bytes = 0
 
     def _send_new(self, connection: ClientConnection, delivery: Delivery, now: float) -> None:
-        packet_id = self._next_packet_id
+        """Give a delivery its packet id and send it. A stored one takes its sequence number's
+        (``stored_packet_id``, inline), so the store records one sequence number per session and turn
+        instead of each delivery's packet id; only if a delivery in flight has that id does it take the
+        next free one, recorded in its row. (The test comes first and once: it is all that a delivery
+        that is not stored pays.)"""
         inflight = self.inflight
-        while packet_id in inflight:
-            packet_id = packet_id % 65535 + 1
-        self._next_packet_id = packet_id % 65535 + 1
+        if delivery.seq and self.journal is not None:
+            seq = delivery.seq
+            packet_id = seq % 65535 + 1
+            if packet_id not in inflight:
+                self.journal.mark_sent_through(self.client_id, seq)
+            else:
+                packet_id = self._free_packet_id()
+                self.journal.mark_publish_sent(seq, packet_id)
+        else:
+            packet_id = self._next_packet_id
+            while packet_id in inflight:
+                packet_id = packet_id % 65535 + 1
+            self._next_packet_id = packet_id % 65535 + 1
         delivery.packet_id = packet_id
         inflight[packet_id] = delivery
-        if delivery.seq and self.journal is not None:
-            self.journal.mark_publish_sent(delivery.seq, packet_id)
         self._write_publish(connection, delivery, now)
+
+    def _free_packet_id(self) -> int:
+        """The next packet id no delivery in flight has (``_send_new`` does the same inline)."""
+        packet_id = self._next_packet_id
+        while packet_id in self.inflight:
+            packet_id = packet_id % 65535 + 1
+        self._next_packet_id = packet_id % 65535 + 1
+        return packet_id
 
     def _readable(self, delivery: Delivery) -> bool:
         check = self.receive_check
