@@ -23,7 +23,7 @@ from pipeline.jobs import bronze, delivery, firmware, hil, rollups, setpoints, t
 from pipeline.jobs.dedup import COPY_ORDER, CandidateKey, first_copies, first_rejects, hashed_key, mark_repeated_copies
 from pipeline.jobs.output import PARTITIONS, WHOLE, commit_outputs, finish_commit, staging_folder, write_output
 from pipeline.jobs.settings import JobSettings
-from pipeline.jobs.source import bad_lines, read_hil, records, with_times
+from pipeline.jobs.source import bad_lines, read_hil, records
 from pipeline.records import EVENTS, FIRMWARE, METRICS, QUARANTINE
 
 
@@ -50,14 +50,15 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
     events = first_events(lines[EVENTS])
     readings = telemetry.readings(events.where(F.col(READING)), copy_order=False)
     ingest_rejects = first_rejects(records(lines[QUARANTINE]))
-    latency = delivery.latency(with_times(events.where(F.col(EVENT))), settings.window).persist(
-        StorageLevel.MEMORY_AND_DISK)
+    update_statuses = first_copies(records(lines[FIRMWARE]))
+    latency = delivery.latency(delivery.delivered(events.where(F.col(EVENT)), update_statuses),
+                               settings.window).persist(StorageLevel.MEMORY_AND_DISK)
     counters = delivery.queue_counters(
         delivery.queue_samples(records(lines[METRICS])), settings.window
     ).persist(StorageLevel.MEMORY_AND_DISK)
     unreadable = [telemetry.as_quarantine(bad_lines(frame), "landing")
                   for frame in (events, lines[METRICS], lines[QUARANTINE], lines[FIRMWARE])]
-    statuses = firmware.statuses(first_copies(records(lines[FIRMWARE])),
+    statuses = firmware.statuses(update_statuses,
                                  events.where(F.col(READING))).persist(StorageLevel.MEMORY_AND_DISK)
     outputs = {
         "rollups": rollups.rollups(readings, settings.window),

@@ -35,7 +35,7 @@ from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import StreamOptions, bad_lines, records
 from pipeline.jobs.windows import parse_duration_ms
 from pipeline.landing import INPROGRESS_SUFFIX, opened_ms_of
-from pipeline.records import EVENTS, KINDS, METRICS, QUARANTINE
+from pipeline.records import EVENTS, FIRMWARE, KINDS, METRICS, QUARANTINE
 
 #: The default stream options, one shared value (StreamOptions is frozen).
 DEFAULT_OPTIONS = StreamOptions()
@@ -95,7 +95,8 @@ def build(spark: SparkSession, settings: JobSettings, options: StreamOptions,
     return {
         "rollups": rollups.rollups_stream(readings(), settings.window, timing),
         "setpoint_changes": setpoints.changes(readings(), timing),
-        "delivery_latency": delivery.latency_stream(records(rows(EVENTS)), settings.window, timing, remember_ms),
+        "delivery_latency": delivery.latency_stream(delivery.delivered(records(rows(EVENTS)), records(rows(FIRMWARE))),
+                                                    settings.window, timing, remember_ms),
         "queue_counters": delivery.queue_counters(
             delivery.queue_samples(records(rows(METRICS))), settings.window, timing
         ),

@@ -1,0 +1,233 @@
+"""The pipeline checked from outside on a fleet with everything at once (``fleet_truth.py``): a backlog
+spread over three ingest writers, one of which crashes with its part in an open file; gateway clocks
+ahead, behind, stepped back and forward; a thermostat silent mid-update; updates installed and rolled
+back; redeliveries across writers and windows; a gateway restart; a landing line cut short.
+
+Every output row of batch equals the truth computed in plain Python from the messages sent; the report
+draws the outputs' values at their times; and (``slow``) streaming, run between landings in an order an
+ingest could produce, writes only rows equal to batch's, and every window it should by then."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+
+from tests.pipeline import fleet_truth as truth
+from tests.pipeline.fleet_truth import DRAIN_START, MINUTE, T0
+
+END = T0 + 200 * MINUTE
+
+
+def read(out, name: str) -> pd.DataFrame:
+    """An output as a reader sees it (pyarrow, as the report does)."""
+    frame = ds.dataset(f"{out}/{name}", format="parquet", partitioning="hive").to_table().to_pandas()
+    for column in frame.columns:
+        if pd.api.types.is_datetime64_any_dtype(frame[column]):
+            frame[column] = (frame[column].dt.tz_localize(None) - pd.Timestamp(0)) // pd.Timedelta(milliseconds=1)
+    return frame
+
+
+def same(value, expected) -> bool:
+    if expected is None:
+        return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+    if isinstance(expected, float):
+        return math.isclose(float(value), expected, rel_tol=1e-12, abs_tol=1e-12)
+    return value == expected
+
+
+def compare(rows: pd.DataFrame, keys: list[str], expected: dict[tuple, dict], *, complete: bool = True) -> list[str]:
+    """Every output row equals its truth, and (``complete``) every truth row is there: the differences."""
+    problems = []
+    seen = set()
+    for row in rows.to_dict("records"):
+        key = tuple(row[k] for k in keys)
+        seen.add(key)
+        if key not in expected:
+            problems.append(f"{key}: not in the truth: {row}")
+            continue
+        for column, want in expected[key].items():
+            if not same(row[column], want):
+                problems.append(f"{key}: {column} = {row[column]!r}, truth {want!r}")
+    if complete:
+        problems += [f"{key}: missing (truth {value})" for key, value in expected.items() if key not in seen]
+    return problems
+
+
+def land_everything(landing, fleet) -> None:
+    """The whole fleet landed as the writers would: c crashes with its part of the drain in an open file
+    and seals it when it starts again, two hours later."""
+    truth.land_range(landing, fleet, T0, DRAIN_START + 5 * MINUTE, crash="ingest-c")
+    truth.land_corrupt_file(landing)
+    truth.land_range(landing, fleet, DRAIN_START + 5 * MINUTE, END, only="ingest-a")
+    truth.land_range(landing, fleet, DRAIN_START + 5 * MINUTE, END, only="ingest-b")
+    with truth.ingest_clock(DRAIN_START + 120 * MINUTE):
+        from pipeline.landing import LandingWriter
+
+        assert LandingWriter(landing, "ingest-c").recovered
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    return truth.build_fleet()
+
+
+@pytest.fixture(scope="module")
+def fleet_batch(spark, fleet, tmp_path_factory):
+    from pipeline.jobs.batch import run_batch
+    from pipeline.jobs.settings import JobSettings
+
+    root = tmp_path_factory.mktemp("fleet")
+    land_everything(root / "landing", fleet)
+    settings = JobSettings(str(root / "landing"), str(root / "out"))
+    run_batch(spark, settings, progress=lambda _: None)
+    return settings
+
+
+def test_the_fleet_has_what_the_scenario_promises(fleet):
+    """The generator itself: its conditions are in the data (else the checks below prove less)."""
+    drained = [s for s in fleet.sent if s.meta.get("drained")]
+    assert {s.writer for s in drained} == set(truth.WRITERS) and len(drained) == 60
+    d_ts = [s.reading["ts"] for s in sorted(drained, key=lambda s: s.message.received_ms) if s.reading]
+    assert any(b < a for a, b in zip(d_ts, d_ts[1:], strict=False))  # the step back, inside the backlog
+    suspect = {gw for (gw, _, _), row in truth.delivery_latency(fleet).items() if row["clock_suspect"]}
+    assert suspect == {"gwB", "gwC", "gwD"}
+    outcomes = {(d, v): row["outcome"] for (_, d, v), row in truth.firmware_updates(fleet).items()}
+    assert outcomes == {("a2", "0.3.0"): "in_progress", ("b1", "0.2.0"): "rolled_back", ("c1", "0.2.0"): "installed"}
+
+
+@pytest.mark.parametrize("name, keys, computed", [
+    ("rollups", ["gateway_id", "device_id", "window_start"], truth.rollups),
+    ("setpoint_changes", ["gateway_id", "device_id", "changed_ms"], truth.setpoint_changes),
+    ("delivery_latency", ["gateway_id", "priority", "window_start"], truth.delivery_latency),
+    ("queue_counters", ["gateway_id", "endpoint", "priority", "window_start"], truth.queue_counters),
+    ("firmware_updates", ["gateway_id", "device_id", "version"], truth.firmware_updates),
+])
+def test_every_batch_row_equals_the_truth(fleet_batch, fleet, name, keys, computed):
+    problems = compare(read(fleet_batch.out, name), keys, computed(fleet))
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_batch_quarantine_holds_each_rejected_message_once(fleet_batch, fleet):
+    found = read(fleet_batch.out, "quarantine").groupby(["stage", "reason"]).size().to_dict()
+    assert found == truth.quarantine(fleet)
+
+
+# -- the report ----------------------------------------------------------------------------------------------
+
+def test_the_report_draws_the_fleets_outputs_at_their_times(fleet_batch, tmp_path):
+    """For every thermostat and gateway of the fleet: each window's temperature average is a segment over
+    exactly that window, the set point steps at each change time of ``setpoint_changes`` (seconds into a
+    window) to its value; latency is drawn per window, corrected by the offset where the clock is off."""
+    import matplotlib.pyplot as plt
+
+    from pipeline.report import corrected, latency_figure, render_report, thermostat_figure
+    from tests.pipeline.test_report_plots import drawn
+
+    out = fleet_batch.out
+    page = render_report(out, tmp_path / "report").read_text()
+    assert "Firmware" in page and "no telemetry after its trial boot" in page and "in_progress" in page
+    rollups, changes = read(out, "rollups"), read(out, "setpoint_changes")
+    for (gateway, device), rows in rollups.groupby(["gateway_id", "device_id"]):
+        rows = rows.sort_values("window_start")
+        own = changes[(changes["gateway_id"] == gateway) & (changes["device_id"] == device)]
+        stamps = rows.assign(window_start=pd.to_datetime(rows["window_start"], unit="ms"),
+                             window_end=pd.to_datetime(rows["window_end"], unit="ms"))
+        ax = thermostat_figure(stamps, own, device).axes[0]
+        segments = [(t, v) for t, v in drawn(ax, "temperature") if not math.isnan(v)]
+        want = [point for row in rows.itertuples() for point in
+                ((row.window_start, row.temperature_avg), (row.window_end, row.temperature_avg))]
+        assert segments == want, (gateway, device)
+        steps = drawn(ax, "set point")
+        first, last = int(rows["window_start"].min()), int(rows["window_end"].max())
+        inside = own[(own["changed_ms"] > first) & (own["changed_ms"] <= last)].sort_values("changed_ms")
+        assert steps[1:-1] == list(zip(inside["changed_ms"], inside["set_point"], strict=True)), (gateway, device)
+        assert steps[0][0] == first and steps[-1][0] == last
+        plt.close("all")
+    latency = corrected(read(out, "delivery_latency"))
+    for gateway, rows in latency.groupby("gateway_id"):
+        stamps = rows.assign(window_start=pd.to_datetime(rows["window_start"], unit="ms"),
+                             window_end=pd.to_datetime(rows["window_end"], unit="ms"))
+        ax = latency_figure(stamps, gateway).axes[0]
+        for priority, group in rows.groupby("priority"):
+            group = group.sort_values("window_start")
+            p50 = [(t, v) for t, v in drawn(ax, f"priority {priority} p50") if not math.isnan(v)]
+            want = [point for row in group.itertuples() for point in
+                    ((row.window_start, row.latency_p50_ms / 1000), (row.window_end, row.latency_p50_ms / 1000))]
+            assert p50 == want, (gateway, priority)
+        plt.close("all")
+    # a gateway whose clock is off is drawn corrected: no negative latency, none of minutes on a 2 s link
+    assert latency[latency["gateway_id"].isin(["gwB", "gwC"])]["latency_max_ms"].abs().max() < 60_000
+
+
+# -- streaming -----------------------------------------------------------------------------------------------
+
+def streamed(out, name: str) -> pd.DataFrame:
+    try:
+        return read(out, name)
+    except FileNotFoundError:
+        return pd.DataFrame()
+
+
+@pytest.mark.slow  # three streaming runs
+def test_streaming_between_landings_writes_only_true_rows_and_every_closed_window(spark, fleet, tmp_path):
+    """``stream --once`` runs while writer c's part of the drain is still in an open file (crashed), then
+    after writer a's next files but before b's, then after b's, c's restart and the rest. Every row
+    streaming writes, each run, equals the truth (which batch equals, above); after the last, every window
+    closed by then is there - the silent thermostat's last ones too."""
+    from pipeline.jobs import stream
+    from pipeline.jobs.settings import JobSettings
+    from pipeline.landing import LandingWriter
+
+    landing, checkpoint = tmp_path / "landing", str(tmp_path / "checkpoint")
+    settings = JobSettings(str(landing), str(tmp_path / "out"))
+    expected = {
+        "rollups": (["gateway_id", "device_id", "window_start"], truth.rollups(fleet)),
+        "setpoint_changes": (["gateway_id", "device_id", "changed_ms"], truth.setpoint_changes(fleet)),
+        "delivery_latency": (["gateway_id", "priority", "window_start"], truth.delivery_latency(fleet)),
+        "queue_counters": (["gateway_id", "endpoint", "priority", "window_start"], truth.queue_counters(fleet)),
+    }
+
+    def run_and_check() -> dict[str, pd.DataFrame]:
+        stream.run_stream(spark, settings, checkpoint, once=True, progress=lambda _: None)
+        outputs = {name: streamed(settings.out, name) for name in expected}
+        for name, (keys, rows) in expected.items():
+            if len(outputs[name]):
+                problems = compare(outputs[name], keys, rows, complete=False)
+                assert not problems, f"{name}:\n" + "\n".join(problems[:20])
+        return outputs
+
+    drain_end = DRAIN_START + 5 * MINUTE
+    truth.land_range(landing, fleet, T0, drain_end, crash="ingest-c")
+    truth.land_corrupt_file(landing)
+    first = run_and_check()
+    assert first["rollups"].empty or first["rollups"]["window_end"].max() <= DRAIN_START  # c's open file holds it
+    truth.land_range(landing, fleet, drain_end, T0 + 150 * MINUTE, only="ingest-a")
+    run_and_check()
+    truth.land_range(landing, fleet, drain_end, T0 + 150 * MINUTE, only="ingest-b")
+    with truth.ingest_clock(T0 + 150 * MINUTE):
+        assert LandingWriter(landing, "ingest-c").recovered
+    truth.land_range(landing, fleet, T0 + 150 * MINUTE, END)
+    last = run_and_check()
+
+    def closed_by(rows: dict, keys_end, limit) -> set:
+        return {key for key, _ in rows.items() if keys_end(key) <= limit}
+
+    rollups = last["rollups"]
+    written = set(zip(rollups["gateway_id"], rollups["device_id"], rollups["window_start"], strict=True))
+    due = closed_by(expected["rollups"][1], lambda key: key[2] + truth.WINDOW_MS, T0 + 150 * MINUTE)
+    assert not due - written, sorted(due - written)[:10]
+    assert {k for k in written if k[1] == "a2"} == {k for k in expected["rollups"][1] if k[1] == "a2"}  # idle
+    latency = last["delivery_latency"]
+    written = set(zip(latency["gateway_id"], latency["priority"], latency["window_start"], strict=True))
+    due = closed_by(expected["delivery_latency"][1], lambda key: key[2] + truth.WINDOW_MS, T0 + 150 * MINUTE)
+    assert not due - written, sorted(due - written)[:10]
+    counters = last["queue_counters"]
+    written = set(zip(counters["gateway_id"], counters["endpoint"], counters["priority"], counters["window_start"],
+                      strict=True))
+    due = closed_by(expected["queue_counters"][1], lambda key: key[3] + truth.WINDOW_MS, T0 + 150 * MINUTE)
+    assert not due - written, sorted(due - written)[:10]
+    quarantine = streamed(settings.out, "quarantine").groupby(["stage", "reason"]).size().to_dict()
+    assert quarantine == truth.quarantine(fleet)
