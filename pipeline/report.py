@@ -287,7 +287,7 @@ def version_order(version: str) -> list[tuple[int, int, str]]:
     """A sort key for the firmware's own version strings (any text, ``build.py --version``): numbers as
     numbers, words as words, a number before a word at the same place, so no two parts are ever compared
     across types (``0.2.0-rc1`` against ``0.2.0.1`` raised a TypeError)."""
-    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"[.-]", version)]
+    return [(0, int(part), "") if part.isdecimal() else (1, 0, part) for part in re.split(r"[.-]", version)]
 
 
 def firmware_figure(log: pd.DataFrame, max_lines: int):

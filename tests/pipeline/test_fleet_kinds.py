@@ -26,6 +26,7 @@ def test_the_firmware_plot_takes_any_version_strings():
         {"gateway_id": "gw1", "device_id": "t1", "at_ms": 2_000, "running": "0.2.0-rc1"},
         {"gateway_id": "gw1", "device_id": "t2", "at_ms": 1_500, "running": "0.10.0"},
         {"gateway_id": "gw1", "device_id": "t2", "at_ms": 2_500, "running": "v1"},
+        {"gateway_id": "gw1", "device_id": "t3", "at_ms": 2_600, "running": "1.²"},  # a digit int() refuses
     ])
     ax = firmware_figure(log, 12).axes[0]
     labels = [tick.get_text() for tick in ax.get_yticklabels()]
