@@ -64,9 +64,10 @@ def updates(status: DataFrame) -> DataFrame:
     to the first status running it (installed) or, failing that, its first terminal record."""
     named = status.where(F.col("update_version").isNotNull()).groupBy(*KEYS, "update_version").agg(
         F.min("at_ms").alias("started_ms"),
-        F.min_by("running", "at_ms").alias("from_version"),
+        # statuses of one gateway time (a clock stepped back) in the log's order: then by message id
+        F.min_by("running", F.struct("at_ms", "message_id")).alias("from_version"),
         F.min_by(F.when(F.col("update_state").isin(*TERMINAL), F.struct("at_ms", "update_state", "update_reason")),
-                 F.when(F.col("update_state").isin(*TERMINAL), F.col("at_ms"))).alias("_terminal"),
+                 F.when(F.col("update_state").isin(*TERMINAL), F.struct("at_ms", "message_id"))).alias("_terminal"),
     )
     running = status.where(F.col("running").isNotNull()).select(
         *[F.col(k).alias(f"_ran_{k}") for k in KEYS], F.col("running").alias("_version"), F.col("at_ms").alias("_ran_ms"))

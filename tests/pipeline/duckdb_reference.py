@@ -91,7 +91,7 @@ def rollups(con: duckdb.DuckDBPyConnection, window_minutes: int = 5) -> pd.DataF
     SELECT gateway_id, device_id, reading_ms - reading_ms % {window_ms} AS window_start_ms, count(*) AS readings,
            min(temperature) AS temperature_min, avg(temperature) AS temperature_avg,
            max(temperature) AS temperature_max, avg(set_point) AS set_point_avg,
-           arg_max(set_point, reading_ms) AS set_point_last, avg(heater::INTEGER) AS heater_duty_cycle
+           arg_max(set_point, (reading_ms, message_id)) AS set_point_last, avg(heater::INTEGER) AS heater_duty_cycle
     FROM readings GROUP BY ALL""").df())
 
 
