@@ -101,6 +101,7 @@ def unseen_late(spark: SparkSession, settings: JobSettings) -> dict[str, int | s
     found = late.agg(
         F.count(F.when(F.col("_what") == "readings", 1)).alias("readings"),
         F.count(F.when(F.col("_what") == "metrics", 1)).alias("metrics"),
+        F.min("date").alias("earliest_receive_date"),
         F.max("date").alias("latest_receive_date"),
         F.max(F.datediff(F.to_date("date"), F.to_date(event_date))).alias("days_late"),
     ).first()
@@ -113,7 +114,8 @@ def describe_unseen(unseen: dict, settings: JobSettings) -> str:
     if not unseen["readings"] and not unseen["metrics"]:
         return f"late data not seen: none (nothing received after {after} is about the rewritten dates)"
     return (f"late data not seen: {unseen['readings']} readings and {unseen['metrics']} metrics samples received "
-            f"{after}..{unseen['latest_receive_date']} (after the dates read) are about the rewritten dates; this run "
+            f"{unseen['earliest_receive_date']}..{unseen['latest_receive_date']} (after the dates read, which end "
+            f"{after}) are about the rewritten dates; this run "
             f"rewrites them without those rows. A full run counts them, and so does this range with "
             f"--late-days {unseen['days_late']}.")
 

@@ -231,3 +231,84 @@ def test_streaming_between_landings_writes_only_true_rows_and_every_closed_windo
     assert not due - written, sorted(due - written)[:10]
     quarantine = streamed(settings.out, "quarantine").groupby(["stage", "reason"]).size().to_dict()
     assert quarantine == truth.quarantine(fleet)
+
+
+# -- a ranged run after late data ----------------------------------------------------------------------------
+
+DAY = 24 * 60 * MINUTE
+
+
+def with_later_days(fleet: truth.Fleet) -> tuple[truth.Fleet, list]:
+    """The fleet, a second day of a1's readings, and two readings of day 1 that arrive late: one on
+    day 2 (within --late-days 1 of a run over day 2) and one on day 4 (beyond what that run reads)."""
+    later = truth.Fleet()
+    later.sent = list(fleet.sent)
+    later._seq = dict(fleet._seq)
+    later._writer_turn = fleet._writer_turn
+    for minute in range(0, 24 * 60, 30):
+        later.reading(truth.GW_A, "a1", T0 + DAY + minute * MINUTE + 20_000, 20.0 + minute % 7, 23.0, True)
+    late = []
+    for received in (T0 + DAY + 3 * 60 * MINUTE, T0 + 3 * DAY + 60 * MINUTE):
+        item = later.reading(truth.GW_A, "a3", T0 + 10 * MINUTE, 25.0, 24.0, True)  # a thermostat of its own
+        message = item.message
+        item.message = type(message)(message.topic, message.payload, received, message.user_properties,
+                                     message.content_type)
+        item.meta["received"] = received
+        late.append(item)
+    return later, late
+
+
+def seen_by(fleet: truth.Fleet, last_received_ms: int) -> truth.Fleet:
+    seen = truth.Fleet()
+    seen.sent = [s for s in fleet.sent if s.message.received_ms < last_received_ms]
+    return seen
+
+
+@pytest.mark.slow  # two batch runs
+def test_a_ranged_run_after_late_data_rewrites_its_dates_as_the_truth_of_what_it_reads(spark, fleet, tmp_path):
+    """Full run, then ``--from 2026-01-02`` (late-days 1: reads 2025-12-31..2026-01-03, rewrites
+    2026-01-01..01-02): its partitions hold the truth of the messages received by 01-03's end, every row,
+    the reading received on 01-04 left out and named in its progress lines; the other partitions are the
+    full run's."""
+    from pipeline.jobs.batch import run_batch
+    from pipeline.jobs.settings import JobSettings
+
+    later, (_, beyond) = with_later_days(fleet)
+    landing = tmp_path / "landing"
+    land_everything(landing, later)
+    truth.land_range(landing, later, END, T0 + 4 * DAY)
+    full = JobSettings(str(landing), str(tmp_path / "out"))
+    run_batch(spark, full, progress=lambda _: None)
+    for name, keys, computed in OUTPUT_TRUTH:
+        problems = compare(read(full.out, name), keys, computed(later))
+        assert not problems, f"full {name}:\n" + "\n".join(problems[:20])
+    said = []
+    ranged = JobSettings(str(landing), str(tmp_path / "out"), received_from="2026-01-02")
+    run_batch(spark, ranged, progress=said.append)
+    assert any("late data not seen: 1 readings and 0 metrics samples received 2026-01-04..2026-01-04" in line
+               for line in said), "\n".join(line for line in said if "[range]" in line)
+    visible = seen_by(later, T0 + 3 * DAY)
+    assert beyond not in visible.sent
+    for name, keys, computed in OUTPUT_TRUTH:
+        rows = read(ranged.out, name)
+        date_of = rows["date"].astype(str)
+        rewritten = rows[date_of.between("2026-01-01", "2026-01-02")]
+        want = {key: row for key, row in computed(visible).items()
+                if "2026-01-01" <= _date_of(name, key, row) <= "2026-01-02"}
+        problems = compare(rewritten, keys, want)
+        assert not problems, f"ranged {name}:\n" + "\n".join(problems[:20])
+
+
+def _date_of(name: str, key: tuple, row: dict) -> str:
+    """The output partition (UTC date) a truth row goes to."""
+    ms = row["started_ms"] if name == "firmware_updates" else key[-1]
+    return pd.Timestamp(ms, unit="ms").strftime("%Y-%m-%d")
+
+
+OUTPUT_TRUTH = [
+    ("rollups", ["gateway_id", "device_id", "window_start"], truth.rollups),
+    ("setpoint_changes", ["gateway_id", "device_id", "changed_ms"], truth.setpoint_changes),
+    ("delivery_latency", ["gateway_id", "priority", "window_start"], truth.delivery_latency),
+    ("queue_counters", ["gateway_id", "endpoint", "priority", "window_start"], truth.queue_counters),
+    ("firmware_updates", ["gateway_id", "device_id", "version"], truth.firmware_updates),
+]
