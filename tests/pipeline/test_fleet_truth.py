@@ -171,66 +171,69 @@ def streamed(out, name: str) -> pd.DataFrame:
         return pd.DataFrame()
 
 
+class Streaming:
+    """``stream --once`` runs over a landing zone, each run's rows held to the truth."""
+
+    def __init__(self, spark, fleet, tmp_path, options=None):
+        from pipeline.jobs.settings import JobSettings
+        from pipeline.jobs.source import StreamOptions
+
+        self.spark, self.fleet = spark, fleet
+        self.landing, self.checkpoint = tmp_path / "landing", str(tmp_path / "checkpoint")
+        self.settings = JobSettings(str(self.landing), str(tmp_path / "out"))
+        self.options = options or StreamOptions()
+        self.expected = {name: (keys, computed(fleet)) for name, keys, computed in OUTPUT_TRUTH
+                         if name != "firmware_updates"}  # batch only
+
+    def run(self) -> dict[str, pd.DataFrame]:
+        from pipeline.jobs import stream
+
+        stream.run_stream(self.spark, self.settings, self.checkpoint, self.options, once=True, progress=lambda _: None)
+        outputs = {name: streamed(self.settings.out, name) for name in self.expected}
+        for name, (keys, rows) in self.expected.items():
+            if len(outputs[name]):
+                problems = compare(outputs[name], keys, rows, complete=False)
+                assert not problems, f"{name}:\n" + "\n".join(problems[:20])
+        return outputs
+
+    def check_complete(self, outputs: dict[str, pd.DataFrame], closed_by_ms: int) -> None:
+        """Every window that ends by ``closed_by_ms`` is written (its key's data went far enough past it),
+        the silent thermostat's too; the quarantine holds each rejected message once."""
+        for name, (keys, rows) in self.expected.items():
+            if name == "setpoint_changes":
+                continue
+            frame = outputs[name]
+            written = set(zip(*[frame[k] for k in keys], strict=True))
+            due = {key for key in rows if key[-1] + truth.WINDOW_MS <= closed_by_ms}
+            assert not due - written, f"{name}: {sorted(due - written)[:10]}"
+        rollups = outputs["rollups"]
+        silent = set(zip(rollups["gateway_id"], rollups["device_id"], rollups["window_start"], strict=True))
+        assert {k for k in silent if k[1] == "a2"} == {k for k in self.expected["rollups"][1] if k[1] == "a2"}
+        quarantine = streamed(self.settings.out, "quarantine").groupby(["stage", "reason"]).size().to_dict()
+        assert quarantine == truth.quarantine(self.fleet)
+
+
 @pytest.mark.slow  # three streaming runs
 def test_streaming_between_landings_writes_only_true_rows_and_every_closed_window(spark, fleet, tmp_path):
     """``stream --once`` runs while writer c's part of the drain is still in an open file (crashed), then
     after writer a's next files but before b's, then after b's, c's restart and the rest. Every row
     streaming writes, each run, equals the truth (which batch equals, above); after the last, every window
     closed by then is there - the silent thermostat's last ones too."""
-    from pipeline.jobs import stream
-    from pipeline.jobs.settings import JobSettings
     from pipeline.landing import LandingWriter
 
-    landing, checkpoint = tmp_path / "landing", str(tmp_path / "checkpoint")
-    settings = JobSettings(str(landing), str(tmp_path / "out"))
-    expected = {
-        "rollups": (["gateway_id", "device_id", "window_start"], truth.rollups(fleet)),
-        "setpoint_changes": (["gateway_id", "device_id", "changed_ms"], truth.setpoint_changes(fleet)),
-        "delivery_latency": (["gateway_id", "priority", "window_start"], truth.delivery_latency(fleet)),
-        "queue_counters": (["gateway_id", "endpoint", "priority", "window_start"], truth.queue_counters(fleet)),
-    }
-
-    def run_and_check() -> dict[str, pd.DataFrame]:
-        stream.run_stream(spark, settings, checkpoint, once=True, progress=lambda _: None)
-        outputs = {name: streamed(settings.out, name) for name in expected}
-        for name, (keys, rows) in expected.items():
-            if len(outputs[name]):
-                problems = compare(outputs[name], keys, rows, complete=False)
-                assert not problems, f"{name}:\n" + "\n".join(problems[:20])
-        return outputs
-
+    run = Streaming(spark, fleet, tmp_path)
     drain_end = DRAIN_START + 5 * MINUTE
-    truth.land_range(landing, fleet, T0, drain_end, crash="ingest-c")
-    truth.land_corrupt_file(landing)
-    first = run_and_check()
+    truth.land_range(run.landing, fleet, T0, drain_end, crash="ingest-c")
+    truth.land_corrupt_file(run.landing)
+    first = run.run()
     assert first["rollups"].empty or first["rollups"]["window_end"].max() <= DRAIN_START  # c's open file holds it
-    truth.land_range(landing, fleet, drain_end, T0 + 150 * MINUTE, only="ingest-a")
-    run_and_check()
-    truth.land_range(landing, fleet, drain_end, T0 + 150 * MINUTE, only="ingest-b")
+    truth.land_range(run.landing, fleet, drain_end, T0 + 150 * MINUTE, only="ingest-a")
+    run.run()
+    truth.land_range(run.landing, fleet, drain_end, T0 + 150 * MINUTE, only="ingest-b")
     with truth.ingest_clock(T0 + 150 * MINUTE):
-        assert LandingWriter(landing, "ingest-c").recovered
-    truth.land_range(landing, fleet, T0 + 150 * MINUTE, END)
-    last = run_and_check()
-
-    def closed_by(rows: dict, keys_end, limit) -> set:
-        return {key for key, _ in rows.items() if keys_end(key) <= limit}
-
-    rollups = last["rollups"]
-    written = set(zip(rollups["gateway_id"], rollups["device_id"], rollups["window_start"], strict=True))
-    due = closed_by(expected["rollups"][1], lambda key: key[2] + truth.WINDOW_MS, T0 + 150 * MINUTE)
-    assert not due - written, sorted(due - written)[:10]
-    assert {k for k in written if k[1] == "a2"} == {k for k in expected["rollups"][1] if k[1] == "a2"}  # idle
-    latency = last["delivery_latency"]
-    written = set(zip(latency["gateway_id"], latency["priority"], latency["window_start"], strict=True))
-    due = closed_by(expected["delivery_latency"][1], lambda key: key[2] + truth.WINDOW_MS, T0 + 150 * MINUTE)
-    assert not due - written, sorted(due - written)[:10]
-    counters = last["queue_counters"]
-    written = set(zip(counters["gateway_id"], counters["endpoint"], counters["priority"], counters["window_start"],
-                      strict=True))
-    due = closed_by(expected["queue_counters"][1], lambda key: key[3] + truth.WINDOW_MS, T0 + 150 * MINUTE)
-    assert not due - written, sorted(due - written)[:10]
-    quarantine = streamed(settings.out, "quarantine").groupby(["stage", "reason"]).size().to_dict()
-    assert quarantine == truth.quarantine(fleet)
+        assert LandingWriter(run.landing, "ingest-c").recovered
+    truth.land_range(run.landing, fleet, T0 + 150 * MINUTE, END)
+    run.check_complete(run.run(), T0 + 150 * MINUTE)
 
 
 # -- a ranged run after late data ----------------------------------------------------------------------------
@@ -312,3 +315,26 @@ OUTPUT_TRUTH = [
     ("queue_counters", ["gateway_id", "endpoint", "priority", "window_start"], truth.queue_counters),
     ("firmware_updates", ["gateway_id", "device_id", "version"], truth.firmware_updates),
 ]
+
+
+@pytest.mark.slow  # three streaming runs
+def test_streaming_paced_with_a_whole_writer_sealed_late_writes_only_true_rows(spark, fleet, tmp_path):
+    """Another order, paced (``--max-files-per-trigger 2``): writer a crashes at once and its files (its
+    half of everything before the drain, and of the drain) stay open while b's land and the stream runs;
+    then a restarts, c's part of the drain lands, the stream runs; then the rest."""
+    from pipeline.jobs.source import StreamOptions
+    from pipeline.landing import LandingWriter
+
+    run = Streaming(spark, fleet, tmp_path, StreamOptions(max_files_per_trigger=2))
+    drain_end = DRAIN_START + 5 * MINUTE
+    truth.land_range(run.landing, fleet, T0, drain_end, crash="ingest-a", only="ingest-a")
+    truth.land_range(run.landing, fleet, T0, drain_end, only="ingest-b")
+    truth.land_corrupt_file(run.landing)
+    first = run.run()
+    assert all(frame.empty for frame in first.values())  # a's open files hold every key back
+    with truth.ingest_clock(drain_end):
+        assert LandingWriter(run.landing, "ingest-a").recovered
+    truth.land_range(run.landing, fleet, T0, drain_end, only="ingest-c")
+    run.run()
+    truth.land_range(run.landing, fleet, drain_end, END)
+    run.check_complete(run.run(), T0 + 150 * MINUTE)
