@@ -71,7 +71,8 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
         "quarantine": functools.reduce(
             DataFrame.unionByName,
             [telemetry.as_quarantine(events.where(F.col(REJECT)), "telemetry"),
-             telemetry.as_quarantine(ingest_rejects, "ingest"), *unreadable],
+             telemetry.as_quarantine(ingest_rejects, "ingest"),
+             telemetry.as_quarantine(firmware.rejects(update_statuses), "firmware"), *unreadable],
         ),
     }
     if settings.ranged:

@@ -20,13 +20,14 @@ join of two outputs (``delivery.sla``): join them when reading.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from pipeline.jobs import bronze, delivery, rollups, setpoints, telemetry
+from pipeline.jobs import bronze, delivery, firmware, rollups, setpoints, telemetry
 from pipeline.jobs.dedup import REJECT_KEY, first_rejects_stream, reject_key
 from pipeline.jobs.files import HadoopFiles, name_of
 from pipeline.jobs.ordered import StreamTiming
@@ -88,9 +89,11 @@ def build(spark: SparkSession, settings: JobSettings, options: StreamOptions,
             {"stage": F.lit("telemetry"), REJECT_KEY: F.concat(F.lit("telemetry:"), F.col("message_id"))}),
         records(every.where(F.col("kind") == QUARANTINE)).withColumns(
             {"stage": F.lit("ingest"), REJECT_KEY: F.concat(F.lit("ingest:"), reject_key())}),
+        firmware.rejects(records(every.where(F.col("kind") == FIRMWARE))).withColumns(
+            {"stage": F.lit("firmware"), REJECT_KEY: F.concat(F.lit("firmware:"), F.col("message_id"))}),
     ]
     columns = [*QUARANTINE_OUTPUT.names, REJECT_KEY, "landing_file", "sent_ms"]
-    rejects = rejected[0].select(*columns).unionByName(rejected[1].select(*columns))
+    rejects = functools.reduce(DataFrame.unionByName, [frame.select(*columns) for frame in rejected])
     unreadable = telemetry.as_quarantine(bad_lines(every), "landing")
     return {
         "rollups": rollups.rollups_stream(readings(), settings.window, timing),

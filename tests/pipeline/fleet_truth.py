@@ -4,8 +4,9 @@ Four gateways for three hours, every condition of issue 29 at once:
 
 * ``gwA``: clock right, 1 s latency. ``a1`` reports all along (set point changes at 00:37:20 and
   01:42:20, seconds into a window); ``a2`` starts an over-the-air update at 01:10 and goes silent
-  mid-update at 01:13. Some readings are redelivered 40 s later by the other ingest writer (one across a
-  latency window's boundary); a malformed reading is redelivered; an ingest reject is redelivered.
+  mid-update at 01:13 (one of its updater messages garbled, redelivered). Some readings are
+  redelivered 40 s later by the other ingest writer (one across a latency window's boundary); a
+  malformed reading is redelivered; an ingest reject is redelivered.
 * ``gwB``: clock 7 minutes ahead, 2 s latency; ``b1``'s update to 0.2.0 is rolled back with a reason the
   thermostat repeats in its readings; a metrics document is redelivered 90 s later, in the next window.
 * ``gwC``: clock 4 minutes behind, 3 s latency; ``c1``'s update to 0.2.0 is installed.
@@ -205,6 +206,10 @@ def build_fleet() -> Fleet:
     fleet.sent.append(Sent(stray, "ingest-a", meta={"received": stray.received_ms, "stray": True}))
     fleet.sent.append(Sent(Incoming(stray.topic, stray.payload, at(31.2), stray.user_properties, None, True),
                            "ingest-b", meta={"received": at(31.2), "stray": True}))
+    # an updater message cut to bytes that are no text (no content type: the ingest lands it), redelivered
+    garbled = fleet.event(GW_A, "a2", at(71), {}, priority=7, output="update", content_type=None,
+                          payload=b'\xff\xfe{"update": {"state"')
+    fleet.redeliver(garbled, 20_000)
     _metrics(fleet)
     return fleet
 
@@ -439,4 +444,5 @@ def quarantine(fleet: Fleet) -> dict[tuple, int]:
     return {("telemetry", "payload is not a JSON object"): 1,
             ("ingest", "missing user properties: gw-message-id, gw-device-id, gw-priority, gw-enqueued-ms, "
                        "gw-sent-ms, gw-ttl-s"): 1,
-            ("landing", "landing line is not a JSON record (cut short?)"): 1}
+            ("landing", "landing line is not a JSON record (cut short?)"): 1,
+            ("firmware", "update status is not UTF-8 text"): 1}
