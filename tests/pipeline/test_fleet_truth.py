@@ -338,3 +338,18 @@ def test_streaming_paced_with_a_whole_writer_sealed_late_writes_only_true_rows(s
     run.run()
     truth.land_range(run.landing, fleet, drain_end, END)
     run.check_complete(run.run(), T0 + 150 * MINUTE)
+
+
+def test_the_duckdb_reference_agrees_with_the_truth(fleet_batch, fleet):
+    """The other independent computation the tests use (DuckDB SQL over the landing lines) counts the same
+    deliveries, update status messages included, and the same rollups."""
+    from tests.pipeline import duckdb_reference
+
+    con = duckdb_reference.connect(fleet_batch.landing)
+    delivered = duckdb_reference.delivered(con)
+    want = truth.delivery_latency(fleet)
+    got = {(r.gateway_id, r.priority, r.window_start_ms): (r.delivered, r.latency_max_ms)
+           for r in delivered.itertuples()}
+    assert got == {key: (row["delivered"], row["latency_max_ms"]) for key, row in want.items()}
+    rollups = duckdb_reference.rollups(con)
+    assert len(rollups) == len(truth.rollups(fleet))
