@@ -310,10 +310,6 @@ def _window(ms: int) -> int:
     return ms - ms % WINDOW_MS
 
 
-def _is_update_status(item: Sent) -> bool:
-    return item.status is not None and item.reading is None
-
-
 def rollups(fleet: Fleet) -> dict[tuple, dict]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for item in _first_copies(fleet):
@@ -351,11 +347,10 @@ def setpoint_changes(fleet: Fleet) -> dict[tuple, dict]:
 CLOCK_TOLERANCE_MS = 60_000
 
 
-def delivery_latency(fleet: Fleet, *, with_update_status: bool = True) -> dict[tuple, dict]:
+def delivery_latency(fleet: Fleet) -> dict[tuple, dict]:
+    """Every message a gateway delivered (readings, rejects, update status messages), first copies."""
     groups: dict[tuple, list[Sent]] = defaultdict(list)
     for item in _first_copies(fleet):
-        if not with_update_status and _is_update_status(item):
-            continue
         groups[(item.meta["gateway"], item.meta["priority"], _window(item.message.received_ms))].append(item)
     out = {}
     for key, items in groups.items():
