@@ -238,7 +238,7 @@ def _metrics(fleet: Fleet) -> None:
                           "dead_lettered": 0}}
             item = fleet.metrics(gateway, real, boot, seq, queues)
             if gateway is GW_B and minute == 13:
-                fleet.redeliver(item, 90_000)  # 00:13:02 again at 00:14:32: same window? no: next is 00:15
+                fleet.redeliver(item, 90_000)  # 00:13:02 again at 00:14:32: the same window
             if gateway is GW_B and minute == 19:
                 fleet.redeliver(item, 90_000)  # 00:19:02 again at 00:20:32: the next window
 
