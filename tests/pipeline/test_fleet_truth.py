@@ -121,14 +121,24 @@ def test_the_report_draws_the_fleets_outputs_at_their_times(fleet_batch, tmp_pat
     """For every thermostat and gateway of the fleet: each window's temperature average is a segment over
     exactly that window, the set point steps at each change time of ``setpoint_changes`` (seconds into a
     window) to its value; latency is drawn per window, corrected by the offset where the clock is off."""
+    from pipeline.report import corrected, render_report
+
+    page = render_report(fleet_batch.out, tmp_path / "report").read_text()
+    assert "Firmware" in page and "no telemetry after its trial boot" in page and "in_progress" in page
+    assert_plots_draw(fleet_batch.out)
+    latency = corrected(read(fleet_batch.out, "delivery_latency"))
+    # a gateway whose clock is off is drawn corrected: no negative latency, none of minutes on a 2 s link
+    assert latency[latency["gateway_id"].isin(["gwB", "gwC"])]["latency_max_ms"].abs().max() < 60_000
+
+
+def assert_plots_draw(out) -> None:
+    """The thermostat and latency figures of the outputs under ``out`` (batch's or streaming's) draw their
+    rows' values over their windows, the set point at its change times."""
     import matplotlib.pyplot as plt
 
-    from pipeline.report import corrected, latency_figure, render_report, thermostat_figure
+    from pipeline.report import corrected, latency_figure, thermostat_figure
     from tests.pipeline.test_report_plots import drawn
 
-    out = fleet_batch.out
-    page = render_report(out, tmp_path / "report").read_text()
-    assert "Firmware" in page and "no telemetry after its trial boot" in page and "in_progress" in page
     rollups, changes = read(out, "rollups"), read(out, "setpoint_changes")
     for (gateway, device), rows in rollups.groupby(["gateway_id", "device_id"]):
         rows = rows.sort_values("window_start")
@@ -158,8 +168,6 @@ def test_the_report_draws_the_fleets_outputs_at_their_times(fleet_batch, tmp_pat
                     ((row.window_start, row.latency_p50_ms / 1000), (row.window_end, row.latency_p50_ms / 1000))]
             assert p50 == want, (gateway, priority)
         plt.close("all")
-    # a gateway whose clock is off is drawn corrected: no negative latency, none of minutes on a 2 s link
-    assert latency[latency["gateway_id"].isin(["gwB", "gwC"])]["latency_max_ms"].abs().max() < 60_000
 
 
 # -- streaming -----------------------------------------------------------------------------------------------
@@ -234,6 +242,10 @@ def test_streaming_between_landings_writes_only_true_rows_and_every_closed_windo
         assert LandingWriter(run.landing, "ingest-c").recovered
     truth.land_range(run.landing, fleet, T0 + 150 * MINUTE, END)
     run.check_complete(run.run(), T0 + 150 * MINUTE)
+    from pipeline.report import render_report
+
+    assert "Thermostats" in render_report(run.settings.out, tmp_path / "report").read_text()
+    assert_plots_draw(run.settings.out)  # the report over streaming's outputs
 
 
 # -- a ranged run after late data ----------------------------------------------------------------------------
