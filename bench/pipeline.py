@@ -170,7 +170,7 @@ COPY (
   SELECT gateway_id, device_id, time_bucket(INTERVAL 5 MINUTE, make_timestamp(reading_ms * 1000)) AS window_start,
          count(*) AS readings, min(temperature) AS temperature_min, avg(temperature) AS temperature_avg,
          max(temperature) AS temperature_max, avg(set_point) AS set_point_avg,
-         arg_max(set_point, reading_ms) AS set_point_last, avg(heater::INTEGER) AS heater_duty_cycle,
+         arg_max(set_point, (reading_ms, message_id)) AS set_point_last, avg(heater::INTEGER) AS heater_duty_cycle,
          strftime(time_bucket(INTERVAL 5 MINUTE, make_timestamp(reading_ms * 1000)), '%Y-%m-%d') AS date
   FROM readings WHERE temperature IS NOT NULL GROUP BY ALL
   HAVING date BETWEEN '{first}' AND '{last}'

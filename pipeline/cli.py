@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipeline.records import DEFAULT_BATCH_FILTER, DEFAULT_METRICS_FILTER
+from pipeline.records import DEFAULT_BATCH_FILTER, DEFAULT_METRICS_FILTER, KINDS
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     rebuild = sub.add_parser("rebuild-bronze",
                              help="rebuild one kind of the bronze table from its landing files (a corrupt Parquet file)")
     _spark_arguments(rebuild)
-    rebuild.add_argument("--kind", required=True, choices=("events", "metrics", "quarantine"))
+    rebuild.add_argument("--kind", required=True, choices=KINDS)
     rebuild.add_argument("--force", action="store_true", help="even if landing files it was made of are gone")
     rebuild.set_defaults(func=cmd_rebuild_bronze)
 

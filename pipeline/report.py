@@ -283,12 +283,19 @@ def thermostat_section(page: _Page, out: Path, max_plots: int) -> None:
                     f"{device.gateway_id}/{device.device_id}: set point from its change log, at its change times")
 
 
+def version_order(version: str) -> list[tuple[int, int, str]]:
+    """A sort key for the firmware's own version strings (any text, ``build.py --version``): numbers as
+    numbers, words as words, a number before a word at the same place, so no two parts are ever compared
+    across types (``0.2.0-rc1`` against ``0.2.0.1`` raised a TypeError)."""
+    return [(0, int(part), "") if part.isdecimal() else (1, 0, part) for part in re.split(r"[.-]", version)]
+
+
 def firmware_figure(log: pd.DataFrame, max_lines: int):
     """The running version of each thermostat over time (steps at the statuses that changed it; versions
     in version order on the y axis)."""
     running = log[log["running"].notna()].copy()
     running["at_ms"] = _ms(running["at_ms"])
-    versions = sorted(running["running"].unique(), key=lambda v: [int(p) if p.isdigit() else p for p in re.split(r"[.-]", v)])
+    versions = sorted(running["running"].unique(), key=version_order)
     fig, ax = plt.subplots(figsize=(8, 3.5))
     devices = running[["gateway_id", "device_id"]].drop_duplicates().sort_values(["gateway_id", "device_id"])
     first_ms, last_ms = int(running["at_ms"].min()), int(running["at_ms"].max())

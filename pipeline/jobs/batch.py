@@ -23,7 +23,7 @@ from pipeline.jobs import bronze, delivery, firmware, hil, rollups, setpoints, t
 from pipeline.jobs.dedup import COPY_ORDER, CandidateKey, first_copies, first_rejects, hashed_key, mark_repeated_copies
 from pipeline.jobs.output import PARTITIONS, WHOLE, commit_outputs, finish_commit, staging_folder, write_output
 from pipeline.jobs.settings import JobSettings
-from pipeline.jobs.source import bad_lines, read_hil, records, with_times
+from pipeline.jobs.source import bad_lines, read_hil, records
 from pipeline.records import EVENTS, FIRMWARE, METRICS, QUARANTINE
 
 
@@ -50,14 +50,15 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
     events = first_events(lines[EVENTS])
     readings = telemetry.readings(events.where(F.col(READING)), copy_order=False)
     ingest_rejects = first_rejects(records(lines[QUARANTINE]))
-    latency = delivery.latency(with_times(events.where(F.col(EVENT))), settings.window).persist(
-        StorageLevel.MEMORY_AND_DISK)
+    update_statuses = first_copies(records(lines[FIRMWARE]))
+    latency = delivery.latency(delivery.delivered(events.where(F.col(EVENT)), update_statuses),
+                               settings.window).persist(StorageLevel.MEMORY_AND_DISK)
     counters = delivery.queue_counters(
         delivery.queue_samples(records(lines[METRICS])), settings.window
     ).persist(StorageLevel.MEMORY_AND_DISK)
     unreadable = [telemetry.as_quarantine(bad_lines(frame), "landing")
                   for frame in (events, lines[METRICS], lines[QUARANTINE], lines[FIRMWARE])]
-    statuses = firmware.statuses(first_copies(records(lines[FIRMWARE])),
+    statuses = firmware.statuses(update_statuses,
                                  events.where(F.col(READING))).persist(StorageLevel.MEMORY_AND_DISK)
     outputs = {
         "rollups": rollups.rollups(readings, settings.window),
@@ -70,7 +71,8 @@ def build(spark: SparkSession, settings: JobSettings, progress: Callable[[str], 
         "quarantine": functools.reduce(
             DataFrame.unionByName,
             [telemetry.as_quarantine(events.where(F.col(REJECT)), "telemetry"),
-             telemetry.as_quarantine(ingest_rejects, "ingest"), *unreadable],
+             telemetry.as_quarantine(ingest_rejects, "ingest"),
+             telemetry.as_quarantine(firmware.rejects(update_statuses), "firmware"), *unreadable],
         ),
     }
     if settings.ranged:
@@ -100,6 +102,7 @@ def unseen_late(spark: SparkSession, settings: JobSettings) -> dict[str, int | s
     found = late.agg(
         F.count(F.when(F.col("_what") == "readings", 1)).alias("readings"),
         F.count(F.when(F.col("_what") == "metrics", 1)).alias("metrics"),
+        F.min("date").alias("earliest_receive_date"),
         F.max("date").alias("latest_receive_date"),
         F.max(F.datediff(F.to_date("date"), F.to_date(event_date))).alias("days_late"),
     ).first()
@@ -112,7 +115,8 @@ def describe_unseen(unseen: dict, settings: JobSettings) -> str:
     if not unseen["readings"] and not unseen["metrics"]:
         return f"late data not seen: none (nothing received after {after} is about the rewritten dates)"
     return (f"late data not seen: {unseen['readings']} readings and {unseen['metrics']} metrics samples received "
-            f"{after}..{unseen['latest_receive_date']} (after the dates read) are about the rewritten dates; this run "
+            f"{unseen['earliest_receive_date']}..{unseen['latest_receive_date']} (after the dates read, which end "
+            f"{after}) are about the rewritten dates; this run "
             f"rewrites them without those rows. A full run counts them, and so does this range with "
             f"--late-days {unseen['days_late']}.")
 

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from pipeline.jobs.schemas import QUARANTINE_OUTPUT
-
 KEY = "message_id"
 COPY_ORDER = ("received_ms", "landing_file", "sent_ms")
 REJECT_KEY = "_reject_key"
@@ -90,37 +88,3 @@ def reject_key() -> Column:
 def first_rejects(frame: DataFrame) -> DataFrame:
     """Ingest rejects, one per rejected message (see the module's docstring)."""
     return first_copies(frame.withColumn(REJECT_KEY, reject_key()), key=REJECT_KEY).drop(REJECT_KEY)
-
-
-
-def first_rejects_stream(rejects: DataFrame, remember_ms: int) -> DataFrame:
-    """Rejects (``schemas.QUARANTINE_OUTPUT``'s computed columns, ``REJECT_KEY``, ``landing_file``, ``sent_ms``) in streaming, one per
-    key. A reject is no window: it is written in the micro-batch that brings it (the earliest received of
-    the copies that micro-batch has), and its key is remembered per gateway for ``remember_ms`` of that
-    gateway's receive time, so a later copy is dropped and the state stays bounded."""
-    import json
-
-    import pandas as pd
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
-    from pipeline.jobs.ordered import first_copies as first_copies_pandas
-
-    def run(key, chunks, state):
-        seen, progress = ({}, None) if not state.exists else (json.loads(state.get[0]), state.get[1])
-        rows = first_copies_pandas(pd.concat(list(chunks), ignore_index=True), REJECT_KEY)
-        rows = rows[~rows[REJECT_KEY].isin(seen.keys())]
-        if len(rows):
-            progress = max(progress or 0, int(rows["received_ms"].max()))
-            seen.update(zip(rows[REJECT_KEY], (int(t) for t in rows["received_ms"]), strict=True))
-        seen = {k: t for k, t in seen.items() if t > (progress or 0) - remember_ms}
-        state.update((json.dumps(seen), progress))
-        if len(rows):
-            yield rows.assign(gateway_id=key[0])[QUARANTINE_OUTPUT.names]
-
-    keyed = rejects.withColumn("gateway_id", F.coalesce("gateway_id", F.lit("")))
-    folded = keyed.groupBy("gateway_id").applyInPandasWithState(
-        run, QUARANTINE_OUTPUT.ddl, "seen string, progress long", "append", GroupStateTimeout.NoTimeout
-    )
-    at = F.timestamp_millis("received_ms")
-    return QUARANTINE_OUTPUT.select(folded, {"gateway_id": F.when(F.col("gateway_id") != "", F.col("gateway_id")),
-                                      "received_at": at, "date": F.date_format(at, "yyyy-MM-dd")})

@@ -56,6 +56,19 @@ def clock_suspect(offset: str = "clock_offset_ms"):
     return ((F.col(offset) < 0) | (F.col(offset) > CLOCK_TOLERANCE_MS)).alias("clock_suspect")
 
 
+# What latency reads of a delivered message.
+DELIVERED = ("gateway_id", "priority", "received_ms", "enqueued_ms", "sent_ms")
+
+
+def delivered(events: DataFrame, update_statuses: DataFrame) -> DataFrame:
+    """Every message a gateway delivered, for latency: the events and the thermostats' update status
+    messages (the ``firmware`` kind since it has its own output; they crossed the same queues and link, and
+    an SLA that left them out undercounted every window of an update). A message is of one kind in all
+    its copies, so the two sets share no id; ``streaming`` frames keep the copy order's columns."""
+    columns = [*DELIVERED, *(c for c in ("message_id", "landing_file") if c in events.columns)]
+    return events.select(*columns).unionByName(update_statuses.select(*columns))
+
+
 def latency(events: DataFrame, window: str) -> DataFrame:
     """``events`` deduplicated (batch; streaming: ``latency_stream``).
 
@@ -146,11 +159,12 @@ def queue_samples(metrics: DataFrame) -> DataFrame:
 def in_gateway_order(rows: pd.DataFrame, boots: dict[str, int]) -> pd.DataFrame:
     """``rows`` (one queue's samples) in the gateway's order - boot by first receipt (``boots`` holds the
     earlier ones, and is updated), then sequence - with a repeated (boot, sequence) dropped; the same order
-    and tie-break (the values) as the batch SQL."""
+    and tie-break (the values, then the receipt: of a document's copies the earliest received is the one
+    counted, in its window) as the batch SQL."""
     for boot, first in rows.groupby(BOOT)["received_ms"].min().items():
         boots[boot] = min(int(first), boots.get(boot, int(first)))
     ranked = rows.assign(_rank=rows[BOOT].map(boots))
-    order = ["_rank", BOOT, SEQ, *COUNTERS, *GAUGES]
+    order = ["_rank", BOOT, SEQ, *COUNTERS, *GAUGES, "received_ms"]
     ranked = ranked.sort_values(order, kind="stable", na_position="last")
     return ranked.drop_duplicates([BOOT, SEQ], keep="first").drop(columns="_rank").reset_index(drop=True)
 
@@ -212,13 +226,15 @@ def queue_counters(samples: DataFrame, window: str, timing: StreamTiming | int |
 
 def _queue_counters_batch(samples: DataFrame, window_ms: int) -> DataFrame:
     """``counter_step`` in Spark SQL, in the JVM (no Python worker on the batch path): each queue's samples in
-    the order the step sorts them (``in_gateway_order``: boot by first receipt, sequence, then the values),
-    a repeated (boot, sequence) dropped, the increase of each counter over the previous sample of the same
+    the order the step sorts them (``in_gateway_order``: boot by first receipt, sequence, then the values,
+    then the receipt), a repeated (boot, sequence) dropped (a redelivered copy: the earliest received
+    counts, in its window; the order was left to the shuffle, and a copy 90 s later moved the sample
+    into the next window in one run and not in another), the increase of each counter over the previous sample of the same
     boot by ``lag`` (a new boot counts from zero), summed per window."""
     queue = ("gateway_id", "endpoint", "priority")
     ranked = samples.withColumn("_rank", F.min("received_ms").over(Window.partitionBy(*queue, BOOT)))
     order = Window.partitionBy(*queue).orderBy(
-        "_rank", BOOT, SEQ, *[F.col(name).asc_nulls_last() for name in (*COUNTERS, *GAUGES)]
+        "_rank", BOOT, SEQ, *[F.col(name).asc_nulls_last() for name in (*COUNTERS, *GAUGES)], "received_ms"
     )
     repeated = (F.lag(BOOT).over(order) == F.col(BOOT)) & (F.lag(SEQ).over(order) == F.col(SEQ))
     first_of_time = ranked.withColumn("_repeat", F.coalesce(repeated, F.lit(False))).where(~F.col("_repeat"))

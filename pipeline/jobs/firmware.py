@@ -18,11 +18,13 @@ thermostat and target version: ``started_ms`` (its first status naming the versi
 (the first status that runs it: installed; else the first terminal record, when the outcome was first
 reported: ``rolled_back``, ``refused``, ``waiting``; the thermostat repeats it in its readings),
 ``duration_ms``, ``outcome``, ``reason``, ``from_version`` (running when it started). Batch only (a few rows per thermostat per update).
+An updater message that is not a JSON object, or holds neither ``fw`` nor ``update.state``, goes to the
+quarantine (stage ``firmware``, ``rejects``), in batch and streaming.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipeline.jobs.schemas import FIRMWARE_STATUS
@@ -30,6 +32,21 @@ from pipeline.jobs.schemas import FIRMWARE_STATUS
 FIRMWARE_OUTPUT = "update"  # the updater's output name (device_firmware/ota_updater.py)
 TERMINAL = ("rolled_back", "refused", "waiting")
 KEYS = ("gateway_id", "device_id")
+
+
+def reject_reason() -> Column:
+    """Why an updater message (a ``firmware`` kind row) tells nothing about the firmware, else null: such a
+    message is quarantined (stage ``firmware``) rather than left out of the outputs unseen."""
+    parsed = F.from_json("payload", FIRMWARE_STATUS)
+    return (F.when(F.col("payload").isNull(), F.lit("update status is not UTF-8 text"))
+            .when(F.from_json("payload", "map<string,string>").isNull(), F.lit("update status is not a JSON object"))
+            .when(parsed["fw"].isNull() & parsed["update"]["state"].isNull(),
+                  F.lit("update status has neither fw nor update.state")))
+
+
+def rejects(updater_rows: DataFrame) -> DataFrame:
+    """The updater's messages that ``statuses`` cannot read, with ``reason``."""
+    return updater_rows.withColumn("reason", reject_reason()).where(F.col("reason").isNotNull())
 
 
 def statuses(updater_rows: DataFrame, readings: DataFrame) -> DataFrame:
@@ -64,9 +81,10 @@ def updates(status: DataFrame) -> DataFrame:
     to the first status running it (installed) or, failing that, its first terminal record."""
     named = status.where(F.col("update_version").isNotNull()).groupBy(*KEYS, "update_version").agg(
         F.min("at_ms").alias("started_ms"),
-        F.min_by("running", "at_ms").alias("from_version"),
+        # statuses of one gateway time (a clock stepped back) in the log's order: then by message id
+        F.min_by("running", F.struct("at_ms", "message_id")).alias("from_version"),
         F.min_by(F.when(F.col("update_state").isin(*TERMINAL), F.struct("at_ms", "update_state", "update_reason")),
-                 F.when(F.col("update_state").isin(*TERMINAL), F.col("at_ms"))).alias("_terminal"),
+                 F.when(F.col("update_state").isin(*TERMINAL), F.struct("at_ms", "message_id"))).alias("_terminal"),
     )
     running = status.where(F.col("running").isNotNull()).select(
         *[F.col(k).alias(f"_ran_{k}") for k in KEYS], F.col("running").alias("_version"), F.col("at_ms").alias("_ran_ms"))

@@ -52,11 +52,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from pipeline.jobs.dedup import COPY_ORDER, KEY
+from pipeline.jobs.schemas import OutputSchema
 
 # progress: latest admitted event time; closed: the latest ready_at closed by the idle timeout;
 # received: the key's latest receive time (what the idle timeout counts from)
@@ -90,6 +91,30 @@ def receive_horizon(watermark: int, timing: StreamTiming) -> int:
     """The receive time up to which every row is in: the watermark, bounded by the oldest open landing
     file. Before the first watermark Spark says 0: nothing is admitted on a query's first batch."""
     return watermark if timing.open_since_ms is None else min(watermark, timing.open_since_ms)
+
+def receive_watermarked(frame: DataFrame, timing: StreamTiming) -> DataFrame:
+    """``frame`` under the query's watermark on ``received_ms``, ``timing.lateness_ms`` behind the newest
+    receipt of every row that passes here: filters below it leave the watermark the fleet's."""
+    return frame.withColumn("_received_at", F.timestamp_millis(RECEIVED)).withWatermark(
+        "_received_at", f"{timing.lateness_ms} milliseconds")
+
+
+def kept_after_watermark(frame: DataFrame, condition: Column) -> DataFrame:
+    """``frame`` (``receive_watermarked``) where ``condition`` holds, the filter kept above the watermark:
+    Spark's optimizer pushes below ``withWatermark`` every conjunct that does not read the event-time
+    column (``PushPredicateThroughNonJoin``), and the watermark then saw only the rows kept (the
+    quarantine's horizon moved with the rejects' receipts alone, and a reject waited for the next one).
+    One conjunct that reads the event-time column stays above it."""
+    return frame.where(F.when(F.col("_received_at").isNotNull(), condition).otherwise(F.lit(False)))
+
+
+def watched(frame: DataFrame, timing: StreamTiming, columns: list[str]) -> DataFrame:
+    """``columns`` of ``frame`` (watermarked by ``receive_watermarked``), with the column that carries the
+    watermark to an event-time timeout."""
+    carrier = F.lit(None).cast("timestamp").alias(
+        _WATERMARK_CARRIER, metadata={_WATERMARK_DELAY_KEY: timing.lateness_ms})
+    return frame.select(*columns, carrier)
+
 
 # step(key, last, rows in time order) -> (output rows, what to remember for the next rows)
 Step = Callable[[tuple, "dict | None", pd.DataFrame], "tuple[pd.DataFrame, dict | None]"]
@@ -128,11 +153,8 @@ class OrderedFold:
         """Each key closes its rows by its own admitted progress (``timing``: a ``StreamTiming``, or the
         lateness alone). ``frame`` needs ``received_ms``; the watermark on it is set here."""
         timing = timing if isinstance(timing, StreamTiming) else StreamTiming(timing)
-        watched = frame.withColumn("_received_at", F.timestamp_millis(RECEIVED)).withWatermark(
-            "_received_at", f"{timing.lateness_ms} milliseconds")
-        carrier = F.lit(None).cast("timestamp").alias(
-            _WATERMARK_CARRIER, metadata={_WATERMARK_DELAY_KEY: timing.lateness_ms})
-        return watched.select(*self.keys, *self._read(), carrier).groupBy(*self.keys).applyInPandasWithState(
+        return watched(receive_watermarked(frame, timing), timing, [*self.keys, *self._read()]).groupBy(
+            *self.keys).applyInPandasWithState(
             self.per_key(timing), self.output, STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout
         )
 
@@ -197,3 +219,47 @@ class OrderedFold:
                 yield output
 
         return run
+
+
+REJECTS_STATE_SCHEMA = "seen string, waiting string"
+
+
+def first_rejects_stream(rejects: DataFrame, timing: StreamTiming, remember_ms: int, key: str,
+                         output: OutputSchema) -> DataFrame:
+    """Rejects (``output``'s computed columns, ``key`` naming a rejected message across its copies, and
+    the copy order's columns; derived from a ``receive_watermarked`` frame of every row the query reads,
+    so that the horizon moves with the fleet's receipts, not the rejects' alone) in streaming, one per
+    ``key``, per gateway: the earliest received copy, as
+    batch keeps. A reject is no window, so it is written as soon as no earlier copy can still come: once
+    one of its copies is behind the receive horizon (every copy received before that one is in, from
+    whichever writer, however late its file was sealed). Written in the first micro-batch that brought a
+    copy, a reject whose first copy was in a writer's open file was the copy's, 20 s later. Its key is
+    then remembered for ``remember_ms`` of the horizon, so a later copy is dropped and the state stays
+    bounded; copies wait in the state until then."""
+    columns = [name for name in dict.fromkeys([*output.names, key, *COPY_ORDER]) if name != "gateway_id"]
+
+    def run(gateway, chunks, state):
+        seen, waiting = {}, []
+        if state.exists:
+            saved_seen, saved_waiting = state.get
+            seen, waiting = json.loads(saved_seen), json.loads(saved_waiting)
+        watermark = watermark_of(state)
+        horizon = receive_horizon(watermark, timing)
+        frames = [pd.DataFrame(waiting, columns=columns)] if waiting else []
+        frames += [chunk[columns] for chunk in chunks]
+        rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+        rows = rows[~rows[key].isin(seen.keys())]
+        ready = rows[key].isin(rows.loc[rows[RECEIVED] <= horizon, key])
+        written = first_copies(rows[ready], key)
+        seen.update(zip(written[key], (int(t) for t in written[RECEIVED]), strict=True))
+        seen = {k: t for k, t in seen.items() if t > horizon - remember_ms}
+        rows = rows[~ready]
+        state.update((json.dumps(seen), json.dumps(rows.to_dict("records"))))
+        if len(rows):  # be called again when the horizon passes the oldest waiting copy
+            state.setTimeoutTimestamp(max(int(rows[RECEIVED].min()), watermark + 1))
+        if len(written):
+            yield written.assign(gateway_id=gateway[0])[output.names]
+
+    keyed = rejects.withColumn("gateway_id", F.coalesce("gateway_id", F.lit("")))
+    return watched(keyed, timing, ["gateway_id", *columns]).groupBy("gateway_id").applyInPandasWithState(
+        run, output.ddl, REJECTS_STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout)

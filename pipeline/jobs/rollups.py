@@ -3,7 +3,8 @@
 Windows are ``[start, end)`` on the reading time ``ts_ms`` and aligned to the Unix epoch, so a reading at
 12:04:59.999 is in 12:00-12:05 and one at 12:05:00.000 in 12:05-12:10. ``heater_duty_cycle`` is the share
 of readings with the heater on: thermostats report at a fixed period, so that is the share of time.
-``set_point_last`` is the set point of the latest reading in the window.
+``set_point_last`` is the set point of the latest reading in the window (readings of one reading time: the
+last by message id, the change log's order).
 
 Batch aggregates in Spark SQL; streaming runs ``rollup_step`` as an ``OrderedFold`` keyed by thermostat,
 so each thermostat's windows close on its own reading times (``ordered.py``).
@@ -41,7 +42,9 @@ def rollups(readings: DataFrame, window: str) -> DataFrame:
             F.avg("temperature").alias("temperature_avg"),
             F.max("temperature").alias("temperature_max"),
             F.avg("set_point").alias("set_point_avg"),
-            F.max_by("set_point", "reading_ms").alias("set_point_last"),
+            # the latest reading in the change log's order: readings stamped alike (a clock stepped back a
+            # whole number of periods) by message id; by reading time alone the file order chose
+            F.max_by("set_point", F.struct("reading_ms", "message_id")).alias("set_point_last"),
             F.avg(F.col("heater").cast("double")).alias("heater_duty_cycle"),
         ),
         window_ms,

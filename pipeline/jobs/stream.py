@@ -26,16 +26,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from pipeline.jobs import bronze, delivery, rollups, setpoints, telemetry
-from pipeline.jobs.dedup import REJECT_KEY, first_rejects_stream, reject_key
+from pipeline.jobs import bronze, delivery, firmware, rollups, setpoints, telemetry
+from pipeline.jobs.dedup import REJECT_KEY, reject_key
 from pipeline.jobs.files import HadoopFiles, name_of
-from pipeline.jobs.ordered import StreamTiming
+from pipeline.jobs.ordered import StreamTiming, first_rejects_stream, kept_after_watermark, receive_watermarked
 from pipeline.jobs.schemas import QUARANTINE_OUTPUT
 from pipeline.jobs.settings import JobSettings
 from pipeline.jobs.source import StreamOptions, bad_lines, records
 from pipeline.jobs.windows import parse_duration_ms
 from pipeline.landing import INPROGRESS_SUFFIX, opened_ms_of
-from pipeline.records import EVENTS, KINDS, METRICS, QUARANTINE
+from pipeline.records import EVENTS, FIRMWARE, KINDS, METRICS, QUARANTINE
 
 #: The default stream options, one shared value (StreamOptions is frozen).
 DEFAULT_OPTIONS = StreamOptions()
@@ -82,25 +82,40 @@ def build(spark: SparkSession, settings: JobSettings, options: StreamOptions,
     def readings() -> DataFrame:
         return telemetry.readings(telemetry.parse(records(rows(EVENTS))))
 
-    every = bronze.read(spark, settings.bronze_path, stream=options)  # the quarantine query's: every kind
-    rejected = [  # one row per rejected message, whichever micro-batch brings its copies
-        telemetry.parse(records(every.where(F.col("kind") == EVENTS))).where("reason is not null").withColumns(
-            {"stage": F.lit("telemetry"), REJECT_KEY: F.concat(F.lit("telemetry:"), F.col("message_id"))}),
-        records(every.where(F.col("kind") == QUARANTINE)).withColumns(
-            {"stage": F.lit("ingest"), REJECT_KEY: F.concat(F.lit("ingest:"), reject_key())}),
-    ]
+    # the quarantine query's: every kind, every row moving the receive horizon its rejects wait for
+    every = receive_watermarked(bronze.read(spark, settings.bronze_path, stream=options), timing)
+    record, kind = F.col("landing_error").isNull(), F.col("kind")
+    stage = (  # one row per rejected message, whichever micro-batch brings its copies
+        F.when(record & (kind == EVENTS) & (F.col("output") == telemetry.TELEMETRY_OUTPUT) & F.col("reason").isNotNull(),
+               F.lit("telemetry"))
+        .when(record & (kind == QUARANTINE), F.lit("ingest"))
+        .when(record & (kind == FIRMWARE) & firmware.reject_reason().isNotNull(), F.lit("firmware")))
+    staged = every.withColumns({
+        "stage": stage,
+        "reason": F.when(stage == "firmware", firmware.reject_reason()).otherwise(F.col("reason")),
+        REJECT_KEY: F.concat(stage, F.lit(":"), F.when(stage == "ingest", reject_key()).otherwise(F.col("message_id"))),
+    })
     columns = [*QUARANTINE_OUTPUT.names, REJECT_KEY, "landing_file", "sent_ms"]
-    rejects = rejected[0].select(*columns).unionByName(rejected[1].select(*columns))
+    rejects = kept_after_watermark(staged, F.col("stage").isNotNull()).select(*columns)
     unreadable = telemetry.as_quarantine(bad_lines(every), "landing")
     return {
         "rollups": rollups.rollups_stream(readings(), settings.window, timing),
         "setpoint_changes": setpoints.changes(readings(), timing),
-        "delivery_latency": delivery.latency_stream(records(rows(EVENTS)), settings.window, timing, remember_ms),
+        "delivery_latency": delivery.latency_stream(delivery.delivered(records(rows(EVENTS)), records(rows(FIRMWARE))),
+                                                    settings.window, timing, remember_ms),
         "queue_counters": delivery.queue_counters(
             delivery.queue_samples(records(rows(METRICS))), settings.window, timing
         ),
-        "quarantine": first_rejects_stream(rejects, remember_ms).unionByName(unreadable),
+        "quarantine": rejects_written(first_rejects_stream(rejects, timing, remember_ms, REJECT_KEY, QUARANTINE_OUTPUT)
+                                      ).unionByName(unreadable),
     }
+
+
+def rejects_written(folded: DataFrame) -> DataFrame:
+    """The reject fold's rows as the quarantine output writes them (no gateway: null, as in batch)."""
+    at = F.timestamp_millis("received_ms")
+    return QUARANTINE_OUTPUT.select(folded, {"gateway_id": F.when(F.col("gateway_id") != "", F.col("gateway_id")),
+                                             "received_at": at, "date": F.date_format(at, "yyyy-MM-dd")})
 
 
 def start(spark: SparkSession, settings: JobSettings, checkpoint: str, options: StreamOptions = DEFAULT_OPTIONS,

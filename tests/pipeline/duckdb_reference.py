@@ -31,7 +31,7 @@ def connect(landing: Path | str) -> duckdb.DuckDBPyConnection:
     """A connection with ``lines`` (every landing line) and ``landed`` (the records) over ``landing``."""
     con = duckdb.connect()
     parts = []
-    for kind in ("events", "metrics", "quarantine"):
+    for kind in ("events", "metrics", "quarantine", "firmware"):
         files = sorted(Path(landing, kind).glob("date=*/hour=*/*.jsonl"))
         if files:
             con.execute(_LINES.format(kind=kind, glob=f"{landing}/{kind}/date=*/hour=*/*.jsonl").replace(
@@ -55,6 +55,9 @@ def connect(landing: Path | str) -> duckdb.DuckDBPyConnection:
     FROM checked WHERE line_error IS NULL;
     CREATE TEMP VIEW events AS
     SELECT * FROM landed WHERE kind = 'events'
+    QUALIFY row_number() OVER (PARTITION BY message_id ORDER BY received_ms, filename, sent_ms) = 1;
+    CREATE TEMP VIEW delivered_messages AS  -- events and the thermostats' update status messages
+    SELECT * FROM landed WHERE kind IN ('events', 'firmware')
     QUALIFY row_number() OVER (PARTITION BY message_id ORDER BY received_ms, filename, sent_ms) = 1;
     CREATE TEMP VIEW telemetry AS
     SELECT *,
@@ -91,7 +94,7 @@ def rollups(con: duckdb.DuckDBPyConnection, window_minutes: int = 5) -> pd.DataF
     SELECT gateway_id, device_id, reading_ms - reading_ms % {window_ms} AS window_start_ms, count(*) AS readings,
            min(temperature) AS temperature_min, avg(temperature) AS temperature_avg,
            max(temperature) AS temperature_max, avg(set_point) AS set_point_avg,
-           arg_max(set_point, reading_ms) AS set_point_last, avg(heater::INTEGER) AS heater_duty_cycle
+           arg_max(set_point, (reading_ms, message_id)) AS set_point_last, avg(heater::INTEGER) AS heater_duty_cycle
     FROM readings GROUP BY ALL""").df())
 
 
@@ -101,7 +104,7 @@ def delivered(con: duckdb.DuckDBPyConnection, window_minutes: int = 5) -> pd.Dat
     return comparable(con.execute(f"""
     SELECT gateway_id, priority, received_ms - received_ms % {window_ms} AS window_start_ms,
            count(*) AS delivered, max(received_ms - enqueued_ms) AS latency_max_ms
-    FROM events GROUP BY ALL""").df())
+    FROM delivered_messages GROUP BY ALL""").df())
 
 
 def quarantine(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
