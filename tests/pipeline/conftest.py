@@ -3,7 +3,7 @@
 Spark starts once per pytest session (a JVM start costs seconds on this machine): ``local[2]``, two
 shuffle partitions, no UI, UTC. Tests that need it take the ``spark`` fixture; the others never start it.
 The data is tiny, so the session trades peak speed for start-up: expressions are interpreted rather than
-compiled (codegen is most of a small query's time) and the JIT stops at C1.
+compiled (codegen is most of a small query's time); its Java options are ``jvm.py``'s.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import shutil
 import pytest
 
 from testing.processes import MosquittoProcess
+from tests.pipeline.jvm import TEST_JAVA_OPTIONS
 
 
 def _compare_spark_frames_without_pandas_on_spark() -> None:
@@ -80,7 +81,7 @@ def spark(request):
             "spark.sql.adaptive.enabled": "false",  # tiny data: planning costs more than it saves
             "spark.sql.codegen.wholeStage": "false",
             "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            "spark.driver.extraJavaOptions": TEST_JAVA_OPTIONS,
             "spark.driver.memory": "1g",
         },
     )

@@ -32,13 +32,11 @@ from pathlib import Path
 import psutil
 
 from testing.waiting import wait_until
+from tests.pipeline.jvm import TEST_JAVA_OPTIONS
 
 MASTER_URL = re.compile(r"Starting Spark master at (spark://\S+)")
 MASTER_UI_PORT = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")
 DAEMON_MEMORY = "256m"  # master and worker JVMs: bookkeeping only, the work happens in the executors
-# ... so they need no optimising JIT nor a parallel collector: C1 and the serial GC spend less CPU starting
-# up, on a machine whose cores are busy with the test run.
-DAEMON_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def spark_home() -> Path:
@@ -83,7 +81,7 @@ class StandaloneCluster:
     # -- starting --------------------------------------------------------------------------------------
     def env(self, **extra: str) -> dict[str, str]:
         return dict(os.environ, SPARK_HOME=str(self.home), SPARK_LOCAL_IP="127.0.0.1",
-                    SPARK_DAEMON_MEMORY=DAEMON_MEMORY, SPARK_DAEMON_JAVA_OPTS=DAEMON_JAVA_OPTIONS, **extra)
+                    SPARK_DAEMON_MEMORY=DAEMON_MEMORY, SPARK_DAEMON_JAVA_OPTS=TEST_JAVA_OPTIONS, **extra)
 
     def _spawn(self, name: str, args: Sequence[str], **env: str) -> subprocess.Popen[bytes]:
         log = self.work_dir / f"{name}.log"
@@ -225,16 +223,16 @@ def _is_running(proc: psutil.Process) -> bool:
         return False
 
 
-# Tiny data, as in conftest.py's session: no adaptive planning, interpreted expressions and a C1-only JIT
-# start faster than they lose; small heaps, the machine is shared. Nothing here changes what the job computes.
+# Tiny data, as in conftest.py's session: no adaptive planning, interpreted expressions and the tests' Java
+# options (jvm.py) start faster than they lose; small heaps, the machine is shared. Nothing here changes what the job computes.
 SUBMIT_OPTIONS = [
     "--driver-memory", "512m", "--executor-memory", "512m",
     "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
     "--conf", "spark.log.level=WARN",
     "--conf", "spark.sql.adaptive.enabled=false",
     "--conf", "spark.sql.codegen.wholeStage=false", "--conf", "spark.sql.codegen.factoryMode=NO_CODEGEN",
-    "--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-    "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "--conf", f"spark.driver.extraJavaOptions={TEST_JAVA_OPTIONS}",
+    "--conf", f"spark.executor.extraJavaOptions={TEST_JAVA_OPTIONS}",
 ]
 
 
