@@ -65,6 +65,15 @@ class RunQueueWait:
                 raise ValueError(f"no samples around [{start}, {end}]: sampled {self.stamps[:1]}..{self.stamps[-1:]}")
             return self.waited_s[last] - self.waited_s[first]
 
+    def since(self, start: float) -> float:
+        """Seconds the thread waited for a CPU from the last sample at or before ``start`` to the latest
+        sample: for a process that has exited since (its counter is gone with it)."""
+        with self._lock:
+            first = bisect.bisect_right(self.stamps, start) - 1
+            if first < 0:
+                raise ValueError(f"no sample at or before {start}: sampled from {self.stamps[:1]}")
+            return self.waited_s[-1] - self.waited_s[first]
+
 
 @contextlib.contextmanager
 def sampling(pid: int, tid: int | None = None) -> Iterator[RunQueueWait]:
