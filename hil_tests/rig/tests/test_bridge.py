@@ -129,7 +129,7 @@ def test_goodput_of_a_tcp_flow_through_the_bridge_is_the_rate_less_headers(site,
 def test_a_rate_switch_is_in_force_when_its_reply_arrives(site, start_rig):
     """The rig replies after tc applied the change: the reply's latency is the switch time, and the flow's
     rate right after it is the new one."""
-    _, rig = start_rig()
+    ready, rig = start_rig()
     rig.rate(256_000)
     with _sink(site, 64_000) as sink, flooding(_sender(site)):
         sink.settimeout(10)
@@ -139,16 +139,21 @@ def test_a_rate_switch_is_in_force_when_its_reply_arrives(site, start_rig):
             deadline = time.monotonic() + 1.0
             while time.monotonic() < deadline:  # the flow runs at the old rate first
                 connection.recv(65536)
-            asked = time.monotonic()
-            rig.rate(64_000)
-            switched = time.monotonic() - asked
+            with (run_queue.sampling(int(ready["pid"])) as rig_wait,
+                  run_queue.sampling(os.getpid(), threading.get_native_id()) as reader_wait):
+                asked, asked_wall = time.monotonic(), time.time()
+                rig.rate(64_000)
+                switched = time.monotonic() - asked
+                # The time the rig's thread and this one (which reads the reply) waited for a CPU is the
+                # machine's load, not the switch (make test-busy: 0.68 s); tc's own waits stay in.
+                waited = rig_wait.since(asked_wall) + reader_wait.since(asked_wall)
             drain(connection)  # what arrived before the reply
             start, counted = time.monotonic(), 0
             while time.monotonic() < start + 2.0:
                 counted += len(connection.recv(65536))
             after = counted * 8 / (time.monotonic() - start)
-    print(f"RATE 256000 -> 64000: reply after {switched:.3f} s, then {after:.0f} bit/s")
-    assert switched < SWITCH_BOUND_S
+    print(f"RATE 256000 -> 64000: reply after {switched:.3f} s ({waited:.3f} s waiting for a CPU), then {after:.0f} bit/s")
+    assert switched - waited < SWITCH_BOUND_S, (switched, waited)
     # Within one frame of 64 kbit/s over the 2 s window (a frame is 190 ms at this rate).
     assert after < 64_000 * 1.2
 
