@@ -78,6 +78,7 @@ UNIT_MODULES = frozenset(
         "tests/test_prometheus.py",
         "tests/test_runtime_port.py",
         "tests/testing/test_fake_runtime.py",
+        "tests/testing/test_run_queue.py",
         "tests/test_tool_connection.py",
         "tests/test_worker_groups.py",
         "tests/hardware/test_config.py",

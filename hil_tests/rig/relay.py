@@ -315,14 +315,18 @@ class Relay:
         payload (RATE counts frames, headers included, as tc does), then spend them."""
         loop = asyncio.get_running_loop()
         nbytes = wire_bytes(nbytes)
+        due: float | None = None  # when the segment may leave, once it had to wait for tokens
         while True:
             if not self._settings.up:
+                due = None  # a link that is down sends nothing: no time to make up for after UP
                 await self._wait_for_change(None)
                 continue
-            wait = direction.bucket.wait_time(nbytes, loop.time())
+            now = loop.time()
+            wait = direction.bucket.wait_time(nbytes, now)
             if wait <= 0:
-                direction.bucket.take(nbytes, loop.time())
+                direction.bucket.take(nbytes, now, due)
                 return
+            due = now + wait
             await self._wait_for_change(wait)
 
     async def _wait_for_change(self, timeout: float | None) -> None:

@@ -123,6 +123,10 @@ class TokenBucket:
       ``rate`` while the relay is not scheduled. The link time lost to the late wake-up is kept as tokens
       above the burst (never more than the lateness times the rate), so the relay catches up instead of
       delivering less than ``rate`` on a busy machine.
+    - The due time is the caller's: `wait_time` returns the wait, the sender keeps ``now + wait`` and
+      hands it to `take`. It is not kept here, because the sender asks `wait_time` again when it wakes
+      (the settings may have changed meanwhile), and that answer, 0, must not forget when the segment was
+      due; and because several connections share a direction's bucket.
     """
 
     def __init__(self, settings: LinkSettings, now: float) -> None:
@@ -130,7 +134,6 @@ class TokenBucket:
         self._burst = settings.burst_bytes
         self._tokens = float(settings.burst_bytes)
         self._updated = now
-        self._due: float | None = None  # when the segment the sender waits for may leave
 
     def configure(self, settings: LinkSettings, now: float) -> None:
         """Change rate and burst: time until ``now`` accrues at the old rate, what follows at the new one.
@@ -140,37 +143,40 @@ class TokenBucket:
         self._rate_bytes = settings.rate_bps / 8
         self._burst = settings.burst_bytes
         self._tokens = float(self._burst) if was_unshaped else min(self._tokens, self._burst)
-        self._due = None
 
     def wait_time(self, nbytes: int, now: float) -> float:
         """Seconds until ``nbytes`` may pass; 0 when they may pass now. A wait makes the sender backlogged:
         its segment is due at ``now`` plus the wait."""
         if self._rate_bytes == 0:
             return 0.0
-        self._refill(now)
-        missing = min(nbytes, self._burst) - self._tokens
-        wait = max(0.0, missing / self._rate_bytes)
-        self._due = now + wait if wait > 0 else None
-        return wait
+        # Only `take` moves the bucket on: asked again after a late wake-up, this must not fill it to the
+        # burst up to now, or `take` could not tell what the link sent between the due time and now.
+        missing = min(nbytes, self._burst) - self._tokens_at(now)
+        return max(0.0, missing / self._rate_bytes)
 
-    def take(self, nbytes: int, now: float) -> None:
-        """Spend tokens for bytes sent now (call when `wait_time` said 0). A waiting segment is charged at
-        its due time; the time between that and ``now`` is credited to the bytes behind it."""
+    def take(self, nbytes: int, now: float, due: float | None = None) -> None:
+        """Spend tokens for bytes sent now (call when `wait_time` said 0). ``due``: when the segment was
+        due, if it had to wait (the last `wait_time` that was not 0, plus ``now`` then); it is charged at
+        that time, and the time between that and ``now`` is credited to the bytes behind it."""
         if self._rate_bytes == 0:
             return
-        due, self._due = self._due, None
         if due is not None and due < now:
-            self._refill(due)
-            self._tokens += (now - due) * self._rate_bytes  # the link's time lost while the relay was late
+            # From the due time, or from a take of another connection sharing the bucket since then.
+            late_from = max(due, self._updated)
+            self._refill(late_from)
+            self._tokens += (now - late_from) * self._rate_bytes  # the link's time lost while the relay was late
             self._updated = now
         else:
             self._refill(now)
         self._tokens -= nbytes
 
-    def _refill(self, now: float) -> None:
+    def _tokens_at(self, now: float) -> float:
         elapsed = max(0.0, now - self._updated)
         # Up to one burst, but a credit above it (see `take`) stays until it is spent.
-        self._tokens = max(self._tokens, min(self._burst, self._tokens + elapsed * self._rate_bytes))
+        return max(self._tokens, min(self._burst, self._tokens + elapsed * self._rate_bytes))
+
+    def _refill(self, now: float) -> None:
+        self._tokens = self._tokens_at(now)
         self._updated = now
 
 

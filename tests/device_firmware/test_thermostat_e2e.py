@@ -16,6 +16,8 @@ from appliance.statestore.client import StateStoreClient
 from testing.processes import GatewayProcess, MosquittoProcess
 from tests.device_firmware.thermostat_rig import start_thermostat, thermostat_config
 
+OPERATOR_TIMEOUT_S = 30.0
+
 
 @pytest.fixture
 def gateway(tmp_path):
@@ -26,7 +28,10 @@ def gateway(tmp_path):
 
 @pytest.fixture
 def store(gateway):
-    with StateStoreClient(gateway.host, gateway.port, client_id="e2e-operator", timeout=5) as client:
+    """The operator's client. Its timeout is how long a request may wait for its answer before the test
+    fails, not a bound any test checks: on a busy machine the gateway's main thread was seen waiting
+    6 s for a CPU (make test-busy), and a 5 s timeout failed a SET there."""
+    with StateStoreClient(gateway.host, gateway.port, client_id="e2e-operator", timeout=OPERATOR_TIMEOUT_S) as client:
         yield client
 
 
@@ -82,7 +87,7 @@ def test_gateway_restart_reconnect_reregister_and_catch_up(tmp_path, gateway, mi
     lost, _ = fw.expect(r"^connection lost:", after=first)
     gateway.start()
     again, _ = fw.expect(r"^registered t-rs\\setPoint$", timeout=10, after=lost)
-    with StateStoreClient(gateway.host, gateway.port, timeout=5) as store:
+    with StateStoreClient(gateway.host, gateway.port, timeout=OPERATOR_TIMEOUT_S) as store:
         assert store.set(key("t-rs"), b"22").applied
     fw.expect(r"^set point 22.0 from notify$", after=again)  # KEYNOTIFY was sent again
 
@@ -92,7 +97,7 @@ def test_gateway_restart_reconnect_reregister_and_catch_up(tmp_path, gateway, mi
         mark = len(fw.lines)
         gateway.kill9()
         gateway.start()
-        with StateStoreClient(gateway.host, gateway.port, timeout=5) as store:
+        with StateStoreClient(gateway.host, gateway.port, timeout=OPERATOR_TIMEOUT_S) as store:
             assert store.set(key("t-rs"), b"16").applied
     finally:
         fw.process.send_signal(signal.SIGCONT)

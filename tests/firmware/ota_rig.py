@@ -18,6 +18,7 @@ import threading
 import zipfile
 from pathlib import Path
 
+from images.firmware.build import firmware_defaults
 from tests.device_firmware.micropython import MICROPYTHON, ROOT, LineLog
 from tests.device_firmware.thermostat_rig import thermostat_config
 
@@ -50,7 +51,14 @@ class ResettingBoard(LineLog):
         flash.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(bundle) as archive:
             archive.extractall(flash)
-        (flash / "config.json").write_text(json.dumps(thermostat_config(name, host, port, **config)))
+        settings = thermostat_config(name, host, port, **config)
+        if "timing" not in config:
+            # The firmware's own request timeout (device_firmware/config.py), not the rig's fast 1 s: no OTA
+            # test is about a request that times out, and on a busy machine the gateway's answers (and the
+            # updater's reads) can take longer than 1 s, so the updater's connects timed out one after the
+            # other and an update never finished within its minute (make test-busy).
+            settings["timing"] = {**settings["timing"], "request_timeout_ms": firmware_defaults()["timing"]["request_timeout_ms"]}
+        (flash / "config.json").write_text(json.dumps(settings))
         super().__init__()
         self.exit_status: int | None = None
         self.process = subprocess.Popen(

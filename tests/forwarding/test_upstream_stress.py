@@ -74,12 +74,22 @@ def run_once(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread, up
         drained = asyncio.Event()
 
         async def stall_and_resume() -> None:
+            flooded_at: int | None = None  # the relay's byte count when the last metrics went out
             while not drained.is_set():
                 relay.set(up=False)
-                for _ in range(METRICS_PER_STALL):  # the other publish path, while the bytes pile up
-                    sender.publish_direct("gateways/gw1/metrics", payload("metrics", 0, len(metrics_sent)))
-                    metrics_sent.append(len(metrics_sent))
-                    await asyncio.sleep(0)
+                # The other publish path, while the bytes pile up: a new flood once the link has moved a
+                # flood's worth since the last one, so at most about one flood waits ahead of the messages.
+                # On a quiet 8 Mbit/s link that is so at every stall (its up half carries 150 kB; at the
+                # slow run's 2 Mbit/s 37 kB: there the floods still take most of the link). On a busy
+                # machine the relay moves fewer bytes per stall, and floods paced by the clock alone piled
+                # up ahead of the messages: one repetition took minutes (make test-busy).
+                forwarded = relay.stats().upstream.bytes_forwarded
+                if flooded_at is None or forwarded - flooded_at >= METRICS_PER_STALL * PAYLOAD_BYTES:
+                    flooded_at = forwarded
+                    for _ in range(METRICS_PER_STALL):
+                        sender.publish_direct("gateways/gw1/metrics", payload("metrics", 0, len(metrics_sent)))
+                        metrics_sent.append(len(metrics_sent))
+                        await asyncio.sleep(0)
                 await asyncio.sleep(STALL_S)
                 relay.set(up=True)
                 await asyncio.sleep(STALL_S)

@@ -1,21 +1,42 @@
-"""A stand-in for systemd's end of NOTIFY_SOCKET: a real AF_UNIX datagram socket read on a thread."""
+"""A stand-in for systemd's end of NOTIFY_SOCKET: a real AF_UNIX datagram socket read on a thread.
+
+Each datagram is stamped by the kernel when it arrives (``SO_TIMESTAMPNS``, socket(7)), not by the
+reading thread when it gets around to it: on a busy machine the thread can be kept off the CPU for a
+second, and stamps taken then would bunch up and spread out what the sender did evenly. An AF_UNIX
+datagram arrives inside the sender's ``sendto``, so the stamp is when it was sent.
+"""
 
 from __future__ import annotations
 
 import socket
+import struct
 import threading
-import time
 import uuid
 
 from testing.waiting import wait_until
 
+# Python has the constant from 3.14 on; 35 is Linux's SO_TIMESTAMPNS (SO_TIMESTAMPNS_OLD) in
+# asm-generic/socket.h, used by x86 and ARM alike. Its control message carries the same number and a
+# struct timespec of two C longs.
+SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESPEC = struct.Struct("@ll")  # tv_sec, tv_nsec
+
+
+def _seconds(timespec: bytes) -> float:
+    sec: int
+    nsec: int
+    sec, nsec = _TIMESPEC.unpack(timespec[:_TIMESPEC.size])
+    return sec + nsec / 1e9
+
 
 class NotifySocket:
-    """Receives datagrams on a thread and stamps each with its arrival time."""
+    """Receives datagrams on a thread; ``messages`` holds each with the kernel's arrival time (wall clock,
+    ``time.time()`` seconds)."""
 
     def __init__(self, address: str | bytes) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(address)
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.sock.settimeout(0.1)
         self.messages: list[tuple[float, str]] = []
         self._lock = threading.Lock()
@@ -28,15 +49,17 @@ class NotifySocket:
     def _receive(self) -> None:
         while not self._stop.is_set():
             try:
-                data = self.sock.recv(4096)
+                data, ancillary, _flags, _sender = self.sock.recvmsg(4096, socket.CMSG_SPACE(_TIMESPEC.size))
             except TimeoutError:
                 continue
+            [arrived] = [_seconds(cdata) for level, kind, cdata in ancillary
+                         if (level, kind) == (socket.SOL_SOCKET, SO_TIMESTAMPNS)]
             text = data.decode()
             with self._lock:
                 if text in self._markers:
                     self._arrived.add(text)
                     continue
-            self.messages.append((time.monotonic(), text))
+            self.messages.append((arrived, text))
 
     def wait_for(self, count: int, timeout: float = 5.0) -> list[tuple[float, str]]:
         wait_until(lambda: len(self.messages) >= count, timeout, lambda: f"{count} datagrams; got {self.messages}")

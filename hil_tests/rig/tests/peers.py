@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 
 class Sink:
@@ -83,15 +85,28 @@ async def flood(host: str, port: int, chunk: bytes = b"x" * 4096) -> None:
         writer.transport.abort()
 
 
-async def measured_rate_bps(sink: Sink, host: str, port: int, seconds: float = 2.0, warmup: float = 0.3) -> float:
-    """Flood ``host:port`` (which leads to ``sink``) and return the rate that reached the sink, in bits/s."""
+@dataclass(frozen=True)
+class MeasuredRate:
+    """The rate that reached the sink, and the wall-clock span (``time.time()``) from the first byte to the
+    end of the measurement window."""
+
+    bits_per_second: float
+    first_byte: float
+    end: float
+
+
+async def measured_rate_bps(sink: Sink, host: str, port: int, seconds: float = 2.0, warmup: float = 0.3) -> MeasuredRate:
+    """Flood ``host:port`` (which leads to ``sink``) and measure the rate that reached the sink."""
     assert sink.first_byte is not None
+    loop = asyncio.get_running_loop()
     sender = asyncio.ensure_future(flood(host, port))
     try:
         first = await asyncio.wait_for(asyncio.shield(sink.first_byte), 10)
         start = first + warmup
-        await asyncio.sleep(start + seconds - asyncio.get_running_loop().time())  # the measurement window
-        return sink.bytes_between(start, start + seconds) * 8 / seconds
+        await asyncio.sleep(start + seconds - loop.time())  # the measurement window
+        wall_offset = time.time() - loop.time()
+        return MeasuredRate(sink.bytes_between(start, start + seconds) * 8 / seconds,
+                            first + wall_offset, start + seconds + wall_offset)
     finally:
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError):

@@ -46,6 +46,7 @@ from hil_tests.rig.namespace_sockets import in_namespace
 from hil_tests.rig.program import _ports
 from hil_tests.rig.shaping import WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES, LinkSettings
 from hil_tests.rig.tests.flow import drain, flooding, measure_connection, quiet_for
+from testing import run_queue
 from testing.collector import Collector
 from testing.device import Device
 from testing.waiting import WaitTimeout, wait_until
@@ -129,7 +130,7 @@ def test_goodput_of_a_tcp_flow_through_the_bridge_is_the_rate_less_headers(site,
 def test_a_rate_switch_is_in_force_when_its_reply_arrives(site, start_rig):
     """The rig replies after tc applied the change: the reply's latency is the switch time, and the flow's
     rate right after it is the new one."""
-    _, rig = start_rig()
+    ready, rig = start_rig()
     rig.rate(256_000)
     with _sink(site, 64_000) as sink, flooding(_sender(site)):
         sink.settimeout(10)
@@ -139,16 +140,21 @@ def test_a_rate_switch_is_in_force_when_its_reply_arrives(site, start_rig):
             deadline = time.monotonic() + 1.0
             while time.monotonic() < deadline:  # the flow runs at the old rate first
                 connection.recv(65536)
-            asked = time.monotonic()
-            rig.rate(64_000)
-            switched = time.monotonic() - asked
+            with (run_queue.sampling(int(ready["pid"])) as rig_wait,
+                  run_queue.sampling(os.getpid(), threading.get_native_id()) as reader_wait):
+                asked, asked_wall = time.monotonic(), time.time()
+                rig.rate(64_000)
+                switched = time.monotonic() - asked
+                # The time the rig's thread and this one (which reads the reply) waited for a CPU is the
+                # machine's load, not the switch (make test-busy: 0.68 s); tc's own waits stay in.
+                waited = rig_wait.since(asked_wall) + reader_wait.since(asked_wall)
             drain(connection)  # what arrived before the reply
             start, counted = time.monotonic(), 0
             while time.monotonic() < start + 2.0:
                 counted += len(connection.recv(65536))
             after = counted * 8 / (time.monotonic() - start)
-    print(f"RATE 256000 -> 64000: reply after {switched:.3f} s, then {after:.0f} bit/s")
-    assert switched < SWITCH_BOUND_S
+    print(f"RATE 256000 -> 64000: reply after {switched:.3f} s ({waited:.3f} s waiting for a CPU), then {after:.0f} bit/s")
+    assert switched - waited < SWITCH_BOUND_S, (switched, waited)
     # Within one frame of 64 kbit/s over the 2 s window (a frame is 190 ms at this rate).
     assert after < 64_000 * 1.2
 
@@ -334,17 +340,22 @@ def test_hostile_lines_and_a_host_that_never_reads_change_nothing_and_sigterm_st
                 select.select([], [host], [], 0.1)
         _, qdiscs, rules = _kernel_state(site)
         assert qdiscs.count("rate 64Kbit") == 2 and "drop" not in rules
-        started = time.monotonic()
-        os.kill(ready["pid"], signal.SIGTERM)
-        psutil.Process(ready["pid"]).wait(5)
-        stopped = time.monotonic() - started
+        rig_process = psutil.Process(ready["pid"])
+        with run_queue.sampling(rig_process.pid) as cpu_wait:
+            started, started_wall = time.monotonic(), time.time()
+            os.kill(rig_process.pid, signal.SIGTERM)
+            rig_process.wait(5)
+            stopped = time.monotonic() - started
+        waited = cpu_wait.since(started_wall)
     finally:
         os.close(host)
     links, qdiscs, rules = _kernel_state(site)
-    print(f"bridge rig: SIGTERM to exit with cleanup in {stopped:.3f} s")
+    print(f"bridge rig: SIGTERM to exit with cleanup in {stopped:.3f} s, {waited:.3f} s of it waiting for a CPU")
     # A second, or on a busy machine what starting the rig took just before (which sets up what the cleanup
-    # removes, and starts Python besides): a rig that waited for anything else is later.
-    assert stopped < max(1.0, start_s), (stopped, start_s)
+    # removes, and starts Python besides): a rig that waited for anything else is later. The load can grow
+    # between the start and the stop: the time the rig's thread waited for a CPU meanwhile (the kernel's
+    # count) is the machine's, not the rig's. (Under make test-busy a stop took 2.72 s after a 2.10 s start.)
+    assert stopped - waited < max(1.0, start_s), (stopped, waited, start_s)
     assert "tbf" not in qdiscs and "hilrig" not in rules and "hilbr0" not in links
 
 

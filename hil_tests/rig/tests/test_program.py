@@ -15,7 +15,9 @@ import serial
 from hil_tests.rig.client import RigClient, RigError
 from hil_tests.rig.launcher import RigStartError, local_rig
 from hil_tests.rig.program import build_parser
-from hil_tests.rig.tests.flow import drain, flooding, measure_connection, quiet_for
+from hil_tests.rig.shaping import MIN_BURST_BYTES
+from hil_tests.rig.tests.flow import WINDOW_S, drain, flooding, measure_connection, quiet_for
+from testing import run_queue
 
 
 def _relay_address(ready: dict[str, str]) -> tuple[str, int]:
@@ -30,8 +32,15 @@ def test_rate_commands_over_serial_change_the_measured_throughput(tmp_path):
             relay = _relay_address(ready)
             for rate in (64_000, 9_600):
                 assert rig.rate(rate) == f"RATE {rate}"
-                with flooding(socket.create_connection(relay)):
-                    assert measure_connection(sink) == pytest.approx(rate, rel=0.15)
+                # The relay credits a wake-up it finds late; a wait for a CPU longer than a burst's time
+                # while it could not even read its socket can still shift its excess out of the window.
+                # The kernel counts the rig's waits (as in test_relay's rate test); on a quiet machine 0.
+                with run_queue.sampling(int(ready["pid"])) as cpu_wait, flooding(socket.create_connection(relay)):
+                    started = time.time()
+                    measured = measure_connection(sink)
+                    waited = cpu_wait.since(started)
+                shifted = max(0.0, waited - MIN_BURST_BYTES * 8 / rate) / WINDOW_S
+                assert rate * (0.85 - shifted) <= measured <= rate * (1.15 + shifted), (rate, measured, waited)
             status = rig.status()
             assert status["rate"] == "9600"
             assert int(status["bytes_up"]) > 0
@@ -136,11 +145,16 @@ def test_a_host_that_never_reads_replies_cannot_freeze_the_rig(tmp_path):
                 assert int(fields["replies_dropped"]) > 0
             finally:
                 os.close(host)
-            started = time.monotonic()
-            os.kill(ready["pid"], signal.SIGTERM)
-            while _alive(ready["pid"]):
-                assert time.monotonic() - started < 1.0, "the rig did not end within 1 s of SIGTERM"
-                time.sleep(0.01)
+            # Within a second of SIGTERM, less the time the rig's thread waited for a CPU meanwhile (the
+            # kernel's count: the machine's load, not the rig; make test-busy saw a stop take longer).
+            with run_queue.sampling(int(ready["pid"])) as cpu_wait:
+                started, started_wall = time.monotonic(), time.time()
+                os.kill(int(ready["pid"]), signal.SIGTERM)
+                while _alive(int(ready["pid"])):
+                    waited = cpu_wait.since(started_wall)
+                    assert time.monotonic() - started - waited < 1.0, (
+                        f"the rig did not end within 1 s of SIGTERM ({waited:.3f} s waiting for a CPU)")
+                    time.sleep(0.01)  # polling for the exit; the bound is the assertion above
 
 
 def _read_until_quiet(fd: int, timeout: float = 10.0) -> bytes:

@@ -128,8 +128,9 @@ def test_a_late_wake_up_does_not_cost_the_link_its_rate():
     on time and kept sending, so the bytes behind the segment may leave at once, up to the lost time."""
     bucket = TokenBucket(LinkSettings(rate_bps=8000, burst_bytes=2000), now=0.0)  # 1000 bytes/s
     bucket.take(2000, 0.0)
-    assert bucket.wait_time(500, 0.0) == pytest.approx(0.5)
-    bucket.take(500, 3.5)  # 3 s late: the link would have carried 3000 more bytes by now
+    assert bucket.wait_time(500, 0.0) == pytest.approx(0.5)  # due at 0.5
+    assert bucket.wait_time(500, 3.5) == 0  # asked again on waking up: the answer does not forget the due time
+    bucket.take(500, 3.5, due=0.5)  # 3 s late: the link would have carried 3000 more bytes by now
     assert bucket.wait_time(3000, 3.5) == 0
     bucket.take(3000, 3.5)
     assert bucket.wait_time(500, 3.5) == pytest.approx(0.5)  # caught up: the rate again, no more
