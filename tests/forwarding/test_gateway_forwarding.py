@@ -283,9 +283,13 @@ def test_metrics_on_sys_topic_prometheus_and_upstream(make_rig) -> None:
     assert sys_doc["gateway_id"] == "gw1" and "upstream" in sys_doc["links"]
     upstream_doc = json.loads(rig.cloud.wait_for_topic("gateways/gw1/metrics").payload)
     assert set(upstream_doc) >= {"gateway_id", "ts_ms", "endpoints"}
-    text = rig.prometheus()
-    assert 'appliance_forwarding_forwarded_total{endpoint="upstream",priority="6"} 1' in text
-    assert 'appliance_link_connected{endpoint="upstream"} 1' in text
+    # The metrics document may reach the cloud before the message does (the pump sends the message when
+    # its window allows): the counter is read once the cloud has the message, and counted after its PUBACK.
+    [message] = delivered(rig.cloud, 1)
+    assert message.n == 1
+    forwarded = 'appliance_forwarding_forwarded_total{endpoint="upstream",priority="6"} 1'
+    wait_until(lambda: forwarded in rig.prometheus(), 10, lambda: f"{forwarded!r} not in {rig.prometheus()}")
+    assert 'appliance_link_connected{endpoint="upstream"} 1' in rig.prometheus()
 
 
 @pytest.mark.parametrize("upstream_format", ["message", "batch"])
