@@ -25,8 +25,8 @@ from appliance.broker.persistence.store import (
     StoredMessage,
     StoredSession,
     StoredWill,
-    decode_properties,
-    encode_properties,
+    properties_from_blob,
+    properties_to_blob,
 )
 from appliance.broker.routing.delivery import stored_packet_id
 from appliance.broker.routing.topic_tree import SubscriptionOptions
@@ -467,15 +467,15 @@ def test_unsupported_property_value_is_refused_before_buffering(db_path: Path) -
     with pytest.raises(TypeError, match="float"):
         store.add_message(StoredMessage("t", b"x", {"weird": 1.5}))  # type: ignore[dict-item]
     with pytest.raises(TypeError, match="pairs"):
-        encode_properties({"user_properties": [("only-one",)]})  # type: ignore[list-item]
+        properties_to_blob({"user_properties": [("only-one",)]})  # type: ignore[list-item]
     assert not store.has_pending
 
 
 def test_property_encoding_is_self_describing_json() -> None:
-    blob = encode_properties(PROPERTIES)
+    blob = properties_to_blob(PROPERTIES)
     assert blob is not None and blob.startswith(b"{")
-    assert decode_properties(blob) == PROPERTIES
-    assert encode_properties({}) is None and decode_properties(None) == {}
+    assert properties_from_blob(blob) == PROPERTIES
+    assert properties_to_blob({}) is None and properties_from_blob(None) == {}
 
 
 @pytest.mark.parametrize(("level", "pragma_value"), [("normal", 1), ("full", 2)])

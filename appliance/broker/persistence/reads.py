@@ -20,7 +20,7 @@ from appliance.broker.persistence.records import (
     StoredMessage,
     StoredSession,
     StoredWill,
-    decode_properties,
+    properties_from_blob,
 )
 from appliance.broker.routing.topic_tree import SubscriptionOptions
 
@@ -47,7 +47,7 @@ def load_state(db: sqlite3.Connection) -> BrokerState:
     ):
         will = None
         if row[5] is not None:
-            will = StoredWill(row[5], row[6], row[7], bool(row[8]), decode_properties(row[9]), row[10])
+            will = StoredWill(row[5], row[6], row[7], bool(row[8]), properties_from_blob(row[9]), row[10])
         session = StoredSession(row[0], row[1], row[2], row[3], row[4], will)
         sessions[session.client_id] = LoadedSession(session)
     for row in db.execute(
@@ -74,7 +74,7 @@ def load_state(db: sqlite3.Connection) -> BrokerState:
         loaded = sessions.get(row[1])
         if loaded is None or row[9] is None:  # a shared message that is gone: nothing to resend
             continue
-        body = StoredMessage(row[8], row[9], decode_properties(row[10]), row[11])
+        body = StoredMessage(row[8], row[9], properties_from_blob(row[10]), row[11])
         message_id = row[2]
         if message_id is not None:
             messages[message_id] = body
@@ -85,7 +85,7 @@ def load_state(db: sqlite3.Connection) -> BrokerState:
         if loaded is not None:
             loaded.inbound_qos2.add(row[1])
     retained = {
-        row[0]: RetainedMessage(row[0], row[1], row[2], decode_properties(row[3]), row[4])
+        row[0]: RetainedMessage(row[0], row[1], row[2], properties_from_blob(row[3]), row[4])
         for row in db.execute("SELECT topic, payload, qos, properties, expires_at FROM retained")
     }
     return BrokerState(sessions, messages, retained)
@@ -102,7 +102,7 @@ def committed_page(db: sqlite3.Connection, client_id: str, after_seq: int, limit
         if row[6] is None:  # a shared message that is gone (a version 2 file could hold such a row)
             continue
         page.append((StoredDelivery(row[0], client_id, row[1], row[2], bool(row[3]), subscription_ids(row[4])),
-                     StoredMessage(row[5], row[6], decode_properties(row[7]), row[8])))
+                     StoredMessage(row[5], row[6], properties_from_blob(row[7]), row[8])))
         size += len(row[6])
         if max_bytes and size >= max_bytes:
             return page, True

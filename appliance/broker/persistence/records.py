@@ -1,7 +1,7 @@
 """What ``broker.db`` holds, as the broker hands it over and gets it back: one frozen record per row
 kind, and the property blob.
 
-Publish properties (MQTT 5) are stored as one blob, ``encode_properties``: UTF-8 JSON of an object whose
+Publish properties (MQTT 5) are stored as one blob, ``properties_to_blob``: UTF-8 JSON of an object whose
 keys are property names chosen by the caller and whose values are int, str, bytes (written as
 ``{"b64": "..."}``) or lists (user properties: lists of ``[key, value]`` pairs, read back as tuples). It
 is self-describing, readable with the ``sqlite3`` shell, and never unpickles anything.
@@ -113,7 +113,7 @@ class BrokerState:
     retained: dict[str, RetainedMessage]
 
 
-def encode_properties(properties: Mapping[str, PropertyValue]) -> bytes | None:
+def properties_to_blob(properties: Mapping[str, PropertyValue]) -> bytes | None:
     """The blob for a property mapping (None when empty); TypeError for an unsupported value."""
     if not properties:
         return None
@@ -138,8 +138,8 @@ def _encode_item(name: str, item: object) -> object:
     raise TypeError(f"property {name!r}: list items must be ints or (str, str) pairs, got {item!r}")
 
 
-def decode_properties(blob: bytes | None) -> dict[str, PropertyValue]:
-    """The inverse of ``encode_properties``."""
+def properties_from_blob(blob: bytes | None) -> dict[str, PropertyValue]:
+    """The inverse of ``properties_to_blob``."""
     if blob is None:
         return {}
     decoded: dict[str, PropertyValue] = {}

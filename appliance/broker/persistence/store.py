@@ -58,8 +58,8 @@ from appliance.broker.persistence.records import (
     StoredMessage,
     StoredSession,
     StoredWill,
-    decode_properties,
-    encode_properties,
+    properties_from_blob,
+    properties_to_blob,
 )
 from appliance.broker.persistence.schema import (
     SCHEMA_VERSION,
@@ -76,7 +76,7 @@ from appliance.sqlite_files import DatabaseFileError, refuse_emptied
 __all__ = [
     "DB_FILENAME", "SCHEMA_VERSION", "SYNCHRONOUS_LEVELS", "BrokerState", "BrokerStore", "CorruptDatabaseError",
     "LoadedSession", "OutboundState", "PersistenceError", "PropertyValue", "RetainedMessage", "SchemaTooNewError",
-    "StoredDelivery", "StoredMessage", "StoredSession", "StoredWill", "decode_properties", "encode_properties",
+    "StoredDelivery", "StoredMessage", "StoredSession", "StoredWill", "properties_from_blob", "properties_to_blob",
 ]
 
 DB_FILENAME = "broker.db"
@@ -216,7 +216,7 @@ class BrokerStore:
                     will.payload if will else None,
                     will.qos if will else None,
                     int(will.retain) if will else None,
-                    encode_properties(will.properties) if will else None,
+                    properties_to_blob(will.properties) if will else None,
                     will.delay_interval if will else None,
                 ),
             )
@@ -280,7 +280,7 @@ class BrokerStore:
             message_id,
             message.topic,
             message.payload,
-            encode_properties(message.properties),
+            properties_to_blob(message.properties),
             message.expires_at,
         )
         self._new_message_refs[message_id] = 0
@@ -330,7 +330,7 @@ class BrokerStore:
         if subscription_ids or properties or expires_at is not None:
             ids = ",".join(map(str, subscription_ids)) if subscription_ids else None
             self._new_deliveries[seq] = [seq, client_id, qos, int(retain), packet_id, state, topic, body, None,
-                                         ids, encode_properties(properties), expires_at]
+                                         ids, properties_to_blob(properties), expires_at]
             self._new_full_rows += 1
         else:
             self._new_deliveries[seq] = [seq, client_id, qos, int(retain), packet_id, state, topic, body]
@@ -414,7 +414,7 @@ class BrokerStore:
                     ).fetchone())
                 ids = subscription_ids(row[9]) if full else ()
                 page.append((StoredDelivery(seq, client_id, message_id, row[2], bool(row[3]), ids),  # type: ignore[arg-type]
-                             StoredMessage(body[1], body[2], decode_properties(body[3]), body[4])))  # type: ignore[arg-type]
+                             StoredMessage(body[1], body[2], properties_from_blob(body[3]), body[4])))  # type: ignore[arg-type]
                 if len(page) == limit:
                     return page
         return page
@@ -443,7 +443,7 @@ class BrokerStore:
         self._buffer(
             (
                 sql.UPSERT_RETAINED,
-                (message.topic, message.payload, message.qos, encode_properties(message.properties), message.expires_at),
+                (message.topic, message.payload, message.qos, properties_to_blob(message.properties), message.expires_at),
             )
         )
 
