@@ -46,13 +46,11 @@ def session(master: str | None = None, app_name: str = "pipeline", shuffle_parti
 
 
 LOCAL_DRIVER_MEMORY = "4g"
-# The JVM's just-in-time compilers were the largest single CPU cost of a 1M-record batch: 36 of 98 CPU-s,
-# C2 most of it, more than all the tasks together (bench/RESULTS-pipeline.md, session 11). At the JVM's
-# thresholds C2 compiles every method called 5,000 times (a loop: 40,000 iterations), and a run of some
-# 30 Spark jobs has thousands of planner, optimiser and generated-code methods that are that warm for a
-# moment and never again. At 40 times the calls and 10 times the loop iterations those stay with C1, while
-# the per-row code, run millions of times, still reaches C2 within its first few percent of rows: 1M
-# records, JIT 35.9 -> 18.6 CPU-s, the tasks' CPU unchanged (35.0 / 34.1 s), the whole run -18 %.
+# C2 compiles only what stays hot. A batch run's planner, optimiser and generated-code methods are warm
+# for a moment and never again, and at the JVM's default thresholds C2 compiled thousands of them (the JIT
+# was the largest single CPU cost of a run). At 40 times the calls and 10 times the loop iterations those
+# stay with C1, while the per-row code, run millions of times, still reaches C2 within its first few
+# percent of rows. Measurements: bench/RESULTS-pipeline.md, "Where a run's CPU goes" (session 11).
 C2_THRESHOLDS = ("-XX:Tier4InvocationThreshold=200000", "-XX:Tier4MinInvocationThreshold=100000",
                  "-XX:Tier4CompileThreshold=250000", "-XX:Tier4BackEdgeThreshold=400000")
 LOCAL_JAVA_OPTIONS = " ".join(("-XX:+UseParallelGC", *C2_THRESHOLDS))

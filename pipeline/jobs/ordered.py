@@ -92,6 +92,7 @@ def receive_horizon(watermark: int, timing: StreamTiming) -> int:
     file. Before the first watermark Spark says 0: nothing is admitted on a query's first batch."""
     return watermark if timing.open_since_ms is None else min(watermark, timing.open_since_ms)
 
+
 def receive_watermarked(frame: DataFrame, timing: StreamTiming) -> DataFrame:
     """``frame`` under the query's watermark on ``received_ms``, ``timing.lateness_ms`` behind the newest
     receipt of every row that passes here: filters below it leave the watermark the fleet's."""
