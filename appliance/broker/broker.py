@@ -155,9 +155,10 @@ class Broker:
         if self._tick_timer is not None:
             self._tick_timer.cancel()
         self.keepalive.stop()
-        lifecycle.publish_wills_on_shutdown(self, self.runtime.now())
+        now = self.runtime.now()
+        lifecycle.publish_wills_on_shutdown(self, now)
         for link in list(self.links):
-            lifecycle.close(self, link, rc.SERVER_SHUTTING_DOWN, "server shutting down", abnormal=False)
+            lifecycle.close(self, link, rc.SERVER_SHUTTING_DOWN, "server shutting down", now, abnormal=False)
         self.flush()
         for service in reversed(self.services):
             await service.stop()
@@ -406,4 +407,5 @@ class Broker:
     def disconnect(self, client_id: str, reason_code: int, reason_string: str | None = None) -> None:
         session = self.sessions.get(client_id)
         if session is not None and session.connection is not None:
-            lifecycle.close(self, session.connection.link, reason_code, reason_string or "disconnected by the server")
+            lifecycle.close(self, session.connection.link, reason_code, reason_string or "disconnected by the server",
+                            self.runtime.now())

@@ -36,12 +36,12 @@ def test_each_connection_expires_at_its_own_deadline_and_traffic_moves_it() -> N
     runtime = FakeRuntime()
     keepalive, expired = watcher(runtime)
     quiet, chatty, slow = Link("quiet", runtime), Link("chatty", runtime), Link("slow", runtime)
-    keepalive.watch(quiet, 15.0)
-    keepalive.watch(chatty, 15.0)
+    keepalive.watch(quiet, 15.0, runtime.monotonic())
+    keepalive.watch(chatty, 15.0, runtime.monotonic())
     runtime.advance(3)
     slow_start = runtime.monotonic()
     slow.traffic(runtime)
-    keepalive.watch(slow, 90.0)
+    keepalive.watch(slow, 90.0, runtime.monotonic())
     runtime.advance(6)
     chatty.traffic(runtime)  # at 9: its deadline moves to 24
     runtime.advance(5.9)
@@ -61,10 +61,10 @@ def test_one_runtime_timer_serves_every_connection_and_an_earlier_deadline_moves
     keepalive, expired = watcher(runtime)
     links = [Link(f"c{index}", runtime) for index in range(1000)]
     for link in links:
-        keepalive.watch(link, 90.0)
+        keepalive.watch(link, 90.0, runtime.monotonic())
     assert pending_timers(runtime) == 1
     short = Link("short", runtime)
-    keepalive.watch(short, 1.5)
+    keepalive.watch(short, 1.5, runtime.monotonic())
     assert pending_timers(runtime) == 1
     runtime.advance(1.5)
     assert expired == [("short", 1.5)]
@@ -79,10 +79,10 @@ def test_connections_that_went_leave_nothing_behind() -> None:
     keepalive, expired = watcher(runtime)
     staying = [Link(f"stay{index}", runtime) for index in range(10)]
     for link in staying:
-        keepalive.watch(link, 65535 * 1.5)
+        keepalive.watch(link, 65535 * 1.5, runtime.monotonic())
     for index in range(20_000):
         link = Link(f"gone{index}", runtime)
-        keepalive.watch(link, 65535 * 1.5)
+        keepalive.watch(link, 65535 * 1.5, runtime.monotonic())
         keepalive.forget(link.connection)
     assert len(keepalive) == 10
     assert len(keepalive._heap) <= 2 * (10 + REBUILD_FLOOR)
@@ -104,7 +104,7 @@ def test_a_connection_forgotten_while_expiring_others_is_not_expired() -> None:
 
     keepalive = KeepAlive(runtime, close)  # type: ignore[arg-type]
     for link in links:
-        keepalive.watch(link, 10.0)  # type: ignore[arg-type]
+        keepalive.watch(link, 10.0, runtime.monotonic())  # type: ignore[arg-type]
     runtime.advance(10)
     assert expired == ["c0"] and len(keepalive) == 0
 
@@ -137,7 +137,7 @@ def test_any_sequence_expires_exactly_the_silent_connections_at_their_deadlines(
             if index in watched:
                 keepalive.forget(links[index].connection)
             link = links[index] = Link(f"c{index}", runtime)
-            keepalive.watch(link, value)  # type: ignore[arg-type]
+            keepalive.watch(link, value, runtime.monotonic())  # type: ignore[arg-type]
             watched[index] = value
         elif action == "traffic" and index in watched:
             links[index].traffic(runtime)

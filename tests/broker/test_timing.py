@@ -4,7 +4,7 @@ no waiting: the clock moves when the test says so."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -285,3 +285,51 @@ def test_a_slow_but_acknowledging_subscriber_keeps_its_publisher_held(pair: Brok
     subscriber.send(pk.PubAck(first.packet_id or 0))
     pair.advance(1.0)
     assert "backpressure" in publisher.holds and not subscriber.connection.overloaded
+
+
+
+# -- one clock reading per batch ---------------------------------------------------------------------------
+
+
+class ClockReads:
+    """Counts the reads of ``pair``'s clock (``now`` and ``monotonic``) from the moment it is made."""
+
+    def __init__(self, pair: BrokerPair, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.counts = {"now": 0, "monotonic": 0}
+        for name in self.counts:
+            monkeypatch.setattr(pair.runtime, name, self._counted(name, getattr(pair.runtime, name)))
+
+    def _counted(self, name: str, read: Callable[[], float]) -> Callable[[], float]:
+        def counted() -> float:
+            self.counts[name] += 1
+            return read()
+        return counted
+
+
+def end_with_a_protocol_error(pair: BrokerPair) -> Callable[[], None]:
+    client = pair.connected("a", will=pk.Will("wills/a", b"gone", properties={pr.WILL_DELAY_INTERVAL: 5}),
+                            properties={pr.SESSION_EXPIRY_INTERVAL: 60})
+    return lambda: client.arrive(pk.Connect(pk.MQTT_5, "a", True, 0))  # a second CONNECT: a protocol error
+
+
+def end_by_a_takeover(pair: BrokerPair) -> Callable[[], None]:
+    pair.connected("a", will=pk.Will("wills/a", b"gone"), properties={pr.SESSION_EXPIRY_INTERVAL: 60})
+    newcomer = pair.client()
+    return lambda: newcomer.arrive(pk.Connect(pk.MQTT_5, "a", False, 0, properties={pr.SESSION_EXPIRY_INTERVAL: 60}))
+
+
+def connect_with_a_keep_alive(pair: BrokerPair) -> Callable[[], None]:
+    client = pair.client()
+    return lambda: client.arrive(pk.Connect(pk.MQTT_5, "a", True, 30))
+
+
+@pytest.mark.parametrize("prepare", [end_with_a_protocol_error, end_by_a_takeover, connect_with_a_keep_alive])
+def test_a_batch_reads_the_clock_once(pair: BrokerPair, monkeypatch: pytest.MonkeyPatch,
+                                      prepare: Callable[[BrokerPair], Callable[[], None]]) -> None:
+    """The core reads the time once per batch of packets (``context.read_clock``); every handler of the
+    batch, and what it calls (closing a connection, its will, the keep-alive timer), uses that reading: a
+    second read could see a later time than the one the batch was judged at."""
+    batch = prepare(pair)
+    reads = ClockReads(pair, monkeypatch)
+    batch()
+    assert reads.counts == {"now": 1, "monotonic": 1}

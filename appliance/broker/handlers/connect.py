@@ -181,7 +181,7 @@ def complete_connect(context: HandlerContext, link: Link, connect: pk.Connect, a
     session = context.sessions.get(client_id)
     if session is not None and session.connection is not None:
         log.info("client %s: session taken over by a new connection from %s", client_id, connection.peer)
-        lifecycle.close(context, session.connection.link, rc.SESSION_TAKEN_OVER, "session taken over")
+        lifecycle.close(context, session.connection.link, rc.SESSION_TAKEN_OVER, "session taken over", now.wall)
         session = context.sessions.get(client_id)
     context.wills.cancel(client_id)
     if session is not None and connect.clean_start:
@@ -220,7 +220,7 @@ def complete_connect(context: HandlerContext, link: Link, connect: pk.Connect, a
     connection.out += encode(pk.Connack(session_present, 0, connack_props), connection.protocol_level)
     context.commits.hold(connection, revision, start)
     if keep_alive:
-        lifecycle.start_keepalive(context, link, keep_alive * 1.5)
+        lifecycle.start_keepalive(context, link, keep_alive * 1.5, now)
     session.resume(connection, now.wall)
     context.mark(connection)
     log.info("client %s (%s): connected%s over MQTT %s%s", client_id, connection.peer,

@@ -102,16 +102,16 @@ def handle_packets(context: HandlerContext, link: Link, packets: deque[Incoming]
             if pending is not None:
                 return pending
     except Exception as exc:  # ``failed`` tells bad input from a bug
-        failed(context, link, exc)
+        failed(context, link, exc, now.wall)
     return None
 
 
-def failed(context: HandlerContext, link: Link, error: Exception) -> None:
+def failed(context: HandlerContext, link: Link, error: Exception, now: float) -> None:
     """Handling ``link``'s packets raised ``error``: bad input ends the connection with its reason code,
-    a bug with 0x80 and a traceback in the log."""
+    a bug with 0x80 and a traceback in the log. ``now``: the batch's wall-clock reading."""
     if isinstance(error, MqttProtocolError):
-        lifecycle.fail(context, link, error)
+        lifecycle.fail(context, link, error, now)
         return
     connection = link.connection
     log.error("client %s (%s): internal error; closing", connection.client_id or "?", connection.peer, exc_info=error)
-    lifecycle.close(context, link, rc.UNSPECIFIED_ERROR, "internal error")
+    lifecycle.close(context, link, rc.UNSPECIFIED_ERROR, "internal error", now)

@@ -84,7 +84,7 @@ def accept_publish(context: HandlerContext, link: Link, session: Session, publis
     # A failure reason code means "not accepted": such a message is not routed either.
     if code < 0x80 and verdict.route:
         if qos and context.store_failing and store_failure.publish_needs_write(context, session, publish):
-            store_failure.refuse_publish(context, link, publish)
+            store_failure.refuse_publish(context, link, publish, now.wall)
             return
         properties = publish.properties
         expires_at = None
@@ -181,7 +181,7 @@ async def _publish_via_services(context: HandlerContext, link: Link, publish: pk
         return
     accept_publish(context, link, session, publish, verdict, now)
     if verdict.disconnect is not None:
-        lifecycle.close(context, link, verdict.disconnect, verdict.reason_string or "closed by a service")
+        lifecycle.close(context, link, verdict.disconnect, verdict.reason_string or "closed by a service", now.wall)
 
 
 # -- acknowledgements -------------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def handle_pubrel(context: HandlerContext, link: Link, packet: pk.PubRel, now: I
     packet_id = packet.packet_id
     if packet_id in session.inbound_qos2:
         if session.journal is not None and context.store_failing:
-            store_failure.pubrel_refused(context, link)
+            store_failure.pubrel_refused(context, link, now.wall)
             return
         revision = context.commits.revision()
         session.inbound_qos2.discard(packet_id)

@@ -86,7 +86,7 @@ def handle_unsubscribe(context: HandlerContext, link: Link, unsubscribe: pk.Unsu
     codes: list[int] = []
     revision = context.commits.revision()
     if session.journal is not None and context.store_failing:
-        refused = store_failure.unsubscribe_refused(context, link, len(unsubscribe.topic_filters))
+        refused = store_failure.unsubscribe_refused(context, link, len(unsubscribe.topic_filters), now.wall)
         if refused is None:
             return
         codes = refused

@@ -226,12 +226,13 @@ def close_after_failed_commit(context: HandlerContext, link: Link, connack_refus
     connection = link.connection
     if connection.state == CLOSED:
         return
+    now = context.runtime.now()  # after a flush's commit: not a batch of packets, a reading of its own
     if not connack_refused:
-        lifecycle.close(context, link, failure_code(context), WHY)
+        lifecycle.close(context, link, failure_code(context), WHY, now)
         return
     connection.state = CLOSED
     connection.clean_disconnect = True
-    lifecycle.disconnected(context, connection, context.runtime.now())
+    lifecycle.disconnected(context, connection, now)
     context.close_after_flush(link)
 
 
@@ -248,7 +249,7 @@ def publish_needs_write(context: HandlerContext, session: Session, publish: pk.P
     return context.router.reaches_durable(publish.topic)
 
 
-def refuse_publish(context: HandlerContext, link: Link, publish: pk.Publish) -> None:
+def refuse_publish(context: HandlerContext, link: Link, publish: pk.Publish, now: float) -> None:
     """MQTT 5: PUBACK/PUBREC with the failure code; 3.1.1: close without acknowledging."""
     context.store_health.refused += 1
     connection = link.connection
@@ -258,7 +259,7 @@ def refuse_publish(context: HandlerContext, link: Link, publish: pk.Publish) -> 
         connection.out += encode_ack(packet_type, publish.packet_id, pk.MQTT_5, failure_code(context),
                                      _reason(connection))
     else:
-        lifecycle.close(context, link, failure_code(context), WHY)
+        lifecycle.close(context, link, failure_code(context), WHY, now)
 
 
 def connect_needs_write(context: HandlerContext, client_id: str, expiry: int) -> bool:
@@ -267,19 +268,19 @@ def connect_needs_write(context: HandlerContext, client_id: str, expiry: int) ->
     return expiry > 0 or (session is not None and session.journal is not None)
 
 
-def unsubscribe_refused(context: HandlerContext, link: Link, count: int) -> list[int] | None:
+def unsubscribe_refused(context: HandlerContext, link: Link, count: int, now: float) -> list[int] | None:
     """A durable session's UNSUBSCRIBE: MQTT 5 gets 0x80 per filter (UNSUBACK has no Quota exceeded);
     3.1.1 has no failure code, so the connection closes (returns None)."""
     context.store_health.refused += 1
     if link.connection.v5:
         return [rc.UNSPECIFIED_ERROR] * count
-    lifecycle.close(context, link, failure_code(context), WHY)
+    lifecycle.close(context, link, failure_code(context), WHY, now)
     return None
 
 
-def pubrel_refused(context: HandlerContext, link: Link) -> None:
+def pubrel_refused(context: HandlerContext, link: Link, now: float) -> None:
     """PUBCOMP of a durable session's QoS 2 exchange would need a write, and has no failure code: close;
     the client sends PUBREL again after reconnecting."""
     context.store_health.refused += 1
-    lifecycle.close(context, link, failure_code(context), WHY)
+    lifecycle.close(context, link, failure_code(context), WHY, now)
 

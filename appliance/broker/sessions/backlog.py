@@ -53,7 +53,7 @@ class Backlogs:
                     context.mark(connection)
                     await runtime.sleep(0)
         except Exception as exc:  # what an awaited step raised; ``failed`` tells bad input from a bug
-            failed(context, link, exc)
+            failed(context, link, exc, runtime.now())  # after an await: a reading of its own
         finally:
             if self.waiting.get(connection) is backlog:
                 del self.waiting[connection]

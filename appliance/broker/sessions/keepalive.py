@@ -56,14 +56,15 @@ class KeepAlive:
         """Connections watched."""
         return len(self._entries)
 
-    def watch(self, link: Link, seconds: float) -> None:
-        """Close ``link`` once it has sent nothing for ``seconds``, counted from its last packet."""
+    def watch(self, link: Link, seconds: float, now: float) -> None:
+        """Close ``link`` once it has sent nothing for ``seconds``, counted from its last packet; ``now``:
+        the monotonic reading of the batch that asks (the timer's delay is counted from it)."""
         connection = link.connection
         self.forget(connection)
         entry = [connection.last_received + seconds, next(self._order), link, seconds]
         self._entries[connection] = entry
         heapq.heappush(self._heap, entry)
-        self._arm()
+        self._arm(now)
 
     def forget(self, connection: ClientConnection) -> None:
         """The connection is gone: stop watching it."""
@@ -83,7 +84,7 @@ class KeepAlive:
             self._timer = None
             self._timer_at = math.inf
 
-    def _arm(self) -> None:
+    def _arm(self, now: float) -> None:
         heap = self._heap
         if not heap:
             return
@@ -93,7 +94,7 @@ class KeepAlive:
                 return
             self._timer.cancel()
         self._timer_at = deadline
-        self._timer = self._runtime.call_later(max(0.0, deadline - self._runtime.monotonic()), self._check)
+        self._timer = self._runtime.call_later(max(0.0, deadline - now), self._check)
 
     def _check(self) -> None:
         self._timer = None
@@ -116,4 +117,4 @@ class KeepAlive:
             heapq.heappop(heap)
             del self._entries[connection]
             self._expired(link)
-        self._arm()
+        self._arm(now)

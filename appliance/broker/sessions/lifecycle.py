@@ -7,8 +7,9 @@ connection: it detaches the session, tells the services, publishes or schedules 
 session whose expiry is 0. Delayed wills and expired sessions are checked by ``expire`` from the
 broker's one-second tick (``will.PendingWills``), not by a timer per client.
 
-Time comes in as arguments (``now``, wall-clock seconds) and through ``runtime.Runtime`` (the keep-alive
-timer): no asyncio, no time module, so the broker-pair tests drive all of it with a fake clock.
+Time comes in as arguments (``now``: the wall-clock seconds of the batch being handled, read once by the
+core, ``context.read_clock``) and through ``runtime.Runtime`` (the keep-alive timer, which reads its own
+when it fires): no asyncio, no time module, so the broker-pair tests drive all of it with a fake clock.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from appliance.broker.transport.link import Link
 log = logging.getLogger("appliance.broker")
 
 
-def fail(context: HandlerContext, link: Link, error: MqttProtocolError) -> None:
+def fail(context: HandlerContext, link: Link, error: MqttProtocolError, now: float) -> None:
     """The one place bad input ends a connection: log it with the client id, tell the client why.
 
     Before CONNACK the answer is a CONNACK with the reason (MQTT 5) or return code (3.1.1, where only an
@@ -51,11 +52,12 @@ def fail(context: HandlerContext, link: Link, error: MqttProtocolError) -> None:
         level = connection.reader.protocol_level
         if level == pk.MQTT_5 or error.reason_code == rc.UNSUPPORTED_PROTOCOL_VERSION:
             connection.out += encode(pk.Connack(False, error.reason_code), level)
-    close(context, link, error.reason_code, error.message)
+    close(context, link, error.reason_code, error.message, now)
 
 
-def close(context: HandlerContext, link: Link, reason: int, why: str, abnormal: bool = True) -> None:
-    """End a connection: MQTT 5 clients past CONNECT get DISCONNECT(reason) first."""
+def close(context: HandlerContext, link: Link, reason: int, why: str, now: float, abnormal: bool = True) -> None:
+    """End a connection: MQTT 5 clients past CONNECT get DISCONNECT(reason) first. ``now``: the wall-clock
+    reading of the batch that ends it (its will and its session's expiry count from it)."""
     connection = link.connection
     if connection.state == CLOSED:
         return
@@ -66,7 +68,7 @@ def close(context: HandlerContext, link: Link, reason: int, why: str, abnormal: 
     connection.state = CLOSED
     if was == CONNECTED:
         connection.clean_disconnect = not abnormal
-        disconnected(context, connection, context.runtime.now())
+        disconnected(context, connection, now)
     context.mark(connection)
     context.close_after_flush(link)
 
@@ -195,10 +197,10 @@ def count_drops(context: HandlerContext) -> None:
 # -- keep-alive -------------------------------------------------------------------------------------------
 
 
-def start_keepalive(context: HandlerContext, link: Link, seconds: float) -> None:
+def start_keepalive(context: HandlerContext, link: Link, seconds: float, now: Instant) -> None:
     """Close the connection once it has sent nothing for ``seconds`` (``keepalive.KeepAlive``: one heap
     and one timer for every connection)."""
-    context.keepalive.watch(link, seconds)
+    context.keepalive.watch(link, seconds, now.monotonic)
 
 
 def keepalive_expired(context: HandlerContext, link: Link) -> None:
@@ -206,7 +208,7 @@ def keepalive_expired(context: HandlerContext, link: Link) -> None:
     if connection.state == CLOSED:
         return
     log.info("client %s: keep-alive timeout", connection.client_id or connection.peer)
-    close(context, link, rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
+    close(context, link, rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout", context.runtime.now())  # a timer: its own reading
     context.schedule_flush()
 
 
