@@ -63,6 +63,8 @@ UNIT_MODULES = frozenset(
         "tests/forwarding/test_batch.py",
         "tests/forwarding/test_conditions.py",
         "tests/forwarding/test_config.py",
+        "tests/forwarding/test_flow_limit.py",
+        "tests/forwarding/test_in_flight.py",
         "tests/forwarding/test_liveness.py",
         "tests/forwarding/test_manifest.py",
         "tests/forwarding/test_pump.py",

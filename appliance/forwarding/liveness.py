@@ -15,6 +15,9 @@ Rules
   ``DEAD_AFTER`` keep-alive periods (the factor the MQTT server itself allows the client, MQTT 5 section
   3.1.2.10) *plus one step of the link* without either.
 * **Idle**: paho's PINGREQ/PINGRESP rule applies (it then has nothing to wait behind).
+* **Before the CONNACK** the connection has ``connack_timeout_s`` from its start: paho's rule would give
+  it one keep-alive, and a CONNECT queued behind the last connection's bytes on a slow link takes longer
+  (a 1 s keep-alive at 9.6 kbit/s failed so).
 * **A step** is the longest of the last ``RECENT_STEPS`` gaps between progress events while busy (what
   the link has just shown it needs) and of the caller's estimate from the measured rate (a frame and a
   PUBLISH at that rate, plus the round trip).
@@ -31,6 +34,7 @@ a step. Pure: no I/O; the caller passes the clock and what it read from the sock
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 #: Keep-alive periods without progress after which a busy link is dead (the server's own tolerance)...
@@ -40,8 +44,10 @@ RECENT_STEPS = 8
 
 
 class Liveness:
-    def __init__(self, keepalive_s: float, now: float) -> None:
+    def __init__(self, keepalive_s: float, now: float, connack_timeout_s: float = math.inf) -> None:
         self.keepalive_s = keepalive_s
+        self.started_at = now
+        self.connack_timeout_s = connack_timeout_s
         self.progress_at = now
         self._busy = False
         self._acked: int | None = None
@@ -73,3 +79,14 @@ class Liveness:
             self.progress_at = now  # idle: the PINGREQ rule watches the link, and a busy spell starts the clock
             return True
         return now - self.progress_at <= self.allowed_s(step_s)
+
+    def dead(self, now: float, busy: bool, acked_bytes: int | None, step_s: float, connected: bool) -> str | None:
+        """Why the connection is dead at ``now`` (what the log says), or None while it lives: ``alive``'s
+        rule, and before the CONNACK (``connected`` False) its timeout. Idle and connected, the caller
+        applies paho's PINGREQ rule."""
+        if not self.alive(now, busy, acked_bytes, step_s):
+            return (f"no progress for {now - self.progress_at:.1f} s with data in flight "
+                    f"(allowed {self.allowed_s(step_s):.1f} s): the link is dead")
+        if not connected and now - self.started_at > self.connack_timeout_s:
+            return f"no CONNACK within {self.connack_timeout_s:.0f} s"
+        return None

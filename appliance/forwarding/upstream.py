@@ -2,7 +2,10 @@
 
 The policy over ``paho_link.py``'s mechanism, as umqtt.robust is over umqtt.simple: this module decides
 when to connect, when a link is dead and how much may be in flight; ``PahoConnection`` runs paho on the
-event loop and reports what happens. Measurements and the history of these rules: docs/forwarding.md
+event loop and reports what happens. The policy's state is in sans-I/O classes of its own, each with its
+tests: the window of the measured link (``window.py``) bounded by the server's limits (``flow_limit.py``),
+the books of a batch in flight (``in_flight.py``), keep-alive (``liveness.py``); this class is the asyncio
+around them. Measurements and the history of these rules: docs/forwarding.md
 ("Upstream bridge: why it is built so").
 
 Rules
@@ -12,7 +15,7 @@ Rules
   stable across retries).
 * In flight: in the ``message`` format at most ``estimate.window()`` PUBLISHes unacknowledged, in the
   ``batch`` format (``upstream_publish.py`` says what goes in a PUBLISH) a window's worth of packed
-  PUBLISHes; never more than the server's Receive Maximum.
+  PUBLISHes; never more than the server's Receive Maximum (``flow_limit.py``).
 * Expiry is judged again for every PUBLISH as it is handed to the link: an expired message never goes on
   the wire.
 * Reconnecting: exponential backoff with jitter, and a fresh ``PahoConnection`` per connection.
@@ -39,6 +42,8 @@ from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.backoff import Backoff
 from appliance.forwarding.config import UpstreamConfig
 from appliance.forwarding.endpoints import Refused, SendFailed, Unsendable
+from appliance.forwarding.flow_limit import FlowLimit
+from appliance.forwarding.in_flight import BatchInFlight
 from appliance.forwarding.liveness import Liveness
 from appliance.forwarding.metrics import LinkStats
 from appliance.forwarding.paho_link import (
@@ -61,8 +66,6 @@ log = logging.getLogger(__name__)
 
 #: How often keep-alive (liveness and paho's PINGREQ) is looked at.
 TICK_S = 0.25
-#: The Receive Maximum of a server that announces none (MQTT 5 section 3.2.2.3.3), and of MQTT 3.1.1.
-RECEIVE_MAXIMUM_DEFAULT = 65535
 #: How long a DISCONNECT may take to leave before the socket is simply closed.
 CLOSE_TIMEOUT_S = 1.0
 
@@ -91,6 +94,7 @@ class UpstreamSender:
         self.format = PublishFormat(settings, gateway_id)
         self.runtime: Runtime = runtime if runtime is not None else AsyncioRuntime()
         self.estimate = LinkEstimate()
+        self.limit = FlowLimit(settings, self.estimate)
         self._ready = asyncio.Event()
         self._stopping = False
         self._link_up = True
@@ -100,13 +104,10 @@ class UpstreamSender:
         self._task: asyncio.Task[None] | None = None
         self._connection: PahoConnection | None = None
         self._liveness: Liveness | None = None
-        self._connect_started = 0.0
         self._pending: dict[int, asyncio.Future[float]] = {}
         # Jittered, so a fleet that lost the same cloud at the same moment does not come back in step.
         self._backoff = Backoff(settings.backoff_min_s, settings.backoff_max_s, random.Random())
         self._ready_flag = False
-        self._max_packet: int | None = None  # the upstream's Maximum Packet Size (MQTT 5 CONNACK)
-        self._receive_max = RECEIVE_MAXIMUM_DEFAULT  # the upstream's Receive Maximum (MQTT 5 CONNACK)
         # Why the last connection ended, and whether that blames the messages in flight (not when the
         # bridge closed it itself: a stop, the modem reporting the link down).
         self._lost_reason = ""
@@ -177,9 +178,7 @@ class UpstreamSender:
         connection = PahoConnection(self.settings, self.settings.client_id or self.gateway_id, sock, self)
         self._connection = connection
         self._answered = False
-        now = self.runtime.monotonic()
-        self._liveness = Liveness(self.settings.keepalive_s, now)
-        self._connect_started = now
+        self._liveness = Liveness(self.settings.keepalive_s, self.runtime.monotonic(), CONNECT_TIMEOUT_S)
         accepted = False
         try:
             connection.connect()
@@ -204,25 +203,18 @@ class UpstreamSender:
                 await event.wait()
 
     def _tick(self, connection: PahoConnection) -> None:
-        """Keep-alive: busy, the link must make progress; idle, paho's PINGREQ/PINGRESP rule; before the
-        CONNACK, ``CONNECT_TIMEOUT_S``."""
+        """Keep-alive (``liveness.py``): busy, the link must make progress; before the CONNACK, its timeout;
+        idle, paho's PINGREQ/PINGRESP rule."""
         assert self._liveness is not None
-        now = self.runtime.monotonic()
         # A PINGREQ out counts as data in flight: its PINGRESP may take a round trip longer than the
         # keep-alive (paho's rule), on a satellite link or behind a frame on a slow one.
         busy = bool(self._pending) or connection.output_pending()
-        if not self._liveness.alive(now, busy, connection.acked_bytes(), self.estimate.progress_step_s()):
-            self._abandon(connection, f"no progress for {now - self._liveness.progress_at:.1f} s with data in "
-                                      f"flight (allowed {self._liveness.allowed_s(self.estimate.progress_step_s()):.1f}"
-                                      " s): the link is dead")
+        dead = self._liveness.dead(self.runtime.monotonic(), busy, connection.acked_bytes(),
+                                   self.estimate.progress_step_s(), self._ready_flag)
+        if dead is not None:
+            self._abandon(connection, dead)
             return
-        if not self._ready_flag:
-            # paho's keep-alive would give the CONNACK one keep-alive period, and a CONNECT queued behind the
-            # last connection's bytes on a slow link takes longer (a 1 s keep-alive at 9.6 kbit/s failed so).
-            if now - self._connect_started > CONNECT_TIMEOUT_S:
-                self._abandon(connection, f"no CONNACK within {CONNECT_TIMEOUT_S:.0f} s")
-            return
-        if not busy and not connection.ping_if_due():
+        if self._ready_flag and not busy and not connection.ping_if_due():
             self._abandon(connection, "keep-alive: no PINGRESP")
 
     def _abandon(self, connection: PahoConnection, reason: str | None = None) -> None:
@@ -287,9 +279,9 @@ class UpstreamSender:
             return
         self.connects += 1
         self._set_ready(True)  # a new connection for the estimate: the round trip below belongs to it
-        self.estimate.note_round_trip(self.runtime.monotonic() - self._connect_started)
-        self._max_packet = getattr(properties, "MaximumPacketSize", None)
-        self._receive_max = getattr(properties, "ReceiveMaximum", None) or RECEIVE_MAXIMUM_DEFAULT
+        assert self._liveness is not None
+        self.estimate.note_round_trip(self.runtime.monotonic() - self._liveness.started_at)
+        self.limit.connected(getattr(properties, "MaximumPacketSize", None), getattr(properties, "ReceiveMaximum", None))
         floor = retransmission_floor_s(connection.socket) if connection.socket is not None else None
         # The floor TCP retransmits above: the image sizes it for the slowest uplink (appliance/tcp_floor.py).
         log.info("upstream connected to %s:%s (retransmission floor %s)", self.settings.host, self.settings.port,
@@ -328,25 +320,10 @@ class UpstreamSender:
                 connection.publish(topic, payload)
 
     def window(self) -> Window:
-        if self.settings.format == "message":
-            return self.estimate.window()
-        limit = self.settings.batch_max_bytes
-        if self._max_packet is not None:  # room for the fixed header, topic and batch header
-            limit = max(1, min(limit, self._max_packet - 512))
-        return self.estimate.packed_window(limit)
-
-    def _in_flight_limit(self) -> int:
-        """PUBLISHes that may be unacknowledged, re-read after every ack so it follows the link; never more
-        than the server's Receive Maximum (MQTT 5 section 3.3.4: a server closes the connection, 0x93, and
-        the pump would blame the message at the head for the drop)."""
-        window = self.window()
-        if window.chunk_bytes is None:
-            return min(window.messages, self._receive_max)
-        assert window.bytes is not None
-        return min(max(2, -(-window.bytes // window.chunk_bytes)), self._receive_max)
+        return self.limit.window()
 
     async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
-        """Publish with at most ``_in_flight_limit()`` unacknowledged; stop handing out PUBLISHes once
+        """Publish with at most ``limit.in_flight()`` unacknowledged; stop handing out PUBLISHes once
         ``preempt`` is set. Returns how many messages (a prefix of ``batch``) are done: acknowledged, or
         expired before their turn came.
 
@@ -361,51 +338,37 @@ class UpstreamSender:
         connection = self._connection
         if connection is None or not self._ready.is_set():
             raise SendFailed("upstream not connected")
-        sent_at = self.runtime.monotonic()
-        futures: list[asyncio.Future[float]] = []
-        sizes: list[int] = []
-        ack_times: list[float] = []
-        published: list[list[QueuedMessage]] = []  # the live messages each PUBLISH carried
-        completes: list[int] = []  # how many messages of ``batch`` each PUBLISH's ack completes
-        expired_run = 0  # expired messages skipped since the last PUBLISH handed out
+        books = BatchInFlight(self.runtime.monotonic())
+        futures: list[asyncio.Future[float]] = []  # the PUBACK of each PUBLISH handed out
         finished = False
-        acked: list[int] = []
-        acked_set: set[int] = set()
-        refused: list[int] = []
-        refusal = ""
         unsendable: Unsendable | None = None
 
-        async def next_ack() -> None:
-            nonlocal refusal
-            index = len(ack_times)
+        async def next_answer() -> None:
+            future = futures[len(books.ack_times)]
             try:
-                ack_times.append(await futures[index])
-                acked.extend(item.seq for item in published[index])
-                acked_set.update(item.seq for item in published[index])
-            except Refused as exc:
-                ack_times.append(self.runtime.monotonic())  # an answer all the same: the link carried it
-                refused.extend(item.seq for item in published[index])
-                refusal = refusal or exc.reason
+                books.answered(await future)
+            except Refused as exc:  # an answer all the same: the link carried it
+                books.answered(self.runtime.monotonic(), exc.reason)
 
         groups = self.format.groups(batch, self.window().chunk_bytes)
-        filled = len(groups) >= self._in_flight_limit()  # the window, not the queue, bounded this batch
+        filled = len(groups) >= self.limit.in_flight()  # the window, not the queue, bounded this batch
         try:
             for items in groups:
-                while len(futures) - len(ack_times) >= self._in_flight_limit():
-                    await next_ack()
-                    self.estimate.record_progress(sizes[: len(ack_times)], ack_times, sent_at=sent_at)
-                if preempt.is_set() or refused:
+                while books.unanswered >= self.limit.in_flight():  # re-read after every ack: it follows the link
+                    await next_answer()
+                    self.estimate.record_progress(books.answered_sizes(), books.ack_times, sent_at=books.sent_at)
+                if preempt.is_set() or books.refused:
                     break
                 if connection is not self._connection:
                     raise SendFailed(f"upstream connection lost: {self._lost_reason}", link_dropped=self._lost_blames)
                 sent_ms = wall_ms(self.runtime)
                 live = [item for item in items if item.expires_ms > sent_ms]
                 if not live:
-                    expired_run += len(items)
+                    books.skipped_expired(len(items))
                     continue
                 try:
                     topic, payload, properties = self.format.unit(live, sent_ms)
-                    self.format.check(topic, payload, properties, self._max_packet)
+                    self.format.check(topic, payload, properties, self.limit.max_packet)
                     mid = connection.publish(topic, payload, properties)
                 except PublishNotQueued as exc:
                     raise SendFailed(f"publish failed: {exc}") from None
@@ -419,28 +382,24 @@ class UpstreamSender:
                 future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
                 self._pending[mid] = future
                 futures.append(future)
-                sizes.append(wire_size(topic, payload, properties))
-                published.append(live)
-                completes.append(expired_run + len(items))
-                expired_run = 0
+                books.handed_out(live, len(items), wire_size(topic, payload, properties))
             else:
                 finished = True
-            while len(ack_times) < len(futures):
-                await next_ack()
+            while books.unanswered:
+                await next_answer()
         except SendFailed as exc:
             _abandon_acks(futures)
-            in_flight = [item.seq for items in published[len(ack_times):] for item in items]
-            raise SendFailed(exc.reason, acked, in_flight, exc.link_dropped) from None
+            raise SendFailed(exc.reason, books.acked, books.in_flight_seqs(), exc.link_dropped) from None
         except BaseException:  # a cancelled pump too: its acks are nobody's to wait for any more
             _abandon_acks(futures)
             raise
-        self.stats.bytes_sent += sum(item.size for items in published for item in items if item.seq in acked_set)
-        if refused:
-            raise Refused(refusal, refused, acked)
+        self.stats.bytes_sent += books.acked_bytes()
+        if books.refused:
+            raise Refused(books.refusal, books.refused, books.acked)
         if unsendable is not None:
-            raise Unsendable(unsendable.reason, unsendable.seqs, acked)
-        self.estimate.record(sizes, ack_times, sent_at, filled and finished)  # a preempted batch did not fill it
-        messages = sum(completes) + (expired_run if finished else 0)
+            raise Unsendable(unsendable.reason, unsendable.seqs, books.acked)
+        # A preempted batch did not fill the window.
+        self.estimate.record(books.sizes, books.ack_times, books.sent_at, filled and finished)
         self.stats.rate_bytes_per_s = self.estimate.rate_bytes_per_s
         self.stats.rtt_s = self.estimate.rtt_s
-        return messages
+        return books.done(finished)

@@ -121,3 +121,16 @@ def test_any_timing_keeps_the_rule_bounded_and_never_judges_a_link_that_just_mad
         assert DEAD_AFTER * KEEPALIVE <= watch.allowed_s(step) <= DEAD_AFTER * KEEPALIVE + longest + 1e-9
         if arrived or not busy:
             assert alive
+
+
+def test_the_verdict_names_why_a_connection_is_dead() -> None:
+    """``dead``: no progress while busy (whatever the CONNACK), or no CONNACK within its timeout."""
+    watch = Liveness(KEEPALIVE, now=10.0, connack_timeout_s=10.0)
+    assert watch.dead(19.0, busy=False, acked_bytes=None, step_s=0.0, connected=False) is None
+    reason = watch.dead(20.5, busy=False, acked_bytes=None, step_s=0.0, connected=False)
+    assert reason == "no CONNACK within 10 s"
+    assert watch.dead(20.5, busy=False, acked_bytes=None, step_s=0.0, connected=True) is None
+    # Idle at 20.5 restarted the clock: busy from then on, it is dead 1.5 keep-alives later.
+    assert watch.dead(22.0, busy=True, acked_bytes=None, step_s=0.0, connected=True) is None
+    reason = watch.dead(22.2, busy=True, acked_bytes=None, step_s=0.0, connected=True)
+    assert reason is not None and reason.startswith("no progress for 1.7 s with data in flight (allowed 1.5 s)")
