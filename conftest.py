@@ -98,6 +98,7 @@ UNIT_MODULES = frozenset(
         "tests/statestore/test_commands.py",
         "tests/statestore/test_config.py",
         "tests/statestore/test_hlc.py",
+        "tests/statestore/test_lease.py",
         "tests/statestore/test_notify.py",
         "tests/statestore/test_resp3.py",
         "tests/statestore/test_service.py",

@@ -8,11 +8,13 @@ A blocking process cannot take its time from a loop, so it takes it from a ``Blo
 
 from __future__ import annotations
 
+import threading
 import time
 
 
 class BlockingClock:
-    """Monotonic seconds for deadlines, wall milliseconds for stamps, and a sleep that blocks the thread."""
+    """Monotonic seconds for deadlines, wall milliseconds for stamps, a sleep that blocks the thread, and a
+    wait for an event that a deadline cuts short."""
 
     def monotonic(self) -> float:
         return time.monotonic()
@@ -22,6 +24,10 @@ class BlockingClock:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def wait(self, event: threading.Event, seconds: float | None) -> bool:
+        """Block until ``event`` is set (True) or ``seconds`` have passed on this clock (False)."""
+        return event.wait(seconds)
 
 
 #: The system's clocks.

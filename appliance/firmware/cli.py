@@ -349,7 +349,7 @@ def collect_telemetry(connection: ConnectionSettings, wait: float) -> dict[str, 
     client.connect(connection.host, connection.port)
     client.loop_start()
     try:
-        if not listening.wait(connection.timeout):
+        if not SYSTEM_CLOCK.wait(listening, connection.timeout):
             raise ConnectionError(f"no CONNACK and SUBACK within {connection.timeout:g} s")
         if refusals:
             raise ConnectionError("; ".join(refusals))

@@ -58,7 +58,7 @@ class Lease:
                 remaining = deadline - SYSTEM_CLOCK.monotonic()
                 if remaining <= 0:
                     return False
-                changed.wait(remaining)
+                SYSTEM_CLOCK.wait(changed, remaining)
         finally:
             self.client.stop_keynotify(self.name, on_change, timeout=timeout)
 
