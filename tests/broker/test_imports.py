@@ -9,6 +9,7 @@ modules too, so an I/O module cannot sneak in through a helper.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -53,7 +54,8 @@ CLOCK = {"asyncio", "time", "uvloop"}
 IO = CLOCK | {"socket", "ssl", "selectors", "threading", "sqlite3", "concurrent"}
 
 
-def runtime_imports(module: str) -> set[str]:
+@functools.cache  # every parametrized case follows the same modules: each is read once per process
+def runtime_imports(module: str) -> frozenset[str]:
     """Top-level names of the modules ``module`` imports when it runs (not under TYPE_CHECKING)."""
     spec = importlib.util.find_spec(module)
     assert spec is not None and spec.origin is not None
@@ -77,7 +79,7 @@ def runtime_imports(module: str) -> set[str]:
             visit(child)
 
     visit(tree)
-    return found
+    return frozenset(found)
 
 
 def _is_package(module: str) -> bool:
