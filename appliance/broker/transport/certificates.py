@@ -21,12 +21,22 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from appliance.startup_error import StartupError
+
 #: A certificate that expires sooner than this is reported: time to renew it.
 NEAR_EXPIRY = timedelta(days=30)
 
 
-class CertificateFileError(Exception):
-    """The file holds no certificate that can be decoded; the message names the file."""
+class CertificateFileError(StartupError):
+    """A TLS file (``role``) holds no certificate whose dates can be read; the message names the file."""
+
+    def __init__(self, role: str, path: str | Path, why: str) -> None:
+        self.role = role
+        super().__init__(path, why)
+
+    @property
+    def location(self) -> str:
+        return f"TLS {self.role} {self.path}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +71,9 @@ def date_problems(path: Path, role: str, now: datetime, near: timedelta = NEAR_E
         fields = [(certificate.subject.rfc4514_string() or "(no subject)", certificate.not_valid_before_utc,
                    certificate.not_valid_after_utc) for certificate in certificates]
     except OSError as exc:
-        raise CertificateFileError(f"TLS {role} {path}: {exc.strerror or exc}") from None
+        raise CertificateFileError(role, path, str(exc.strerror or exc)) from None
     except (ValueError, x509.InvalidVersion) as exc:  # a damaged version field raises InvalidVersion, no ValueError
-        raise CertificateFileError(f"TLS {role} {path}: no PEM certificate can be read ({exc})") from None
+        raise CertificateFileError(role, path, f"no PEM certificate can be read ({exc})") from None
     problems = []
     for subject, not_before, not_after in fields:
         if now >= not_after:
