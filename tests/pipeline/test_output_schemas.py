@@ -2,6 +2,7 @@
 No Spark session here: the schemas are module constants, checked without a JVM."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -48,10 +49,35 @@ def test_an_unknown_type_in_an_output_ddl_fails_at_import():
         OutputSchema.of("a string, b decimal")
 
 
+#: PySpark's private handles to the JVM (``pyspark/sql/*.py``, ``pyspark/context.py``), as attributes or
+#: fetched by name.
+PRIVATE_HANDLE = re.compile(r"^_(jvm|jsc|gateway|jdf|jrdd|jcol|jconf|jsparkSession|jwrite|jreader|jsq|jsqm|jmap|jseq)$")
+
+
+def private_jvm_handles(tree: ast.AST) -> set[str]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and PRIVATE_HANDLE.match(node.attr):
+            found.add(node.attr)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+              and isinstance(node.args[1].value, str) and PRIVATE_HANDLE.match(node.args[1].value)):
+            found.add(node.args[1].value)
+    return found
+
+
 def test_only_the_files_module_uses_pysparks_private_jvm_handles():
-    users = set()
-    for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in ("_jvm", "_jsc", "_gateway"):
-                users.add(path.relative_to(PACKAGE).as_posix())
+    users = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+             if private_jvm_handles(ast.parse(path.read_text()))}
     assert users == {"jobs/files.py"}
+
+
+@pytest.mark.parametrize("source", ["sc._jvm.java.lang.System", "sc._jsc.hadoopConfiguration()",
+                                    "frame._jdf.queryExecution()", "spark._jsparkSession.conf()",
+                                    "writer._jwrite.save(path)", "getattr(spark, '_jsparkSession')"])
+def test_the_scan_finds_each_kind_of_private_handle(source):
+    assert private_jvm_handles(ast.parse(source))
+
+
+def test_the_scan_ignores_private_names_that_are_not_jvm_handles():
+    assert not private_jvm_handles(ast.parse("self._join(a)\nself._json = 1\nspark.sparkContext.getConf()"))
