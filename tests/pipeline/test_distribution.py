@@ -31,7 +31,7 @@ def wheel(source: Path, out: Path) -> zipfile.ZipFile:
 @pytest.mark.timeout(300)
 def test_the_gateway_wheel_carries_no_pipeline(tmp_path):
     names = wheel(ROOT, tmp_path / "gateway").namelist()
-    assert any(name.startswith("appliance/") for name in names)
+    assert {name for name in names if name.startswith("appliance/")} == gateway_package_files()
     assert not [name for name in names if name.startswith("pipeline/")]
     metadata = next(name for name in names if name.endswith("METADATA"))
     requires = wheel_text(tmp_path / "gateway", metadata)
@@ -50,6 +50,31 @@ def test_the_pipeline_wheel_is_the_pipeline_with_its_own_command(tmp_path):
     assert "appliance-pipeline = pipeline.cli:main" in entry_points
     metadata = built.read(next(name for name in names if name.endswith("METADATA"))).decode()
     assert "Name: appliance-pipeline" in metadata and "Requires-Dist: pyspark" in metadata
+
+
+def gateway_package_files() -> set[str]:
+    """Every file of the ``appliance`` package in the tree: what an installed gateway has to find (its
+    modules, and ``config/default.toml``, which ``appliance run`` without ``--config`` reads)."""
+    return {path.relative_to(ROOT).as_posix() for path in (ROOT / "appliance").rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts}
+
+
+def test_every_file_of_the_gateway_package_that_is_not_a_module_is_package_data():
+    """The fast half of the wheel check: a wheel carries only modules unless ``package-data`` names the
+    file (the embedded default configuration was missing from every wheel, and ``appliance run`` with no
+    ``--config`` failed on an installed gateway)."""
+    import fnmatch
+    import tomllib
+
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"].get("package-data", {})
+    not_modules = sorted(name for name in gateway_package_files() if not name.endswith(".py"))
+    assert not_modules, "the embedded default configuration at least"
+    unlisted = [
+        name for name in not_modules
+        if not any(fnmatch.fnmatch(name, f"{package.replace('.', '/')}/{pattern}")
+                   for package, patterns in package_data.items() for pattern in patterns)
+    ]
+    assert unlisted == []
 
 
 def test_the_gateway_distribution_finds_only_the_gateway_packages():
