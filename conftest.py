@@ -71,6 +71,7 @@ UNIT_MODULES = frozenset(
         "tests/forwarding/test_queues.py",
         "tests/forwarding/test_routes.py",
         "tests/forwarding/test_service.py",
+        "tests/forwarding/test_upstream_layers.py",
         "tests/forwarding/test_window.py",
         "tests/hardware/test_at.py",
         "tests/test_atomic_file.py",

@@ -17,7 +17,8 @@ Rules
 * A ``PahoConnection`` serves one connection and is then dropped: paho would otherwise replay its own
   in-flight copies on reconnect while the pump sends the batch again.
 * The kernel is asked, not guessed: ``send_queue_bytes`` (``TIOCOUTQ``) and ``acked_bytes``
-  (``tcpi_bytes_acked``) tell the policy whether the link still carries our bytes.
+  (``tcpi_bytes_acked``) tell the policy whether the link still carries our bytes, and
+  ``retransmission_floor_s`` what the route's retransmission floor is.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.properties import Properties
 
 from appliance.forwarding.config import UpstreamConfig
+from appliance.tcp_floor import retransmission_floor_s
 
 #: Seconds for the TCP connect and for the TLS handshake, each.
 CONNECT_TIMEOUT_S = 10.0
@@ -235,6 +237,11 @@ class PahoConnection:
 
     def acked_bytes(self) -> int | None:
         return acked_bytes(self.socket) if self.socket is not None else None
+
+    def retransmission_floor_s(self) -> float | None:
+        """The floor TCP retransmits above on this connection's route (``appliance/tcp_floor.py``: the image
+        sizes it for the slowest uplink); None where the kernel does not say."""
+        return retransmission_floor_s(self.socket) if self.socket is not None else None
 
     def ping_if_due(self) -> bool:
         """paho's keep-alive rule (a PINGREQ when idle for a keep-alive); False when its PINGRESP is overdue."""

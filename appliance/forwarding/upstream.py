@@ -34,9 +34,8 @@ import asyncio
 import contextlib
 import logging
 import random
-import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from appliance.asyncio_runtime import AsyncioRuntime
 from appliance.backoff import Backoff
@@ -59,7 +58,9 @@ from appliance.forwarding.routes import UPSTREAM
 from appliance.forwarding.upstream_publish import PublishFormat, wire_size
 from appliance.forwarding.window import LinkEstimate, Window
 from appliance.runtime import Runtime, wall_ms
-from appliance.tcp_floor import retransmission_floor_s
+
+if TYPE_CHECKING:  # the TLS context is made by the mechanism (``paho_link.tls_context``)
+    import ssl
 
 log = logging.getLogger(__name__)
 
@@ -282,8 +283,7 @@ class UpstreamSender:
         assert self._liveness is not None
         self.estimate.note_round_trip(self.runtime.monotonic() - self._liveness.started_at)
         self.limit.connected(getattr(properties, "MaximumPacketSize", None), getattr(properties, "ReceiveMaximum", None))
-        floor = retransmission_floor_s(connection.socket) if connection.socket is not None else None
-        # The floor TCP retransmits above: the image sizes it for the slowest uplink (appliance/tcp_floor.py).
+        floor = connection.retransmission_floor_s()
         log.info("upstream connected to %s:%s (retransmission floor %s)", self.settings.host, self.settings.port,
                  "unknown" if floor is None else f"{floor:.2f} s")
 
