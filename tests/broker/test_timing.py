@@ -14,6 +14,7 @@ from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.handlers.connect import FLAP_FREE_TAKEOVERS
 from appliance.broker.routing.router import QUEUE_HIGH_WATER
+from appliance.broker.security.auth import Authenticator, hash_password
 from appliance.broker.sessions.backpressure import SLOW_CONSUMER_GRACE
 from tests.broker.pair import BrokerPair, FakeClient, subscriber_and_publisher
 from tests.broker.versions import LEVELS, durable
@@ -333,3 +334,18 @@ def test_a_batch_reads_the_clock_once(pair: BrokerPair, monkeypatch: pytest.Monk
     reads = ClockReads(pair, monkeypatch)
     batch()
     assert reads.counts == {"now": 1, "monotonic": 1}
+
+
+def test_a_password_check_goes_on_as_one_batch_with_one_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CONNECT whose password is hashed: the read is one batch, what follows the check another (it
+    counts the success for the login gate and completes the CONNECT), one clock reading each."""
+    pair = BrokerPair(authenticator=Authenticator({"alice": hash_password("alice", iterations=1000)},
+                                                  allow_anonymous=False))
+    try:
+        client = pair.client()
+        reads = ClockReads(pair, monkeypatch)
+        client.send(pk.Connect(pk.MQTT_5, "a", username="alice", password=b"alice"))
+        assert client.expect(pk.Connack).reason_code == rc.SUCCESS
+        assert reads.counts == {"now": 2, "monotonic": 2}
+    finally:
+        pair.stop()

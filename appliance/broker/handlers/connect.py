@@ -75,11 +75,15 @@ async def _connect_later(context: HandlerContext, link: Link, connect: pk.Connec
     if delay:
         log.info("client %s: reconnecting too often, slowed down by %.1fs", connect.client_id, delay)
         await runtime.sleep(delay)
-    if verdict is None:
+    checked = verdict is None
+    if checked:
         verdict = await _check_password(context, link, connect)
+    now = read_clock(runtime)  # after the awaits: a new batch, one reading for all of it
+    if checked and verdict:
+        context.login_gate.succeeded(link.connection.peer, now.monotonic)  # whether or not the client stayed
     if verdict is None or link.connection.state == CLOSED:
         return
-    complete_connect(context, link, connect, verdict, read_clock(runtime))
+    complete_connect(context, link, connect, verdict, now)
 
 
 async def _check_password(context: HandlerContext, link: Link, connect: pk.Connect) -> bool | None:
@@ -103,8 +107,6 @@ async def _check_password(context: HandlerContext, link: Link, connect: pk.Conne
         verdict = await runtime.run_blocking(context.authenticator.check, connect.username, connect.password)
     finally:
         gate.leave()
-    if verdict:
-        gate.succeeded(link.connection.peer, read_clock(runtime).monotonic)  # after the await: a new reading
     return verdict
 
 
