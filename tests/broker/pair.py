@@ -14,6 +14,7 @@ awaits when it has no services.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -143,6 +144,20 @@ class BrokerPair:
 
     def advance(self, seconds: float) -> None:
         self.runtime.advance(seconds)
+
+    def count_clock_reads(self) -> dict[str, int]:
+        """From now on, count the broker's reads of the clock: the returned dict's ``now`` and
+        ``monotonic`` go up with each (a batch of packets reads each once, ``context.read_clock``)."""
+        counts = {"now": 0, "monotonic": 0}
+        for name in counts:
+            read = getattr(self.runtime, name)
+
+            def counted(name: str = name, read: Callable[[], float] = read) -> float:
+                counts[name] += 1
+                return read()
+
+            setattr(self.runtime, name, counted)
+        return counts
 
     def killed(self, down_for: float) -> BrokerPair:
         """kill -9 and a restart ``down_for`` seconds later: this broker stops running where it is (no

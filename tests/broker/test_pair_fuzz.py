@@ -1,7 +1,7 @@
 """Hostile input against the whole broker core, not only the codec: valid packets and garbage mixed,
 cut at arbitrary points, on the fake clock (``tests/broker/pair.py``). Whatever arrives, the broker
 must not hit an internal error (a bug it would log with a traceback), must end only the offending
-connection, and must keep serving everyone else."""
+connection, must keep serving everyone else, and reads the clock once per read it handles."""
 
 from __future__ import annotations
 
@@ -50,11 +50,16 @@ def test_any_input_ends_at_most_its_own_connection(
         p if isinstance(p, bytes) else encode(p, level) for p in parts
     )
     start = 0
+    reads = pair.count_clock_reads()
     for cut in sorted(cuts) + [len(stream)]:
         if attacker.closed:
             break
         if cut > start:
-            attacker.send(stream[start:cut])
+            reads.update(now=0, monotonic=0)
+            attacker.arrive(stream[start:cut])
+            # One read is one batch: whatever it held and however it ended, the time was read once.
+            assert reads["now"] <= 1 and reads["monotonic"] <= 1, reads
+            pair.runtime.run()
             start = cut
     pair.advance(advance)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]

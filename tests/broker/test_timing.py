@@ -292,21 +292,6 @@ def test_a_slow_but_acknowledging_subscriber_keeps_its_publisher_held(pair: Brok
 # -- one clock reading per batch ---------------------------------------------------------------------------
 
 
-class ClockReads:
-    """Counts the reads of ``pair``'s clock (``now`` and ``monotonic``) from the moment it is made."""
-
-    def __init__(self, pair: BrokerPair, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.counts = {"now": 0, "monotonic": 0}
-        for name in self.counts:
-            monkeypatch.setattr(pair.runtime, name, self._counted(name, getattr(pair.runtime, name)))
-
-    def _counted(self, name: str, read: Callable[[], float]) -> Callable[[], float]:
-        def counted() -> float:
-            self.counts[name] += 1
-            return read()
-        return counted
-
-
 def end_with_a_protocol_error(pair: BrokerPair) -> Callable[[], None]:
     client = pair.connected("a", will=pk.Will("wills/a", b"gone", properties={pr.WILL_DELAY_INTERVAL: 5}),
                             properties={pr.SESSION_EXPIRY_INTERVAL: 60})
@@ -325,27 +310,26 @@ def connect_with_a_keep_alive(pair: BrokerPair) -> Callable[[], None]:
 
 
 @pytest.mark.parametrize("prepare", [end_with_a_protocol_error, end_by_a_takeover, connect_with_a_keep_alive])
-def test_a_batch_reads_the_clock_once(pair: BrokerPair, monkeypatch: pytest.MonkeyPatch,
-                                      prepare: Callable[[BrokerPair], Callable[[], None]]) -> None:
+def test_a_batch_reads_the_clock_once(pair: BrokerPair, prepare: Callable[[BrokerPair], Callable[[], None]]) -> None:
     """The core reads the time once per batch of packets (``context.read_clock``); every handler of the
     batch, and what it calls (closing a connection, its will, the keep-alive timer), uses that reading: a
     second read could see a later time than the one the batch was judged at."""
     batch = prepare(pair)
-    reads = ClockReads(pair, monkeypatch)
+    reads = pair.count_clock_reads()
     batch()
-    assert reads.counts == {"now": 1, "monotonic": 1}
+    assert reads == {"now": 1, "monotonic": 1}
 
 
-def test_a_password_check_goes_on_as_one_batch_with_one_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_password_check_goes_on_as_one_batch_with_one_reading() -> None:
     """A CONNECT whose password is hashed: the read is one batch, what follows the check another (it
     counts the success for the login gate and completes the CONNECT), one clock reading each."""
     pair = BrokerPair(authenticator=Authenticator({"alice": hash_password("alice", iterations=1000)},
                                                   allow_anonymous=False))
     try:
         client = pair.client()
-        reads = ClockReads(pair, monkeypatch)
+        reads = pair.count_clock_reads()
         client.send(pk.Connect(pk.MQTT_5, "a", username="alice", password=b"alice"))
         assert client.expect(pk.Connack).reason_code == rc.SUCCESS
-        assert reads.counts == {"now": 2, "monotonic": 2}
+        assert reads == {"now": 2, "monotonic": 2}
     finally:
         pair.stop()
