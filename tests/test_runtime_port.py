@@ -42,7 +42,9 @@ ADAPTERS = {
     "blocking_clock.py": "the clocks of code with no event loop (command-line tools, the devices' blocking "
                         "client)",
     "broker/transport/server.py": "the broker's socket layer, itself the asyncio adapter of the broker "
-                                  "(a BufferedProtocol): its connect-deadline wheel runs on loop.call_at",
+                                  "(a BufferedProtocol): deadlines of real sockets on the loop's clock (the "
+                                  "connect-deadline wheel, the linger after a half-close) and the wall-clock "
+                                  "date its TLS files' certificates are judged at when the listener opens",
     # Deadlines of real I/O stay on the loop's clock: on a test's fake clock, a jump meant for a backoff
     # would time out a TLS handshake that is still running for real.
     "forwarding/paho_link.py": "the bridge's socket adapter (paho on the loop): its TCP connect and TLS "
