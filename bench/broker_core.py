@@ -20,6 +20,13 @@ delivery (one message to one subscriber). ``--statements`` also times every ``sq
 store by statement (thread CPU time, its ``execute``/``executemany`` only: the rows' buffering is the
 broker's). No syscalls are measured: the socket
 writes and SQLite's own work below Python are not in these figures.
+
+``--cold`` measures what a wake-up costs at a low rate (issue 30's 2,000 msgs/s, where every read is a
+wake-up of its own): one publisher sends ``--per-read`` PUBLISHes per read (2, as the paced latency load
+does), and before every read of the broker (the PUBLISHes, then the subscriber's PUBACKs) the
+caches are flushed by touching ``COLD_BYTES`` and running some unrelated Python, as the other processes
+do between two wake-ups on a real machine. It prints the median CPU per read, cold and warm (the same
+reads without the flush, in the first half of the turns): the difference is what the per-message path costs for being executed cold.
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ WINDOW = 64
 TOPIC = "bench/core"
 BLOCK_TURNS = 100
 FANOUT_SUBSCRIBERS = 100
+#: Bytes touched between two reads in ``--cold`` mode: more than a last-level cache.
+COLD_BYTES = 32 << 20
 
 
 class MemoryLink:
@@ -270,6 +279,52 @@ async def run_fanout(turns: int, per_turn: int, opcodes: OpcodeCounter | None) -
     return delivered, blocks.per_unit
 
 
+def evict_caches(junk: bytearray) -> None:
+    """Touch every cache line of ``junk`` and run some unrelated Python (dicts, lists, a sort): what
+    other processes leave behind in the caches between two wake-ups."""
+    junk[::64] = bytes(len(junk) // 64)
+    churn = {str(index): [index] * 3 for index in range(2000)}
+    sorted(churn.items(), key=lambda item: -item[1][0])
+
+
+async def run_cold(turns: int, per_read: int) -> dict[str, list[float]]:
+    """One publisher, ``per_read`` QoS 1 PUBLISHes per read, one subscriber acknowledging each read's
+    deliveries in one read. Returns the CPU microseconds of each read (handling and flush) by kind:
+    ``publish``/``puback``, each ``warm`` (the first half of the turns) and ``cold`` (caches evicted
+    before it: the second half)."""
+    junk = bytearray(COLD_BYTES)
+    times: dict[str, list[float]] = {f"{kind} {state}": [] for state in ("cold", "warm") for kind in ("publish", "puback")}
+    async with started_broker(LimitsConfig(max_inflight_messages=WINDOW)) as broker:
+        subscriber = connect(broker, "sub", pk.Subscribe(1, [pk.SubscribeRequest(TOPIC, 1)]), properties={0x21: WINDOW})
+        publisher = connect(broker, "pub")
+        reader = await settled(broker, subscriber, publisher)
+        payload = b"x" * 64
+        packet_id = 0
+        for turn in range(turns):
+            state = "cold" if turn >= turns // 2 else "warm"
+            chunks = []
+            for _ in range(per_read):
+                packet_id = packet_id % 65535 + 1
+                chunks.append(encode(pk.Publish(TOPIC, payload, 1, packet_id=packet_id), pk.MQTT_5))
+            if state == "cold":
+                evict_caches(junk)
+            started = time.thread_time()
+            broker.data_received(publisher, b"".join(chunks))
+            broker.flush()
+            times[f"publish {state}"].append((time.thread_time() - started) * 1e6)
+            publisher.take()
+            ids = [p.packet_id for p in reader.feed(subscriber.take()) if isinstance(p, pk.Publish)]
+            acks = b"".join(encode(pk.PubAck(packet_id or 0), pk.MQTT_5) for packet_id in ids)
+            if state == "cold":
+                evict_caches(junk)
+            started = time.thread_time()
+            broker.data_received(subscriber, acks)
+            broker.flush()
+            times[f"puback {state}"].append((time.thread_time() - started) * 1e6)
+            await asyncio.sleep(0)
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--durable", action="store_true", help="the subscriber's session outlives it (broker.db)")
@@ -281,7 +336,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--opcodes", action="store_true", help="count bytecodes per message instead of timing")
     parser.add_argument("--top", type=int, default=30, help="functions listed with --opcodes")
     parser.add_argument("--statements", action="store_true", help="also time the store's SQLite calls by statement")
+    parser.add_argument("--cold", action="store_true",
+                        help="CPU per read at a low rate: one publisher, caches evicted before each read")
+    parser.add_argument("--per-read", type=int, default=2, help="with --cold: PUBLISHes per read (2: the paced latency load)")
     args = parser.parse_args(argv)
+    if args.cold:
+        per_read = args.per_read
+        times = uvloop.run(run_cold(args.turns or 2000, per_read))
+        for key, values in times.items():
+            ordered = sorted(values)
+            print(f"{key}: {len(ordered):,} reads of {per_read if key.startswith('publish') else 'the'} "
+                  f"{'PUBLISHes' if key.startswith('publish') else 'PUBACKs'}, broker CPU per read: median "
+                  f"{ordered[len(ordered) // 2]:.1f} us (p10 {ordered[len(ordered) // 10]:.1f}, p90 {ordered[len(ordered) * 9 // 10]:.1f})")
+        return 0
     turns = args.turns or (300 if args.opcodes else 3000)
     counter = OpcodeCounter() if args.opcodes else None
     statements = StatementTimer() if args.statements else None
