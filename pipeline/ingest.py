@@ -14,6 +14,11 @@ Acks are group-committed: the loop drains what the socket already has (up to ``m
 
 A batch PUBLISH (``gateways/+/batches``, docs/message-format.md) lands as one line per message in it; its
 one PUBACK waits for the commit that covers all of them, like any other message's.
+
+A lost or refused connection is retried after a wait that doubles from ``RETRY_FIRST_S`` to
+``RETRY_MAX_S`` and starts again only once a connection has its subscriptions granted: a broker that takes
+the TCP and TLS connection and then refuses the certificate or the password is not sent a new handshake
+the moment it closes the last one.
 """
 
 from __future__ import annotations
@@ -77,6 +82,10 @@ class IngestStats:
     reconnects: int = 0
 
 
+RETRY_FIRST_S = 0.2
+RETRY_MAX_S = 10.0
+
+
 class Ingest:
     """Run with ``run(stop_event)``; ``ready`` is set once the broker has granted the subscriptions."""
 
@@ -88,6 +97,7 @@ class Ingest:
         self._pending: list[tuple[int, int]] = []  # (mid, qos) of PUBLISHes written, not yet committed and acked
         self._pending_since = 0.0
         self._last_progress = time.monotonic()
+        self._retry_delay_s = RETRY_FIRST_S  # the wait before the next reconnect (module docstring)
         self.client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
             client_id=config.client_id,
@@ -118,6 +128,7 @@ class Ingest:
         if refused:
             log.error("subscription refused: %s", refused)
             return
+        self._retry_delay_s = RETRY_FIRST_S
         self.ready.set()
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties):
@@ -172,16 +183,15 @@ class Ingest:
                             clean_start=False, properties=props)
 
     def _reconnect(self, stop: threading.Event) -> None:
-        delay = 0.2
-        while not stop.is_set():
+        """Connect again after the wait the retries have reached (module docstring)."""
+        while not stop.wait(self._retry_delay_s):
+            delay, self._retry_delay_s = self._retry_delay_s, min(self._retry_delay_s * 2, RETRY_MAX_S)
             try:
                 self.client.reconnect()
                 self.stats.reconnects += 1
                 return
             except OSError as error:
-                log.warning("reconnect failed: %s (retry in %.1fs)", error, delay)
-                stop.wait(delay)
-                delay = min(delay * 2, 10.0)
+                log.warning("reconnect failed after %.1fs: %s", delay, error)
 
     def _batch_due(self) -> bool:
         if len(self._pending) >= self.config.max_batch:

@@ -32,16 +32,23 @@ def documents() -> list[Path]:
 
 
 @functools.cache
+def definitions(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A Python file's docstrings and the names of its functions and classes, from one walk of its tree
+    (walking every file's tree was most of this module's time)."""
+    docstrings, names = [], []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            docstrings.append(ast.get_docstring(node, clean=False) or "")
+            if not isinstance(node, ast.Module):
+                names.append(node.name)
+    return tuple(docstrings), tuple(names)
+
+
+@functools.cache
 def prose(path: Path) -> tuple[str, ...]:
     """A Python file's docstrings and comments: where a reader is told to look elsewhere."""
-    text = path.read_text()
-    docstrings = [
-        ast.get_docstring(node, clean=False) or ""
-        for node in ast.walk(ast.parse(text, str(path)))
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-    ]
-    comments = [line[line.index("#") :] for line in text.splitlines() if "#" in line]
-    return (*docstrings, *comments)
+    comments = [line[line.index("#") :] for line in path.read_text().splitlines() if "#" in line]
+    return (*definitions(path)[0], *comments)
 
 
 def module_exists(name: str) -> bool:
@@ -141,10 +148,7 @@ def defined_tests() -> frozenset[str]:
     """Every test module's name and every function and class defined in the tree's Python files."""
     names = {path.stem for path in sources()}
     for path in sources():
-        names.update(
-            node.name for node in ast.walk(ast.parse(path.read_text(), str(path)))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-        )
+        names.update(definitions(path)[1])
     return frozenset(names)
 
 

