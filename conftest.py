@@ -149,7 +149,7 @@ HIL_LOGIC_MODULES = frozenset(
 #: (``rig``, ``site``, ``system``: tests/test_worker_groups.py checks it); the scenarios and the bench's own
 #: tests (``hil_tests/scenarios/``, ``hil_tests/tests/``) run on the bench the ``--bench`` file names, which
 #: on a lab bench is one rig box and one gateway: one scenario at a time there. The rig's group is the
-#: longer (about 120 s quiet against 80), so it goes out first.
+#: longer (its tests about 100 s quiet, the scenarios group's 75), so it goes out first.
 HIL_GROUPS = (("hil_tests/rig/", "hil-rig"), ("hil_tests/", "hil-scenarios"))
 
 
