@@ -55,8 +55,9 @@ system-deps:
 
 # The whole default suite in one parallel run (pytest-xdist). It is bound by waiting (shaped links,
 # processes starting, keep-alives), not by the cores, so it runs two workers per core. The hil layer runs
-# on one of them, one test at a time, beside the other layers (its bounds are latencies of one scenario at
-# a time); the Spark tests share another (one JVM): `worker_group` in conftest.py. `slow` tests (long
+# on two of them, one test at a time on each (the rig's own tests; the scenarios, whose bounds are
+# latencies of one scenario at a time on the bench they share), beside the other layers; the Spark tests
+# share another (one JVM): `worker_group` in conftest.py. `slow` tests (long
 # campaigns, stress repetitions) run in `make test-slow`.
 WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 # The tests keep their bytecode (and pytest its rewritten test modules) in __pycache__ even where the

@@ -7,7 +7,8 @@ Every test item gets exactly one layer marker:
 * ``inprocess``: real sockets on loopback, the broker or a service running in the test process.
 * ``process``: real child processes: ``appliance run``, mosquitto, micropython, Spark's JVM.
 * ``hil``: the hardware-in-the-loop rig and scenarios (``hil_tests/``); their bounds are wall-clock
-  latencies, so ``make test`` runs them one at a time, on one worker of its parallel run (`worker_group`).
+  latencies of one thing at a time on a bench, so ``make test`` runs them one at a time per bench: the rig's
+  own tests on one worker of its parallel run, the scenarios on another (`worker_group`, `HIL_GROUPS`).
 
 The layer is decided by the test module's path, from the tables below; a module that is in none of them is
 taken to be ``process``, the safe side (it is never run by ``make check``). A ``unit`` module is held to
@@ -125,7 +126,7 @@ INPROCESS_MODULES = frozenset(
 
 #: Modules of ``hil_tests/`` that check the bench's logic alone (the rig's protocol and shaping arithmetic,
 #: its claim file and journal, the client's parsing, the timeline, report and history): no rig, no
-#: namespace, no latency bound. They stay in the hil layer but not on the hil worker, the run's tail (94
+#: namespace, no latency bound. They stay in the hil layer but not on a hil worker, the run's tail (94
 #: tests that the serial hil worker ran one after the other beside the scenarios).
 HIL_LOGIC_MODULES = frozenset(
     {
@@ -139,6 +140,17 @@ HIL_LOGIC_MODULES = frozenset(
         "hil_tests/tests/test_timeline.py",
     }
 )
+
+
+#: The hil layer's worker groups, by folder (the first prefix that matches): each runs one test at a time on
+#: one worker, and the groups run side by side. They share no bench. The rig's own tests (``hil_tests/rig/``)
+#: each build the bench they test (namespaces and veth pairs named per run, a local rig on its own pty, the
+#: relay's peers on free ports or inside those fresh namespaces) and never take the bench file's fixtures
+#: (``rig``, ``site``, ``system``: tests/test_worker_groups.py checks it); the scenarios and the bench's own
+#: tests (``hil_tests/scenarios/``, ``hil_tests/tests/``) run on the bench the ``--bench`` file names, which
+#: on a lab bench is one rig box and one gateway: one scenario at a time there. The rig's group is the
+#: longer (its tests about 100 s quiet, the scenarios group's 75), so it goes out first.
+HIL_GROUPS = (("hil_tests/rig/", "hil-rig"), ("hil_tests/", "hil-scenarios"))
 
 
 def layer_of(module_path: str) -> str:
@@ -172,10 +184,11 @@ def worker_group(layer: str, fixtures: list[str], module: str, module_fixtures: 
 
     ``make test`` runs the whole suite in one parallel run (``--dist loadgroup``). The suite is bound by
     waiting (links shaped to 9.6 kbit/s, processes starting, keep-alives), not by the two cores, so the hil
-    layer runs beside the others - but on one worker, in order, because its scenarios share benches and
-    their bounds are latencies of one scenario at a time (`HIL_LOGIC_MODULES`, which use neither, go to
-    any worker). Every test that takes the ``spark`` fixture runs on one worker too, so the suite starts
-    one JVM for them instead of one per worker.
+    layer runs beside the others - but in order within each of `HIL_GROUPS`, one worker each, because
+    their bounds are latencies of one scenario at a time on a bench and the scenarios share the bench of
+    the ``--bench`` file; the rig's own tests build their own benches, so they run beside the scenarios
+    (`HIL_LOGIC_MODULES`, which use no bench, go to any worker). Every test that takes the ``spark``
+    fixture runs on one worker too, so the suite starts one JVM for them instead of one per worker.
 
     A test that takes a module-scoped fixture (``module_fixtures``: a gateway, mosquitto, a built image
     tree or firmware bundle shared by the module's tests) runs on the worker of its module: a module
@@ -183,7 +196,7 @@ def worker_group(layer: str, fixtures: list[str], module: str, module_fixtures: 
     tree's build, 20-40 s, ran three times in one run; the OTA bundles three times).
     """
     if layer == "hil" and module not in HIL_LOGIC_MODULES:
-        return "hil"
+        return next(group for folder, group in HIL_GROUPS if module.startswith(folder))
     if "spark" in fixtures:
         return "spark"
     if module_fixtures:
@@ -200,13 +213,18 @@ def module_scoped(item: pytest.Item) -> list[str]:
 
 
 LAYERS_SLOWEST_FIRST = ("hil", "process", "inprocess", "unit")
+#: The named groups in `send_order`'s order; the groups of modules come after them, the single tests last.
+GROUPS_LONGEST_FIRST = (*(group for _, group in HIL_GROUPS), "spark")
 
 
 def send_order(group: str | None, layer: str) -> tuple[int, int]:
-    """The order the work goes out in: the longest groups first (hil, then spark, then the modules that
-    share a fixture), then the single tests, slowest layer first, so the unit tests fill the end of the run
-    and no worker starts a long test when the others are nearly done."""
-    group_rank = {"hil": 0, "spark": 1, None: 3}.get(group, 2)
+    """The order the work goes out in: the longest groups first (the hil groups, then spark, then the
+    modules that share a fixture), then the single tests, slowest layer first, so the unit tests fill the
+    end of the run and no worker starts a long test when the others are nearly done."""
+    if group in GROUPS_LONGEST_FIRST:
+        group_rank = GROUPS_LONGEST_FIRST.index(group)
+    else:
+        group_rank = len(GROUPS_LONGEST_FIRST) + (group is None)
     return group_rank, LAYERS_SLOWEST_FIRST.index(layer)
 
 
