@@ -37,6 +37,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from appliance.backoff import Backoff
 from pipeline.envelope import Incoming, land_all
 from pipeline.landing import LandingWriter
 from pipeline.records import (
@@ -97,7 +98,7 @@ class Ingest:
         self._pending: list[tuple[int, int]] = []  # (mid, qos) of PUBLISHes written, not yet committed and acked
         self._pending_since = 0.0
         self._last_progress = time.monotonic()
-        self._retry_delay_s = RETRY_FIRST_S  # the wait before the next reconnect (module docstring)
+        self._retry = Backoff(RETRY_FIRST_S, RETRY_MAX_S)  # the waits before reconnects (module docstring)
         self.client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
             client_id=config.client_id,
@@ -128,7 +129,7 @@ class Ingest:
         if refused:
             log.error("subscription refused: %s", refused)
             return
-        self._retry_delay_s = RETRY_FIRST_S
+        self._retry.reset()
         self.ready.set()
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties):
@@ -184,8 +185,7 @@ class Ingest:
 
     def _reconnect(self, stop: threading.Event) -> None:
         """Connect again after the wait the retries have reached (module docstring)."""
-        while not stop.wait(self._retry_delay_s):
-            delay, self._retry_delay_s = self._retry_delay_s, min(self._retry_delay_s * 2, RETRY_MAX_S)
+        while not stop.wait(delay := self._retry.next_delay()):
             try:
                 self.client.reconnect()
                 self.stats.reconnects += 1
