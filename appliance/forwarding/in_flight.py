@@ -22,7 +22,10 @@ Pure: no I/O and no clock; the caller passes the times.
 
 from __future__ import annotations
 
-from appliance.forwarding.queues import QueuedMessage
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the queue's module brings SQLite and asyncio, which this state needs not
+    from appliance.forwarding.queues import QueuedMessage
 
 
 class BatchInFlight:
