@@ -4,7 +4,8 @@
 Rules
 -----
 * An import under ``if TYPE_CHECKING:`` does not count: it never runs.
-* ``from appliance.x import y`` counts ``appliance.x.y`` too when ``y`` is a module of the package.
+* ``from appliance.broker.sessions import lifecycle`` counts ``appliance.broker.sessions.lifecycle``: a module of the
+  package named in a from-import is imported too.
 * ``reached`` follows our own modules (``appliance.*``) transitively, so an I/O module cannot sneak in
   through a helper; third-party and standard modules are leaves.
 """
@@ -35,7 +36,7 @@ def runtime_imports(module: str) -> frozenset[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             if node.module.startswith("appliance") and is_package(node.module):
-                # ``from appliance.broker import lifecycle`` imports a module
+                # ``from appliance.broker.sessions import lifecycle`` imports a module
                 found.update(f"{node.module}.{alias.name}" for alias in node.names
                              if importlib.util.find_spec(f"{node.module}.{alias.name}") is not None)
         for child in ast.iter_child_nodes(node):
