@@ -44,7 +44,7 @@ from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.config import DEFAULT_QUEUED_BYTES_CAP, BrokerConfig
 from appliance.broker.context import Instant, read_clock
-from appliance.broker.handlers.dispatch import Incoming, ReadFailure, handle_packets
+from appliance.broker.handlers.dispatch import TURN_PACKET_BUDGET, Incoming, ReadFailure, handle_packets
 from appliance.broker.persistence import storage
 from appliance.broker.persistence.store import BrokerStore
 from appliance.broker.persistence.store_failure import CommitGate
@@ -68,6 +68,7 @@ from appliance.broker.sessions.session import (
     Session,
 )
 from appliance.broker.sessions.will import PendingWills
+from appliance.broker.short_path import ShortPath
 from appliance.broker.sys_topics import BrokerStats
 from appliance.broker.transport.link import Link
 from appliance.prometheus import Family
@@ -131,6 +132,9 @@ class Broker:
         self.store_health = self.commits.health
         #: When ``$SYS`` was last published (``lifecycle.tick``).
         self.last_sys = 0.0
+        #: The common PUBLISH and PUBACK in one function (``short_path``); None: everything goes the
+        #: general path (the reference the short path is tested against).
+        self.short_path: ShortPath | None = ShortPath(self)
 
     # -- starting and stopping ------------------------------------------------------------------------
 
@@ -187,12 +191,40 @@ class Broker:
 
     def data_received(self, link: Link, data: bytes) -> int:
         """Handle what ``data`` completes; returns the number of packets it completed (the socket layer
-        ends a connection's read turn on it)."""
+        ends a connection's read turn on it). The common PUBLISHes and PUBACKs at the front of a read go
+        the short path (``short_path``); the rest of the read, the general one."""
         connection = link.connection
         if connection.state == CLOSED:
             return 0
         self.stats.bytes_received += len(data)
         now = read_clock(self.runtime)
+        taken = 0
+        short_path = self.short_path
+        if (short_path is not None and connection.state == CONNECTED and not connection.reader.buffered
+                and connection not in self.backlogs.waiting):
+            if data.__class__ is not bytes:
+                data = bytes(data)
+            consumed, taken, deliveries = short_path.take(link, data, now, self._dirty)
+            if consumed:
+                connection.last_received = now.monotonic
+                if deliveries:
+                    self._since_flush += deliveries
+                self.mark(connection)
+                if self._dirty and not self._flush_scheduled:
+                    self.schedule_flush()
+                if consumed == len(data):
+                    if self._since_flush >= EARLY_FLUSH_DELIVERIES:
+                        self.flush()
+                    return taken
+                taken += self._read_general(link, data[consumed:], now, TURN_PACKET_BUDGET - taken)
+                if self._since_flush >= EARLY_FLUSH_DELIVERIES:
+                    self.flush()
+                return taken
+        return self._read_general(link, data, now, TURN_PACKET_BUDGET)
+
+    def _read_general(self, link: Link, data: bytes, now: Instant, budget: int) -> int:
+        """The general path for a read (or what the short path left of it)."""
+        connection = link.connection
         try:
             packets = connection.receive(data, now.monotonic)
         except MqttProtocolError as exc:
@@ -205,7 +237,7 @@ class Broker:
                 backlog.extend(exc.parsed)
                 backlog.append(failure)
             else:
-                self._process(link, deque[Incoming]([*exc.parsed, failure]), now)
+                self._process(link, deque[Incoming]([*exc.parsed, failure]), now, budget)
             return 0
         if not packets:
             return 0
@@ -213,7 +245,7 @@ class Broker:
         if backlog is not None:
             backlog.extend(packets)
             return len(packets)
-        self._process(link, deque(packets), now)
+        self._process(link, deque(packets), now, budget)
         if self._since_flush >= EARLY_FLUSH_DELIVERIES:
             # The event loop may hand us many more reads before it runs the scheduled flush (libuv
             # reads a busy socket repeatedly); past this many deliveries, write now (the store commits
@@ -244,9 +276,9 @@ class Broker:
 
     # -- packet dispatch ------------------------------------------------------------------------------
 
-    def _process(self, link: Link, packets: deque[Incoming], now: Instant) -> None:
+    def _process(self, link: Link, packets: deque[Incoming], now: Instant, budget: int = TURN_PACKET_BUDGET) -> None:
         """A fresh batch: handle what the dispatch loop can now; what it leaves waits in the backlog."""
-        pending = handle_packets(self, link, packets, now)
+        pending = handle_packets(self, link, packets, now, budget)
         if pending is not None or (packets and link.connection.state != CLOSED):
             self.backlogs.hold(link, pending, packets)
         self.mark(link.connection)

@@ -215,6 +215,13 @@ class PacketReader:
             properties, pos = decode_properties(buf, pos, end, props.PUBLISH, self.max_user_properties)
         return Publish(topic, buf[pos:end], qos, (first & 1) != 0, dup, packet_id, properties, buf[frame_start:end])
 
+    def topic_name(self, raw: bytes) -> str:
+        """The checked topic name of a PUBLISH's topic bytes (``_topic_name``, remembered); raises
+        ``MqttProtocolError`` for a name no PUBLISH may carry. For the broker's short path, which frames
+        PUBLISHes without this reader."""
+        topic = self._topics.get(raw)
+        return topic if topic is not None else self._topic_name(raw)
+
     def _topic_name(self, raw: bytes) -> str:
         """Decode and check a PUBLISH topic name (MQTT 5 3.3.2.1: UTF-8, no U+0000, no wildcards; empty
         is left to the caller, as it is valid with a topic alias) and remember it."""

@@ -86,13 +86,15 @@ def unexpected(packet: pk.Packet | ReadFailure) -> MqttProtocolError:
     return MqttProtocolError(rc.PROTOCOL_ERROR, f"unexpected packet type {packet.type}")
 
 
-def handle_packets(context: HandlerContext, link: Link, packets: deque[Incoming], now: Instant) -> Awaitable[None] | None:
+def handle_packets(context: HandlerContext, link: Link, packets: deque[Incoming], now: Instant,
+                   budget: int = TURN_PACKET_BUDGET) -> Awaitable[None] | None:
     """Handle packets from the front of ``packets`` (see the module docstring); returns what the rest
     waits for, if a handler gave one. Packets left in ``packets`` with no awaitable returned and the
-    connection open are the budget's: they wait for the next loop turn."""
+    connection open are the budget's: they wait for the next loop turn. ``budget``: what is left of the
+    turn's (the short path may have taken packets of the same read already)."""
     connection = link.connection
     try:
-        for _ in range(TURN_PACKET_BUDGET):  # a counted loop: the budget costs no bytecode per packet
+        for _ in range(budget):  # a counted loop: the budget costs no bytecode per packet
             if not packets or connection.state == CLOSED:
                 break
             packet = packets.popleft()
