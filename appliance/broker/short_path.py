@@ -39,7 +39,8 @@ The route cache maps a topic's bytes to its checked topic name and its subscribe
 highest granted QoS, the highest without no-local subscriptions) and whether the general path must take
 it (a shared subscription, a subscription identifier, a subscriber without a session, a service that
 claims the topic). An entry is valid for the subscription tree's ``generation``, which every subscribe,
-unsubscribe and session end bumps (``end_session`` removes the session's subscriptions); what can change
+unsubscribe and session end bumps (``end_session`` removes the session's subscriptions), and emptied at
+the first miss after a change, so that no stale entry holds on to an ended session; what can change
 without one (a subscriber going offline, its window, its queue, the ACL, the store's health) is read
 live for every message. The cache holds at most ``ROUTE_CACHE_TOPICS`` topics and starts over when full,
 so a client publishing to random topics cannot grow it.
@@ -89,6 +90,9 @@ class ShortPath:
     def __init__(self, context: HandlerContext) -> None:
         self.context = context
         self.routes: dict[bytes, RouteEntry] = {}
+        #: The tree's generation the cache was last emptied at: the first miss after a change empties it,
+        #: so no stale entry keeps an ended session alive.
+        self.generation = 0
 
     def take(self, link: Link, data: bytes, now: Instant, touched: list[ClientConnection]) -> tuple[int, int, int]:
         """Handle packets from the front of ``data`` while the rules allow; returns (bytes taken, packets
@@ -260,6 +264,10 @@ class ShortPath:
             return None
         context = self.context
         tree = context.tree
+        routes = self.routes
+        if self.generation != tree.generation:
+            routes.clear()
+            self.generation = tree.generation
         match = tree.match(topic)
         targets: tuple[Target, ...] | None = None
         if not match.shared and not (context.service_filters and services_for(context, topic)):
@@ -274,7 +282,6 @@ class ShortPath:
                 found.append((session, granted, max(own) if own else -1))
             else:
                 targets = tuple(found)
-        routes = self.routes
         if len(routes) >= ROUTE_CACHE_TOPICS:
             routes.clear()
         entry = routes[raw_topic] = RouteEntry(tree.generation, topic, targets)

@@ -293,3 +293,20 @@ def test_the_route_cache_is_bounded(level: int) -> None:
         publisher.send(*(pk.Publish(f"r/{index}", b"", 0) for index in range(start, start + burst)))
         assert len(routes) <= ROUTE_CACHE_TOPICS
     assert not publisher.closed
+
+
+def test_no_cached_route_outlives_a_subscription_change() -> None:
+    """An ended session's subscriptions leave the tree (its generation moves): the next miss empties the
+    route cache, so no entry keeps the ended session alive."""
+    pair = BrokerPair(None)
+    subscriber = pair.connected("s")
+    subscriber.subscribe("t/#", 1)
+    publisher = pair.connected("p")
+    publisher.send(pk.Publish("t/a", b"1", 1, packet_id=1))
+    routes = pair.broker.short_path.routes  # type: ignore[union-attr]
+    ended = pair.broker.sessions["s"]
+    assert [target[0] for entry in routes.values() for target in entry.targets or ()] == [ended]
+    subscriber.send(pk.Disconnect())
+    publisher.send(pk.Publish("u", b"2", 0))
+    assert "s" not in pair.broker.sessions
+    assert all(target[0] is not ended for entry in routes.values() for target in entry.targets or ())
