@@ -310,3 +310,19 @@ def test_no_cached_route_outlives_a_subscription_change() -> None:
     publisher.send(pk.Publish("u", b"2", 0))
     assert "s" not in pair.broker.sessions
     assert all(target[0] is not ended for entry in routes.values() for target in entry.targets or ())
+
+
+@pytest.mark.parametrize("level", [pk.MQTT_311, pk.MQTT_5], ids=["mqtt311", "mqtt5"])
+def test_a_read_cut_anywhere(level: int) -> None:
+    """Two PUBLISHes (one with a two-byte remaining length) and a PUBACK, cut into two reads at every
+    byte: both paths frame the same packets."""
+    for cut in range(1, 170):
+        with two_brokers(False) as (short, general):
+            for side in (short, general):
+                side.step(("connect", 0, level, True, 0, None, 0, None))
+                side.step(("subscribe", 0, "t/#", 1, False, False, None))
+                side.step(("connect", 1, level, True, 0, None, 0, None))
+                side.step(("publish", 1, [("t/a", 1, False, 140, ""), ("t/b", 0, False, 3, "")], 0, cut))
+                side.step(("publish", 0, [("t/c", 1, False, 3, "")], 1, cut % 9))
+            assert short.wire() == general.wire(), f"cut at {cut}"
+            assert short.state() == general.state(), f"cut at {cut}"
