@@ -66,7 +66,6 @@ from appliance.broker.transport.link import Link
 ROUTE_CACHE_TOPICS = 4096
 
 _U16 = struct.Struct(">H")
-_HEAD = struct.Struct(">BBH")
 
 #: One subscriber of a topic: its session, the QoS granted to others' messages, and the QoS granted to
 #: its own messages (-1: every matching subscription is no-local).
@@ -120,10 +119,9 @@ class ShortPath:
         packets = 0
         deliveries = 0
         received = [0, 0]
-        while end - pos >= 4 and packets < TURN_PACKET_BUDGET:  # both packets it takes have 4 bytes or more
-            # The fixed header and the two bytes after it (a PUBACK's packet id; a PUBLISH's topic length
-            # if the remaining length is one byte) in one C call rather than four indexings and two shifts.
-            first, length, word = _HEAD.unpack_from(data, pos)
+        while end - pos >= 2 and packets < TURN_PACKET_BUDGET:
+            first = data[pos]
+            length = data[pos + 1]
             header = 2
             if length & 0x80:
                 # The remaining length's further bytes, as ``PacketReader._parse_into`` reads them; an
@@ -139,16 +137,15 @@ class ShortPath:
                     shift += 7
                 else:
                     break
-                if byte & 0x80 or length < 2 or pos + header + length > end:
+                if byte & 0x80:
                     break
-                word = _U16.unpack_from(data, pos + header)[0]
             stop = pos + header + length
             if stop > end or header + length > max_size:
                 break
             start = pos + header
             if first == 0x40 and length == 2:
                 # PUBACK, short form: ``handle_puback`` and ``Session.on_puback``.
-                packet_id = word
+                packet_id = (data[start] << 8) | data[start + 1]
                 if not packet_id:
                     break
                 delivery = inflight_out.get(packet_id)
@@ -168,14 +165,14 @@ class ShortPath:
             if first != 0x30 and first != 0x32:
                 break
             qos = (first >> 1) & 1
-            tlen = word if length >= 2 else 0
+            tlen = (data[start] << 8) | data[start + 1] if length >= 2 else 0
             topic_end = start + 2 + tlen
             body = topic_end + 2 if qos else topic_end  # after the packet id
             if not tlen or body + (1 if v5 else 0) > stop:
                 break
             if v5 and data[body] != 0:
                 break  # a property: the general path
-            packet_id = _U16.unpack_from(data, topic_end)[0] if qos else 0
+            packet_id = (data[topic_end] << 8) | data[topic_end + 1] if qos else 0
             if qos and not packet_id:
                 break
             raw_topic = data[start + 2 : topic_end]
