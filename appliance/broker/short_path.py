@@ -21,9 +21,9 @@ and off and compares every byte each client gets and the broker's state):
   ``dispatch.TURN_PACKET_BUDGET`` packets (the general path gets what is left of the budget).
 * A PUBLISH it takes: QoS 0 or 1, no DUP, no RETAIN, no properties (MQTT 5: an empty property block, so
   no topic alias, no expiry, no subscription identifier, nothing to forward but the frame), a non-empty
-  topic, a packet id that is not 0, at most the reader's maximum packet size; the publisher may publish
-  to the topic (the ACL, asked for every message when there is one); the store is not failing; no
-  retained feed is running (``Router.live_topics``).
+  topic of at most ``ROUTE_CACHE_TOPIC_BYTES``, a packet id that is not 0, at most the reader's maximum
+  packet size; the publisher may publish to the topic (the ACL, asked for every message when there is
+  one); the store is not failing; no retained feed is running (``Router.live_topics``).
 * A PUBACK it takes: the two-byte form (reason code 0, no properties), for a QoS 1 delivery not kept in
   the store, or for an id nothing is in flight with (ignored, as the general path ignores it).
 * Every subscriber of the message must be one it can serve, else the whole message goes the general
@@ -42,8 +42,9 @@ claims the topic). An entry is valid for the subscription tree's ``generation``,
 unsubscribe and session end bumps (``end_session`` removes the session's subscriptions), and emptied at
 the first miss after a change, so that no stale entry holds on to an ended session; what can change
 without one (a subscriber going offline, its window, its queue, the ACL, the store's health) is read
-live for every message. The cache holds at most ``ROUTE_CACHE_TOPICS`` topics and starts over when full,
-so a client publishing to random topics cannot grow it.
+live for every message. The cache holds at most ``ROUTE_CACHE_TOPICS`` topics of at most
+``ROUTE_CACHE_TOPIC_BYTES`` each and starts over when full, so a client publishing to random or long
+topics cannot grow it.
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ from appliance.broker.transport.link import Link
 
 #: Topics the route cache holds before it starts over.
 ROUTE_CACHE_TOPICS = 4096
+#: Longer topic names go the general path, so the cache's keys hold at most 4 MiB (a topic name may have
+#: 65,535 bytes: 4,096 of those would be 256 MiB).
+ROUTE_CACHE_TOPIC_BYTES = 1024
 
 _U16 = struct.Struct(">H")
 
@@ -168,7 +172,7 @@ class ShortPath:
             tlen = (data[start] << 8) | data[start + 1] if length >= 2 else 0
             topic_end = start + 2 + tlen
             body = topic_end + 2 if qos else topic_end  # after the packet id
-            if not tlen or body + (1 if v5 else 0) > stop:
+            if not tlen or tlen > ROUTE_CACHE_TOPIC_BYTES or body + (1 if v5 else 0) > stop:
                 break
             if v5 and data[body] != 0:
                 break  # a property: the general path

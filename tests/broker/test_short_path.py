@@ -27,7 +27,7 @@ from appliance.broker.codec import properties as pr
 from appliance.broker.codec.writer import encode
 from appliance.broker.security.acl import Acl
 from appliance.broker.security.auth import Authenticator
-from appliance.broker.short_path import ROUTE_CACHE_TOPICS
+from appliance.broker.short_path import ROUTE_CACHE_TOPIC_BYTES, ROUTE_CACHE_TOPICS
 from testing.campaigns import campaign
 from tests.broker.pair import BrokerPair, FakeClient
 
@@ -292,6 +292,9 @@ def test_the_route_cache_is_bounded(level: int) -> None:
     for start in range(0, ROUTE_CACHE_TOPICS + 2 * burst, burst):
         publisher.send(*(pk.Publish(f"r/{index}", b"", 0) for index in range(start, start + burst)))
         assert len(routes) <= ROUTE_CACHE_TOPICS
+    long_topic = "r/" + "x" * ROUTE_CACHE_TOPIC_BYTES
+    publisher.send(pk.Publish(long_topic, b"", 0))
+    assert all(len(key) <= ROUTE_CACHE_TOPIC_BYTES for key in routes)
     assert not publisher.closed
 
 
