@@ -22,6 +22,10 @@ Theory of operation
   QoS 1/2 PUBACK/PUBREC can only leave after the message it acknowledges is on disk ("we commit before
   we ack"). If the commit fails, only the acknowledgements
   that waited on it are answered as failures; everything else is written as usual (``store_failure``).
+* The common PUBLISH and PUBACK at the front of a read take the short path (``short_path``): one function
+  from the read's bytes to the subscribers' buffers, held byte for byte to the general path below by
+  ``tests/broker/test_short_path.py``; the first packet it cannot take exactly as the general path would
+  and the rest of the read go the general path (``_read_general``).
 * Everything synchronous stays synchronous. Two steps must wait: checking a password and a service's
   ``on_publish``. A handler then returns an awaitable; the rest of that connection's batch waits in a
   backlog and its socket stops reading until the step is done, so one client's packets keep their order
