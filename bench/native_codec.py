@@ -27,7 +27,8 @@ toggled on that C function): instructions and I1, D1 and last-level misses per m
 depend on the machine's load. The simulated caches are a Raspberry Pi 4's sizes (32 KiB L1s, 1 MiB L2 as
 the last level) rather than this machine's, whose 32 MiB L3 the 32 MiB eviction would not empty.
 ``--wake-floor`` runs ``bench/wake_floor.py`` (the gateway at 2,000 msgs/s beside mosquitto and the
-minimal relay, one round each time) in each tree in turn, and prints ours / mosquitto at p50 and p99: on a
+minimal relay, one round each time) in each tree in turn, and prints ours / mosquitto: CPU per message,
+p50 and p99; on a
 quiet machine only (load average under 1.5), as that script's figures are.
 
 Needs a C compiler and the Python headers (gcc and python3-dev on Debian) and mypy (the ``test``
@@ -66,8 +67,8 @@ CORE = (
 )
 MIN_BLOCK = re.compile(r"min block ([0-9.]+) us")
 COLD_MEDIAN = re.compile(r"^(\w+ \w+): .* median ([0-9.]+) us", re.MULTILINE)
-#: A latency row of ``bench/wake_floor.py``'s table: ours, mosquitto, the relay.
-WAKE_ROW = re.compile(r"^\| (p50|p99) ms \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", re.MULTILINE)
+#: A row of ``bench/wake_floor.py``'s table (CPU us per message, latency ms): ours, mosquitto, the relay.
+WAKE_ROW = re.compile(r"^\| (cpu us|p50 ms|p99 ms) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", re.MULTILINE)
 #: The caches callgrind simulates: (size, associativity, line) of I1, D1 and the last level.
 CACHES = {"I1": "32768,8,64", "D1": "32768,8,64", "LL": "1048576,16,64"}
 CALLGRIND_EVENTS = ("Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
@@ -118,11 +119,12 @@ def cold_medians(tree: Path) -> dict[str, float]:
 
 
 def wake_floor(tree: Path, seconds: float) -> dict[str, tuple[float, float]]:
-    """One round of ``bench/wake_floor.py`` run in ``tree``: (ours, mosquitto) ms at p50 and p99."""
+    """One round of ``bench/wake_floor.py`` run in ``tree``: (ours, mosquitto) CPU us per message and ms at
+    p50 and p99."""
     output = subprocess.run([sys.executable, str(tree / "bench" / "wake_floor.py"), "--rounds", "1", "--seconds", str(seconds)],
                             cwd=tree, check=True, capture_output=True, text=True).stdout
     rows = {name: (float(ours), float(mosquitto)) for name, ours, mosquitto, _relay in WAKE_ROW.findall(output)}
-    if len(rows) != 2:
+    if len(rows) != 3:
         raise SystemExit(f"no latency figures in bench/wake_floor.py's output: {output}")
     return rows
 
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold", action="store_true", help="bench/broker_core.py --cold: CPU per read, cold and warm")
     parser.add_argument("--callgrind", action="store_true", help="instructions and cache misses per message under valgrind")
     parser.add_argument("--warm", action="store_true", help="with --callgrind: no cache eviction between reads")
-    parser.add_argument("--wake-floor", action="store_true", help="bench/wake_floor.py in each tree: p50 and p99 against mosquitto")
+    parser.add_argument("--wake-floor", action="store_true", help="bench/wake_floor.py in each tree: CPU, p50 and p99 against mosquitto")
     parser.add_argument("--seconds", type=float, default=5.0, help="with --wake-floor: seconds per round")
     parser.add_argument("--workload", choices=("cold", "warm"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -216,14 +218,14 @@ def main(argv: list[str] | None = None) -> int:
                       + ", ".join(f"{event} {value:,.0f}" for event, value in events.items()), flush=True)
             return 0
         if args.wake_floor:
-            ratios: dict[str, dict[str, list[float]]] = {"pure": {"p50": [], "p99": []}, label: {"p50": [], "p99": []}}
+            ratios: dict[str, dict[str, list[float]]] = {"pure": {}, label: {}}
             for round_number in range(args.rounds):
                 trees = (("pure", ROOT), (label, compiled))
                 for name, tree in trees if round_number % 2 == 0 else trees[::-1]:
                     rows = wake_floor(tree, args.seconds)
                     for row, (ours, mosquitto) in rows.items():
-                        ratios[name][row].append(ours / mosquitto)
-                    shown = ", ".join(f"{row} {ours:.3f} ms against mosquitto's {mosquitto:.3f} ({ours / mosquitto:.2f}x)"
+                        ratios[name].setdefault(row, []).append(ours / mosquitto)
+                    shown = ", ".join(f"{row} {ours:.3f} against mosquitto's {mosquitto:.3f} ({ours / mosquitto:.2f}x)"
                                       for row, (ours, mosquitto) in rows.items())
                     print(f"round {round_number + 1} {name}: {shown}; load average {psutil.getloadavg()[0]:.2f}", flush=True)
             for name, by_row in ratios.items():
