@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                 pure_value = statistics.median(medians["pure"][figure])
                 native_value = statistics.median(medians[label][figure])
                 print(f"{figure}: median of {args.rounds} runs, pure {pure_value:.1f} us, {label} {native_value:.1f} us per read "
-                      f"({100 * (1 - native_value / pure_value):.0f} % less)")
+                      f"({100 * (native_value / pure_value - 1):+.0f} %)")
             return 0
         extra = ["--turns", str(args.turns), *(["--durable"] if args.durable else [])]
         pure: list[float] = []
