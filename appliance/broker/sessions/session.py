@@ -19,6 +19,7 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec.reasons import PACKET_IDENTIFIER_NOT_FOUND
 from appliance.broker.codec.writer import encode_ack
 from appliance.broker.routing.delivery import Delivery, DeliveryJournal
+from appliance.broker.sessions.no_queue import NO_QUEUE
 from appliance.broker.transport.connection import (
     ALLOWED_PACKETS,
     AUTHENTICATING,
@@ -30,7 +31,7 @@ from appliance.broker.transport.connection import ClientConnection as _Connectio
 
 __all__ = [
     "ALLOWED_PACKETS", "AUTHENTICATING", "AWAITING_CONNECT", "CLOSED", "CONNECTED", "MEMORY_QUEUE_BYTES",
-    "NEVER_EXPIRES", "ClientConnection", "Delivery", "DeliveryJournal", "Pager", "Session",
+    "NEVER_EXPIRES", "NO_QUEUE", "ClientConnection", "Delivery", "DeliveryJournal", "Pager", "Session",
 ]
 
 #: A network connection with its ``Session`` attached (``transport.connection`` knows no sessions).
@@ -44,22 +45,6 @@ READ_AHEAD_BYTES = 1024 * 1024
 #: be queued in memory are dropped (next to ``max_queued_messages``: 1,000 queued messages of 4 MB would
 #: be 4 GB of RAM), and the publishers of a connected client are held back (``router``).
 MEMORY_QUEUE_BYTES = 8 * 1024 * 1024
-
-
-class _NoQueue(deque[Delivery]):
-    """The queue of every session that has never queued anything: a deque costs 760 bytes even empty, and
-    most sessions of a gateway (devices that only publish) never queue. Reading it is reading an empty
-    deque; a write that would add to it raises instead of sharing a delivery between sessions: a session
-    swaps in a deque of its own first (``Session._enqueue``)."""
-
-    def _shared(self, *args: object) -> None:
-        raise AssertionError("NO_QUEUE is shared: a session must give itself a deque before queuing")
-
-    append = appendleft = extend = extendleft = insert = __iadd__ = _shared  # type: ignore[assignment]
-
-
-NO_QUEUE: deque[Delivery] = _NoQueue()
-
 
 
 class Pager(Protocol):
