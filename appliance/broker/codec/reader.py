@@ -107,7 +107,7 @@ class PacketReader:
     def buffered(self) -> int:
         return len(self._pending)
 
-    def feed(self, data: bytes) -> list[Packet]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Add ``data`` and return every packet now complete, in order."""
         pending = self._pending
         if pending:
@@ -118,7 +118,7 @@ class PacketReader:
             # copy each (slices of a bytearray are bytearrays, which ``bytes()`` copied once more).
             buf = bytes(pending)
         else:
-            # A bytearray or memoryview (type checkers let them pass as bytes) is copied once.
+            # A bytearray or memoryview is copied once.
             buf = data if data.__class__ is bytes else bytes(data)
         packets: list[Packet] = []
         try:

@@ -47,7 +47,7 @@ def handle_publish(context: HandlerContext, link: Link, publish: pk.Publish, now
     assert session is not None
     qos = publish.qos
     context.stats.received_by_qos[qos] += 1
-    packet_id: int = publish.packet_id  # type: ignore[assignment]  # only used for QoS 1/2, where it is set
+    packet_id = publish.packet_id or 0  # None for QoS 0, where it is not used
     level = connection.protocol_level
     if qos == 2 and packet_id in session.inbound_qos2:
         connection.out += encode_ack(pk.PUBREC, packet_id, level)  # a duplicate: acknowledged, not routed again
@@ -109,7 +109,7 @@ def accept_publish(context: HandlerContext, link: Link, session: Session, publis
     properties_out = {pr.REASON_STRING: reason} if reason else None
     out = connection.out
     start = len(out)
-    packet_id: int = publish.packet_id  # type: ignore[assignment]  # QoS 1/2: the reader always sets it
+    packet_id = publish.packet_id or 0  # QoS 1/2: the reader always sets it
     if qos == 1:
         if code or reason:
             out += encode_ack(pk.PUBACK, packet_id, connection.protocol_level, code, properties_out)
