@@ -30,11 +30,14 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.statestore.client import StateStoreClient, StatusError
+from testing import run_queue
 from testing.processes import GatewayProcess
 from testing.waiting import wait_until
 from tests.broker.clients import PahoClient, RawClient
 
 DISK_BYTES = 8 * 1024 * 1024
+#: A full disk's refusals end within this long of the disk having room again (the commit is retried every 0.5 s).
+RECOVERY_BOUND_S = 1.0
 
 
 def not_logins(lines: list[str]) -> list[str]:
@@ -179,11 +182,19 @@ def test_a_full_disk_is_answered_served_logged_once_and_recovered_from(small_dis
         print(f"{len(during)} log lines in {time.monotonic() - filled_at:.1f} s on the full disk; {refused_count}")
 
         filler.unlink()
-        freed = time.monotonic()
-        while code_of(pub5.publish("stored/after", b"after" + PAYLOAD, 1)) != 0:
-            assert time.monotonic() - freed < 1.0, "still refused a second after the disk had room again"
-        recovery = time.monotonic() - freed
-        assert recovery < 1.0
+        assert gateway.process is not None
+        # Within a second (the broker retries its commit every 0.5 s), less what its loop and this thread
+        # waited for a CPU meanwhile (``run_queue``): a loaded CI host's time, not the broker's.
+        with run_queue.sampling(gateway.process.pid) as gateway_waits, \
+                run_queue.sampling(os.getpid(), threading.get_native_id()) as own_waits:
+            freed = time.time()
+            while code_of(pub5.publish("stored/after", b"after" + PAYLOAD, 1)) != 0:
+                assert time.time() - freed < 10 * RECOVERY_BOUND_S, "still refused long after the disk had room again"
+            recovered = time.time()
+        recovery = recovered - freed
+        load = gateway_waits.between(freed, recovered) + own_waits.between(freed, recovered)
+        assert recovery - load < RECOVERY_BOUND_S, f"still refused {recovery:.3f} s after the disk had room " \
+            f"again, {load:.3f} s of it waiting for a CPU"
         acknowledged.add(b"after")
         assert info.wait_for_publish(10) is None and info.is_published()  # paho's resend, now acknowledged
         acknowledged.add(b"v3")

@@ -27,7 +27,10 @@ def pair(tmp_path: Path) -> Iterator[BrokerPair]:
 
 class LockedStore:
     """Another writer holds ``broker.db``'s write lock, so every commit fails at once (as on a full disk)
-    until ``release``."""
+    until ``release``. Keep a reference until then: the blocking connection is in a reference cycle (its
+    statement cache), so an object left unreferenced is freed by whichever garbage collection comes next,
+    and the lock with it - at a moment of the collector's choosing (a test that dropped it at once failed
+    only when a collection ran before its publishes)."""
 
     def __init__(self, pair: BrokerPair, path: Path) -> None:
         assert pair.store is not None

@@ -119,7 +119,7 @@ def test_only_the_acknowledgements_that_wait_on_the_failed_commit_are_answered_a
     away_subscriber(pair, level)
     publisher = pair.client(level)
     publisher.connect("publisher")
-    LockedStore(pair, tmp_path / "broker.db")
+    locked = LockedStore(pair, tmp_path / "broker.db")  # held to the end: see LockedStore
     publisher.send(
         pk.Publish("live/a", b"a", qos=1, packet_id=1),
         pk.Publish("stored/b", b"b", qos=1, packet_id=2),
@@ -134,6 +134,7 @@ def test_only_the_acknowledgements_that_wait_on_the_failed_commit_are_answered_a
     else:  # what came before the one that cannot be acknowledged, then the connection ends
         assert [(p.packet_id, p.reason_code) for p in received if isinstance(p, pk.PubAck)] == [(1, 0)]
         assert publisher.closed
+    locked.release()
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -47,12 +47,14 @@ def spark_quarantine(spark, settings):
     return duckdb_reference.comparable(frame[["stage", "reason", "message_id", "received_ms"]])
 
 
-def assert_matches_duckdb(spark, settings, landing=None):
-    """The rollups and the quarantine equal DuckDB's over ``landing`` (the run's own, by default)."""
+def assert_matches_duckdb(spark, settings, landing=None, *, rollups=None, quarantine=None):
+    """The rollups and the quarantine equal DuckDB's over ``landing`` (the run's own, by default). A caller
+    that has read them already (``spark_rollups``, ``spark_quarantine``) passes them: each read is a Spark job."""
     con = duckdb_reference.connect(landing or settings.landing)
-    pd.testing.assert_frame_equal(spark_rollups(spark, settings), duckdb_reference.rollups(con), check_dtype=False)
-    pd.testing.assert_frame_equal(spark_quarantine(spark, settings), duckdb_reference.quarantine(con),
-                                  check_dtype=False)
+    rollups = spark_rollups(spark, settings) if rollups is None else rollups
+    quarantine = spark_quarantine(spark, settings) if quarantine is None else quarantine
+    pd.testing.assert_frame_equal(rollups, duckdb_reference.rollups(con), check_dtype=False)
+    pd.testing.assert_frame_equal(quarantine, duckdb_reference.quarantine(con), check_dtype=False)
 
 
 def minutes(gateway, device, count, first_seq=1, hour=0):
@@ -206,7 +208,7 @@ def test_hostile_zones_are_quarantined_never_averaged_never_lost_never_fatal(spa
     assert rollups_of["fuzz"]["readings"].sum() == 10
 
     assert counts["quarantine"] == len(rejects) == 5 + 3 + 3 + len(cuts) + len(junk)  # and nothing else
-    assert_matches_duckdb(spark, settings)
+    assert_matches_duckdb(spark, settings, rollups=rollups, quarantine=rejects)
 
 
 def test_an_output_counts_the_rows_it_wrote_without_reading_them_back(spark, tmp_path):

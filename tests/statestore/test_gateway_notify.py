@@ -110,18 +110,24 @@ def test_every_watcher_is_notified(connect: Connect, key: Key) -> None:
     assert qa.get(timeout=TIMEOUT).value == b"v" and qb.get(timeout=TIMEOUT).value == b"v"
 
 
+#: The store's clock is ``time.time()`` in whole milliseconds (``wall_ms`` truncates): a key set at
+#: 12.3459 s with PX 300 expires at 12.345 + 0.3, up to a millisecond before 0.3 s has passed by the
+#: same clock read as a float. (Exact to the millisecond: tests/statestore/test_store.py, fake clock.)
+STORE_CLOCK_STEP_S = 0.001
+
+
 def test_expiry_notifies_delete_at_the_deadline(connect: Connect, key: Key) -> None:
     watcher, writer = connect(), connect()
     k = key("k")
     notes = watch(watcher, k)
-    started = time.monotonic()
+    started = time.time()  # the store's clock: its deadline is this reading or later, plus PX
     set_version = writer.set(k, b"short-lived", expire_ms=300).version
     assert writer.get(k).value == b"short-lived"
     assert notes.get(timeout=TIMEOUT).value == b"short-lived"
     expired = notes.get(timeout=TIMEOUT)  # at all: the periodic sweep is an hour away (the fixture)
-    elapsed = time.monotonic() - started
+    elapsed = time.time() - started
     assert expired.value is None and expired.version == set_version
-    assert elapsed >= 0.29  # not before the deadline
+    assert elapsed >= 0.3 - STORE_CLOCK_STEP_S  # not before the deadline
     assert writer.get(k).value is None
 
 
