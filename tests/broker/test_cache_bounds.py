@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec.reader import PacketReader
 from appliance.broker.codec.writer import encode
+from appliance.broker.handlers.connect import flap_delay
 from appliance.broker.handlers.publish import services_for
 from appliance.broker.routing.topic_tree import SubscriptionOptions, SubscriptionTree
 from appliance.broker.security.acl import Acl
@@ -181,5 +182,45 @@ def test_the_service_cache_does_not_keep_long_topics(tmp_path: Path) -> None:
 
     try:
         assert retained_bytes(drive) < 1 * MB  # was 30 MB
+    finally:
+        pair.stop()
+
+
+def test_session_takeovers_of_many_distinct_client_ids_do_not_grow_the_flap_histories() -> None:
+    """Each distinct client id taken over once left its history (and its id) for ever: 300 x 60 KB ids
+    held 18 MB of ids before. At most ``TAKEOVER_HISTORIES`` (256) are kept."""
+    pair = BrokerPair()
+    try:
+        for index in range(300):
+            client_id = f"{index:08d}" + "c" * 60_000
+            first = pair.connected(client_id, pk.MQTT_311)
+            second = pair.connected(client_id, pk.MQTT_311)  # the takeover
+            second.drop()
+            first.drop()
+            pair.advance(0.1)
+        assert len(pair.broker.takeovers) <= 256
+        assert sum(map(len, pair.broker.takeovers)) <= 256 * 60_008
+    finally:
+        pair.stop()
+
+
+def test_a_flapping_client_is_still_slowed_down_among_many_others() -> None:
+    """Forgetting old histories keeps the recent ones: a client id taken over again and again within
+    FLAP_WINDOW is still delayed after hundreds of other ids were taken over long ago."""
+    pair = BrokerPair()
+    try:
+        for index in range(300):
+            client_id = f"other-{index}"
+            first = pair.connected(client_id, pk.MQTT_311)
+            pair.connected(client_id, pk.MQTT_311).drop()
+            first.drop()
+        pair.advance(60)
+        pair.connected("flapper", pk.MQTT_311)
+        for _ in range(5):
+            pair.client(pk.MQTT_311).send(pk.Connect(pk.MQTT_311, "flapper", True, 0))
+            pair.advance(0.5)
+        assert len(pair.broker.takeovers["flapper"]) == 5
+        assert flap_delay(pair.broker, "flapper", pair.runtime.monotonic()) > 0
+        assert len(pair.broker.takeovers) <= 256
     finally:
         pair.stop()
