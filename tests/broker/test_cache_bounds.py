@@ -224,3 +224,14 @@ def test_a_flapping_client_is_still_slowed_down_among_many_others() -> None:
         assert len(pair.broker.takeovers) <= 256
     finally:
         pair.stop()
+
+
+@given(st.lists(st.integers(1, 2_000), max_size=80))
+def test_the_readers_topic_cache_stays_in_its_budget_and_decodes_as_uncached(lengths: list[int]) -> None:
+    reader = PacketReader()
+    for index, length in enumerate(lengths):
+        topic = (f"{index}/" + "é" * length)[:length]
+        [publish] = reader.feed(encode(pk.Publish(topic, b"1"), pk.MQTT_311))
+        assert isinstance(publish, pk.Publish) and publish.topic == topic
+        assert reader._topic_bytes == sum(map(len, reader._topics)) <= 8192
+        assert all(len(raw) <= 1024 for raw in reader._topics)
