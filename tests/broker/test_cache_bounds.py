@@ -235,3 +235,24 @@ def test_the_readers_topic_cache_stays_in_its_budget_and_decodes_as_uncached(len
         assert isinstance(publish, pk.Publish) and publish.topic == topic
         assert reader._topic_bytes == sum(map(len, reader._topics)) <= 8192
         assert all(len(raw) <= 1024 for raw in reader._topics)
+
+
+def test_round_robin_positions_of_shared_subscriptions_that_are_gone_do_not_pile_up() -> None:
+    """A shared group's position outlived its subscription: 200 groups on distinct 30 KB filters, each
+    subscribed, published to once and unsubscribed, kept 6 MB of filters before. ``SHARE_CURSOR_BYTES``."""
+    pair = BrokerPair()
+    try:
+        member = pair.connected("member", pk.MQTT_5)
+        publisher = pair.connected("publisher", pk.MQTT_5)
+        for index in range(200):
+            topic = f"t/{index:08d}/" + "x" * 30_000
+            member.subscribe(f"$share/g/{topic}")
+            publisher.send(pk.Publish(topic, b"1"))
+            assert isinstance(member.received()[0], pk.Publish)
+            member.send(pk.Unsubscribe(2, [f"$share/g/{topic}"]))
+            member.expect(pk.Unsuback)
+        cursors = pair.broker.router._share_cursor
+        assert sum(len(group) + len(topic_filter) for group, topic_filter in cursors) <= 1024 * 1024
+        assert pair.broker.router.share_cursor_bytes <= 1024 * 1024
+    finally:
+        pair.stop()
