@@ -10,6 +10,7 @@ component kept is counted). The bounds are literal numbers, the documented ones 
 from __future__ import annotations
 
 import gc
+import re
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from appliance.broker.handlers.connect import flap_delay
 from appliance.broker.handlers.publish import services_for
 from appliance.broker.routing.topic_tree import SubscriptionOptions, SubscriptionTree
 from appliance.broker.security.acl import Acl
+from appliance.prometheus import render
 from tests.broker.pair import BrokerPair
 
 MB = 1024 * 1024
@@ -254,5 +256,23 @@ def test_round_robin_positions_of_shared_subscriptions_that_are_gone_do_not_pile
         cursors = pair.broker.router._share_cursor
         assert sum(len(group) + len(topic_filter) for group, topic_filter in cursors) <= 1024 * 1024
         assert pair.broker.router.share_cursor_bytes <= 1024 * 1024
+    finally:
+        pair.stop()
+
+
+def test_the_prometheus_page_shows_what_the_caches_hold_against_their_budgets() -> None:
+    pair = BrokerPair(acl=enforced_acl())
+    try:
+        watcher = pair.connected("watcher", pk.MQTT_5)
+        watcher.subscribe("t/#")
+        publisher = pair.connected("publisher", pk.MQTT_5)
+        for topic in long_topics(3, 100):
+            publisher.send(pk.Publish(topic, b"1"))
+        page = render(pair.broker.metrics())
+        held = dict(re.findall(r'^appliance_broker_cache_bytes\{cache="(\w+)"\} (\d+)$', page, re.MULTILINE))
+        limits = dict(re.findall(r'^appliance_broker_cache_limit_bytes\{cache="(\w+)"\} (\d+)$', page, re.MULTILINE))
+        assert held == {"topic_match": str(pair.broker.tree.cache_bytes), "acl_decisions": str(pair.broker.acl.cache_bytes)}
+        assert int(held["topic_match"]) >= 3 * 500 and int(held["acl_decisions"]) >= 3 * 300  # keys plus estimates
+        assert limits == {"topic_match": str(16 * MB), "acl_decisions": str(8 * MB)}
     finally:
         pair.stop()
