@@ -13,6 +13,7 @@ Layers, from the wire inwards (each a subpackage whose ``__init__`` names its pa
 ``broker`` ties them together (dispatch, the flush that commits before it writes, the tick) and is the
 ``context.HandlerContext`` the handlers, sessions and persistence are given; ``api`` and
 ``request_envelope`` are the contract with the services that live in the broker's process; ``config`` is
-the ``[broker]`` section; ``sys_topics`` the ``$SYS`` statistics. Time and scheduling come from
+the ``[broker]`` section; ``sys_topics`` the ``$SYS`` statistics; ``cache_bounds`` how every cache keyed
+by what a client sends is bounded in bytes. Time and scheduling come from
 ``appliance.runtime``.
 """

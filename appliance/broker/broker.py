@@ -56,8 +56,8 @@ from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.retain import RetainedMessages
 from appliance.broker.routing.retained_feed import RetainedFeeds
 from appliance.broker.routing.router import Router
-from appliance.broker.routing.topic_tree import SubscriptionTree, topic_matches
-from appliance.broker.security.acl import Acl
+from appliance.broker.routing.topic_tree import MATCH_CACHE_BYTES, SubscriptionTree, topic_matches
+from appliance.broker.security.acl import DECISION_CACHE_BYTES, Acl
 from appliance.broker.security.auth import Authenticator
 from appliance.broker.security.login_gate import LoginGate
 from appliance.broker.sessions import lifecycle
@@ -333,7 +333,21 @@ class Broker:
         """The broker's figures for the gateway's Prometheus page: clients, messages, drops and the store's
         health."""
         lifecycle.count_drops(self)
-        return [*self.stats.families(self.router.sent_by_qos), *self.store_health.families("broker")]
+        return [*self.stats.families(self.router.sent_by_qos), *self.store_health.families("broker"), *self.cache_families()]
+
+    def cache_families(self) -> list[Family]:
+        """What the shared caches keyed by what clients send hold, against their byte budgets
+        (``cache_bounds``; docs/broker-security.md): a cache near its budget under a normal load means the
+        gateway sees more distinct topics than the budget was made for."""
+        acl_bytes = self.acl.cache_bytes if self.acl is not None else 0
+        caches = (("topic_match", self.tree.cache_bytes, MATCH_CACHE_BYTES),
+                  ("acl_decisions", acl_bytes, DECISION_CACHE_BYTES))
+        return [
+            Family("appliance_broker_cache_bytes", "gauge", "estimated bytes held by a cache keyed by client input",
+                   [({"cache": name}, held) for name, held, _ in caches]),
+            Family("appliance_broker_cache_limit_bytes", "gauge", "the bytes past which that cache starts over",
+                   [({"cache": name}, limit) for name, _, limit in caches]),
+        ]
 
     # -- the periodic tick ----------------------------------------------------------------------------
 

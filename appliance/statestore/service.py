@@ -273,7 +273,8 @@ class StateStoreService(ServiceDefaults):
             return Reply(resp3.OK if removed else resp3.encode_integer(0))
         if not self._require_broker().may_publish(client_id, username, notification_topic(client_id, command.key)):
             raise StateStoreError(errors.NOT_AUTHORIZED)
-        self.registry.register(client_id, command.key, username)
+        if not self.registry.register(client_id, command.key, username):
+            raise StateStoreError(errors.QUOTA_EXCEEDED)
         return Reply(resp3.OK)
 
     def _execute(self, command: Command, timestamp: Hlc | None, fencing_token: Hlc | None) -> Reply:

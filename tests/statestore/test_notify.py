@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from appliance.statestore.hlc import Hlc
 from appliance.statestore.notify import (
+    MAX_REGISTERED_KEY_BYTES_PER_CLIENT,
+    MAX_REGISTRATIONS_PER_CLIENT,
     NotificationRegistry,
     notification_payload,
     notification_topic,
@@ -43,3 +48,29 @@ def test_registry_per_client_and_key() -> None:
     registry.drop_client("b")
     assert registry.notifications(Change(b"k", None, V)) == []
     assert registry._by_key == {} and registry._by_client == {}  # nothing left behind
+
+
+OPERATIONS = st.lists(st.tuples(st.sampled_from(["register", "unregister", "drop"]), st.sampled_from("ab"),
+                                st.integers(0, 40), st.integers(0, 30_000)), max_size=120)
+
+
+@given(OPERATIONS)
+def test_registrations_stay_within_each_clients_quota_and_are_counted_exactly(operations: list[tuple[str, str, int, int]]) -> None:
+    """Whatever a client registers, stops and drops, it holds at most the quota, and what the registry
+    counts is what it holds (so STOP and a disconnect give the room back)."""
+    registry = NotificationRegistry()
+    for operation, client, index, length in operations:
+        key = b"%d/" % index + b"k" * length
+        if operation == "register":
+            held = registry._by_client.get(client, set())
+            fits = key in held or (len(held) < MAX_REGISTRATIONS_PER_CLIENT and
+                                   sum(map(len, held)) + len(key) <= MAX_REGISTERED_KEY_BYTES_PER_CLIENT)
+            assert registry.register(client, key) is fits
+            assert registry.is_registered(client, key) is fits
+        elif operation == "unregister":
+            registry.unregister(client, key)
+        else:
+            registry.drop_client(client)
+        for name, keys in registry._by_client.items():
+            assert registry._key_bytes[name] == sum(map(len, keys)) <= MAX_REGISTERED_KEY_BYTES_PER_CLIENT
+        assert set(registry._key_bytes) == set(registry._by_client)

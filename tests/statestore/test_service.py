@@ -226,6 +226,26 @@ def test_a_similar_but_allowed_response_topic_is_answered(harness: Harness) -> N
     assert harness.broker.published[0].payload == b"$-1\r\n"
 
 
+def test_keynotify_registrations_of_one_client_are_bounded_in_count_and_bytes(harness: Harness) -> None:
+    """Registrations are memory held while the client is connected: before, one client registering
+    distinct keys grew it without end (2,000 x 1 KB keys: 2 MB). Past 1,024 registrations or 64 KiB of
+    keys a new one is refused with the quota error; the client's others stay, STOP makes room."""
+    quota = b"-ERR the quota has been exceeded\r\n"
+    answers = [harness.request(KeyNotifyCommand(b"%05d" % n + b"k" * 1_000).encode(), client_id="w").payload
+               for n in range(2_000)]
+    assert answers[:65] == [b"+OK\r\n"] * 65 and set(answers[65:]) == {quota}
+    registry = harness.service.registry
+    assert sum(map(len, registry._by_client["w"])) <= 64 * 1024
+    assert harness.request(KeyNotifyCommand(b"00000" + b"k" * 1_000).encode(), client_id="w").payload == b"+OK\r\n"
+    stop = KeyNotifyCommand(b"00000" + b"k" * 1_000, stop=True).encode()
+    assert harness.request(stop, client_id="w").payload == b"+OK\r\n"
+    assert harness.request(KeyNotifyCommand(b"x" * 900).encode(), client_id="w").payload == b"+OK\r\n"
+    answers = [harness.request(KeyNotifyCommand(b"%d" % n).encode(), client_id="short").payload for n in range(1_100)]
+    assert answers.count(b"+OK\r\n") == 1_024 and answers[-1] == quota
+    harness.service.on_client_disconnected("short")
+    assert harness.request(KeyNotifyCommand(b"1").encode(), client_id="short").payload == b"+OK\r\n"
+
+
 def test_keynotify_lifecycle_and_notification_format(harness: Harness) -> None:
     assert harness.request(KeyNotifyCommand(b"k").encode(), client_id="watcher").payload == b"+OK\r\n"
     assert harness.request(KeyNotifyCommand(b"k").encode(), client_id="watcher").payload == b"+OK\r\n"  # idempotent

@@ -11,6 +11,7 @@ protocol error, 0x95 packet too large, 0x84 unsupported protocol version); nothi
 
 from __future__ import annotations
 
+from appliance.broker.cache_bounds import MAX_CACHED_KEY_CHARS
 from appliance.broker.codec import properties as props
 from appliance.broker.codec.packets import (
     AUTH,
@@ -74,6 +75,9 @@ _REQUIRED_FLAGS = {PUBREL: 2, SUBSCRIBE: 2, UNSUBSCRIBE: 2}
 #: Validated PUBLISH topic names remembered per reader: a device publishes to a handful of topics over
 #: and over, so decoding and checking the same bytes for every message is wasted work. Cleared when full.
 TOPIC_CACHE_SIZE = 256
+#: ... or when its raw topics pass this many bytes; a topic over ``MAX_CACHED_KEY_CHARS`` (1 KiB) is not
+#: kept (``cache_bounds``). A connection's cache thus holds ~50 KB at most, not 256 x 128 KB.
+TOPIC_CACHE_BYTES = 8192
 #: Topic filters one SUBSCRIBE or UNSUBSCRIBE may carry. Each costs an ACL check, a tree walk and (durable)
 #: a stored row, all in one loop turn: 100,000 one-character filters (a 0.7 MB packet, well within the
 #: Maximum Packet Size) held the loop for 4 s. Real clients send a handful; more is refused like the
@@ -89,7 +93,7 @@ class PacketReader:
     """
 
     __slots__ = ("protocol_level", "max_packet_size", "max_topic_levels", "max_user_properties", "_pending", "_need",
-                 "_topics")
+                 "_topics", "_topic_bytes")
 
     def __init__(self, max_packet_size: int = ABSOLUTE_MAX_PACKET_SIZE, protocol_level: int = MQTT_311) -> None:
         self.protocol_level = protocol_level
@@ -102,6 +106,7 @@ class PacketReader:
         self._pending = bytearray()
         self._need = 0
         self._topics: dict[bytes, str] = {}
+        self._topic_bytes = 0
 
     @property
     def buffered(self) -> int:
@@ -234,10 +239,14 @@ class PacketReader:
         if "+" in topic or "#" in topic:
             raise MqttProtocolError(TOPIC_NAME_INVALID, f"invalid topic name {topic!r}")
         self._check_levels(topic, "topic name")
-        topics = self._topics
-        if len(topics) >= TOPIC_CACHE_SIZE:
-            topics.clear()
-        topics[raw] = topic
+        size = len(raw)
+        if size <= MAX_CACHED_KEY_CHARS:
+            topics = self._topics
+            if len(topics) >= TOPIC_CACHE_SIZE or self._topic_bytes + size > TOPIC_CACHE_BYTES:
+                topics.clear()
+                self._topic_bytes = 0
+            topics[raw] = topic
+            self._topic_bytes += size
         return topic
 
     def _check_levels(self, topic: str, what: str) -> None:

@@ -41,6 +41,10 @@ log = logging.getLogger("appliance.broker")
 FLAP_WINDOW = 10.0
 FLAP_FREE_TAKEOVERS = 3
 FLAP_MAX_DELAY = 5.0
+#: Client ids whose takeover history is kept. Past this many, histories with nothing left inside
+#: FLAP_WINDOW (they slow nobody down) are forgotten, and if all are recent all are: before, every client
+#: id ever taken over stayed, so distinct (up to 64 KB) ids grew the map without end (``cache_bounds``).
+TAKEOVER_HISTORIES = 256
 
 
 def handle_connect(context: HandlerContext, link: Link, connect: pk.Connect, now: Instant) -> Awaitable[None] | None:
@@ -115,12 +119,25 @@ def flap_delay(context: HandlerContext, client_id: str, now: float) -> float:
     session = context.sessions.get(client_id)
     if session is None or session.connection is None:
         return 0.0
-    history = context.takeovers.setdefault(client_id, deque())
+    takeovers = context.takeovers
+    history = takeovers.get(client_id)
+    if history is None:
+        if len(takeovers) >= TAKEOVER_HISTORIES:
+            forget_old_takeovers(takeovers, now)
+        history = takeovers[client_id] = deque()
     history.append(now)
     while history and history[0] < now - FLAP_WINDOW:
         history.popleft()
     excess = len(history) - FLAP_FREE_TAKEOVERS
     return 0.0 if excess <= 0 else min(FLAP_MAX_DELAY, 0.25 * 2 ** (excess - 1))
+
+
+def forget_old_takeovers(takeovers: dict[str, deque[float]], now: float) -> None:
+    """Drop the histories with no takeover inside FLAP_WINDOW; all of them if every one is recent."""
+    for client_id in [client_id for client_id, history in takeovers.items() if history[-1] < now - FLAP_WINDOW]:
+        del takeovers[client_id]
+    if len(takeovers) >= TAKEOVER_HISTORIES:
+        takeovers.clear()
 
 
 def refuse(context: HandlerContext, link: Link, reason: int, why: str, level: int = logging.INFO,

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable
 
 from appliance.broker.api import ACCEPTED, BrokerService, InboundPublish, PublishVerdict
+from appliance.broker.cache_bounds import MAX_CACHED_KEY_CHARS
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
@@ -30,8 +31,10 @@ from appliance.broker.transport.link import Link
 
 log = logging.getLogger("appliance.broker")
 
-#: Topics whose matching services are remembered; past this many the cache starts over.
-SERVICE_CACHE_TOPICS = 65536
+#: Topics whose matching services are remembered; past this many the cache starts over. Topics over
+#: ``MAX_CACHED_KEY_CHARS`` (1 KiB) are matched every time (a handful of ``topic_matches``), never kept,
+#: so the cache holds at most 16 Mi characters of keys, ~20 MB (``cache_bounds``; a topic can be 64 KB).
+SERVICE_CACHE_TOPICS = 16384
 
 
 def handle_publish(context: HandlerContext, link: Link, publish: pk.Publish, now: Instant) -> Awaitable[None] | None:
@@ -136,7 +139,9 @@ def services_for(context: HandlerContext, topic: str) -> tuple[BrokerService, ..
         for topic_filter, service in context.service_filters:
             if service not in found and topic_matches(topic_filter, topic):
                 found.append(service)
-        cached = cache[topic] = tuple(found)
+        cached = tuple(found)
+        if len(topic) <= MAX_CACHED_KEY_CHARS:
+            cache[topic] = cached
     return cached
 
 

@@ -25,6 +25,10 @@ from appliance.broker.sessions.session import MEMORY_QUEUE_BYTES, ClientConnecti
 #: backpressure instead of growing with a slow reader's queue.
 QUEUE_HIGH_WATER = 1000
 QUEUE_LOW_WATER = 250
+#: Bytes of shared-subscription round-robin positions (their keys' text plus ~150 bytes each) kept before
+#: they all start over at the first member: a position outlives its subscription, so without a bound
+#: distinct (up to 64 KB) groups and filters grew the map without end (``cache_bounds``).
+SHARE_CURSOR_BYTES = 1024 * 1024
 
 
 class Router:
@@ -34,6 +38,8 @@ class Router:
         #: None means no ACL file: everyone may read everything (no per-delivery check at all).
         self.acl = acl
         self._share_cursor: dict[tuple[str, str], int] = {}
+        #: Estimated bytes of ``_share_cursor`` (``SHARE_CURSOR_BYTES``).
+        self.share_cursor_bytes = 0
         #: QoS 1/2 deliveries dropped because the receiver's queue was at its bound (``Session.deliver``);
         #: the caller compares it around ``route`` to answer the publisher 0x97 Quota exceeded.
         self.queue_full = 0
@@ -165,7 +171,14 @@ class Router:
         self, key: tuple[str, str], members: tuple[Subscription, ...]
     ) -> tuple[Session | None, Subscription]:
         """Round-robin over the group, skipping members that are offline when an online one exists."""
-        start = self._share_cursor.get(key, 0)
+        start = self._share_cursor.get(key)
+        if start is None:
+            start = 0
+            size = len(key[0]) + len(key[1]) + 150
+            if self.share_cursor_bytes + size > SHARE_CURSOR_BYTES:
+                self._share_cursor.clear()
+                self.share_cursor_bytes = 0
+            self.share_cursor_bytes += size
         count = len(members)
         fallback: tuple[Session | None, Subscription] = (None, members[0])
         for step in range(count):

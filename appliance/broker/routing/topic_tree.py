@@ -6,6 +6,8 @@ Why it is built this way:
   result per topic name. Devices publish on a small set of repeated topics, so after the first publish on
   ``site/7/temp`` the lookup is one dict hit. Every subscribe/unsubscribe bumps ``generation``; the cache
   is emptied lazily on the next ``match`` after a change, so a burst of SUBSCRIBEs costs one clear.
+  The cache is bounded in bytes, not only in entries (``cache_bounds``): topic names over 1 KiB are not
+  cached, and it starts over past ``MATCH_CACHE_BYTES`` of estimated size (keys and results).
 * The tree only *finds* subscriptions. It does not merge overlapping ones, pick a shared-group member or
   apply no-local: those need the publisher and session state, so the router decides (MQTT 5 section
   3.3.4 allows one delivery per client with the highest QoS and every matching subscription identifier).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from appliance.broker.cache_bounds import MAX_CACHED_KEY_CHARS
 from appliance.broker.routing import edge_tree
 from appliance.broker.routing.edge_tree import EdgeNode
 
@@ -30,6 +33,14 @@ DEFAULT_MAX_TOPIC_LEVELS = 128
 SHARE_PREFIX = "$share/"
 #: Cached topic names before the cache is emptied; bounds memory when topics are unique per message.
 MATCH_CACHE_SIZE = 65536
+#: Estimated bytes of cached matches (``cache_bytes``) before the cache is emptied: 65,536 short topics
+#: matching nothing fit, ~30,000 matching one client each; keys over 1 KiB are never cached.
+MATCH_CACHE_BYTES = 16 * 1024 * 1024
+#: What one cached entry costs besides its key's characters (measured with tracemalloc): the dict slot and
+#: the key's str header, a ``MatchResult`` with its dicts and first tuple...
+MATCH_ENTRY_BYTES = 400
+#: ... and each further matched client or shared-group member.
+MATCH_SUBSCRIBER_BYTES = 100
 
 
 class TopicError(ValueError):
@@ -187,6 +198,8 @@ class SubscriptionTree:
         self.generation = 0
         self._cache: dict[str, MatchResult] = {}
         self._cache_generation = 0
+        #: Estimated bytes held by ``_cache`` (keys' characters plus the ``MATCH_*_BYTES`` estimates).
+        self.cache_bytes = 0
 
     def __len__(self) -> int:
         return sum(len(subs) for subs in self._by_client.values())
@@ -261,15 +274,23 @@ class SubscriptionTree:
         """Every subscription matching a (valid) topic name; cached until the next change."""
         if self._cache_generation != self.generation:
             self._cache.clear()
+            self.cache_bytes = 0
             self._cache_generation = self.generation
         else:
             cached = self._cache.get(topic)
             if cached is not None:
                 return cached
         result = self._walk(topic)
-        if len(self._cache) >= MATCH_CACHE_SIZE:
-            self._cache.clear()
-        self._cache[topic] = result
+        size = len(topic)
+        if size <= MAX_CACHED_KEY_CHARS:
+            size += MATCH_ENTRY_BYTES
+            if result is not NO_MATCH:
+                size += MATCH_SUBSCRIBER_BYTES * (len(result.subscribers) + sum(map(len, result.shared.values())))
+            if len(self._cache) >= MATCH_CACHE_SIZE or self.cache_bytes + size > MATCH_CACHE_BYTES:
+                self._cache.clear()
+                self.cache_bytes = 0
+            self._cache[topic] = result
+            self.cache_bytes += size
         return result
 
     def _walk(self, topic: str) -> MatchResult:

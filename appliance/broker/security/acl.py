@@ -37,7 +37,9 @@ Rules
 Theory of operation
 -------------------
 The checks run for every PUBLISH and every delivery, so decisions are cached per (client id, username,
-topic, access); the cache is emptied when it reaches ``DECISION_CACHE_SIZE``. An ``Acl`` is otherwise
+topic, access); the cache is emptied when it reaches ``DECISION_CACHE_SIZE`` entries or
+``DECISION_CACHE_BYTES`` of estimated size, and a key whose text (client id, username and topic) is over
+1 KiB is decided every time, never cached (``cache_bounds``: a topic can be 64 KB). An ``Acl`` is otherwise
 immutable: SIGHUP builds a new one with ``Acl.load`` and the server swaps the reference (a bad file raises
 ``AclFileError`` and the old rules stay).
 """
@@ -50,6 +52,7 @@ from dataclasses import dataclass
 from enum import IntFlag
 from pathlib import Path
 
+from appliance.broker.cache_bounds import MAX_CACHED_KEY_CHARS
 from appliance.broker.routing.topic_tree import (
     SHARE_PREFIX,
     TopicError,
@@ -61,6 +64,11 @@ from appliance.startup_error import StartupError
 
 #: Cached decisions before the cache is emptied; bounds memory when topics are unique per message.
 DECISION_CACHE_SIZE = 65536
+#: Estimated bytes of cached decisions (``cache_bytes``) before the cache is emptied.
+DECISION_CACHE_BYTES = 8 * 1024 * 1024
+#: What one decision costs besides its key's text (measured with tracemalloc): the key tuple, the dict
+#: slot and the topic's str header.
+DECISION_ENTRY_BYTES = 200
 #: The state store's notification topics (``clients/statestore/v1/<system id>/<HEX(client id)>/...``):
 #: a ``%c``/``%u``/``%x`` substitution never reaches into them, only a rule that names them literally.
 NOTIFICATION_SPACE = "clients/statestore/"
@@ -138,6 +146,8 @@ class Acl:
         #: The patterns with a ``%x`` level: the topics they give a client may not go to another through ``%c``.
         self._hex_patterns = tuple(rule for rule in self.patterns if "%x" in rule.topic_filter.split("/"))
         self._decisions: dict[tuple[str, str | None, str, int], bool] = {}
+        #: Estimated bytes held by ``_decisions`` (keys' text plus ``DECISION_ENTRY_BYTES`` each).
+        self.cache_bytes = 0
 
     @classmethod
     def allow_all(cls) -> Acl:
@@ -206,9 +216,14 @@ class Acl:
         decision = self._decisions.get(key)
         if decision is None:
             decision = self._evaluate(client_id, username, topic, access)
-            if len(self._decisions) >= DECISION_CACHE_SIZE:
-                self._decisions.clear()
-            self._decisions[key] = decision
+            size = len(topic) + len(client_id) + (len(username) if username is not None else 0)
+            if size <= MAX_CACHED_KEY_CHARS:
+                size += DECISION_ENTRY_BYTES
+                if len(self._decisions) >= DECISION_CACHE_SIZE or self.cache_bytes + size > DECISION_CACHE_BYTES:
+                    self._decisions.clear()
+                    self.cache_bytes = 0
+                self._decisions[key] = decision
+                self.cache_bytes += size
         return decision
 
     def _evaluate(self, client_id: str, username: str | None, topic: str, access: int) -> bool:
