@@ -166,3 +166,30 @@ def test_a_half_close_delivers_every_byte_then_the_fin_and_the_flow_ends_after_b
             target_writer.close()
 
     asyncio.run(scenario())
+
+
+def test_a_reset_while_both_directions_wait_for_tokens_ends_the_flow_at_once():
+    """No FIN first: the target resets while asyncio still reads it, and both shapers wait for tokens
+    (800 bit/s, bytes queued each way). asyncio sees the reset at once, but the shaper that reads that
+    socket would raise it only at its next read, after its tokens: the flow ends at once all the same,
+    and no byte moves after the reset."""
+
+    async def scenario() -> None:
+        async with _target() as target, Relay("127.0.0.1", target.port) as relay:
+            relay.set(rate_bps=800)
+            client_reader, client_writer = await asyncio.open_connection("127.0.0.1", relay.port)
+            target_reader, target_writer = await target.next()
+            client_writer.write(b"u" * 5_000)
+            target_writer.write(b"d" * 5_000)
+            await client_writer.drain()
+            await target_writer.drain()
+            assert await asyncio.wait_for(client_reader.read(65536), 10)  # the downstream burst arrives
+            forwarded = relay.stats()
+            _reset(target_writer)
+            await _until(lambda: relay.stats().connections_open == 0, timeout=0.5)
+            after = relay.stats()
+            assert (after.upstream.bytes_forwarded, after.downstream.bytes_forwarded) == (
+                forwarded.upstream.bytes_forwarded, forwarded.downstream.bytes_forwarded)
+            client_writer.transport.abort()
+
+    asyncio.run(scenario())
