@@ -9,7 +9,8 @@ without root. The timing rules live in `shaping` (pure); this module is only the
   are joined by a bounded queue, so bandwidth and delay add up like on a real link: many segments can be
   "in flight" during the delay while the bucket paces new ones;
 * the bucket and the byte counters belong to the direction, shared by all connections, because the
-  link's capacity is shared;
+  link's capacity is shared; segments take their tokens in the order they reach the bucket (one queue,
+  as in tbf), so no connection's segment is passed over by another's smaller ones;
 * a settings change wakes every waiter at once (a future per waiter, resolved on change), so `RATE` and
   `UP` take effect immediately instead of after a sleep that was computed under the old settings;
 * a connection ends when both directions have delivered their EOF (a FIN is forwarded as a half-close:
@@ -73,10 +74,15 @@ class RelayStats:
 
 
 class _Direction:
-    """What one direction of the link shares across connections: its bucket and its counters."""
+    """What one direction of the link shares across connections: its bucket, the turn to use it, and its
+    counters."""
 
     def __init__(self, settings: LinkSettings, now: float) -> None:
         self.bucket = TokenBucket(settings, now)
+        # Segments take their tokens in the order they reached the bucket, as packets leave tbf's one
+        # queue: without it a segment read at a higher rate waited for more tokens than the bucket ever
+        # held while another connection took each of its smaller segments as soon as it fitted.
+        self.turn = asyncio.Lock()  # FIFO: a release wakes the longest waiter
         self.meter = ThroughputMeter()
         self.bytes_forwarded = 0
 
@@ -370,18 +376,19 @@ class Relay:
         loop = asyncio.get_running_loop()
         nbytes = wire_bytes(nbytes)
         due: float | None = None  # when the segment may leave, once it had to wait for tokens
-        while True:
-            if not self._settings.up:
-                due = None  # a link that is down sends nothing: no time to make up for after UP
-                await self._wait_for_change(None)
-                continue
-            now = loop.time()
-            wait = direction.bucket.wait_time(nbytes, now)
-            if wait <= 0:
-                direction.bucket.take(nbytes, now, due)
-                return
-            due = now + wait
-            await self._wait_for_change(wait)
+        async with direction.turn:
+            while True:
+                if not self._settings.up:
+                    due = None  # a link that is down sends nothing: no time to make up for after UP
+                    await self._wait_for_change(None)
+                    continue
+                now = loop.time()
+                wait = direction.bucket.wait_time(nbytes, now)
+                if wait <= 0:
+                    direction.bucket.take(nbytes, now, due)
+                    return
+                due = now + wait
+                await self._wait_for_change(wait)
 
     async def _wait_for_change(self, timeout: float | None) -> None:
         """Sleep ``timeout`` seconds (forever if None) or until the settings change, whichever is first."""

@@ -67,13 +67,15 @@ async def _until(condition: Callable[[], bool], timeout: float) -> None:
             await asyncio.sleep(0.01)
 
 
+@pytest.mark.parametrize("link", ["up", "down"])
 @pytest.mark.parametrize("resetting_end", ["target", "client"])
-def test_an_end_that_resets_after_its_fin_ends_the_flow_at_once(resetting_end):
+def test_an_end_that_resets_after_its_fin_ends_the_flow_at_once(resetting_end, link):
     """One end half-closes (its FIN reaches the other end), then resets while the relay still has bytes
     for it waiting for tokens (800 bit/s: a segment every 0.68 s once the burst is spent). The relay must
     drop the flow at once: it used to see that reset only when it wrote the next segment (asyncio no
     longer reads a socket after its EOF), and a write that failed then ended only the deliverer, while
-    the shaper went on spending the direction's tokens on a queue nobody would ever drain."""
+    the shaper went on spending the direction's tokens on a queue nobody would ever drain. A link that is
+    DOWN stalls a flow but does not keep one whose end is gone."""
 
     async def scenario() -> None:
         async with _target() as target, Relay("127.0.0.1", target.port) as relay:
@@ -88,6 +90,7 @@ def test_an_end_that_resets_after_its_fin_ends_the_flow_at_once(resetting_end):
             await sender.drain()
             leaving.write_eof()
             assert await asyncio.wait_for(staying_reader.read(), 10) == b""  # the half-close went through
+            relay.set(up=link == "up")
             forwarded = relay.stats()
             _reset(leaving)
             await _until(lambda: relay.stats().connections_open == 0, timeout=3.0)
@@ -191,5 +194,50 @@ def test_a_reset_while_both_directions_wait_for_tokens_ends_the_flow_at_once():
             assert (after.upstream.bytes_forwarded, after.downstream.bytes_forwarded) == (
                 forwarded.upstream.bytes_forwarded, forwarded.downstream.bytes_forwarded)
             client_writer.transport.abort()
+
+    asyncio.run(scenario())
+
+
+
+def test_a_segment_read_at_a_higher_rate_is_not_starved_by_another_flows_smaller_ones():
+    """Segments pass a direction's bucket in the order they reached it, as through tbf's one queue. A
+    segment read before RATE fell (64 kbit/s: 160 bytes) used to wait for the bucket to hold all of its
+    bytes, which it never did while another flow took each 64-byte segment as soon as it fitted: the
+    first flow stalled, and a flow whose destination had closed stayed open without ever writing the
+    segment that would have shown its destination gone (the rig's rate test saw both)."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        async with _target() as target, Relay("127.0.0.1", target.port) as relay:
+            relay.set(rate_bps=64_000)
+            _, first_writer = await asyncio.open_connection("127.0.0.1", relay.port)
+            first_writer.write(b"a" * 20_000)  # at 64 kbit/s for the time being: 160-byte segments
+            first_reader, _ = await target.next()
+            first_arrivals: list[float] = []
+            arrived = asyncio.Event()
+
+            async def record_first_flow() -> None:
+                while await first_reader.read(65536):
+                    first_arrivals.append(loop.time())
+                    arrived.set()
+
+            recorder = asyncio.ensure_future(record_first_flow())
+            second = asyncio.ensure_future(flood("127.0.0.1", relay.port))
+            try:
+                await asyncio.wait_for(arrived.wait(), 10)
+                relay.set(rate_bps=9_600)
+                second_reader, _ = await target.next()
+                assert await asyncio.wait_for(second_reader.read(65536), 10)  # the second flow runs...
+                second_running = loop.time()
+                async with asyncio.timeout(2.0):  # ...and the first one gets its turn all the same
+                    while not first_arrivals or first_arrivals[-1] < second_running:
+                        arrived.clear()
+                        await arrived.wait()
+            finally:
+                for task in (second, recorder):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                        await task
+            first_writer.transport.abort()
 
     asyncio.run(scenario())
