@@ -367,8 +367,8 @@ class Relay:
                     writer.write_eof()
                 return
             writer.write(data)
+            await writer.drain()  # raises if the write failed: those bytes were not delivered
             direction.delivered(len(data), loop.time())
-            await writer.drain()
 
     async def _transmit(self, direction: _Direction, nbytes: int) -> None:
         """Wait until the link is up and the direction's bucket holds the wire bytes of ``nbytes`` of

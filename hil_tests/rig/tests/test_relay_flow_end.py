@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from hil_tests.rig.relay import Relay
-from hil_tests.rig.shaping import MIN_BURST_BYTES, WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES
+from hil_tests.rig.shaping import MIN_BURST_BYTES, WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES, wire_bytes
 from hil_tests.rig.tests.peers import flood
 from testing import run_queue
 
@@ -60,6 +60,17 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
+# At 100 bit/s the relay moves 64-byte segments (68 bytes on the wire); a burst of 24 of them leaves the
+# bucket empty, and the next segment 5.4 s later: a flow that ends sooner ended without spending tokens.
+SLOW_RATE_BPS = 100
+SLOW_BURST_SEGMENTS = 24
+SLOW_BURST_PAYLOAD = SLOW_BURST_SEGMENTS * 64
+
+
+def _slow_link(relay: Relay) -> None:
+    relay.set(rate_bps=SLOW_RATE_BPS, burst_bytes=SLOW_BURST_SEGMENTS * wire_bytes(64))
+
+
 async def _until(condition: Callable[[], bool], timeout: float) -> None:
     """Poll ``condition`` until it holds; `TimeoutError` after ``timeout`` seconds."""
     async with asyncio.timeout(timeout):
@@ -71,7 +82,7 @@ async def _until(condition: Callable[[], bool], timeout: float) -> None:
 @pytest.mark.parametrize("resetting_end", ["target", "client"])
 def test_an_end_that_resets_after_its_fin_ends_the_flow_at_once(resetting_end, link):
     """One end half-closes (its FIN reaches the other end), then resets while the relay still has bytes
-    for it waiting for tokens (800 bit/s: a segment every 0.68 s once the burst is spent). The relay must
+    for it waiting for tokens (the burst delivered, the next segment 5.4 s away). The relay must
     drop the flow at once: it used to see that reset only when it wrote the next segment (asyncio no
     longer reads a socket after its EOF), and a write that failed then ended only the deliverer, while
     the shaper went on spending the direction's tokens on a queue nobody would ever drain. A link that is
@@ -79,15 +90,16 @@ def test_an_end_that_resets_after_its_fin_ends_the_flow_at_once(resetting_end, l
 
     async def scenario() -> None:
         async with _target() as target, Relay("127.0.0.1", target.port) as relay:
-            relay.set(rate_bps=800)
+            _slow_link(relay)
             client_reader, client_writer = await asyncio.open_connection("127.0.0.1", relay.port)
             target_reader, target_writer = await target.next()
             if resetting_end == "target":
-                leaving, staying_reader, sender = target_writer, client_reader, client_writer
+                leaving_reader, leaving, staying_reader, sender = target_reader, target_writer, client_reader, client_writer
             else:
-                leaving, staying_reader, sender = client_writer, target_reader, target_writer
+                leaving_reader, leaving, staying_reader, sender = client_reader, client_writer, target_reader, target_writer
             sender.write(b"q" * 20_000)  # far more than the burst: most of it waits in the relay
             await sender.drain()
+            await asyncio.wait_for(leaving_reader.readexactly(SLOW_BURST_PAYLOAD), 10)
             leaving.write_eof()
             assert await asyncio.wait_for(staying_reader.read(), 10) == b""  # the half-close went through
             relay.set(up=link == "up")
@@ -173,23 +185,24 @@ def test_a_half_close_delivers_every_byte_then_the_fin_and_the_flow_ends_after_b
 
 def test_a_reset_while_both_directions_wait_for_tokens_ends_the_flow_at_once():
     """No FIN first: the target resets while asyncio still reads it, and both shapers wait for tokens
-    (800 bit/s, bytes queued each way). asyncio sees the reset at once, but the shaper that reads that
+    (100 bit/s, bytes queued each way). asyncio sees the reset at once, but the shaper that reads that
     socket would raise it only at its next read, after its tokens: the flow ends at once all the same,
     and no byte moves after the reset."""
 
     async def scenario() -> None:
         async with _target() as target, Relay("127.0.0.1", target.port) as relay:
-            relay.set(rate_bps=800)
+            _slow_link(relay)
             client_reader, client_writer = await asyncio.open_connection("127.0.0.1", relay.port)
             target_reader, target_writer = await target.next()
             client_writer.write(b"u" * 5_000)
             target_writer.write(b"d" * 5_000)
             await client_writer.drain()
             await target_writer.drain()
-            assert await asyncio.wait_for(client_reader.read(65536), 10)  # the downstream burst arrives
+            for reader in (client_reader, target_reader):  # both bursts arrive; the rest waits for tokens
+                await asyncio.wait_for(reader.readexactly(SLOW_BURST_PAYLOAD), 10)
             forwarded = relay.stats()
             _reset(target_writer)
-            await _until(lambda: relay.stats().connections_open == 0, timeout=0.5)
+            await _until(lambda: relay.stats().connections_open == 0, timeout=3.0)
             after = relay.stats()
             assert (after.upstream.bytes_forwarded, after.downstream.bytes_forwarded) == (
                 forwarded.upstream.bytes_forwarded, forwarded.downstream.bytes_forwarded)
