@@ -56,6 +56,7 @@ class UserspaceBackend:
             "bytes_down": str(stats.downstream.bytes_forwarded),
             "bps_up": str(round(stats.upstream.throughput_bps)),
             "bps_down": str(round(stats.downstream.throughput_bps)),
+            "connections": str(stats.connections_open),
         }
 
     async def close(self) -> None:

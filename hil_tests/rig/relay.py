@@ -9,9 +9,16 @@ without root. The timing rules live in `shaping` (pure); this module is only the
   are joined by a bounded queue, so bandwidth and delay add up like on a real link: many segments can be
   "in flight" during the delay while the bucket paces new ones;
 * the bucket and the byte counters belong to the direction, shared by all connections, because the
-  link's capacity is shared;
+  link's capacity is shared; segments take their tokens in the order they reach the bucket (one queue,
+  as in tbf), so no connection's segment is passed over by another's smaller ones;
 * a settings change wakes every waiter at once (a future per waiter, resolved on change), so `RATE` and
-  `UP` take effect immediately instead of after a sleep that was computed under the old settings.
+  `UP` take effect immediately instead of after a sleep that was computed under the old settings;
+* a connection ends when both directions have delivered their EOF (a FIN is forwarded as a half-close:
+  the other side may still be reading), or at once when either socket breaks (a reset, a failed write):
+  both sides are then reset and the queued bytes dropped, so a flow nobody can receive never spends the
+  shared bucket. All four tasks of a connection are in one task group, so a failed write ends its shaper
+  too; a break that no task would see until its next read or write (asyncio stops reading a socket after
+  its EOF) comes from the socket itself (`reset_watch`, and the stream's close waiter).
 
 TCP cannot lose bytes, so loss is modelled as TCP would experience it: a lost segment costs one
 retransmission timeout and its bytes again from the bucket (see PROTOCOL.md). DOWN stalls every open
@@ -30,6 +37,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from hil_tests.rig.reset_watch import ResetWatch
 from hil_tests.rig.shaping import (
     DeliveryClock,
     LinkSettings,
@@ -66,10 +74,15 @@ class RelayStats:
 
 
 class _Direction:
-    """What one direction of the link shares across connections: its bucket and its counters."""
+    """What one direction of the link shares across connections: its bucket, the turn to use it, and its
+    counters."""
 
     def __init__(self, settings: LinkSettings, now: float) -> None:
         self.bucket = TokenBucket(settings, now)
+        # Segments take their tokens in the order they reached the bucket, as packets leave tbf's one
+        # queue: without it a segment read at a higher rate waited for more tokens than the bucket ever
+        # held while another connection took each of its smaller segments as soon as it fitted.
+        self.turn = asyncio.Lock()  # FIFO: a release wakes the longest waiter
         self.meter = ThroughputMeter()
         self.bytes_forwarded = 0
 
@@ -82,19 +95,50 @@ class _Direction:
 
 
 class _Connection:
-    """One relayed connection: both stream writers and the two pipe tasks, so `cut` can end it."""
+    """One relayed connection: both stream writers and its tasks, so `cut` or a reset can end it."""
 
-    def __init__(self, client_writer: asyncio.StreamWriter) -> None:
-        self.writers = [client_writer]
-        self.pipes: list[asyncio.Task[None]] = []
+    def __init__(self, client_writer: asyncio.StreamWriter, resets: ResetWatch) -> None:
+        self.writers: list[asyncio.StreamWriter] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        self._resets = resets
+        self._watched: list[int] = []
+        self._on_reset = self.abort  # one bound method: `ResetWatch.forget` tells watches apart by identity
+        self._aborted = False
+        self.add(client_writer)
+
+    def add(self, writer: asyncio.StreamWriter) -> None:
+        """Own ``writer`` (abort and close it with the connection) and end the connection if it resets.
+        Raises `ConnectionResetError` if the connection was aborted already (the client reset while the
+        relay was connecting to the target)."""
+        self.writers.append(writer)
+        if self._aborted:
+            writer.transport.abort()
+            raise ConnectionResetError("the connection was reset while the relay connected to the target")
+        fd = writer.get_extra_info("socket").fileno()
+        self._resets.watch(fd, self._on_reset)
+        self._watched.append(fd)
 
     def abort(self) -> None:
-        # Cancelling the pipes, not the handler task, lets the handler finish normally (3.11's
-        # start_server callback calls task.exception(), which raises on a cancelled handler).
+        """Reset both sides and drop what is queued. Cancelling the tasks, not the handler task, lets the
+        handler finish normally (3.11's start_server callback calls task.exception(), which raises on a
+        cancelled handler)."""
+        self._aborted = True
+        self._forget()
         for writer in self.writers:
             writer.transport.abort()
-        for pipe in self.pipes:
-            pipe.cancel()
+        for task in self.tasks:
+            task.cancel()
+
+    def close(self) -> None:
+        self._forget()
+        for writer in self.writers:
+            writer.close()
+
+    def _forget(self) -> None:
+        # Before the sockets close: a closed socket's number may be reused by the next connection.
+        for fd in self._watched:
+            self._resets.forget(fd, self._on_reset)
+        self._watched.clear()
 
 
 class Relay:
@@ -128,6 +172,7 @@ class Relay:
         self._upstream: _Direction | None = None
         self._downstream: _Direction | None = None
         self._waiters: set[asyncio.Future[None]] = set()
+        self._resets: ResetWatch | None = None
         # handler task -> its connection; stop() waits for the handlers
         self._connections: dict[asyncio.Task[None], _Connection] = {}
         self._connections_total = 0
@@ -140,9 +185,17 @@ class Relay:
         now = self._loop.time()
         self._upstream = _Direction(self._settings, now)
         self._downstream = _Direction(self._settings, now)
+        self._resets = ResetWatch(self._loop)
+        try:
+            self._server = await self._listen_for_connections()
+        except BaseException:
+            self._resets.close()
+            self._resets = None
+            raise
+
+    async def _listen_for_connections(self) -> asyncio.Server:
         if self._socket_factory is None:
-            self._server = await asyncio.start_server(self._accept, *self._listen)
-            return
+            return await asyncio.start_server(self._accept, *self._listen)
         listener = self._socket_factory()
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -151,7 +204,7 @@ class Relay:
         except OSError:
             listener.close()
             raise
-        self._server = await asyncio.start_server(self._accept, sock=listener)
+        return await asyncio.start_server(self._accept, sock=listener)
 
     async def _connect_target(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self._before_connect is not None:
@@ -187,6 +240,9 @@ class Relay:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+        if self._resets is not None:
+            self._resets.close()
+            self._resets = None
 
     async def __aenter__(self) -> Relay:
         await self.start()
@@ -245,7 +301,8 @@ class Relay:
             self._connections_refused += 1
             client_writer.transport.abort()
             return
-        connection = _Connection(client_writer)
+        assert self._resets is not None
+        connection = _Connection(client_writer, self._resets)
         handler = asyncio.current_task()
         assert handler is not None
         self._connections[handler] = connection
@@ -255,29 +312,32 @@ class Relay:
                 target_reader, target_writer = await self._connect_target()
             except OSError:
                 self._connections_refused += 1
-                client_writer.transport.abort()
+                connection.abort()
                 return
-            connection.writers.append(target_writer)
+            connection.add(target_writer)
             upstream, downstream = self._directions()
-            async with asyncio.TaskGroup() as pipes:
-                connection.pipes.append(pipes.create_task(self._pipe(client_reader, target_writer, upstream)))
-                connection.pipes.append(pipes.create_task(self._pipe(target_reader, client_writer, downstream)))
-            for writer in connection.writers:
-                writer.close()
+            async with asyncio.TaskGroup() as tasks:
+                pumps = []
+                for reader, writer, direction in (
+                    (client_reader, target_writer, upstream),
+                    (target_reader, client_writer, downstream),
+                ):
+                    queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(QUEUE_SEGMENTS)
+                    pumps.append(tasks.create_task(self._shape(reader, queue, direction)))
+                    pumps.append(tasks.create_task(self._deliver(queue, writer, direction)))
+                # A socket's close waiter raises the error asyncio saw on it, which the pump that reads
+                # it would raise only at its next read (it may be waiting for tokens meanwhile).
+                breaks = [tasks.create_task(_until_broken(writer)) for writer in connection.writers]
+                connection.tasks += pumps + breaks
+                await asyncio.wait(pumps)
+                for watcher in breaks:
+                    watcher.cancel()
+            connection.close()
         except* OSError:
-            # One side reset: reset the other too, as a broken path would.
+            # One side reset or a write failed: reset the other too, as a broken path would.
             connection.abort()
         finally:
             del self._connections[handler]
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: _Direction) -> None:
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(QUEUE_SEGMENTS)
-        deliverer = asyncio.ensure_future(self._deliver(queue, writer, direction))
-        try:
-            await self._shape(reader, queue, direction)
-            await deliverer
-        finally:
-            deliverer.cancel()
 
     async def _shape(
         self, reader: asyncio.StreamReader, queue: asyncio.Queue[tuple[float, bytes]], direction: _Direction
@@ -307,8 +367,8 @@ class Relay:
                     writer.write_eof()
                 return
             writer.write(data)
+            await writer.drain()  # raises if the write failed: those bytes were not delivered
             direction.delivered(len(data), loop.time())
-            await writer.drain()
 
     async def _transmit(self, direction: _Direction, nbytes: int) -> None:
         """Wait until the link is up and the direction's bucket holds the wire bytes of ``nbytes`` of
@@ -316,18 +376,19 @@ class Relay:
         loop = asyncio.get_running_loop()
         nbytes = wire_bytes(nbytes)
         due: float | None = None  # when the segment may leave, once it had to wait for tokens
-        while True:
-            if not self._settings.up:
-                due = None  # a link that is down sends nothing: no time to make up for after UP
-                await self._wait_for_change(None)
-                continue
-            now = loop.time()
-            wait = direction.bucket.wait_time(nbytes, now)
-            if wait <= 0:
-                direction.bucket.take(nbytes, now, due)
-                return
-            due = now + wait
-            await self._wait_for_change(wait)
+        async with direction.turn:
+            while True:
+                if not self._settings.up:
+                    due = None  # a link that is down sends nothing: no time to make up for after UP
+                    await self._wait_for_change(None)
+                    continue
+                now = loop.time()
+                wait = direction.bucket.wait_time(nbytes, now)
+                if wait <= 0:
+                    direction.bucket.take(nbytes, now, due)
+                    return
+                due = now + wait
+                await self._wait_for_change(wait)
 
     async def _wait_for_change(self, timeout: float | None) -> None:
         """Sleep ``timeout`` seconds (forever if None) or until the settings change, whichever is first."""
@@ -345,6 +406,11 @@ class Relay:
     def _wake_all(self) -> None:
         for waiter in list(self._waiters):
             _resolve(waiter)
+
+
+async def _until_broken(writer: asyncio.StreamWriter) -> None:
+    """Raise the error that breaks ``writer``'s connection; return when the relay closes it."""
+    await writer.wait_closed()
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

@@ -41,9 +41,19 @@ def test_rate_commands_over_serial_change_the_measured_throughput(tmp_path):
                     waited = cpu_wait.since(started)
                 shifted = max(0.0, waited - MIN_BURST_BYTES * 8 / rate) / WINDOW_S
                 assert rate * (0.85 - shifted) <= measured <= rate * (1.15 + shifted), (rate, measured, waited)
+                # Both ends of this round's flow are closed; each round measures one flow on its own.
+                _until_no_connection(rig)
             status = rig.status()
             assert status["rate"] == "9600"
             assert int(status["bytes_up"]) > 0
+
+
+def _until_no_connection(rig: RigClient, timeout: float = 10.0) -> None:
+    """Poll STATUS until the relay holds no connection (it ends one when an end closes or resets)."""
+    deadline = time.monotonic() + timeout
+    while (status := rig.status())["connections"] != "0":
+        assert time.monotonic() < deadline, f"the relay still holds a closed flow: {status}"
+        time.sleep(0.02)  # the poll's interval; the bound is the deadline
 
 
 def test_down_over_serial_stops_the_flow_and_up_resumes_it(tmp_path):
