@@ -18,6 +18,7 @@ from hil_tests.rig.program import build_parser
 from hil_tests.rig.shaping import MIN_BURST_BYTES
 from hil_tests.rig.tests.flow import WINDOW_S, drain, flooding, measure_connection, quiet_for
 from testing import run_queue
+from testing.waiting import wait_until
 
 
 def _relay_address(ready: dict[str, str]) -> tuple[str, int]:
@@ -50,10 +51,8 @@ def test_rate_commands_over_serial_change_the_measured_throughput(tmp_path):
 
 def _until_no_connection(rig: RigClient, timeout: float = 10.0) -> None:
     """Poll STATUS until the relay holds no connection (it ends one when an end closes or resets)."""
-    deadline = time.monotonic() + timeout
-    while (status := rig.status())["connections"] != "0":
-        assert time.monotonic() < deadline, f"the relay still holds a closed flow: {status}"
-        time.sleep(0.02)  # the poll's interval; the bound is the deadline
+    wait_until(lambda: rig.status()["connections"] == "0", timeout,
+               what=lambda: f"the relay still holds a closed flow: {rig.status()}")
 
 
 def test_down_over_serial_stops_the_flow_and_up_resumes_it(tmp_path):

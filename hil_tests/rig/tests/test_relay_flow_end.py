@@ -15,7 +15,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -24,6 +24,7 @@ from hil_tests.rig.relay import Relay
 from hil_tests.rig.shaping import MIN_BURST_BYTES, WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES, wire_bytes
 from hil_tests.rig.tests.peers import flood
 from testing import run_queue
+from testing.waiting import until
 
 Peer = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -71,11 +72,14 @@ def _slow_link(relay: Relay) -> None:
     relay.set(rate_bps=SLOW_RATE_BPS, burst_bytes=SLOW_BURST_SEGMENTS * wire_bytes(64))
 
 
-async def _until(condition: Callable[[], bool], timeout: float) -> None:
-    """Poll ``condition`` until it holds; `TimeoutError` after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.01)
+async def _reset_ends_the_flow_at_once(relay: Relay, writer: asyncio.StreamWriter) -> None:
+    """Reset ``writer``'s end: the relay closes the flow within 3 s and forwards no byte after the reset."""
+    forwarded = relay.stats()
+    _reset(writer)
+    await until(lambda: relay.stats().connections_open == 0, timeout=3.0, what=lambda: f"flow closed: {relay.stats()}")
+    after = relay.stats()
+    assert (after.upstream.bytes_forwarded, after.downstream.bytes_forwarded) == (
+        forwarded.upstream.bytes_forwarded, forwarded.downstream.bytes_forwarded)
 
 
 @pytest.mark.parametrize("link", ["up", "down"])
@@ -103,12 +107,7 @@ def test_an_end_that_resets_after_its_fin_ends_the_flow_at_once(resetting_end, l
             leaving.write_eof()
             assert await asyncio.wait_for(staying_reader.read(), 10) == b""  # the half-close went through
             relay.set(up=link == "up")
-            forwarded = relay.stats()
-            _reset(leaving)
-            await _until(lambda: relay.stats().connections_open == 0, timeout=3.0)
-            after = relay.stats()
-            assert (after.upstream.bytes_forwarded, after.downstream.bytes_forwarded) == (
-                forwarded.upstream.bytes_forwarded, forwarded.downstream.bytes_forwarded)
+            await _reset_ends_the_flow_at_once(relay, leaving)
             sender.transport.abort()
 
     asyncio.run(scenario())
@@ -175,7 +174,7 @@ def test_a_half_close_delivers_every_byte_then_the_fin_and_the_flow_ends_after_b
             target_writer.write(b"got it")
             target_writer.write_eof()
             assert await asyncio.wait_for(client_reader.read(), 10) == b"got it"
-            await _until(lambda: relay.stats().connections_open == 0, timeout=3.0)
+            await until(lambda: relay.stats().connections_open == 0, timeout=3.0, what=lambda: f"flow closed: {relay.stats()}")
             assert relay.stats().upstream.bytes_forwarded == len(payload)
             client_writer.close()
             target_writer.close()
@@ -200,12 +199,7 @@ def test_a_reset_while_both_directions_wait_for_tokens_ends_the_flow_at_once():
             await target_writer.drain()
             for reader in (client_reader, target_reader):  # both bursts arrive; the rest waits for tokens
                 await asyncio.wait_for(reader.readexactly(SLOW_BURST_PAYLOAD), 10)
-            forwarded = relay.stats()
-            _reset(target_writer)
-            await _until(lambda: relay.stats().connections_open == 0, timeout=3.0)
-            after = relay.stats()
-            assert (after.upstream.bytes_forwarded, after.downstream.bytes_forwarded) == (
-                forwarded.upstream.bytes_forwarded, forwarded.downstream.bytes_forwarded)
+            await _reset_ends_the_flow_at_once(relay, target_writer)
             client_writer.transport.abort()
 
     asyncio.run(scenario())
