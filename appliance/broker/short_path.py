@@ -52,7 +52,7 @@ from __future__ import annotations
 import struct
 
 from appliance.broker.codec.packets import MQTT_5
-from appliance.broker.codec.reader import PacketReader
+from appliance.broker.codec.reader import PacketReader, remaining_length
 from appliance.broker.codec.reasons import MqttProtocolError
 from appliance.broker.codec.writer import puback_success
 from appliance.broker.context import HandlerContext, Instant
@@ -128,20 +128,12 @@ class ShortPath:
             length = data[pos + 1]
             header = 2
             if length & 0x80:
-                # The remaining length's further bytes, as ``PacketReader._parse_into`` reads them; an
-                # incomplete or malformed one is left to the general path.
-                length &= 0x7F
-                shift = 7
-                while pos + header < end:
-                    byte = data[pos + header]
-                    header += 1
-                    length |= (byte & 0x7F) << shift
-                    if not byte & 0x80 or header == 5:
-                        break
-                    shift += 7
-                else:
+                # An incomplete or malformed remaining length is left to the general path.
+                try:
+                    length, header = remaining_length(data, pos, end)
+                except MqttProtocolError:
                     break
-                if byte & 0x80:
+                if not header:
                     break
             stop = pos + header + length
             if stop > end or header + length > max_size:
