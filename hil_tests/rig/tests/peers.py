@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+
+
+def reset_on_close(sock: socket.socket) -> None:
+    """SO_LINGER 0: closing ``sock`` then sends an RST, as from a process that died or a host that rebooted."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 class Sink:

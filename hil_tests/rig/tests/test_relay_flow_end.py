@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
-import struct
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -22,7 +20,7 @@ import pytest
 
 from hil_tests.rig.relay import Relay
 from hil_tests.rig.shaping import MIN_BURST_BYTES, WIRE_HEADER_BYTES, WIRE_PAYLOAD_BYTES, wire_bytes
-from hil_tests.rig.tests.peers import flood
+from hil_tests.rig.tests.peers import flood, reset_on_close
 from testing import run_queue
 from testing.waiting import until
 
@@ -56,8 +54,8 @@ async def _target() -> AsyncIterator[_Target]:
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
-    """Close with SO_LINGER 0: the peer gets an RST, as from a process that died or a host that rebooted."""
-    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    """Close with an RST (``reset_on_close``)."""
+    reset_on_close(writer.get_extra_info("socket"))
     writer.transport.abort()
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from hil_tests.rig.reset_watch import ResetWatch
+from hil_tests.rig.tests.peers import reset_on_close
 
 
 @contextmanager
@@ -21,7 +21,7 @@ def _tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
 
 
 def _reset(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    reset_on_close(sock)
     sock.close()
 
 
