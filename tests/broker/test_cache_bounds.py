@@ -90,8 +90,8 @@ def test_the_match_cache_counts_what_it_holds_and_answers_as_an_uncached_walk(to
     for topic in topics:
         cached = tree.match(topic)
         assert cached == SubscriptionTree._walk(tree, topic)
-    assert all(len(topic) <= 1024 for topic in tree._cache)
-    assert tree.cache_bytes >= sum(len(topic) + 400 for topic in tree._cache)
+    assert all(len(topic) <= 1024 for topic in tree._cache.entries)
+    assert tree.cache_bytes >= sum(len(topic) + 400 for topic in tree._cache.entries)
     assert tree.cache_bytes <= 16 * MB
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from appliance.broker.cache_bounds import MAX_CACHED_KEY_CHARS
+from appliance.broker.cache_bounds import BoundedCache
 from appliance.broker.routing import edge_tree
 from appliance.broker.routing.edge_tree import EdgeNode
 
@@ -196,10 +196,8 @@ class SubscriptionTree:
         self._root = _Node("", 0, 0)
         self._by_client: dict[str, dict[str, Subscription]] = {}
         self.generation = 0
-        self._cache: dict[str, MatchResult] = {}
+        self._cache: BoundedCache[str, MatchResult] = BoundedCache(MATCH_CACHE_SIZE, MATCH_CACHE_BYTES)
         self._cache_generation = 0
-        #: Estimated bytes held by ``_cache`` (keys' characters plus the ``MATCH_*_BYTES`` estimates).
-        self.cache_bytes = 0
 
     def __len__(self) -> int:
         return sum(len(subs) for subs in self._by_client.values())
@@ -272,26 +270,26 @@ class SubscriptionTree:
 
     def match(self, topic: str) -> MatchResult:
         """Every subscription matching a (valid) topic name; cached until the next change."""
+        cache = self._cache
         if self._cache_generation != self.generation:
-            self._cache.clear()
-            self.cache_bytes = 0
+            cache.clear()
             self._cache_generation = self.generation
         else:
-            cached = self._cache.get(topic)
+            cached = cache.entries.get(topic)
             if cached is not None:
                 return cached
         result = self._walk(topic)
-        size = len(topic)
-        if size <= MAX_CACHED_KEY_CHARS:
-            size += MATCH_ENTRY_BYTES
-            if result is not NO_MATCH:
-                size += MATCH_SUBSCRIBER_BYTES * (len(result.subscribers) + sum(map(len, result.shared.values())))
-            if len(self._cache) >= MATCH_CACHE_SIZE or self.cache_bytes + size > MATCH_CACHE_BYTES:
-                self._cache.clear()
-                self.cache_bytes = 0
-            self._cache[topic] = result
-            self.cache_bytes += size
+        size = MATCH_ENTRY_BYTES
+        if result is not NO_MATCH:
+            size += MATCH_SUBSCRIBER_BYTES * (len(result.subscribers) + sum(map(len, result.shared.values())))
+        cache.put(topic, result, len(topic), size)
         return result
+
+    @property
+    def cache_bytes(self) -> int:
+        """Estimated bytes held by the match cache (its keys' characters plus the ``MATCH_*_BYTES``
+        estimates), for the metrics page."""
+        return self._cache.held_bytes
 
     def _walk(self, topic: str) -> MatchResult:
         levels = topic.split("/")

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from enum import IntFlag
 from pathlib import Path
 
-from appliance.broker.cache_bounds import MAX_CACHED_KEY_CHARS
+from appliance.broker.cache_bounds import BoundedCache
 from appliance.broker.routing.topic_tree import (
     SHARE_PREFIX,
     TopicError,
@@ -145,9 +145,8 @@ class Acl:
         self.enforced = enforced
         #: The patterns with a ``%x`` level: the topics they give a client may not go to another through ``%c``.
         self._hex_patterns = tuple(rule for rule in self.patterns if "%x" in rule.topic_filter.split("/"))
-        self._decisions: dict[tuple[str, str | None, str, int], bool] = {}
-        #: Estimated bytes held by ``_decisions`` (keys' text plus ``DECISION_ENTRY_BYTES`` each).
-        self.cache_bytes = 0
+        self._decisions: BoundedCache[tuple[str, str | None, str, int], bool] = BoundedCache(
+            DECISION_CACHE_SIZE, DECISION_CACHE_BYTES)
 
     @classmethod
     def allow_all(cls) -> Acl:
@@ -213,18 +212,18 @@ class Acl:
         if not self.enforced:
             return True
         key = (client_id, username, topic, access)
-        decision = self._decisions.get(key)
+        decision = self._decisions.entries.get(key)
         if decision is None:
             decision = self._evaluate(client_id, username, topic, access)
-            size = len(topic) + len(client_id) + (len(username) if username is not None else 0)
-            if size <= MAX_CACHED_KEY_CHARS:
-                size += DECISION_ENTRY_BYTES
-                if len(self._decisions) >= DECISION_CACHE_SIZE or self.cache_bytes + size > DECISION_CACHE_BYTES:
-                    self._decisions.clear()
-                    self.cache_bytes = 0
-                self._decisions[key] = decision
-                self.cache_bytes += size
+            key_chars = len(topic) + len(client_id) + (len(username) if username is not None else 0)
+            self._decisions.put(key, decision, key_chars, DECISION_ENTRY_BYTES)
         return decision
+
+    @property
+    def cache_bytes(self) -> int:
+        """Estimated bytes held by the decision cache (keys' text plus ``DECISION_ENTRY_BYTES`` each), for
+        the metrics page."""
+        return self._decisions.held_bytes
 
     def _evaluate(self, client_id: str, username: str | None, topic: str, access: int) -> bool:
         subscribe = access == _SUBSCRIBE
