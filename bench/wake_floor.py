@@ -16,7 +16,12 @@ targets in alternating rounds:
   own, the floor of any broker written this way.
 
 Per round it prints the broker's CPU per message split into user and system time (``/proc``, 10 ms
-ticks, so read several rounds), the latency's minimum, p50, p90 and p99, and the load average. With
+ticks, so read several rounds), the latency's minimum, p50, p90 and p99, and the load average. At the end
+it pools every round's latencies per target and prints the pooled percentiles with a 90 % interval for
+each target's p99 against mosquitto's, drawn by resampling whole rounds: on this kind of host a single
+round's p99 swings by a third from one round to the next, for mosquitto as for us (session 15: the same
+tree's p99 ratio was 0.93x in one run and 1.26x in the next), so a ratio is only shown when the interval
+says so. With
 ``--strace`` one more round per target runs under ``strace -c -f``: system calls per message by name
 (``epoll_wait``/``epoll_pwait`` per message shows whether a wake-up costs extra loop iterations).
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -61,13 +67,41 @@ def relay() -> Iterator[Target]:
         process.wait(10)
 
 
+#: Percentiles the pooled summary prints.
+POOLED_FRACTIONS = (0.5, 0.9, 0.99, 0.999)
+#: Resamples of whole rounds behind the p99 ratio's interval.
+BOOTSTRAP_DRAWS = 200
+
+
 def percentile(ordered: list[int], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] / 1e6
 
 
-async def one_round(target: Target, load: Load, tag: str) -> dict[str, float]:
+def pooled(rounds: list[list[int]]) -> list[int]:
+    """Every round's latencies in one ordered list."""
+    return sorted(latency for latencies in rounds for latency in latencies)
+
+
+def ratio_interval(ours: list[list[int]], theirs: list[list[int]], fraction: float,
+                   draws: int = BOOTSTRAP_DRAWS, seed: int = 15) -> tuple[float, float, float]:
+    """The pooled ``fraction`` percentile of ``ours`` over that of ``theirs``: (5th percentile, median,
+    95th percentile) over ``draws`` resamples. Whole rounds are resampled, with the same round numbers
+    for both sides (round i of each ran back to back), because latencies within a round are not
+    independent: a slow stretch of the host lasts for many messages."""
+    picker = random.Random(seed)
+    count = min(len(ours), len(theirs))
+    ratios = []
+    for _ in range(draws):
+        picked = [picker.randrange(count) for _ in range(count)]
+        ratios.append(percentile(pooled([ours[i] for i in picked]), fraction)
+                      / percentile(pooled([theirs[i] for i in picked]), fraction))
+    ratios.sort()
+    return ratios[int(draws * 0.05)], ratios[draws // 2], ratios[min(draws - 1, int(draws * 0.95))]
+
+
+async def one_round(target: Target, load: Load, tag: str) -> tuple[dict[str, float], list[int]]:
     """The figures of one paced round: CPU us per message (user, system: the whole round, warm-up
-    included) and latency in ms."""
+    included) and latency in ms; and the round's latencies in ns."""
     before = target.process.cpu_times()
     result = await measure(target.host, target.port, target.process, load, tag)
     after = target.process.cpu_times()
@@ -81,7 +115,7 @@ async def one_round(target: Target, load: Load, tag: str) -> dict[str, float]:
         "p50_ms": percentile(ordered, 0.5),
         "p90_ms": percentile(ordered, 0.9),
         "p99_ms": percentile(ordered, 0.99),
-    }
+    }, result.latencies_ns
 
 
 async def strace_round(target: Target, load: Load, tag: str, output: Path) -> dict[str, float]:
@@ -103,9 +137,11 @@ async def strace_round(target: Target, load: Load, tag: str, output: Path) -> di
 async def run(targets: list[Target], args: argparse.Namespace, work: Path) -> None:
     load = Load(1, publishers=1, messages=int(2000 * args.seconds), warmup=1000, rate=2000.0)
     collected: dict[str, dict[str, list[float]]] = {target.name: {} for target in targets}
+    latencies: dict[str, list[list[int]]] = {target.name: [] for target in targets}
     for round_number in range(args.rounds):
         for target in targets if round_number % 2 == 0 else targets[::-1]:
-            figures = await one_round(target, load, f"wake-{target.name}-{round_number}-{os.getpid()}")
+            figures, round_latencies = await one_round(target, load, f"wake-{target.name}-{round_number}-{os.getpid()}")
+            latencies[target.name].append(round_latencies)
             for key, value in figures.items():
                 collected[target.name].setdefault(key, []).append(value)
             shown = ", ".join(f"{key} {value:.3f}" if key.endswith("ms") else f"{key} {value:.1f}" for key, value in figures.items())
@@ -118,12 +154,28 @@ async def run(targets: list[Target], args: argparse.Namespace, work: Path) -> No
         cells = [f"{statistics.median(collected[target.name][key]):.3f}" if key.endswith("ms")
                  else f"{statistics.median(collected[target.name][key]):.1f}" for target in targets]
         print(f"| {key.replace('_', ' ')} | " + " | ".join(cells) + " |")
+    print(pooled_summary(latencies))
     if args.strace:
         print()
         for target in targets:
             calls = await strace_round(target, load, f"wake-strace-{target.name}-{os.getpid()}", work / f"{target.name}.strace")
             shown = ", ".join(f"{name} {per:.2f}" for name, per in calls.items() if per >= 0.01)
             print(f"system calls per message, {target.name} (under strace): {sum(calls.values()):.2f}: {shown}", flush=True)
+
+
+def pooled_summary(latencies: dict[str, list[list[int]]]) -> str:
+    """The pooled percentiles per target, and each target's p99 over mosquitto's with its interval."""
+    names = list(latencies)
+    ordered = {name: pooled(rounds) for name, rounds in latencies.items()}
+    lines = ["", "| pooled over all rounds, ms | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for fraction in POOLED_FRACTIONS:
+        lines.append(f"| p{fraction * 100:g} | " + " | ".join(f"{percentile(ordered[name], fraction):.3f}" for name in names) + " |")
+    if "mosquitto" in latencies:
+        for name in names:
+            if name != "mosquitto":
+                low, middle, high = ratio_interval(latencies[name], latencies["mosquitto"], 0.99)
+                lines.append(f"p99 {name} / mosquitto: {middle:.3f} (90 % interval over resampled rounds {low:.3f}-{high:.3f})")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
