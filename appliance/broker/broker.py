@@ -84,6 +84,12 @@ log = logging.getLogger("appliance.broker")
 
 #: Deliveries buffered since the last flush after which a read writes at once instead of waiting.
 EARLY_FLUSH_DELIVERIES = 2000
+#: Seconds without a read that had something to write, after which a read the short path takes whole is
+#: written at its end instead of in the loop turn's flush (``data_received``). Reads of one loop turn
+#: start within one read's handling of each other (10-150 us, warm to cold), so a read this long after the
+#: last one is alone in its turn and there is nothing to coalesce with; at 2,000 msgs/s (issue 30) reads
+#: come every 0.5-1 ms.
+QUIET_READ_GAP = 250e-6
 
 
 class Broker:
@@ -127,6 +133,8 @@ class Broker:
         self._dirty: list[ClientConnection] = []
         self._flush_scheduled = False
         self._since_flush = 0
+        #: When the last read the short path took whole had something to write (monotonic seconds).
+        self._last_output_read = float("-inf")
         self.backlogs = Backlogs(self)
         self._tick_timer: Timer | None = None
         #: The last commit failed: requests that need a write are refused (kept by ``CommitGate``).
@@ -210,21 +218,41 @@ class Broker:
                 data = bytes(data)
             consumed, taken, deliveries = short_path.take(link, data, now, self._dirty)
             if consumed:
+                dirty = self._dirty
                 connection.last_received = now.monotonic
                 if deliveries:
                     self._since_flush += deliveries
-                self.mark(connection)
-                if self._dirty and not self._flush_scheduled:
-                    self.schedule_flush()
+                if connection.out and not connection.flush_pending:
+                    connection.flush_pending = True
+                    dirty.append(connection)
                 if consumed == len(data):
-                    if self._since_flush >= EARLY_FLUSH_DELIVERIES:
-                        self.flush()
+                    if dirty:
+                        self._after_whole_read(now.monotonic)
                     return taken
+                if dirty and not self._flush_scheduled:
+                    self.schedule_flush()
                 taken += self._read_general(link, data[consumed:], now, TURN_PACKET_BUDGET - taken)
                 if self._since_flush >= EARLY_FLUSH_DELIVERIES:
                     self.flush()
                 return taken
         return self._read_general(link, data, now, TURN_PACKET_BUDGET)
+
+    def _after_whole_read(self, monotonic: float) -> None:
+        """A read the short path took whole left bytes to write. Alone in its loop turn (no flush
+        scheduled yet, and no such read for ``QUIET_READ_GAP``: the rate is low), they are written now,
+        which spares the ``call_soon`` and the loop iteration before the flush; the flush commits first as
+        always, and with no flush scheduled nothing of this turn waits for a commit (whatever buffers a
+        store change or holds an acknowledgement schedules the flush). Otherwise they wait for the turn's
+        flush, which writes each connection once for every read of the turn."""
+        quiet = monotonic - self._last_output_read >= QUIET_READ_GAP
+        self._last_output_read = monotonic
+        if not self._flush_scheduled:
+            if quiet:
+                self.flush()
+                return
+            self.schedule_flush()
+        if self._since_flush >= EARLY_FLUSH_DELIVERIES:
+            self.flush()
 
     def _read_general(self, link: Link, data: bytes, now: Instant, budget: int) -> int:
         """The general path for a read (or what the short path left of it)."""
@@ -381,7 +409,8 @@ class Broker:
         """Commit the turn's changes, then write each connection's bytes once (if the commit failed, the
         acknowledgements that depended on it are answered as failures: ``store_failure``)."""
         self._flush_scheduled = False
-        committed = self.store is None or self.commits.commit()
+        store = self.store
+        committed = store is None or not store.has_pending or self.commits.commit()
         self._since_flush = 0
         dirty = self._dirty
         if not dirty:
