@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.broker.broker import QUIET_READ_GAP, Broker
+from appliance.broker.broker import LONE_READ_BYTES, QUIET_READ_GAP, Broker
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec.writer import encode
@@ -70,8 +70,8 @@ WEIGHTED_STEPS: tuple[tuple[int, st.SearchStrategy[tuple[Any, ...]]], ...] = (
     (1, st.tuples(st.just("disconnect"), st.integers(0, 2), st.booleans())),
     (1, st.tuples(st.just("congest"), st.integers(0, 2), st.booleans())),
     (2, st.tuples(st.just("acl"), st.integers(0, len(ACLS) - 1))),
-    # 0.0001 s: shorter than ``broker.QUIET_READ_GAP``, so the next read still coalesces with the last.
-    (1, st.tuples(st.just("advance"), st.sampled_from([0.0001, 0.5, 3.0, 100.0]))),
+    # 0.00005 s: shorter than ``broker.QUIET_READ_GAP``, so the next read still coalesces with the last.
+    (1, st.tuples(st.just("advance"), st.sampled_from([0.00005, 0.5, 3.0, 100.0]))),
     # Two reads in one loop turn (two clients', or one client's twice): the first may be written at its
     # end, the second waits for the turn's flush.
     (2, st.tuples(st.just("together"), st.integers(0, 2), st.integers(0, 2), st.lists(PUBLISH, min_size=1, max_size=3),
@@ -352,9 +352,9 @@ def test_a_read_cut_anywhere(level: int) -> None:
 
 
 def test_a_read_alone_in_its_turn_is_written_at_its_end() -> None:
-    """At a low rate a read the short path takes whole is written before the loop runs anything else (no
-    ``call_soon`` turn); a read within ``QUIET_READ_GAP`` of it waits for the turn's flush, so the reads of
-    a busy turn are still written once per connection."""
+    """At a low rate a small read the short path takes whole is written before the loop runs anything else
+    (no ``call_soon`` turn); a read within ``QUIET_READ_GAP`` of it, or a larger one, waits for the turn's
+    flush, so the reads of a busy turn are still written once per connection."""
     pair = BrokerPair(None)
     subscriber = pair.connected("s")
     subscriber.subscribe("t/#", 1)
@@ -371,6 +371,11 @@ def test_a_read_alone_in_its_turn_is_written_at_its_end() -> None:
     assert [packet.topic for packet in subscriber.received() if isinstance(packet, pk.Publish)] == ["t/b", "t/c"]
     assert [type(packet) for packet in second.received()] == [pk.PubAck]
     assert [client.writes - count for client, count in zip((subscriber, first, second), before, strict=True)] == [2, 1, 1]
-    pair.advance(QUIET_READ_GAP)
+    pair.advance(2 * QUIET_READ_GAP)
     second.arrive(pk.Publish("t/d", b"4", 0))
     assert [packet.topic for packet in subscriber.received() if isinstance(packet, pk.Publish)] == ["t/d"]
+    pair.advance(1.0)
+    second.arrive(pk.Publish("t/e", bytes(LONE_READ_BYTES), 0))
+    assert subscriber.received() == []
+    pair.runtime.run()
+    assert [packet.topic for packet in subscriber.received() if isinstance(packet, pk.Publish)] == ["t/e"]
