@@ -421,8 +421,16 @@ class Broker:
         sent = 0
         for connection in dirty:
             connection.flush_pending = False
-            if connection.out:
+            out = connection.out
+            if not out:
+                continue
+            if connection.held_acks or not committed:
                 sent += self._write(connection, committed)
+            else:
+                # ``_write`` without its commit cases, inline: a frame less per connection and turn.
+                sent += len(out)
+                connection.link.write(bytes(out))
+                out.clear()
         self.stats.bytes_sent += sent
 
     def _write(self, connection: ClientConnection, committed: bool) -> int:
