@@ -85,12 +85,13 @@ log = logging.getLogger("appliance.broker")
 #: Deliveries buffered since the last flush after which a read writes at once instead of waiting.
 EARLY_FLUSH_DELIVERIES = 2000
 #: A small read the short path takes whole is written at its end instead of in the loop turn's flush when
-#: no read with something to write ended in the last ``QUIET_READ_GAP`` seconds (``_after_whole_read``).
-#: The event loop runs the reads of one turn back to back (a few microseconds apart, however long each
-#: takes), so such a read is alone in its turn and there is nothing to coalesce it with; at 2,000 msgs/s
-#: (issue 30) a read comes every 0.5-1 ms. A busy turn's reads are written by its flush, once per
-#: connection; under a flood a read fills the 4 KiB buffer and is never "small".
-QUIET_READ_GAP = 100e-6
+#: no read with something to write began in the last ``QUIET_READ_GAP`` seconds (``_after_whole_read``).
+#: The event loop runs the reads of one turn back to back, each within one read's handling of the last
+#: (10-150 us here, warm to cold), so such a read is alone in its turn and there is nothing to coalesce it
+#: with; at 2,000 msgs/s (issue 30) a read comes every 0.5-1 ms. A busy turn's reads are written by its
+#: flush, once per connection; under a flood a read fills the 4 KiB buffer and is never "small". (The
+#: read's own clock reading is the stamp: a read reads the clock once, ``context.read_clock``.)
+QUIET_READ_GAP = 250e-6
 LONE_READ_BYTES = 1024
 
 
@@ -135,7 +136,7 @@ class Broker:
         self._dirty: list[ClientConnection] = []
         self._flush_scheduled = False
         self._since_flush = 0
-        #: When the last read the short path took whole and that had something to write ended (monotonic).
+        #: When the last read the short path took whole and that had something to write began (monotonic).
         self._last_output_read = float("-inf")
         self.backlogs = Backlogs(self)
         self._tick_timer: Timer | None = None
@@ -242,19 +243,20 @@ class Broker:
     def _after_whole_read(self, started: float, size: int) -> None:
         """A read of ``size`` bytes that began at ``started`` (monotonic) and that the short path took
         whole left bytes to write. A small read alone in its loop turn (no flush scheduled yet, and no
-        such read ended in the last ``QUIET_READ_GAP``) is written now, which spares the ``call_soon`` and
+        such read began in the last ``QUIET_READ_GAP``) is written now, which spares the ``call_soon`` and
         the loop iteration before the flush; the flush commits first as always, and with no flush
         scheduled nothing of this turn waits for a commit (whatever buffers a store change or holds an
         acknowledgement schedules the flush). Any other read waits for the turn's flush, which writes each
         connection once for every read of the turn."""
+        quiet = started - self._last_output_read >= QUIET_READ_GAP
+        self._last_output_read = started
         if not self._flush_scheduled:
-            if size <= LONE_READ_BYTES and started - self._last_output_read >= QUIET_READ_GAP:
+            if quiet and size <= LONE_READ_BYTES:
                 self.flush()
-            else:
-                self.schedule_flush()
+                return
+            self.schedule_flush()
         if self._since_flush >= EARLY_FLUSH_DELIVERIES:
             self.flush()
-        self._last_output_read = self.runtime.monotonic()
 
     def _read_general(self, link: Link, data: bytes, now: Instant, budget: int) -> int:
         """The general path for a read (or what the short path left of it)."""

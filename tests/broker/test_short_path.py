@@ -361,7 +361,9 @@ def test_a_read_alone_in_its_turn_is_written_at_its_end() -> None:
     first, second = pair.connected("p1"), pair.connected("p2")
     pair.advance(1.0)
     before = [client.writes for client in (subscriber, first, second)]
+    reads = pair.count_clock_reads()
     first.arrive(pk.Publish("t/a", b"1", 1, packet_id=1))
+    assert reads == {"now": 1, "monotonic": 1}  # one read, one reading of the clock, written at once or not
     assert [type(packet) for packet in subscriber.received()] == [pk.Publish]
     assert [type(packet) for packet in first.received()] == [pk.PubAck]
     second.arrive(pk.Publish("t/b", b"2", 1, packet_id=1))
