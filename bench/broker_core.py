@@ -27,6 +27,12 @@ does), and before every read of the broker (the PUBLISHes, then the subscriber's
 caches are flushed by touching ``COLD_BYTES`` and running some unrelated Python, as the other processes
 do between two wake-ups on a real machine. It prints the median CPU per read, cold and warm (the same
 reads without the flush, in the first half of the turns): the difference is what the per-message path costs for being executed cold.
+A read is timed as the loop runs it (``wake_up``): ``data_received``, then the loop's turn, which runs the
+flush if the read scheduled one. ``--cold --opcodes`` counts the bytecodes of the broker's calls per read
+of each kind instead (the paced shape, one publisher; the default shape has four publishers per turn).
+Under ``--opcodes`` every read takes much longer than ``broker.QUIET_READ_GAP``, so with several
+publishers per turn each read looks alone in its turn and is written at its end: compare trees with
+several publishers per turn with that gap raised.
 """
 
 from __future__ import annotations
