@@ -33,13 +33,12 @@ class AsyncioRuntime:
             self._loop = asyncio.get_running_loop()
         return self._loop
 
-    def now(self) -> float:
-        return wall_clock()
-
-    def monotonic(self) -> float:
-        # The clock itself, not ``loop.time()``: uvloop's is the time its loop iteration began, in whole
-        # milliseconds, and the bridge measures acks and the pump the gap between batches within one.
-        return time.monotonic()
+    #: The clocks themselves, as static methods: ``runtime.now()`` is then one C call with no Python frame
+    #: around it (the broker reads both on every wake-up; bench/RESULTS.md, "Issue 30, session 15").
+    #: ``monotonic`` is the clock, not ``loop.time()``: uvloop's is the time its loop iteration began, in
+    #: whole milliseconds, and the bridge measures acks and the pump the gap between batches within one.
+    now = staticmethod(time.time)
+    monotonic = staticmethod(time.monotonic)
 
     def call_soon(self, callback: Callable[..., object], *args: Any) -> None:
         self.loop.call_soon(callback, *args)

@@ -27,6 +27,12 @@ does), and before every read of the broker (the PUBLISHes, then the subscriber's
 caches are flushed by touching ``COLD_BYTES`` and running some unrelated Python, as the other processes
 do between two wake-ups on a real machine. It prints the median CPU per read, cold and warm (the same
 reads without the flush, in the first half of the turns): the difference is what the per-message path costs for being executed cold.
+A read is timed as the loop runs it (``wake_up``): ``data_received``, then the loop's turn, which runs the
+flush if the read scheduled one. ``--cold --opcodes`` counts the bytecodes of the broker's calls per read
+of each kind instead (the paced shape, one publisher; the default shape has four publishers per turn).
+Under ``--opcodes`` every read takes much longer than ``broker.QUIET_READ_GAP``, so with several
+publishers per turn each read looks alone in its turn and is written at its end: compare trees with
+several publishers per turn with that gap raised.
 """
 
 from __future__ import annotations
@@ -287,12 +293,28 @@ def evict_caches(junk: bytearray) -> None:
     sorted(churn.items(), key=lambda item: -item[1][0])
 
 
-async def run_cold(turns: int, per_read: int) -> dict[str, list[float]]:
+async def wake_up(broker: Broker, link: MemoryLink, data: bytes, opcodes: OpcodeCounter | None) -> None:
+    """One read as the loop runs it: ``data_received``, then the loop turn until it is idle again (the
+    flush the read scheduled, if it scheduled one). Counting bytecodes, only the broker's calls are
+    counted: ``data_received`` and that flush, called directly."""
+    if opcodes is None:
+        broker.data_received(link, data)
+        await asyncio.sleep(0)
+        return
+    with opcodes:
+        broker.data_received(link, data)
+        if broker._flush_scheduled:
+            broker.flush()
+
+
+async def run_cold(turns: int, per_read: int,
+                   opcodes: dict[str, OpcodeCounter] | None = None) -> dict[str, list[float]]:
     """One publisher, ``per_read`` QoS 1 PUBLISHes per read, one subscriber acknowledging each read's
-    deliveries in one read. Returns the CPU microseconds of each read (handling and flush) by kind:
-    ``publish``/``puback``, each ``warm`` (the first half of the turns) and ``cold`` (caches evicted
-    before it: the second half)."""
-    junk = bytearray(COLD_BYTES)
+    deliveries in one read. Returns the CPU microseconds of each read (``wake_up``: the handling, the
+    loop turn and the flush) by kind: ``publish``/``puback``, each ``warm`` (the first half of the turns)
+    and ``cold`` (caches evicted before it: the second half). With ``opcodes``, each kind's bytecodes are
+    counted instead (by ``opcodes[kind]``; the caches are left alone)."""
+    junk = bytearray(COLD_BYTES if opcodes is None else 0)
     times: dict[str, list[float]] = {f"{kind} {state}": [] for state in ("cold", "warm") for kind in ("publish", "puback")}
     async with started_broker(LimitsConfig(max_inflight_messages=WINDOW)) as broker:
         subscriber = connect(broker, "sub", pk.Subscribe(1, [pk.SubscribeRequest(TOPIC, 1)]), properties={0x21: WINDOW})
@@ -309,8 +331,7 @@ async def run_cold(turns: int, per_read: int) -> dict[str, list[float]]:
             if state == "cold":
                 evict_caches(junk)
             started = time.thread_time()
-            broker.data_received(publisher, b"".join(chunks))
-            broker.flush()
+            await wake_up(broker, publisher, b"".join(chunks), opcodes["publish"] if opcodes else None)
             times[f"publish {state}"].append((time.thread_time() - started) * 1e6)
             publisher.take()
             ids = [p.packet_id for p in reader.feed(subscriber.take()) if isinstance(p, pk.Publish)]
@@ -318,8 +339,7 @@ async def run_cold(turns: int, per_read: int) -> dict[str, list[float]]:
             if state == "cold":
                 evict_caches(junk)
             started = time.thread_time()
-            broker.data_received(subscriber, acks)
-            broker.flush()
+            await wake_up(broker, subscriber, acks, opcodes["puback"] if opcodes else None)
             times[f"puback {state}"].append((time.thread_time() - started) * 1e6)
             await asyncio.sleep(0)
     return times
@@ -340,6 +360,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="CPU per read at a low rate: one publisher, caches evicted before each read")
     parser.add_argument("--per-read", type=int, default=2, help="with --cold: PUBLISHes per read (2: the paced latency load)")
     args = parser.parse_args(argv)
+    if args.cold and args.opcodes:
+        counters = {kind: OpcodeCounter() for kind in ("publish", "puback")}
+        turns = args.turns or 300
+        uvloop.run(run_cold(turns, args.per_read, counters))
+        for kind, counter in counters.items():
+            print(f"{kind} read ({f'{args.per_read} PUBLISHes' if kind == 'publish' else 'their PUBACKs'}): "
+                  f"{sum(counter.counts.values()) / turns:.1f} bytecodes per read")
+            for (file, function), count in counter.counts.most_common(args.top):
+                print(f"  {count / turns:7.2f}  {file}:{function}")
+        return 0
     if args.cold:
         per_read = args.per_read
         times = uvloop.run(run_cold(args.turns or 2000, per_read))

@@ -15,6 +15,16 @@ of the PUBACKs and its flush, each after the caches were evicted (``broker_core.
 Only the broker's calls are counted: each runs inside ``operator.call``, whose C function
 ``_operator_call`` toggles callgrind's collection on and off, while the cache simulation runs
 throughout. ``--evict-bytes 0`` leaves the evictions out (warm).
+
+``--loop`` leaves the flush to the event loop, as the gateway does (a read that scheduled one gets it from
+``call_soon`` in the loop's next iteration), so what a read costs in the loop itself counts too. That
+part runs outside ``operator.call``: run callgrind with ``--collect-atstart=yes`` at two turn counts and
+divide the difference of the totals by the difference of the turns (the script's own work per turn is the
+same in every tree, so the difference between two trees is the broker's):
+
+    valgrind --tool=callgrind --cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 --LL=1048576,16,64 \\
+        --callgrind-out-file=/tmp/cg-300.out .venv/bin/python bench/wake_workload.py --loop --turns 300
+    # and --turns 600; then (Ir(600) - Ir(300)) / 300 per turn (a PUBLISH read and a PUBACK read)
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import argparse
 import asyncio
 import operator
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 
 import uvloop
@@ -37,13 +48,22 @@ from appliance.broker.config import LimitsConfig  # noqa: E402
 from bench.broker_core import TOPIC, WINDOW, MemoryLink, connect, evict_caches, settled, started_broker  # noqa: E402
 
 
+def handle_read(broker: Broker, link: MemoryLink, data: bytes, loop_flush: bool) -> Awaitable[None] | None:
+    """One read; its flush at once or, with ``loop_flush``, the loop's turn that runs it (the awaitable)."""
+    if loop_flush:
+        broker.data_received(link, data)
+        return asyncio.sleep(0)
+    operator.call(handle, broker, link, data)
+    return None
+
+
 def handle(broker: Broker, link: MemoryLink, data: bytes) -> None:
     """One read and the flush after it: what the measurement counts (inside ``operator.call``)."""
     broker.data_received(link, data)
     broker.flush()
 
 
-async def run(turns: int, per_read: int, evict_bytes: int) -> int:
+async def run(turns: int, per_read: int, evict_bytes: int, loop_flush: bool = False) -> int:
     """Returns the messages sent through the broker."""
     junk = bytearray(evict_bytes)
     delivered = 0
@@ -61,7 +81,9 @@ async def run(turns: int, per_read: int, evict_bytes: int) -> int:
             data = b"".join(chunks)
             if evict_bytes:
                 evict_caches(junk)
-            operator.call(handle, broker, publisher, data)
+            turn = handle_read(broker, publisher, data, loop_flush)
+            if turn is not None:
+                await turn
             publisher.take()
             subscriber.take()
             # The broker numbers its deliveries 1, 2, 3, ... (the window never fills): the acknowledgements
@@ -70,7 +92,9 @@ async def run(turns: int, per_read: int, evict_bytes: int) -> int:
             acks = b"".join(encode(pk.PubAck(packet_id), pk.MQTT_5) for packet_id in ids)
             if evict_bytes:
                 evict_caches(junk)
-            operator.call(handle, broker, subscriber, acks)
+            turn = handle_read(broker, subscriber, acks, loop_flush)
+            if turn is not None:
+                await turn
             delivered += len(ids)
             await asyncio.sleep(0)
     return delivered
@@ -81,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=400)
     parser.add_argument("--per-read", type=int, default=1, help="PUBLISHes per read (1: one message per wake-up)")
     parser.add_argument("--evict-bytes", type=int, default=4 << 20, help="bytes touched before each read (0: warm)")
+    parser.add_argument("--loop", action="store_true", help="the flush runs from the event loop (see the docstring)")
     args = parser.parse_args(argv)
-    delivered = uvloop.run(run(args.turns, args.per_read, args.evict_bytes))
+    delivered = uvloop.run(run(args.turns, args.per_read, args.evict_bytes, args.loop))
     print(f"{delivered} messages delivered in {args.turns} turns")
     return 0
 

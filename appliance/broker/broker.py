@@ -84,6 +84,15 @@ log = logging.getLogger("appliance.broker")
 
 #: Deliveries buffered since the last flush after which a read writes at once instead of waiting.
 EARLY_FLUSH_DELIVERIES = 2000
+#: A small read the short path takes whole is written at its end instead of in the loop turn's flush when
+#: no read with something to write began in the last ``QUIET_READ_GAP`` seconds (``_after_whole_read``).
+#: The event loop runs the reads of one turn back to back, each within one read's handling of the last
+#: (10-150 us here, warm to cold), so such a read is alone in its turn and there is nothing to coalesce it
+#: with; at 2,000 msgs/s (issue 30) a read comes every 0.5-1 ms. A busy turn's reads are written by its
+#: flush, once per connection; under a flood a read fills the 4 KiB buffer and is never "small". (The
+#: read's own clock reading is the stamp: a read reads the clock once, ``context.read_clock``.)
+QUIET_READ_GAP = 250e-6
+LONE_READ_BYTES = 1024
 
 
 class Broker:
@@ -127,6 +136,8 @@ class Broker:
         self._dirty: list[ClientConnection] = []
         self._flush_scheduled = False
         self._since_flush = 0
+        #: When the last read the short path took whole and that had something to write began (monotonic).
+        self._last_output_read = float("-inf")
         self.backlogs = Backlogs(self)
         self._tick_timer: Timer | None = None
         #: The last commit failed: requests that need a write are refused (kept by ``CommitGate``).
@@ -210,21 +221,42 @@ class Broker:
                 data = bytes(data)
             consumed, taken, deliveries = short_path.take(link, data, now, self._dirty)
             if consumed:
+                dirty = self._dirty
                 connection.last_received = now.monotonic
                 if deliveries:
                     self._since_flush += deliveries
-                self.mark(connection)
-                if self._dirty and not self._flush_scheduled:
-                    self.schedule_flush()
+                if connection.out and not connection.flush_pending:
+                    connection.flush_pending = True
+                    dirty.append(connection)
                 if consumed == len(data):
-                    if self._since_flush >= EARLY_FLUSH_DELIVERIES:
-                        self.flush()
+                    if dirty:
+                        self._after_whole_read(now.monotonic, len(data))
                     return taken
+                if dirty and not self._flush_scheduled:
+                    self.schedule_flush()
                 taken += self._read_general(link, data[consumed:], now, TURN_PACKET_BUDGET - taken)
                 if self._since_flush >= EARLY_FLUSH_DELIVERIES:
                     self.flush()
                 return taken
         return self._read_general(link, data, now, TURN_PACKET_BUDGET)
+
+    def _after_whole_read(self, started: float, size: int) -> None:
+        """A read of ``size`` bytes that began at ``started`` (monotonic) and that the short path took
+        whole left bytes to write. A small read alone in its loop turn (no flush scheduled yet, and no
+        such read began in the last ``QUIET_READ_GAP``) is written now, which spares the ``call_soon`` and
+        the loop iteration before the flush; the flush commits first as always, and with no flush
+        scheduled nothing of this turn waits for a commit (whatever buffers a store change or holds an
+        acknowledgement schedules the flush). Any other read waits for the turn's flush, which writes each
+        connection once for every read of the turn."""
+        quiet = started - self._last_output_read >= QUIET_READ_GAP
+        self._last_output_read = started
+        if not self._flush_scheduled:
+            if quiet and size <= LONE_READ_BYTES:
+                self.flush()
+                return
+            self.schedule_flush()
+        if self._since_flush >= EARLY_FLUSH_DELIVERIES:
+            self.flush()
 
     def _read_general(self, link: Link, data: bytes, now: Instant, budget: int) -> int:
         """The general path for a read (or what the short path left of it)."""
@@ -381,7 +413,8 @@ class Broker:
         """Commit the turn's changes, then write each connection's bytes once (if the commit failed, the
         acknowledgements that depended on it are answered as failures: ``store_failure``)."""
         self._flush_scheduled = False
-        committed = self.store is None or self.commits.commit()
+        store = self.store
+        committed = store is None or not store.has_pending or self.commits.commit()
         self._since_flush = 0
         dirty = self._dirty
         if not dirty:
@@ -390,8 +423,16 @@ class Broker:
         sent = 0
         for connection in dirty:
             connection.flush_pending = False
-            if connection.out:
+            out = connection.out
+            if not out:
+                continue
+            if connection.held_acks or not committed:
                 sent += self._write(connection, committed)
+            else:
+                # ``_write`` without its commit cases, inline: a frame less per connection and turn.
+                sent += len(out)
+                connection.link.write(bytes(out))
+                out.clear()
         self.stats.bytes_sent += sent
 
     def _write(self, connection: ClientConnection, committed: bool) -> int:

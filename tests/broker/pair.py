@@ -49,6 +49,8 @@ class FakeClient:
         #: The client closed its socket but the broker, not reading, has not noticed (``peer_closed``).
         self.left_unnoticed = False
         self.writes_after_close = 0
+        #: Calls of ``write`` (the broker writes a connection's bytes of one flush in one call).
+        self.writes = 0
         pair.broker.connection_made(self)
 
     # -- the Link side (called by the broker) ----------------------------------------------------------
@@ -57,6 +59,7 @@ class FakeClient:
         if self.closed:
             self.writes_after_close += 1
             return
+        self.writes += 1
         self.raw += data
         self.inbox += self.reader.feed(data)
 

@@ -4,9 +4,11 @@ Two brokers on the fake clock (``tests/broker/pair.py``), one with the short pat
 the same random sequence of connects (both versions, clean or durable sessions, small windows, packet
 size limits, outbound topic aliases), subscriptions (overlapping, no-local, shared, with identifiers,
 retain-as-published), reads of PUBLISHes (QoS 0-2, retained, with properties, cut across reads, more
-than a turn's budget), acknowledgements, disconnects, congestion and ACL reloads. After every step every
-client must have received the same bytes from both, and at the end the brokers' observable state
-(sessions, what is in flight and queued, the counters of ``$SYS`` and the metrics) must be the same.
+than a turn's budget, two clients' reads in one loop turn), acknowledgements, disconnects, congestion, ACL
+reloads and the clock (a read alone in its turn is written at its end on the short path, in the turn's
+flush on the general one). After every step every client must have received the same bytes from both,
+and at the end the brokers' observable state (sessions, what is in flight and queued, the counters of
+``$SYS`` and the metrics) must be the same.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.broker.broker import Broker
+from appliance.broker.broker import LONE_READ_BYTES, QUIET_READ_GAP, Broker
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec.writer import encode
@@ -68,7 +70,12 @@ WEIGHTED_STEPS: tuple[tuple[int, st.SearchStrategy[tuple[Any, ...]]], ...] = (
     (1, st.tuples(st.just("disconnect"), st.integers(0, 2), st.booleans())),
     (1, st.tuples(st.just("congest"), st.integers(0, 2), st.booleans())),
     (2, st.tuples(st.just("acl"), st.integers(0, len(ACLS) - 1))),
-    (1, st.tuples(st.just("advance"), st.sampled_from([0.5, 3.0, 100.0]))),
+    # 0.00005 s: shorter than ``broker.QUIET_READ_GAP``, so the next read still coalesces with the last.
+    (1, st.tuples(st.just("advance"), st.sampled_from([0.00005, 0.5, 3.0, 100.0]))),
+    # Two reads in one loop turn (two clients', or one client's twice): the first may be written at its
+    # end, the second waits for the turn's flush.
+    (2, st.tuples(st.just("together"), st.integers(0, 2), st.integers(0, 2), st.lists(PUBLISH, min_size=1, max_size=3),
+                  st.integers(0, 2))),
     (1, st.tuples(st.just("flood"), st.integers(0, 2), st.sampled_from([0, 1]))),
 )
 # One branch per unit of weight (``one_of`` picks a branch uniformly; each ``map`` is a branch of its own).
@@ -135,25 +142,20 @@ class Side:
             client.send(pk.Unsubscribe(self._packet_id(client), [step[2]]))
         elif kind == "publish":
             _, _, publishes, ack_first, cut = step
-            packets: list[pk.Packet] = self._acks(client, ack_first)
-            for topic, qos, retain, size, extra in publishes:
-                properties = {}
-                if v5 and extra == "expiry":
-                    properties[pr.MESSAGE_EXPIRY_INTERVAL] = 50
-                elif v5 and extra == "user":
-                    properties[pr.USER_PROPERTY] = [("k", "v")]
-                elif v5 and extra == "alias":
-                    properties[pr.TOPIC_ALIAS] = 1
-                packet_id = self._packet_id(client) if qos else None
-                packets.append(pk.Publish(topic, bytes(range(size % 256)) * (size // 256 + 1) if size else b"", qos,
-                                          retain, False, packet_id, properties))
-            data = b"".join(encode(packet, client.level) for packet in packets)
+            data = self._publishes(client, publishes, ack_first)
             if 0 < cut < len(data):
                 client.send(data[:cut])
                 if not client.closed:
                     client.send(data[cut:])
             else:
                 client.send(data)
+        elif kind == "together":
+            _, _, other_index, publishes, ack_first = step
+            client.arrive(self._publishes(client, publishes, 0))
+            other = self.current.get(other_index)
+            if other is not None and not other.closed:
+                other.arrive(self._publishes(other, publishes, ack_first))
+            self.pair.runtime.run()
         elif kind == "ack":
             packets = self._acks(client, step[2])
             if packets:
@@ -172,6 +174,24 @@ class Side:
                           for _ in range(140)))
         elif kind == "garbage":
             client.send(encode(pk.Publish("t/a", b"ok", 0), client.level) + b"\x30\xff\xff\xff\xff\x01")
+
+    def _publishes(self, client: FakeClient, publishes: list[tuple[Any, ...]], ack_first: int) -> bytes:
+        """One read: up to ``ack_first`` owed replies, then ``publishes`` (topic, QoS, retain, payload
+        size, extra)."""
+        v5 = client.level == pk.MQTT_5
+        packets: list[pk.Packet] = self._acks(client, ack_first)
+        for topic, qos, retain, size, extra in publishes:
+            properties: dict[int, Any] = {}
+            if v5 and extra == "expiry":
+                properties[pr.MESSAGE_EXPIRY_INTERVAL] = 50
+            elif v5 and extra == "user":
+                properties[pr.USER_PROPERTY] = [("k", "v")]
+            elif v5 and extra == "alias":
+                properties[pr.TOPIC_ALIAS] = 1
+            packet_id = self._packet_id(client) if qos else None
+            packets.append(pk.Publish(topic, bytes(range(size % 256)) * (size // 256 + 1) if size else b"", qos,
+                                      retain, False, packet_id, properties))
+        return b"".join(encode(packet, client.level) for packet in packets)
 
     def _packet_id(self, client: FakeClient) -> int:
         packet_id = self.packet_ids.get(client, 0) % 65535 + 1
@@ -329,3 +349,35 @@ def test_a_read_cut_anywhere(level: int) -> None:
                 side.step(("publish", 0, [("t/c", 1, False, 3, "")], 1, cut % 9))
             assert short.wire() == general.wire(), f"cut at {cut}"
             assert short.state() == general.state(), f"cut at {cut}"
+
+
+def test_a_read_alone_in_its_turn_is_written_at_its_end() -> None:
+    """At a low rate a small read the short path takes whole is written before the loop runs anything else
+    (no ``call_soon`` turn); a read within ``QUIET_READ_GAP`` of it, or a larger one, waits for the turn's
+    flush, so the reads of a busy turn are still written once per connection."""
+    pair = BrokerPair(None)
+    subscriber = pair.connected("s")
+    subscriber.subscribe("t/#", 1)
+    first, second = pair.connected("p1"), pair.connected("p2")
+    pair.advance(1.0)
+    before = [client.writes for client in (subscriber, first, second)]
+    reads = pair.count_clock_reads()
+    first.arrive(pk.Publish("t/a", b"1", 1, packet_id=1))
+    assert reads == {"now": 1, "monotonic": 1}  # one read, one reading of the clock, written at once or not
+    assert [type(packet) for packet in subscriber.received()] == [pk.Publish]
+    assert [type(packet) for packet in first.received()] == [pk.PubAck]
+    second.arrive(pk.Publish("t/b", b"2", 1, packet_id=1))
+    first.arrive(pk.Publish("t/c", b"3", 0))
+    assert subscriber.received() == [] and second.received() == []
+    pair.runtime.run()
+    assert [packet.topic for packet in subscriber.received() if isinstance(packet, pk.Publish)] == ["t/b", "t/c"]
+    assert [type(packet) for packet in second.received()] == [pk.PubAck]
+    assert [client.writes - count for client, count in zip((subscriber, first, second), before, strict=True)] == [2, 1, 1]
+    pair.advance(2 * QUIET_READ_GAP)
+    second.arrive(pk.Publish("t/d", b"4", 0))
+    assert [packet.topic for packet in subscriber.received() if isinstance(packet, pk.Publish)] == ["t/d"]
+    pair.advance(1.0)
+    second.arrive(pk.Publish("t/e", bytes(LONE_READ_BYTES), 0))
+    assert subscriber.received() == []
+    pair.runtime.run()
+    assert [packet.topic for packet in subscriber.received() if isinstance(packet, pk.Publish)] == ["t/e"]

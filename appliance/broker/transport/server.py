@@ -107,18 +107,19 @@ class ClientProtocol(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._lingering is not None:
             return  # closing: input is drained and discarded
-        parsed = self._received(bytes(self._buffer[:nbytes]))
+        # A plain connection hands the read to the broker from here: one Python frame less per wake-up.
+        data = bytes(self._buffer[:nbytes])
+        parsed = self.broker.data_received(self, data) if self._websocket is None else self._unwrapped(data)
         if nbytes == len(self._buffer) and parsed and self._reading:
             # More is probably waiting; read it in the next loop iteration, after everyone else.
             self.hold_reading("turn", True)
             self._loop.call_soon(self.hold_reading, "turn", False)
 
-    def _received(self, data: bytes) -> int:
-        """Hand ``data`` to the broker (unwrapping WebSocket frames first); returns how many packets it
+    def _unwrapped(self, data: bytes) -> int:
+        """Unwrap WebSocket frames and hand their payload to the broker; returns how many packets it
         completed."""
         websocket = self._websocket
-        if websocket is None:
-            return self.broker.data_received(self, data)
+        assert websocket is not None
         data, reply = websocket.receive(data)
         if reply and self.transport is not None:
             self.transport.write(reply)
