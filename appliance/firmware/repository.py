@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import shutil
-import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +51,8 @@ class Bundle:
 
 def read_bundle(path: Path) -> Bundle:
     """The bundle's modules, every one checked against the manifest's size and sha256."""
+    import zipfile  # here, not with the module: every gateway start with the state store imports it, only a publish reads a zip
+
     try:
         with zipfile.ZipFile(path) as archive:
             manifest_json = archive.read("manifest.json")

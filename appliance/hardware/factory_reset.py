@@ -22,14 +22,17 @@ from __future__ import annotations
 import io
 import logging
 import sqlite3
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from appliance import atomic_file
 from appliance.asyncio_runtime import wall_clock
+
+if TYPE_CHECKING:
+    import tarfile
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,8 @@ def existing_databases(data_dir: Path) -> list[Path]:
 
 def write_backup(data_dir: Path, now: float | None = None) -> Path:
     """Pack a consistent copy of every gateway database into ``backups/factory-reset-<UTC time>.tar.gz``."""
+    import tarfile  # here, not with the module, which every gateway start imports: only a reset packs a backup
+
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(wall_clock() if now is None else now))
     backup_dir = data_dir / BACKUP_DIR_NAME
     backup_dir.mkdir(mode=0o700, exist_ok=True)
@@ -84,6 +89,8 @@ def _manifest(stamp: str) -> bytes:
 
 
 def _manifest_info(stamp: str) -> tarfile.TarInfo:
+    import tarfile
+
     info = tarfile.TarInfo("MANIFEST")
     info.size = len(_manifest(stamp))
     info.mtime = int(wall_clock())

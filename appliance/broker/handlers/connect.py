@@ -13,7 +13,6 @@ monotonic) and the runtime come in from the core; after an await it is read agai
 from __future__ import annotations
 
 import logging
-import uuid
 from collections import deque
 from collections.abc import Awaitable
 from typing import Any
@@ -177,6 +176,8 @@ def complete_connect(context: HandlerContext, link: Link, connect: pk.Connect, a
     client_id = connect.client_id
     connack_props: dict[int, Any] = {}
     if not client_id:
+        import uuid  # here, not with the module: uuid (and platform, which it imports) cost every gateway start ~3 ms of CPU
+
         client_id = f"auto-{uuid.uuid4()}"
         connack_props[pr.ASSIGNED_CLIENT_IDENTIFIER] = client_id
     keep_alive = connect.keep_alive
