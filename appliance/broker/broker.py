@@ -225,6 +225,8 @@ class Broker:
                 connection.last_received = now.monotonic
                 if deliveries:
                     self._since_flush += deliveries
+                # ``mark`` without its ``schedule_flush``: ``_after_whole_read`` decides between writing now
+                # and the turn's flush (inline: a frame less per wake-up).
                 if connection.out and not connection.flush_pending:
                     connection.flush_pending = True
                     dirty.append(connection)
@@ -414,6 +416,8 @@ class Broker:
         acknowledgements that depended on it are answered as failures: ``store_failure``)."""
         self._flush_scheduled = False
         store = self.store
+        # ``has_pending`` is ``CommitGate.commit``'s own first check, asked here too so that a turn with
+        # nothing to commit (every paced wake-up without a durable session) costs no call.
         committed = store is None or not store.has_pending or self.commits.commit()
         self._since_flush = 0
         dirty = self._dirty
