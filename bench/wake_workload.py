@@ -66,8 +66,8 @@ if __package__ in (None, ""):  # run by path: make ``appliance`` and ``bench`` i
 
 from appliance.broker.broker import Broker  # noqa: E402
 from appliance.broker.codec import packets as pk  # noqa: E402
-from appliance.broker.codec.writer import encode  # noqa: E402
 from appliance.broker.codec.reader import PacketReader  # noqa: E402
+from appliance.broker.codec.writer import encode  # noqa: E402
 from appliance.broker.config import LimitsConfig, ListenerConfig  # noqa: E402
 from appliance.broker.transport.server import start_listener  # noqa: E402
 from bench.broker_core import TOPIC, WINDOW, MemoryLink, connect, evict_caches, settled, started_broker  # noqa: E402
@@ -301,7 +301,7 @@ def table(rows: list[tuple[list[int], str]], reads: int) -> str:
                                for values, name in rows)
 
 
-def callgrind_sockets(turns: int, per_read: int, top: int) -> int:
+def callgrind_sockets(turns: int, per_read: int, top: int, kinds: list[str]) -> int:
     """``--sockets --callgrind``: the socket workload under callgrind once per kind of read (and once for
     the script's own part, ``empty``); prints the tables."""
     for tool in ("valgrind", "gcc", "callgrind_annotate"):
@@ -312,7 +312,7 @@ def callgrind_sockets(turns: int, per_read: int, top: int) -> int:
         source.write_text(TOGGLE_SOURCE)
         library = Path(tmp) / "toggle.so"
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
-        for kind in ("empty", "publish", "puback"):
+        for kind in kinds:
             output = Path(tmp) / f"callgrind-{kind}.out"
             run = subprocess.run(
                 ["valgrind", "--tool=callgrind", "--cache-sim=yes", *(f"--{name}={value}" for name, value in CACHES.items()),
@@ -356,11 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sockets", action="store_true", help="the whole wake-up over real sockets (see the docstring)")
     parser.add_argument("--callgrind", action="store_true", help="with --sockets: run under callgrind, print the tables")
     parser.add_argument("--top", type=int, default=25, help="with --callgrind: functions per table")
+    parser.add_argument("--kinds", default="empty,publish,puback", help="with --callgrind: the reads to count")
     parser.add_argument("--measure", choices=("empty", "publish", "puback"), help=argparse.SUPPRESS)
     parser.add_argument("--toggle-library", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.sockets and args.callgrind:
-        return callgrind_sockets(args.turns, args.per_read, args.top)
+        return callgrind_sockets(args.turns, args.per_read, args.top, args.kinds.split(","))
     if args.sockets:
         toggle: Callable[[], None] = ctypes.CDLL(args.toggle_library).collect_toggle if args.toggle_library else lambda: None
         reads, retries = uvloop.run(run_sockets(args.turns, args.per_read, args.measure or "publish", toggle))
