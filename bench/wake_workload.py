@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
+import gc
 import operator
 import os
 import re
@@ -71,6 +73,7 @@ from appliance.broker.codec.writer import encode  # noqa: E402
 from appliance.broker.config import LimitsConfig, ListenerConfig  # noqa: E402
 from appliance.broker.transport.server import start_listener  # noqa: E402
 from bench.broker_core import TOPIC, WINDOW, MemoryLink, connect, evict_caches, settled, started_broker  # noqa: E402
+from bench.minimal_relay import RelayProtocol  # noqa: E402
 
 #: The caches callgrind simulates, a Raspberry Pi 4's: (size, associativity, line) of I1, D1 and the last level.
 CACHES = {"I1": "32768,8,64", "D1": "32768,8,64", "LL": "1048576,16,64"}
@@ -159,9 +162,10 @@ class SocketTurns:
     broker; that step turns collection off once the broker's answer is there (or waits one more
     iteration, counted, as ``retries``)."""
 
-    def __init__(self, broker: Broker, publisher: socket.socket, subscriber: socket.socket, reader: PacketReader,
-                 turns: int, per_read: int, measure: str, toggle: Callable[[], None]) -> None:
-        self.broker = broker
+    def __init__(self, acknowledged: Callable[[], bool], publisher: socket.socket, subscriber: socket.socket,
+                 reader: PacketReader, turns: int, per_read: int, measure: str, toggle: Callable[[], None]) -> None:
+        #: Whether the target has handled the subscriber's PUBACKs.
+        self.settled = acknowledged
         self.publisher = publisher
         self.subscriber = subscriber
         self.reader = reader
@@ -243,7 +247,7 @@ class SocketTurns:
     def acknowledged(self) -> None:
         """The PUBACK read's effect: nothing in flight to the subscriber any more."""
         self._stop_counting()
-        if self.broker.sessions["sub"].inflight:
+        if not self.settled():
             self.retries += 1
             self.counting = self.turn >= SOCKET_WARMUP_TURNS and self.measure == "puback"
             if self.counting:
@@ -254,16 +258,30 @@ class SocketTurns:
         self.loop.call_soon(self.publish)
 
 
-async def run_sockets(turns: int, per_read: int, measure: str, toggle: Callable[[], None]) -> tuple[int, int]:
-    """``--sockets``: returns the reads counted and the extra loop iterations counted with them."""
-    async with started_broker(LimitsConfig(max_inflight_messages=WINDOW)) as broker:
-        if broker._tick_timer is not None:
-            broker._tick_timer.cancel()
-        server, _url = await start_listener(broker, ListenerConfig("tcp", "127.0.0.1", 0))
+async def run_sockets(turns: int, per_read: int, measure: str, toggle: Callable[[], None], relay: bool) -> tuple[int, int]:
+    """``--sockets``: returns the reads counted and the extra loop iterations counted with them. With
+    ``relay``, the target is ``bench/minimal_relay.py``'s protocol instead of the broker: the floor of a
+    wake-up in Python on uvloop (it ignores PUBACKs, so their read is over with the loop iteration)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if relay:
+            subscribers: list[RelayProtocol] = []
+            server = await asyncio.get_running_loop().create_server(lambda: RelayProtocol(subscribers), "127.0.0.1", 0)
+            gc.freeze()
+
+            def acknowledged() -> bool:
+                return True
+        else:
+            broker = await stack.enter_async_context(started_broker(LimitsConfig(max_inflight_messages=WINDOW)))
+            if broker._tick_timer is not None:
+                broker._tick_timer.cancel()
+            server, _url = await start_listener(broker, ListenerConfig("tcp", "127.0.0.1", 0))
+
+            def acknowledged() -> bool:
+                return not broker.sessions["sub"].inflight
         port = server.sockets[0].getsockname()[1]
         subscriber, reader = await client(port, "sub", pk.Subscribe(1, [pk.SubscribeRequest(TOPIC, 1)]))
         publisher, _ = await client(port, "pub")
-        turns_driver = SocketTurns(broker, publisher, subscriber, reader, turns, per_read, measure, toggle)
+        turns_driver = SocketTurns(acknowledged, publisher, subscriber, reader, turns, per_read, measure, toggle)
         asyncio.get_running_loop().call_soon(turns_driver.publish)
         await turns_driver.done
         publisher.close()
@@ -301,7 +319,7 @@ def table(rows: list[tuple[list[int], str]], reads: int) -> str:
                                for values, name in rows)
 
 
-def callgrind_sockets(turns: int, per_read: int, top: int, kinds: list[str]) -> int:
+def callgrind_sockets(turns: int, per_read: int, top: int, kinds: list[str], relay: bool) -> int:
     """``--sockets --callgrind``: the socket workload under callgrind once per kind of read (and once for
     the script's own part, ``empty``); prints the tables."""
     for tool in ("valgrind", "gcc", "callgrind_annotate"):
@@ -318,7 +336,8 @@ def callgrind_sockets(turns: int, per_read: int, top: int, kinds: list[str]) -> 
                 ["valgrind", "--tool=callgrind", "--cache-sim=yes", *(f"--{name}={value}" for name, value in CACHES.items()),
                  "--collect-atstart=no", f"--callgrind-out-file={output}", sys.executable, str(Path(__file__).resolve()),
                  "--sockets", "--measure", kind, "--toggle-library", str(library), "--turns", str(turns),
-                 "--per-read", str(per_read)], check=True, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+                 "--per-read", str(per_read), *(["--relay"] if relay else [])],
+                check=True, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
             found = re.search(r"(\d+) reads counted, (\d+) extra loop iterations", run.stdout)
             if found is None:
                 raise SystemExit(f"no count in the workload's output: {run.stdout}{run.stderr}")
@@ -356,15 +375,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sockets", action="store_true", help="the whole wake-up over real sockets (see the docstring)")
     parser.add_argument("--callgrind", action="store_true", help="with --sockets: run under callgrind, print the tables")
     parser.add_argument("--top", type=int, default=25, help="with --callgrind: functions per table")
+    parser.add_argument("--relay", action="store_true", help="with --sockets: bench/minimal_relay.py instead of the broker")
     parser.add_argument("--kinds", default="empty,publish,puback", help="with --callgrind: the reads to count")
     parser.add_argument("--measure", choices=("empty", "publish", "puback"), help=argparse.SUPPRESS)
     parser.add_argument("--toggle-library", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.sockets and args.callgrind:
-        return callgrind_sockets(args.turns, args.per_read, args.top, args.kinds.split(","))
+        return callgrind_sockets(args.turns, args.per_read, args.top, args.kinds.split(","), args.relay)
     if args.sockets:
         toggle: Callable[[], None] = ctypes.CDLL(args.toggle_library).collect_toggle if args.toggle_library else lambda: None
-        reads, retries = uvloop.run(run_sockets(args.turns, args.per_read, args.measure or "publish", toggle))
+        reads, retries = uvloop.run(run_sockets(args.turns, args.per_read, args.measure or "publish", toggle, args.relay))
         print(f"{reads} reads counted, {retries} extra loop iterations")
         return 0
     delivered = uvloop.run(run(args.turns, args.per_read, args.evict_bytes, args.loop))
