@@ -123,11 +123,15 @@ class ShortPath:
         packets = 0
         deliveries = 0
         received = [0, 0]
+        # The framing uses comparisons, ``*`` and ``+`` rather than ``&``, ``|``, ``<<`` and ``>>``: on Python
+        # 3.11 those four are C calls (``PyNumber_And``, ``long_and``, ...) that nothing else of a paced
+        # wake-up makes, so each is instruction cache lines fetched cold per read (bench/RESULTS.md, issue
+        # 30, session 16).
         while end - pos >= 2 and packets < TURN_PACKET_BUDGET:
             first = data[pos]
             length = data[pos + 1]
             header = 2
-            if length & 0x80:
+            if length >= 0x80:
                 # An incomplete or malformed remaining length is left to the general path.
                 try:
                     length, header = remaining_length(data, pos, end)
@@ -141,7 +145,7 @@ class ShortPath:
             start = pos + header
             if first == 0x40 and length == 2:
                 # PUBACK, short form: ``handle_puback`` and ``Session.on_puback``.
-                packet_id = (data[start] << 8) | data[start + 1]
+                packet_id = data[start] * 256 + data[start + 1]
                 if not packet_id:
                     break
                 delivery = inflight_out.get(packet_id)
@@ -160,15 +164,15 @@ class ShortPath:
                 continue
             if first != 0x30 and first != 0x32:
                 break
-            qos = (first >> 1) & 1
-            tlen = (data[start] << 8) | data[start + 1] if length >= 2 else 0
+            qos = 1 if first == 0x32 else 0
+            tlen = data[start] * 256 + data[start + 1] if length >= 2 else 0
             topic_end = start + 2 + tlen
             body = topic_end + 2 if qos else topic_end  # after the packet id
             if not tlen or tlen > ROUTE_CACHE_TOPIC_BYTES or body + (1 if v5 else 0) > stop:
                 break
             if v5 and data[body] != 0:
                 break  # a property: the general path
-            packet_id = (data[topic_end] << 8) | data[topic_end + 1] if qos else 0
+            packet_id = data[topic_end] * 256 + data[topic_end + 1] if qos else 0
             if qos and not packet_id:
                 break
             raw_topic = data[start + 2 : topic_end]
