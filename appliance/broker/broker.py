@@ -215,7 +215,7 @@ class Broker:
         now = read_clock(self.runtime)
         taken = 0
         short_path = self.short_path
-        if (short_path is not None and connection.state == CONNECTED and not connection.reader.buffered
+        if (short_path is not None and connection.state == CONNECTED and not connection.reader.pending
                 and connection not in self.backlogs.waiting):
             if data.__class__ is not bytes:
                 data = bytes(data)

@@ -113,7 +113,7 @@ class PacketReader:
     when the owner sets it (a client reader after sending its CONNECT).
     """
 
-    __slots__ = ("protocol_level", "max_packet_size", "max_topic_levels", "max_user_properties", "_pending", "_need",
+    __slots__ = ("protocol_level", "max_packet_size", "max_topic_levels", "max_user_properties", "pending", "_need",
                  "_topics", "_topic_bytes")
 
     def __init__(self, max_packet_size: int = ABSOLUTE_MAX_PACKET_SIZE, protocol_level: int = MQTT_311) -> None:
@@ -124,18 +124,20 @@ class PacketReader:
         self.max_topic_levels: int | None = None
         #: The broker's ``max_user_properties`` (``properties.decode_properties``; None: no cap).
         self.max_user_properties: int | None = None
-        self._pending = bytearray()
+        #: The bytes of a packet not complete yet (empty between packets): the broker's short path reads
+        #: it directly for every read, as a property would be one more Python frame entered from C.
+        self.pending = bytearray()
         self._need = 0
         self._topics: dict[bytes, str] = {}
         self._topic_bytes = 0
 
     @property
     def buffered(self) -> int:
-        return len(self._pending)
+        return len(self.pending)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Add ``data`` and return every packet now complete, in order."""
-        pending = self._pending
+        pending = self.pending
         if pending:
             pending += data
             if len(pending) < self._need:
