@@ -79,11 +79,13 @@ Target = tuple[Session, int, int]
 class RouteEntry:
     """What the route cache knows about one topic (see the module docstring)."""
 
-    __slots__ = ("generation", "targets", "topic")
+    __slots__ = ("generation", "targets", "topic", "topic_bytes")
 
-    def __init__(self, generation: int, topic: str, targets: tuple[Target, ...] | None) -> None:
+    def __init__(self, generation: int, topic: str, topic_bytes: bytes, targets: tuple[Target, ...] | None) -> None:
         self.generation = generation
         self.topic = topic
+        #: ``topic`` in UTF-8 (the cache's key), shared by every message on it.
+        self.topic_bytes = topic_bytes
         #: None: the general path takes every message on this topic.
         self.targets = targets
 
@@ -220,7 +222,7 @@ class ShortPath:
                         subscriber._next_packet_id = new_id % 65535 + 1
                         if message is None:
                             message = BrokerMessage(topic, data[body + (1 if v5 else 0) : stop], qos, False, {}, origin,
-                                                    None, raw, v5)
+                                                    None, raw, v5, entry.topic_bytes)
                         delivery = Delivery(message, 1, False, None)
                         delivery.packet_id = new_id
                         delivery.sent = True
@@ -234,7 +236,7 @@ class ShortPath:
                     else:
                         if message is None:
                             message = BrokerMessage(topic, data[body + (1 if v5 else 0) : stop], qos, False, {}, origin,
-                                                    None, raw, v5)
+                                                    None, raw, v5, entry.topic_bytes)
                         target.out += message.frame(target.v5, 0, False, False, None, None, now.wall)
                     sent_by_qos[delivered_qos] += 1
                     if not target.flush_pending:
@@ -284,5 +286,5 @@ class ShortPath:
                 targets = tuple(found)
         if len(routes) >= ROUTE_CACHE_TOPICS:
             routes.clear()
-        entry = routes[raw_topic] = RouteEntry(tree.generation, topic, targets)
+        entry = routes[raw_topic] = RouteEntry(tree.generation, topic, raw_topic, targets)
         return entry

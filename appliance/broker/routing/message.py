@@ -45,9 +45,12 @@ class BrokerMessage:
         expires_at: float | None = None,
         raw: bytes | None = None,
         raw_v5: bool = False,
+        topic_bytes: bytes | None = None,
     ) -> None:
         """``raw``: the PUBLISH as received (MQTT 5 if ``raw_v5``), only when its bytes say exactly what
-        this message says (no topic alias, no expiry to count down)."""
+        this message says (no topic alias, no expiry to count down). ``topic_bytes``: ``topic`` in UTF-8,
+        when the caller has it already (the short path's route cache: one shared object instead of an
+        encoding per message)."""
         self.topic = topic
         self.payload = payload
         self.qos = qos
@@ -55,7 +58,7 @@ class BrokerMessage:
         self.properties = properties
         self.origin = origin
         self.expires_at = expires_at
-        self.topic_bytes = topic.encode("utf-8")
+        self.topic_bytes = topic_bytes if topic_bytes is not None else topic.encode("utf-8")
         self.raw = raw
         self.raw_v5 = raw_v5
         self._props_block: bytes | None = None
