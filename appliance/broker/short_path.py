@@ -25,7 +25,9 @@ and off and compares every byte each client gets and the broker's state):
   packet size; the publisher may publish to the topic (the ACL, asked for every message when there is
   one); the store is not failing; no retained feed is running (``Router.live_topics``).
 * A PUBACK it takes: the two-byte form (reason code 0, no properties), for a QoS 1 delivery not kept in
-  the store, or for an id nothing is in flight with (ignored, as the general path ignores it).
+  the store, or for an id nothing is in flight with (ignored, as the general path ignores it). A read
+  that is only such a PUBACK, with nothing to refill or release after it, goes to ``lone_puback`` before
+  ``take``: the same change without the wall clock and ``take``'s setup (what a paced subscriber sends).
 * Every subscriber of the message must be one it can serve, else the whole message goes the general
   way: an ordinary (not shared) subscription without subscription identifier, of a session that is
   online, whose queue is empty, whose connection is neither congested nor overloaded nor using outbound
@@ -91,7 +93,8 @@ class RouteEntry:
 
 
 class ShortPath:
-    """The route cache and the one function that handles a read (see the module docstring)."""
+    """The route cache and the function that handles a read, ``take`` (``lone_puback``: the paced
+    subscriber's read; see the module docstring)."""
 
     def __init__(self, context: HandlerContext) -> None:
         self.context = context
