@@ -10,7 +10,7 @@ SYSTEM_PACKAGES := mosquitto mosquitto-clients strace systemd iproute2 nftables 
 	rauc squashfs-tools openssl u-boot-tools
 PYTEST_ARGS ?=
 
-.PHONY: run test test-busy test-cluster check test-slow venv system-deps bench clean image-tree test-image image-system-deps image test-image-slow
+.PHONY: run test test-busy test-spark test-cluster check test-slow venv system-deps bench clean image-tree test-image image-system-deps image test-image-slow
 
 # What an install depends on in the two pyproject.toml files: [build-system], [project] and
 # [tool.setuptools]. An edit elsewhere in them (the mypy file list, ruff's rules, pytest's markers) does
@@ -75,14 +75,23 @@ ON_TMPFS = TMPDIR=$(TEST_TMPDIR)
 test: system-deps $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(KEEP_BYTECODE) $(ON_TMPFS) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow and not image and not cluster" $(PYTEST_ARGS)
+	$(KEEP_BYTECODE) $(ON_TMPFS) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow and not image and not cluster and not spark" $(PYTEST_ARGS)
 
 # The same suite beside a CPU hog, one busy process per core, as a shared CI host can be (load ~2x the
 # cores above the suite's own): real-time bounds in the suite must hold there too. Slower; not in CI.
 test-busy: system-deps $(STAMP)
 	$(BIN)/python -m testing.cpu_hog --seconds 1800 & hog=$$!; \
-	$(KEEP_BYTECODE) $(ON_TMPFS) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow and not image and not cluster" $(PYTEST_ARGS); \
+	$(KEEP_BYTECODE) $(ON_TMPFS) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow and not image and not cluster and not spark" $(PYTEST_ARGS); \
 	rc=$$?; kill $$hog; exit $$rc
+
+# The Spark tests (marker `spark`, given at collection to every test that takes the `spark` fixture, so a new
+# one lands here by itself): the pipeline's jobs on a local Spark session (tests/pipeline/conftest.py), one
+# JVM per pytest process, CPU-bound: about 170 CPU-s, 40 % of what `make test` cost with them in it on 2
+# cores. Their own step in CI (.ci/run). One process: a second JVM costs its start and warm-up again
+# (bench/RESULTS-suite.md, session 16). The `slow` ones run in `make test-slow`, the cluster test in
+# `make test-cluster`.
+test-spark: system-deps $(STAMP)
+	$(KEEP_BYTECODE) $(ON_TMPFS) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n 0 -m "spark and not slow and not cluster" tests/pipeline $(PYTEST_ARGS)
 
 # The batch job submitted to a Spark standalone cluster (tests/pipeline/test_cluster.py, marker `cluster`):
 # six JVMs (master, two workers, driver, two executors), about 50 CPU-s, an eighth of `make test`'s CPU
