@@ -16,13 +16,14 @@ its promise at run time: binding or connecting a socket or starting a process fa
 test that grows a network dependency is moved, not silently slowed down. (An event loop's self-pipe is a
 ``socketpair``, which neither binds nor connects, so asyncio code stays unit.)
 
-Beside the layers, the suite is cut into the Makefile's targets by markers (`TARGET_MARKERS`), each of
-which CI runs as a step of its own (``.ci/run``) or not at all (``slow``): ``make test`` is what is left.
+Beside the layers, the suite is cut into the Makefile's targets by markers (``slow``, ``image``,
+``cluster``, ``spark``: pyproject.toml), each of which CI runs as a step of its own (``.ci/run``) or not at
+all (``slow``); ``make test`` is what is left.
 Every test that takes the ``spark`` fixture, directly or through another fixture, is marked ``spark`` here
 at collection, so a new Spark test lands in ``make test-spark`` by itself. Spark tests share one JVM per
 pytest process (``tests/pipeline/conftest.py``), so under pytest-xdist each worker that runs one starts its
 own (1 GB of driver memory each); the ``spark`` worker group keeps them on one worker of a parallel run
-(``make test-slow``). tests/test_worker_groups.py holds every collected test to exactly one target.
+(``make test-slow``). tests/test_make_targets.py holds every collected test to exactly one target.
 """
 
 from __future__ import annotations
@@ -40,10 +41,6 @@ import pytest
 import testing.campaigns  # noqa: F401
 
 LAYERS = ("unit", "inprocess", "process", "hil")
-
-#: The markers that take a test out of ``make test`` into a target of its own (pyproject.toml's markers;
-#: ``spark`` is given here, by fixture). tests/test_worker_groups.py reads the Makefile's selections.
-TARGET_MARKERS = ("slow", "image", "cluster", "spark")
 
 UNIT_MODULES = frozenset(
     {
@@ -184,7 +181,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for layer in LAYERS:
         config.addinivalue_line("markers", f"{layer}: {descriptions[layer]}")
     # pytest-xdist would send the groups out by their number of tests (220 tiny codec vectors before the
-    # spark group, the run's longest); `send_order` decides instead.
+    # hil groups, the run's longest); `send_order` decides instead.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
 
@@ -226,13 +223,16 @@ def module_scoped(item: pytest.Item) -> list[str]:
 
 LAYERS_SLOWEST_FIRST = ("hil", "process", "inprocess", "unit")
 #: The named groups in `send_order`'s order; the groups of modules come after them, the single tests last.
+#: ``make test`` has no Spark test: its longest groups are the hil ones (100-140 s of a worker's wall time,
+#: mostly waiting on their links), which start first so the other workers' CPU-bound tests run beside them.
+#: ``spark`` is for a parallel run that has the Spark tests (``make test-slow``).
 GROUPS_LONGEST_FIRST = (*(group for _, group in HIL_GROUPS), "spark")
 
 
 def send_order(group: str | None, layer: str) -> tuple[int, int]:
-    """The order the work goes out in: the longest groups first (the hil groups, then spark, then the
-    modules that share a fixture), then the single tests, slowest layer first, so the unit tests fill the
-    end of the run and no worker starts a long test when the others are nearly done."""
+    """The order the work goes out in: the longest groups first (the hil groups, then spark where a run has
+    it, then the modules that share a fixture), then the single tests, slowest layer first, so the unit
+    tests fill the end of the run and no worker starts a long test when the others are nearly done."""
     if group in GROUPS_LONGEST_FIRST:
         group_rank = GROUPS_LONGEST_FIRST.index(group)
     else:
