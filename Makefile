@@ -53,12 +53,12 @@ system-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-# The whole default suite in one parallel run (pytest-xdist). It is bound by waiting (shaped links,
-# processes starting, keep-alives), not by the cores, so it runs two workers per core. The hil layer runs
-# on two of them, one test at a time on each (the rig's own tests; the scenarios, whose bounds are
-# latencies of one scenario at a time on the bench they share), beside the other layers; the Spark tests
-# share another (one JVM): `worker_group` in conftest.py. `slow` tests (long
-# campaigns, stress repetitions) run in `make test-slow`.
+# The default suite in one parallel run (pytest-xdist): every test not marked for a target of its own
+# (`slow`, `image`, `cluster`, `spark`; tests/test_make_targets.py holds each test to one target). It is
+# bound by waiting (shaped links, processes starting, keep-alives), not by the cores, so it runs two workers
+# per core. The hil layer runs on two of them, one test at a time on each (the rig's own tests; the
+# scenarios, whose bounds are latencies of one scenario at a time on the bench they share), started first
+# beside the other layers: `worker_group` and `send_order` in conftest.py.
 WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 # The tests keep their bytecode (and pytest its rewritten test modules) in __pycache__ even where the
 # environment says PYTHONDONTWRITEBYTECODE: without it every worker compiled the suite at collection
@@ -86,12 +86,15 @@ test-busy: system-deps $(STAMP)
 
 # The Spark tests (marker `spark`, given at collection to every test that takes the `spark` fixture, so a new
 # one lands here by itself): the pipeline's jobs on a local Spark session (tests/pipeline/conftest.py), one
-# JVM per pytest process, CPU-bound: about 170 CPU-s, 40 % of what `make test` cost with them in it on 2
-# cores. Their own step in CI (.ci/run). One process: a second JVM costs its start and warm-up again
-# (bench/RESULTS-suite.md, session 16). The `slow` ones run in `make test-slow`, the cluster test in
+# JVM per pytest process, CPU-bound: 130-170 CPU-s, about 40 % of what `make test` cost with them in it.
+# Their own step in CI (.ci/run). Two processes, a module to each (`--dist loadfile`; the `spark` worker
+# group is for `make test-slow`'s run): 124 and 141 s against 153 and 159 s in one process, alternating
+# under load, for 5-30 CPU-s more (a second JVM's start and warm-up, the sample's batch run twice;
+# bench/RESULTS-suite.md, session 16). The `slow` ones run in `make test-slow`, the cluster test in
 # `make test-cluster`.
+SPARK_WORKERS ?= 2
 test-spark: system-deps $(STAMP)
-	$(KEEP_BYTECODE) $(ON_TMPFS) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n 0 -m "spark and not slow and not cluster" tests/pipeline $(PYTEST_ARGS)
+	$(KEEP_BYTECODE) $(ON_TMPFS) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(SPARK_WORKERS) --dist loadfile -m "spark and not slow and not cluster" tests/pipeline $(PYTEST_ARGS)
 
 # The batch job submitted to a Spark standalone cluster (tests/pipeline/test_cluster.py, marker `cluster`):
 # six JVMs (master, two workers, driver, two executors), about 50 CPU-s, an eighth of `make test`'s CPU
