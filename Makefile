@@ -90,7 +90,8 @@ test-busy: system-deps $(STAMP)
 # Their own step in CI (.ci/run). Two processes, a module to each (`--dist loadfile`; the `spark` worker
 # group is for `make test-slow`'s run): 124 and 141 s against 153 and 159 s in one process, alternating
 # under load, for 5-30 CPU-s more (a second JVM's start and warm-up, the sample's batch run twice;
-# bench/RESULTS-suite.md, session 16). The `slow` ones run in `make test-slow`, the cluster test in
+# bench/RESULTS-suite.md, session 16). Where the host has one core to give (another job's load), the second
+# process buys nothing: 176 s, 185 CPU-s beside a valgrind. The `slow` ones run in `make test-slow`, the cluster test in
 # `make test-cluster`.
 SPARK_WORKERS ?= 2
 test-spark: system-deps $(STAMP)
