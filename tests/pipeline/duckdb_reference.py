@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # imported where used: every test worker collects this folder, few use DuckDB
+if TYPE_CHECKING:  # imported where used: every `make test` worker collects this folder, few tests use DuckDB
     import duckdb
     import pandas as pd
 

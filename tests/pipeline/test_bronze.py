@@ -23,7 +23,7 @@ from testing.waiting import wait_until
 from tests.pipeline.pipeline_data import metrics, reading, write_batch
 from tests.pipeline.test_batch_edges import assert_matches_duckdb
 
-if TYPE_CHECKING:  # imported where used: every test worker collects this folder, few run Spark
+if TYPE_CHECKING:  # imported where used: every `make test` worker collects this folder and runs no Spark
     import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from pipeline.records import EVENTS
 from testing.campaigns import campaign
 
-if TYPE_CHECKING:  # imported where used: every test worker collects this folder, few run Spark
+if TYPE_CHECKING:  # imported where used: every `make test` worker collects this folder and runs no Spark
     from pyspark.sql import Column
     from pyspark.sql import types as T
 

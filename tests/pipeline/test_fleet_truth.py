@@ -17,7 +17,7 @@ import pytest
 from tests.pipeline import fleet_truth as truth
 from tests.pipeline.fleet_truth import DRAIN_START, MINUTE, T0
 
-if TYPE_CHECKING:  # imported where used: every test worker collects this folder, few run Spark
+if TYPE_CHECKING:  # imported where used: every `make test` worker collects this folder and runs no Spark
     import pandas as pd
 
 END = T0 + 200 * MINUTE

@@ -14,7 +14,7 @@ from pipeline.jobs.settings import JobSettings
 from tests.pipeline import duckdb_reference
 from tests.pipeline.pipeline_data import MINUTE, T0, metrics, reading, write_batch
 
-if TYPE_CHECKING:  # imported where used: every test worker collects this folder, few run Spark
+if TYPE_CHECKING:  # imported where used: every `make test` worker collects this folder and runs no Spark
     import pandas as pd
 
 pytestmark = pytest.mark.slow  # several streaming runs: a minute or more on the 2-core machine

@@ -16,7 +16,7 @@ from pipeline.landing import INPROGRESS_SUFFIX, LandingWriter, partition_of
 from tests.pipeline.pipeline_data import MINUTE, T0, at, reading
 from tests.pipeline.test_stream_gateways import comparable
 
-if TYPE_CHECKING:  # imported where used: every test worker collects this folder, few run Spark
+if TYPE_CHECKING:  # imported where used: every `make test` worker collects this folder and runs no Spark
     import pandas as pd
 
 HOUR_MS = 60 * MINUTE
