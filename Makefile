@@ -55,11 +55,14 @@ system-deps:
 
 # The default suite in one parallel run (pytest-xdist): every test not marked for a target of its own
 # (`slow`, `image`, `cluster`, `spark`; tests/test_make_targets.py holds each test to one target). It is
-# bound by waiting (shaped links, processes starting, keep-alives), not by the cores, so it runs two workers
-# per core. The hil layer runs on two of them, one test at a time on each (the rig's own tests; the
-# scenarios, whose bounds are latencies of one scenario at a time on the bench they share), started first
-# beside the other layers: `worker_group` and `send_order` in conftest.py.
-WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
+# bound by waiting (shaped links, processes starting, keep-alives), not by the cores, so it runs three
+# workers per core: with the Spark tests out, four workers on 2 cores used about one core (3:48 and 4:22),
+# six 2:53 and 3:47 for the same CPU, and `make test-busy` passed with six (bench/RESULTS-suite.md, session
+# 16; where another job holds a core, six were slower). The hil layer runs on two of them, one test at a
+# time on each (the rig's own tests; the scenarios, whose bounds are latencies of one scenario at a time on
+# the bench they share), started first beside the other layers: `worker_group` and `send_order` in
+# conftest.py. With six workers the hil-rig group is the run's tail.
+WORKERS ?= $(shell echo $$(( $$(nproc) * 3 )))
 # The tests keep their bytecode (and pytest its rewritten test modules) in __pycache__ even where the
 # environment says PYTHONDONTWRITEBYTECODE: without it every worker compiled the suite at collection
 # (7 s of CPU each instead of 3) and every `appliance run` the tests start compiled the gateway again.

@@ -223,7 +223,7 @@ def module_scoped(item: pytest.Item) -> list[str]:
 
 LAYERS_SLOWEST_FIRST = ("hil", "process", "inprocess", "unit")
 #: The named groups in `send_order`'s order; the groups of modules come after them, the single tests last.
-#: ``make test`` has no Spark test: its longest groups are the hil ones (100-140 s of a worker's wall time,
+#: ``make test`` has no Spark test: its longest groups are the hil ones (90-190 s of a worker's wall time,
 #: mostly waiting on their links), which start first so the other workers' CPU-bound tests run beside them.
 #: ``spark`` is for a parallel run that has the Spark tests (``make test-slow``).
 GROUPS_LONGEST_FIRST = (*(group for _, group in HIL_GROUPS), "spark")
