@@ -10,7 +10,7 @@ SYSTEM_PACKAGES := mosquitto mosquitto-clients strace systemd iproute2 nftables 
 	rauc squashfs-tools openssl u-boot-tools
 PYTEST_ARGS ?=
 
-.PHONY: run test test-busy test-cluster check test-slow venv system-deps bench clean image-tree test-image image-system-deps image test-image-slow
+.PHONY: run test test-busy test-spark test-cluster check test-slow venv system-deps bench clean image-tree test-image image-system-deps image test-image-slow
 
 # What an install depends on in the two pyproject.toml files: [build-system], [project] and
 # [tool.setuptools]. An edit elsewhere in them (the mypy file list, ruff's rules, pytest's markers) does
@@ -53,13 +53,16 @@ system-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-# The whole default suite in one parallel run (pytest-xdist). It is bound by waiting (shaped links,
-# processes starting, keep-alives), not by the cores, so it runs two workers per core. The hil layer runs
-# on two of them, one test at a time on each (the rig's own tests; the scenarios, whose bounds are
-# latencies of one scenario at a time on the bench they share), beside the other layers; the Spark tests
-# share another (one JVM): `worker_group` in conftest.py. `slow` tests (long
-# campaigns, stress repetitions) run in `make test-slow`.
-WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
+# The default suite in one parallel run (pytest-xdist): every test not marked for a target of its own
+# (`slow`, `image`, `cluster`, `spark`; tests/test_make_targets.py holds each test to one target). It is
+# bound by waiting (shaped links, processes starting, keep-alives), not by the cores, so it runs three
+# workers per core: with the Spark tests out, four workers on 2 cores used about one core (3:48 and 4:22),
+# six 2:53 and 3:47 for the same CPU, and `make test-busy` passed with six (bench/RESULTS-suite.md, session
+# 16; where another job holds a core, six were slower). The hil layer runs on two of them, one test at a
+# time on each (the rig's own tests; the scenarios, whose bounds are latencies of one scenario at a time on
+# the bench they share), started first beside the other layers: `worker_group` and `send_order` in
+# conftest.py. With six workers the hil-rig group is the run's tail.
+WORKERS ?= $(shell echo $$(( $$(nproc) * 3 )))
 # The tests keep their bytecode (and pytest its rewritten test modules) in __pycache__ even where the
 # environment says PYTHONDONTWRITEBYTECODE: without it every worker compiled the suite at collection
 # (7 s of CPU each instead of 3) and every `appliance run` the tests start compiled the gateway again.
@@ -75,14 +78,27 @@ ON_TMPFS = TMPDIR=$(TEST_TMPDIR)
 test: system-deps $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(KEEP_BYTECODE) $(ON_TMPFS) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow and not image and not cluster" $(PYTEST_ARGS)
+	$(KEEP_BYTECODE) $(ON_TMPFS) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow and not image and not cluster and not spark" $(PYTEST_ARGS)
 
 # The same suite beside a CPU hog, one busy process per core, as a shared CI host can be (load ~2x the
 # cores above the suite's own): real-time bounds in the suite must hold there too. Slower; not in CI.
 test-busy: system-deps $(STAMP)
 	$(BIN)/python -m testing.cpu_hog --seconds 1800 & hog=$$!; \
-	$(KEEP_BYTECODE) $(ON_TMPFS) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow and not image and not cluster" $(PYTEST_ARGS); \
+	$(KEEP_BYTECODE) $(ON_TMPFS) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not slow and not image and not cluster and not spark" $(PYTEST_ARGS); \
 	rc=$$?; kill $$hog; exit $$rc
+
+# The Spark tests (marker `spark`, given at collection to every test that takes the `spark` fixture, so a new
+# one lands here by itself): the pipeline's jobs on a local Spark session (tests/pipeline/conftest.py), one
+# JVM per pytest process, CPU-bound: 130-170 CPU-s, about 40 % of what `make test` cost with them in it.
+# Their own step in CI (.ci/run). Two processes, a module to each (`--dist loadfile`; the `spark` worker
+# group is for `make test-slow`'s run): 124 and 141 s against 153 and 159 s in one process, alternating
+# under load, for 5-30 CPU-s more (a second JVM's start and warm-up, the sample's batch run twice;
+# bench/RESULTS-suite.md, session 16). Where the host has one core to give (another job's load), the second
+# process buys nothing: 176 s, 185 CPU-s beside a valgrind. The `slow` ones run in `make test-slow`, the cluster test in
+# `make test-cluster`.
+SPARK_WORKERS ?= 2
+test-spark: system-deps $(STAMP)
+	$(KEEP_BYTECODE) $(ON_TMPFS) SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -n $(SPARK_WORKERS) --dist loadfile -m "spark and not slow and not cluster" tests/pipeline $(PYTEST_ARGS)
 
 # The batch job submitted to a Spark standalone cluster (tests/pipeline/test_cluster.py, marker `cluster`):
 # six JVMs (master, two workers, driver, two executors), about 50 CPU-s, an eighth of `make test`'s CPU

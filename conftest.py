@@ -16,8 +16,14 @@ its promise at run time: binding or connecting a socket or starting a process fa
 test that grows a network dependency is moved, not silently slowed down. (An event loop's self-pipe is a
 ``socketpair``, which neither binds nor connects, so asyncio code stays unit.)
 
-Spark tests share one JVM per pytest process (``tests/pipeline/conftest.py``), so under pytest-xdist each
-worker that runs one starts its own (1 GB of driver memory each).
+Beside the layers, the suite is cut into the Makefile's targets by markers (``slow``, ``image``,
+``cluster``, ``spark``: pyproject.toml), each of which CI runs as a step of its own (``.ci/run``) or not at
+all (``slow``); ``make test`` is what is left.
+Every test that takes the ``spark`` fixture, directly or through another fixture, is marked ``spark`` here
+at collection, so a new Spark test lands in ``make test-spark`` by itself. Spark tests share one JVM per
+pytest process (``tests/pipeline/conftest.py``), so under pytest-xdist each worker that runs one starts its
+own (1 GB of driver memory each); the ``spark`` worker group keeps them on one worker of a parallel run
+(``make test-slow``). tests/test_make_targets.py holds every collected test to exactly one target.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import PurePosixPath
+from typing import NamedTuple
 
 import pytest
 
@@ -174,7 +181,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for layer in LAYERS:
         config.addinivalue_line("markers", f"{layer}: {descriptions[layer]}")
     # pytest-xdist would send the groups out by their number of tests (220 tiny codec vectors before the
-    # spark group, the run's longest); `send_order` decides instead.
+    # hil groups, the run's longest); `send_order` decides instead.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
 
@@ -187,8 +194,10 @@ def worker_group(layer: str, fixtures: list[str], module: str, module_fixtures: 
     layer runs beside the others - but in order within each of `HIL_GROUPS`, one worker each, because
     their bounds are latencies of one scenario at a time on a bench and the scenarios share the bench of
     the ``--bench`` file; the rig's own tests build their own benches, so they run beside the scenarios
-    (`HIL_LOGIC_MODULES`, which use no bench, go to any worker). Every test that takes the ``spark``
-    fixture runs on one worker too, so the suite starts one JVM for them instead of one per worker.
+    (`HIL_LOGIC_MODULES`, which use no bench, go to any worker). The Spark tests are not in ``make test``
+    (their own target, ``make test-spark``); where a parallel run has them (``make test-slow``), every test
+    that takes the ``spark`` fixture runs on one worker, so the run starts one JVM for them instead of one
+    per worker.
 
     A test that takes a module-scoped fixture (``module_fixtures``: a gateway, mosquitto, a built image
     tree or firmware bundle shared by the module's tests) runs on the worker of its module: a module
@@ -214,13 +223,16 @@ def module_scoped(item: pytest.Item) -> list[str]:
 
 LAYERS_SLOWEST_FIRST = ("hil", "process", "inprocess", "unit")
 #: The named groups in `send_order`'s order; the groups of modules come after them, the single tests last.
+#: ``make test`` has no Spark test: its longest groups are the hil ones (90-190 s of a worker's wall time,
+#: mostly waiting on their links), which start first so the other workers' CPU-bound tests run beside them.
+#: ``spark`` is for a parallel run that has the Spark tests (``make test-slow``).
 GROUPS_LONGEST_FIRST = (*(group for _, group in HIL_GROUPS), "spark")
 
 
 def send_order(group: str | None, layer: str) -> tuple[int, int]:
-    """The order the work goes out in: the longest groups first (the hil groups, then spark, then the
-    modules that share a fixture), then the single tests, slowest layer first, so the unit tests fill the
-    end of the run and no worker starts a long test when the others are nearly done."""
+    """The order the work goes out in: the longest groups first (the hil groups, then spark where a run has
+    it, then the modules that share a fixture), then the single tests, slowest layer first, so the unit
+    tests fill the end of the run and no worker starts a long test when the others are nearly done."""
     if group in GROUPS_LONGEST_FIRST:
         group_rank = GROUPS_LONGEST_FIRST.index(group)
     else:
@@ -228,17 +240,50 @@ def send_order(group: str | None, layer: str) -> tuple[int, int]:
     return group_rank, LAYERS_SLOWEST_FIRST.index(layer)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+class CollectedTest(NamedTuple):
+    """A test as the whole suite's collection found it, before ``-m`` or ``-k`` selected anything."""
+
+    nodeid: str
+    module: str
+    markers: frozenset[str]
+    takes_spark: bool
+
+
+#: Every test of a run that collected all of pyproject's ``testpaths`` (`collects_every_test_path`), so the
+#: check that each runs in exactly one Makefile target (tests/test_worker_groups.py) costs ``make test``
+#: nothing: its workers collect the whole suite anyway.
+COLLECTED = pytest.StashKey[list[CollectedTest]]()
+
+
+def collects_every_test_path(config: pytest.Config) -> bool:
+    """Whether this run collects the whole suite: all of the ``testpaths`` and nothing left out of them by
+    ``--ignore`` or ``--last-failed`` (``-m``, ``-k`` and ``--deselect`` only select after collection)."""
+    root = config.rootpath
+    whole = {(root / path).resolve() for path in config.getini("testpaths")}
+    asked = {(root / argument.split("::")[0]).resolve() for argument in config.args}
+    left_out = config.getoption("ignore") or config.getoption("ignore_glob") or config.getoption("lf", False)
+    return asked == whole and not left_out
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups, and before `-m` selects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
     layers: dict[pytest.Item, str] = {}
+    collected = []
     for item in items:
         module = PurePosixPath(item.path.relative_to(root)).as_posix()
         layer = layers[item] = layer_of(module)
         item.add_marker(layer)
-        group = worker_group(layer, getattr(item, "fixturenames", []), module, module_scoped(item))
+        fixtures = getattr(item, "fixturenames", [])  # every fixture the test needs, through other fixtures too
+        if "spark" in fixtures:
+            item.add_marker("spark")
+        group = worker_group(layer, fixtures, module, module_scoped(item))
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+        markers = frozenset(marker.name for marker in item.iter_markers())
+        collected.append(CollectedTest(item.nodeid, module, markers, "spark" in fixtures))
+    if collects_every_test_path(config):
+        config.stash[COLLECTED] = collected
     items.sort(key=lambda item: send_order(group_of(item), layers[item]))
 
 

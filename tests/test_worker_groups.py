@@ -76,6 +76,47 @@ def test_hil_and_spark_keep_their_groups_whatever_their_fixtures(pytester: pytes
     assert spark_groups["test_shares_the_module_fixture"] == "tests/area/test_jobs.py"
 
 
+SPARK_MODULE = """
+import pytest
+
+@pytest.fixture(scope="session")
+def spark():
+    return object()
+
+@pytest.fixture
+def batch_outputs(spark):
+    return spark
+
+def test_takes_spark(spark):
+    pass
+
+def test_takes_it_through_a_fixture(batch_outputs):
+    pass
+
+@pytest.mark.slow
+def test_slow_and_spark(batch_outputs):
+    pass
+
+def test_no_spark(tmp_path):
+    pass
+"""
+
+
+def test_a_test_that_takes_spark_directly_or_through_a_fixture_is_marked_spark_at_collection(pytester: pytest.Pytester) -> None:
+    module = pytester.path / "tests/area/test_jobs.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(SPARK_MODULE)
+    pytester.makeini("[pytest]\nmarkers =\n    slow: long\n    spark: takes spark\n")
+    collected = pytester.inline_run(str(module), "--collect-only", "--strict-markers", plugins=[suite])
+    marked = {call.item.name: call.item.get_closest_marker("spark") is not None
+              for call in collected.getcalls("pytest_itemcollected")}
+    assert marked == {"test_takes_spark": True, "test_takes_it_through_a_fixture": True, "test_slow_and_spark": True,
+                      "test_no_spark": False}
+    deselected = pytester.inline_run(str(module), "--collect-only", "-m", "not spark", plugins=[suite])
+    assert [item.name for call in deselected.getcalls("pytest_deselected") for item in call.items] == [
+        "test_takes_spark", "test_takes_it_through_a_fixture", "test_slow_and_spark"]
+
+
 def test_the_groups_go_out_longest_first_then_the_single_tests_slowest_layer_first() -> None:
     work = [(None, "unit"), (None, "process"), ("tests/area/test_shared.py", "process"), (None, "inprocess"),
             ("spark", "process"), ("hil-scenarios", "hil"), ("hil-rig", "hil")]  # fmt: skip
@@ -127,3 +168,4 @@ def test_the_rigs_own_tests_take_no_fixture_of_the_bench_the_scenarios_share() -
         tree = ast.parse(path.read_text())
         taken[path.name] = sorted((_fixtures_requested(tree) - _fixtures_defined(tree)) & bench_fixtures)
     assert not any(taken.values()), f"rig tests that take the bench's fixtures: {taken}"
+

@@ -9,9 +9,11 @@ out (Spark's are approximate by design); counts, minima, maxima and averages are
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import duckdb
-import pandas as pd
+if TYPE_CHECKING:  # imported where used: every `make test` worker collects this folder, few tests use DuckDB
+    import duckdb
+    import pandas as pd
 
 NOT_A_RECORD = "landing line is not a JSON record (cut short?)"
 
@@ -29,6 +31,8 @@ SELECT kind, line, filename, hour_start_ms FROM (
 
 def connect(landing: Path | str) -> duckdb.DuckDBPyConnection:
     """A connection with ``lines`` (every landing line) and ``landed`` (the records) over ``landing``."""
+    import duckdb
+
     con = duckdb.connect()
     parts = []
     for kind in ("events", "metrics", "quarantine", "firmware"):

@@ -5,8 +5,6 @@ import json
 
 import pytest
 
-from pipeline.jobs.batch import run_batch
-from pipeline.jobs.output import JOURNAL, PARTITIONS, WHOLE, commit_outputs, finish_commit, write_output
 from pipeline.jobs.settings import JobSettings
 from tests.pipeline.pipeline_data import metrics, reading, write_batch
 from tests.pipeline.test_batch_range import fingerprint
@@ -19,6 +17,8 @@ def outputs_of(out):
 
 
 def test_a_run_that_fails_changes_no_output_and_a_rebuilt_bronze_table_lets_it_run(spark, tmp_path):
+    from pipeline.jobs.batch import run_batch
+
     landing, out = tmp_path / "landing", tmp_path / "out"
     write_batch(landing, [reading("gw1", "t1", n, n, 20.0, 21.0, False) for n in range(10)]
                 + [metrics("gw1", n, {5: {"sent": n, "depth": 0, "oldest_age_s": 0}}) for n in range(10)], 0)
@@ -57,6 +57,8 @@ def test_a_rebuild_is_refused_when_landing_files_are_gone(spark, tmp_path):
 
 
 def test_an_interrupted_commit_is_completed_by_the_next_run(spark, tmp_path):
+    from pipeline.jobs.output import JOURNAL, PARTITIONS, WHOLE, commit_outputs, finish_commit, write_output
+
     out = tmp_path / "out"
     frame = spark.createDataFrame([("a", "2026-01-01"), ("b", "2026-01-02")], "v string, date string")
     write_output(spark, frame, str(out / "one"))

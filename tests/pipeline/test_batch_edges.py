@@ -13,14 +13,8 @@ import math
 import random
 import string
 
-import duckdb
-import pandas as pd
-import pyarrow.dataset as ds
-
 from pipeline.envelope import Incoming
-from pipeline.jobs.batch import run_batch
 from pipeline.jobs.settings import JobSettings
-from pipeline.report import read_output, render_report
 from tests.pipeline import duckdb_reference
 from tests.pipeline.pipeline_data import MINUTE, T0, at, metrics, reading, write_batch
 
@@ -30,11 +24,15 @@ HOUR = 60  # minutes
 
 
 def run(spark, landing, out, **options):
+    from pipeline.jobs.batch import run_batch
+
     settings = JobSettings(str(landing), str(out), **options)
     return settings, run_batch(spark, settings, progress=lambda _: None)
 
 
 def spark_rollups(spark, settings):
+    import pandas as pd
+
     frame = spark.read.parquet(settings.output("rollups")).toPandas()
     frame["window_start_ms"] = (frame["window_start"] - pd.Timestamp(0)) // pd.Timedelta(milliseconds=1)
     columns = ["gateway_id", "device_id", "window_start_ms", "readings", "temperature_min", "temperature_avg",
@@ -50,6 +48,8 @@ def spark_quarantine(spark, settings):
 def assert_matches_duckdb(spark, settings, landing=None, *, rollups=None, quarantine=None):
     """The rollups and the quarantine equal DuckDB's over ``landing`` (the run's own, by default). A caller
     that has read them already (``spark_rollups``, ``spark_quarantine``) passes them: each read is a Spark job."""
+    import pandas as pd
+
     con = duckdb_reference.connect(landing or settings.landing)
     rollups = spark_rollups(spark, settings) if rollups is None else rollups
     quarantine = spark_quarantine(spark, settings) if quarantine is None else quarantine
@@ -67,6 +67,11 @@ def test_an_empty_zone_and_then_a_zone_with_nothing_to_quarantine_write_every_ou
     and nothing malformed, in the next run, writes them again: the empty outputs take data, the quarantine
     stays empty with its schema. Every output is read back by Spark, pyarrow and DuckDB each time. (One
     zone, two runs: a batch run costs seconds of planning whatever its rows.)"""
+    import duckdb
+    import pyarrow.dataset as ds
+
+    from pipeline.report import render_report
+
     landing = tmp_path / "landing"
     landing.mkdir()
     for zone in ("empty", "clean"):
@@ -137,6 +142,8 @@ def test_hostile_zones_are_quarantined_never_averaged_never_lost_never_fatal(spa
     """Non-finite readings are quarantined, not averaged; lines cut short are quarantined and counted; a
     redelivered reject is quarantined once; any cut of a real record line and random printable junk is
     quarantined, never lost, never fatal. One run over the four zones."""
+    from pipeline.report import read_output
+
     landing = tmp_path / "landing"
     zone = {name: hour for name, (hour, _) in HOSTILE_ZONES.items()}
     gateway = {name: gw for name, (_, gw) in HOSTILE_ZONES.items()}

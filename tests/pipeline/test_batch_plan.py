@@ -17,13 +17,8 @@ import shutil
 import subprocess
 from dataclasses import replace
 
-import pandas as pd
 import pytest
-from pyspark.testing import assertDataFrameEqual
 
-from pipeline.jobs import delivery
-from pipeline.jobs.batch import build
-from pipeline.jobs.schemas import QUEUE_COUNTERS_OUTPUT
 from pipeline.spark import LOCAL_JAVA_OPTIONS, local_cores, local_settings
 from tests.pipeline.pipeline_data import T0
 
@@ -36,6 +31,8 @@ def plans(spark, batch_outputs):
     made (the same settings, without the compaction: its bronze table is there, and a compaction with
     nothing to read still costs a second of CPU): that run is the cluster test's reference too, and a
     make test runs it once."""
+    from pipeline.jobs.batch import build
+
     settings = replace(batch_outputs[0], compact=False)
     # A scan's Location is cut to 100 characters by default, which loses the table's name under pytest's
     # long temporary paths.
@@ -177,6 +174,12 @@ def random_queue_samples(rng: random.Random, queues: int) -> list[dict]:
 
 
 def test_queue_counters_in_sql_equal_the_streaming_step(spark):
+    import pandas as pd
+    from pyspark.testing import assertDataFrameEqual
+
+    from pipeline.jobs import delivery
+    from pipeline.jobs.schemas import QUEUE_COUNTERS_OUTPUT
+
     rows = random_queue_samples(random.Random(17), 40)
     columns = "gateway_id string, endpoint string, priority int, sample_ms long, " + ", ".join(
         f"{name} long" for name in delivery.COUNTERS) + ", depth long, oldest_age_s double, received_ms long, " \

@@ -5,11 +5,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from pyspark.testing import assertDataFrameEqual
 
 from pipeline.cli import build_parser
 from pipeline.envelope import Incoming
-from pipeline.jobs.batch import run_batch
 from pipeline.jobs.settings import JobSettings
 from tests.pipeline import duckdb_reference
 from tests.pipeline.pipeline_data import MINUTE, T0, metrics, reading, write_batch
@@ -62,6 +60,10 @@ def table(spark, path):
 
 @pytest.mark.slow  # three batch runs over five days: over a minute on the 2-core machine
 def test_a_rerun_of_one_day_rewrites_only_what_it_can_touch_and_equals_a_full_run(spark, tmp_path):
+    from pyspark.testing import assertDataFrameEqual
+
+    from pipeline.jobs.batch import run_batch
+
     landing = tmp_path / "landing"
     write_batch(landing, five_days(), 0)
     out = tmp_path / "out"
@@ -98,6 +100,8 @@ def test_a_rerun_of_one_day_rewrites_only_what_it_can_touch_and_equals_a_full_ru
 
 
 def test_a_range_reads_only_its_days(spark, tmp_path):
+    from pipeline.jobs.batch import run_batch
+
     landing = tmp_path / "landing"
     write_batch(landing, five_days(every_hours=6), 0)  # which days are read, not how much of each: 40 files
     shutil.rmtree(landing / "events" / "date=2026-01-01")  # a run that read it would not notice; so break it

@@ -1,6 +1,8 @@
 """The bronze table: each landing line compacted once, ever, whatever the file holds and however the
 compaction dies; the jobs read the table, never the JSON again."""
 
+from __future__ import annotations
+
 import json
 import os
 import signal
@@ -8,21 +10,21 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pyspark.sql import functions as F
 
-from pipeline.jobs import bronze
 from pipeline.landing import sealed_files
 from pipeline.records import EVENTS
 from testing.campaigns import campaign
 from testing.waiting import wait_until
 from tests.pipeline.pipeline_data import metrics, reading, write_batch
 from tests.pipeline.test_batch_edges import assert_matches_duckdb
+
+if TYPE_CHECKING:  # imported where used: every `make test` worker collects this folder and runs no Spark
+    import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +36,8 @@ def landing_lines(landing: Path) -> list[bytes]:
 
 
 def bronze_rows(spark, path) -> pd.DataFrame:
+    from pipeline.jobs import bronze
+
     return bronze.read(spark, str(path)).select(
         "kind", "message_id", "landing_error", "payload", "landing_file").toPandas()
 
@@ -43,6 +47,8 @@ def minutes(count: int, first_seq: int = 1):
 
 
 def test_each_landing_file_is_compacted_once_with_its_payload_parsed(spark, tmp_path):
+    from pipeline.jobs import bronze
+
     landing, table = tmp_path / "landing", tmp_path / "bronze"
     write_batch(landing, minutes(5) + [metrics("gw1", 1, {5: {"sent": 3}})], 0)
     first = bronze.compact(spark, str(landing), str(table))
@@ -76,6 +82,8 @@ def test_batch_reads_the_bronze_table_not_the_landing_files(spark, batch_outputs
 def test_many_small_landing_files_make_a_few_parquet_files(spark, tmp_path):
     """The ingest seals a file a minute per kind: a compaction over hundreds of small files packs them into
     a few read tasks, and so writes a few Parquet files per date, not one per landing file or handful."""
+    from pipeline.jobs import bronze
+
     landing, table = tmp_path / "landing", tmp_path / "bronze"
     small_files = 400
     for index in range(small_files):
@@ -92,6 +100,8 @@ def test_many_small_landing_files_make_a_few_parquet_files(spark, tmp_path):
 def test_a_record_with_bytes_that_are_not_utf8_is_kept_as_readable_text(spark, tmp_path):
     """Invalid UTF-8 inside a record's fields is decoded as U+FFFD by the parser: the
     record is kept as a record, and every reader of the table can decode its text."""
+    from pipeline.jobs import bronze
+
     landing, table = tmp_path / "landing", tmp_path / "bronze"
     write_batch(landing, minutes(1), 0)
     (events_file,) = sealed_files(landing, EVENTS)
@@ -108,6 +118,8 @@ def test_a_record_with_bytes_that_are_not_utf8_is_kept_as_readable_text(spark, t
 def test_a_record_after_leading_whitespace_is_a_record_and_an_array_of_records_is_not(spark, tmp_path):
     """Only "{" opens a record: most lines start with it (a one-byte test), a record indented by spaces or
     tabs is still one (the regular expression the other lines go through), an array of records is a bad line."""
+    from pipeline.jobs import bronze
+
     landing, table = tmp_path / "landing", tmp_path / "bronze"
     write_batch(landing, minutes(1), 0)
     (events_file,) = sealed_files(landing, EVENTS)
@@ -130,6 +142,10 @@ def test_a_record_after_leading_whitespace_is_a_record_and_an_array_of_records_i
 def test_the_table_keeps_no_statistics_of_raw_payloads(spark, tmp_path):
     """The raw payload is written without min/max statistics, which cost a comparison per row and serve no
     filter; the typed columns keep theirs."""
+    import pyarrow.parquet as pq
+
+    from pipeline.jobs import bronze
+
     landing, table = tmp_path / "landing", tmp_path / "bronze"
     write_batch(landing, minutes(5), 0)
     bronze.compact(spark, str(landing), str(table))
@@ -160,6 +176,8 @@ def test_any_landing_file_content_is_kept_line_for_line_never_fatal(spark, tmp_p
     A compaction costs the same for one file or a dozen (seconds of a streaming query's start, commit and
     stop; the lines are nothing), so an example is many files: the simplest example (hypothesis' first,
     empty files) and one drawn at random of 4-12 files, as many as five examples of 1-3 files held."""
+    from pipeline.jobs import bronze
+
     landing, table = tmp_path_factory.mktemp("landing"), tmp_path_factory.mktemp("bronze")
     write_batch(landing, minutes(3), 0)
     (events_file,) = sealed_files(landing, "events")
@@ -187,6 +205,10 @@ def test_any_landing_file_content_is_kept_line_for_line_never_fatal(spark, tmp_p
 @pytest.mark.slow  # two Spark processes: a minute or two on the 2-core machine
 @pytest.mark.timeout(600)
 def test_a_compaction_killed_mid_run_and_restarted_compacts_each_line_exactly_once(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    from pipeline.jobs import bronze
+
     landing, table = tmp_path / "landing", tmp_path / "bronze"
     files = 10
     for index in range(files):

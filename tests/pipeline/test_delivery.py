@@ -1,16 +1,15 @@
 """Delivery SLA: latency percentiles, and counter increases from the gateway's metrics."""
 
-import pandas as pd
 
 from pipeline.envelope import land
-from pipeline.jobs import delivery
-from pipeline.jobs.bronze import from_records
 from tests.pipeline.pipeline_data import MINUTE, at, reading
 
 WINDOW = 5 * MINUTE
 
 
 def samples(*rows):
+    import pandas as pd
+
     columns = ["sample_ms", "sent", "expired", "dropped", "retries", "depth", "oldest_age_s"]
     frame = pd.DataFrame(rows, columns=columns)
     frame["dead_lettered"] = None  # metrics of a gateway from before dead letters: the field is absent
@@ -20,6 +19,8 @@ def samples(*rows):
 
 
 def test_counters_count_increases_resets_from_zero_and_repeats_add_nothing():
+    from pipeline.jobs import delivery
+
     step = delivery.counter_step(WINDOW)
     out, last = step(("gw1", "upstream", 5), None, samples(
         (at(1), 10, 1, 0, 0, 4, 2.0),
@@ -40,6 +41,9 @@ def test_counters_count_increases_resets_from_zero_and_repeats_add_nothing():
 
 
 def test_latency_percentiles_per_gateway_priority_and_receive_window(spark):
+    from pipeline.jobs import delivery
+    from pipeline.jobs.bronze import from_records
+
     messages = [reading("gw1", "t1", n, 0, 20.0, 20.0, False, latency_ms=n * 100, priority=n % 2)
                 for n in range(1, 201)]
     events = from_records(spark, [land(m).record for m in messages])
@@ -55,6 +59,8 @@ def test_latency_percentiles_are_exact_in_a_window_of_any_size(spark):
     percentile; batch computes it exactly, as DuckDB's ``quantile_disc`` and the streaming step do."""
     import duckdb
     from pyspark.sql import functions as F
+
+    from pipeline.jobs import delivery
 
     count = 40_000
     received = F.lit(at(0)) + F.col("id") % 1000
@@ -82,6 +88,10 @@ def test_latency_percentiles_are_exact_in_a_window_of_any_size(spark):
 def test_counters_follow_the_gateways_boot_and_sequence_not_its_clock():
     """Boot A: sent grows by 10 a minute; at its 4th document the clock steps back 10 minutes; then
     the gateway restarts (boot B, from zero). In ts_ms order every drop read as a restart."""
+    import pandas as pd
+
+    from pipeline.jobs import delivery
+
     step = delivery.counter_step(WINDOW)
     rows = []
     for seq in range(1, 9):
@@ -99,6 +109,8 @@ def test_counters_follow_the_gateways_boot_and_sequence_not_its_clock():
 
 def test_queue_counters_in_batch_follow_boot_and_sequence(spark):
     from pipeline.envelope import Incoming
+    from pipeline.jobs import delivery
+    from pipeline.jobs.bronze import from_records
 
     records = []
     for n, (boot, seq, clock, sent) in enumerate(
@@ -116,6 +128,9 @@ def test_queue_counters_in_batch_follow_boot_and_sequence(spark):
 def test_a_gateway_clock_ahead_is_measured_and_flagged_in_batch_and_stream(spark):
     """gw1's clock is 10 minutes ahead (its enqueue and send times too), gw2's is right: the lower envelope
     of receive - send says so; before, gw1's p50 read about -600 s and nothing said why."""
+    from pipeline.jobs import delivery
+    from pipeline.jobs.bronze import from_records
+
     ahead = [reading("gw1", "t1", n, n + 10, 20.0, 20.0, False, received_ms=at(n) + 800 + n * 10) for n in range(4)]
     right = [reading("gw2", "t2", n, n, 20.0, 20.0, False, latency_ms=900 + n) for n in range(4)]
     events = from_records(spark, [land(m).record for m in ahead + right])
@@ -133,6 +148,10 @@ def test_a_gateway_clock_ahead_is_measured_and_flagged_in_batch_and_stream(spark
 def test_a_clock_step_back_does_not_move_samples_into_earlier_windows():
     """Samples are windowed by the cloud's receive time: after a 10-minute step back, the gateway's ts_ms
     points into windows that were closed already (streaming had written them); receive time does not."""
+    import pandas as pd
+
+    from pipeline.jobs import delivery
+
     step = delivery.counter_step(WINDOW)
     rows = [("A", seq, at(20 + seq) if seq < 4 else at(10 + seq), at(20 + seq) + 300, 10 * seq) for seq in range(1, 9)]
     frame = pd.DataFrame(rows, columns=["boot", "seq", "sample_ms", "received_ms", "sent"])
@@ -143,6 +162,10 @@ def test_a_clock_step_back_does_not_move_samples_into_earlier_windows():
 
 
 def test_a_document_redelivered_into_a_later_step_adds_nothing():
+    import pandas as pd
+
+    from pipeline.jobs import delivery
+
     step = delivery.counter_step(WINDOW)
 
     def docs(*seqs):

@@ -17,30 +17,22 @@ example, each under one candidate key, for a fraction of the queries.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
-from pyspark.sql import Column
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
-from pipeline.jobs import bronze
-from pipeline.jobs.batch import EVENT, READING, REJECT, first_events
-from pipeline.jobs.dedup import hashed_key
-from pipeline.jobs.schemas import LANDING
-from pipeline.jobs.source import with_times
 from pipeline.records import EVENTS
 from testing.campaigns import campaign
 
-ROWS = T.StructType(LANDING.fields + [T.StructField("landing_error", T.StringType()),
-                                      T.StructField("landing_file", T.StringType())])
+if TYPE_CHECKING:  # imported where used: every `make test` worker collects this folder and runs no Spark
+    from pyspark.sql import Column
+    from pyspark.sql import types as T
+
 READING_PAYLOAD = json.dumps({"temperature": 20.5, "set_point": 21.0, "heater": True, "device": "t1", "ts_ms": 1})
 KINDS = ("reading", "reject", "alert", "unreadable")
-CANDIDATE_KEYS = {
-    "xxhash64": hashed_key,
-    "one key for every id": lambda key: F.lit(7).cast("long"),
-    "two keys": lambda key: F.xxhash64(key) % 2,
-}
+#: The candidate keys a zone's ids get (`candidate_key`), by name.
+CANDIDATE_KEYS = ("xxhash64", "one key for every id", "two keys")
 
 rows_strategy = st.lists(
     st.tuples(st.sampled_from(["m0", "m1", "m2", "m3", None]), st.sampled_from(KINDS), st.integers(0, 2),
@@ -65,6 +57,8 @@ def landing_row(tag: int, message_id: str | None, kind: str, received_ms: int, l
 def expected(rows: list[dict]) -> set[tuple[int, bool, bool, bool]]:
     """(tag, first event, first reading, first reject) of each row the rule keeps: the first copy of its
     id in each group it is in; every line that is not a record."""
+    from pipeline.jobs.batch import EVENT, READING, REJECT
+
     def order(row):
         return (row["received_ms"], row["landing_file"], row["sent_ms"] is None, row["sent_ms"] or 0)
 
@@ -112,27 +106,61 @@ def union_of_zones(zones: list[list[tuple]]) -> list[dict]:
     return rows
 
 
+def rows_schema() -> T.StructType:
+    """The bronze events table's columns (pyspark is imported by the test, not at collection: every test
+    worker collects this folder)."""
+    from pyspark.sql import types as T
+
+    from pipeline.jobs.schemas import LANDING
+
+    return T.StructType(LANDING.fields + [T.StructField("landing_error", T.StringType()),
+                                          T.StructField("landing_file", T.StringType())])
+
+
+def candidate_key(name: str, key: Column) -> Column:
+    """The candidate key ``name`` of ``CANDIDATE_KEYS`` for the message id ``key``: the job's own, every id
+    one key, or two keys for all ids."""
+    from pyspark.sql import functions as F
+
+    from pipeline.jobs.dedup import hashed_key
+
+    if name == "xxhash64":
+        return hashed_key(key)
+    if name == "one key for every id":
+        return F.lit(7).cast("long")
+    assert name == "two keys"
+    return F.xxhash64(key) % 2
+
+
 def candidate_key_of_the_zone(key: Column) -> Column:
     """``CANDIDATE_KEYS``' n-th for the ids of zones n, n + 3, n + 6...; a null id gets the first."""
+    from pyspark.sql import functions as F
+
     zone = F.regexp_extract(key, ZONE_NUMBER, 1).cast("int") % len(CANDIDATE_KEYS)
-    keys = list(CANDIDATE_KEYS.values())
-    chosen = keys[0](key)
-    for number, candidate_key in enumerate(keys[1:], start=1):
-        chosen = F.when(zone == number, candidate_key(key)).otherwise(chosen)
+    chosen = candidate_key(CANDIDATE_KEYS[0], key)
+    for number, name in enumerate(CANDIDATE_KEYS[1:], start=1):
+        chosen = F.when(zone == number, candidate_key(name, key)).otherwise(chosen)
     return chosen
 
 
 @given(st.lists(rows_strategy, min_size=ZONES[0], max_size=ZONES[1]))
 @campaign(EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 def test_first_events_keeps_the_rows_and_flags_of_the_first_copy_rule(spark, zones):
+    from pyspark.sql import functions as F
+
+    from pipeline.jobs import bronze
+    from pipeline.jobs.batch import EVENT, READING, REJECT, first_events
+    from pipeline.jobs.source import with_times
+
     rows = union_of_zones(zones)
-    frame = spark.createDataFrame([tuple(row.get(f.name) for f in ROWS.fields) for row in rows], ROWS)
+    schema = rows_schema()
+    frame = spark.createDataFrame([tuple(row.get(f.name) for f in schema.fields) for row in rows], schema)
     lines = with_times(bronze.parse_payloads(frame.withColumn("kind", F.lit(EVENTS))))
     events = first_events(lines, candidate_key_of_the_zone)
     kept = [tuple(row) for row in events.select("enqueued_ms", EVENT, READING, REJECT).collect()]
     events.unpersist()
     want = expected(rows)
-    candidate_key_of_row = {row["enqueued_ms"]: list(CANDIDATE_KEYS)[row["zone"] % len(CANDIDATE_KEYS)] for row in rows}
+    candidate_key_of_row = {row["enqueued_ms"]: CANDIDATE_KEYS[row["zone"] % len(CANDIDATE_KEYS)] for row in rows}
     for name in CANDIDATE_KEYS:  # each candidate key's zones apart, named if they fail
         assert {row for row in kept if candidate_key_of_row[row[0]] == name} == {
             row for row in want if candidate_key_of_row[row[0]] == name}, name

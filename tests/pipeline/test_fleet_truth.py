@@ -10,19 +10,24 @@ ingest could produce, writes only rows equal to batch's, and every window it sho
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import pandas as pd
-import pyarrow.dataset as ds
 import pytest
 
 from tests.pipeline import fleet_truth as truth
 from tests.pipeline.fleet_truth import DRAIN_START, MINUTE, T0
+
+if TYPE_CHECKING:  # imported where used: every `make test` worker collects this folder and runs no Spark
+    import pandas as pd
 
 END = T0 + 200 * MINUTE
 
 
 def read(out, name: str) -> pd.DataFrame:
     """An output as a reader sees it (pyarrow, as the report does)."""
+    import pandas as pd
+    import pyarrow.dataset as ds
+
     frame = ds.dataset(f"{out}/{name}", format="parquet", partitioning="hive").to_table().to_pandas()
     for column in frame.columns:
         if pd.api.types.is_datetime64_any_dtype(frame[column]):
@@ -31,6 +36,8 @@ def read(out, name: str) -> pd.DataFrame:
 
 
 def same(value, expected) -> bool:
+    import pandas as pd
+
     if expected is None:
         return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
     if isinstance(expected, float):
@@ -135,6 +142,7 @@ def assert_plots_draw(out) -> None:
     """The thermostat and latency figures of the outputs under ``out`` (batch's or streaming's) draw their
     rows' values over their windows, the set point at its change times."""
     import matplotlib.pyplot as plt
+    import pandas as pd
 
     from pipeline.report import corrected, latency_figure, thermostat_figure
     from tests.pipeline.test_report_plots import drawn
@@ -173,6 +181,8 @@ def assert_plots_draw(out) -> None:
 # -- streaming -----------------------------------------------------------------------------------------------
 
 def streamed(out, name: str) -> pd.DataFrame:
+    import pandas as pd
+
     try:
         return read(out, name)
     except FileNotFoundError:
@@ -316,6 +326,8 @@ def test_a_ranged_run_after_late_data_rewrites_its_dates_as_the_truth_of_what_it
 
 def _date_of(name: str, key: tuple, row: dict) -> str:
     """The output partition (UTC date) a truth row goes to."""
+    import pandas as pd
+
     ms = row["started_ms"] if name == "firmware_updates" else key[-1]
     return pd.Timestamp(ms, unit="ms").strftime("%Y-%m-%d")
 

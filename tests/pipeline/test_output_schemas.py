@@ -7,28 +7,32 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.jobs import schemas
-from pipeline.jobs.schemas import OutputSchema, struct_of, windowed
-
 PACKAGE = Path(__file__).resolve().parents[2] / "pipeline"
+#: Output -> its schema's name in ``pipeline.jobs.schemas``, which imports pyspark: imported by the test, not
+#: at collection (every test worker collects this folder).
 OUTPUTS = {
-    "rollups": schemas.ROLLUPS_OUTPUT,
-    "setpoint_changes": schemas.SETPOINT_CHANGES_OUTPUT,
-    "delivery_latency": schemas.DELIVERY_LATENCY_OUTPUT,
-    "queue_counters": schemas.QUEUE_COUNTERS_OUTPUT,
-    "quarantine": schemas.QUARANTINE_OUTPUT,
+    "rollups": "ROLLUPS_OUTPUT",
+    "setpoint_changes": "SETPOINT_CHANGES_OUTPUT",
+    "delivery_latency": "DELIVERY_LATENCY_OUTPUT",
+    "queue_counters": "QUEUE_COUNTERS_OUTPUT",
+    "quarantine": "QUARANTINE_OUTPUT",
 }
 
 
 @pytest.mark.parametrize("name", OUTPUTS)
 def test_the_ddl_is_the_computed_schema(name):
-    schema = OUTPUTS[name]
+    from pipeline.jobs import schemas
+    from pipeline.jobs.schemas import struct_of
+
+    schema = getattr(schemas, OUTPUTS[name])
     assert struct_of(schema.ddl.replace("bigint", "long")) == schema.computed
     assert len(set(schema.written)) == len(schema.written), "a column written twice"
     assert schema.written[-1] == "date"
 
 
 def test_windowed_outputs_put_the_window_where_they_always_had_it():
+    from pipeline.jobs import schemas
+
     assert schemas.ROLLUPS_OUTPUT.written[:4] == ("gateway_id", "device_id", "window_start", "window_end")
     assert schemas.DELIVERY_LATENCY_OUTPUT.written[-3:] == ("clock_offset_ms", "clock_suspect", "date")
     assert schemas.QUEUE_COUNTERS_OUTPUT.written[-3:] == ("window_start", "window_end", "date")
@@ -37,6 +41,8 @@ def test_windowed_outputs_put_the_window_where_they_always_had_it():
 
 
 def test_a_select_that_misses_or_invents_a_column_is_refused_before_spark():
+    from pipeline.jobs.schemas import windowed
+
     schema = windowed("key string, window_start_ms long, n long")
     with pytest.raises(ValueError, match=r"written columns not given: \['window_start', 'window_end', 'date'\]"):
         schema.select(None, {})  # type: ignore[arg-type] - refused before the frame is used
@@ -45,6 +51,8 @@ def test_a_select_that_misses_or_invents_a_column_is_refused_before_spark():
 
 
 def test_an_unknown_type_in_an_output_ddl_fails_at_import():
+    from pipeline.jobs.schemas import OutputSchema
+
     with pytest.raises(KeyError):
         OutputSchema.of("a string, b decimal")
 

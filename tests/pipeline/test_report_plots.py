@@ -2,22 +2,26 @@
 arrays back (matplotlib lines and limits) and holds them to the output rows."""
 
 import math
+from datetime import datetime, timedelta
 
-import matplotlib.dates as mdates
-import pandas as pd
 import pytest
 
-from pipeline.report import corrected, latency_figure, read_output, thermostat_figure
-
-T = pd.Timestamp("2026-01-01 11:30:00")
-MIN = pd.Timedelta(minutes=1)
+# The standard library's times, which pandas takes as its own: pandas and matplotlib are imported by the tests
+# that draw, not at collection (every test worker collects this folder).
+T = datetime(2026, 1, 1, 11, 30)
+MIN = timedelta(minutes=1)
 
 
 def ms(value) -> int:
+    import pandas as pd
+
     return int((pd.Timestamp(value) - pd.Timestamp(0)) // pd.Timedelta(milliseconds=1))
 
 
 def drawn(ax, label):
+    import matplotlib.dates as mdates
+    import pandas as pd
+
     (line,) = [line for line in ax.get_lines() if line.get_label() == label]
     times = [ms(mdates.num2date(x).replace(tzinfo=None)) if not isinstance(x, pd.Timestamp) else ms(x)
              for x in line.get_xdata()]
@@ -25,6 +29,8 @@ def drawn(ax, label):
 
 
 def axis_ms(ax) -> tuple[int, int]:
+    import matplotlib.dates as mdates
+
     low, high = ax.get_xlim()
     return tuple(ms(mdates.num2date(v).replace(tzinfo=None)) for v in (low, high))
 
@@ -40,6 +46,10 @@ def change(at, previous, value):
 
 
 def test_set_points_are_steps_at_their_change_times_and_windows_hold_their_values():
+    import pandas as pd
+
+    from pipeline.report import thermostat_figure
+
     rollups = pd.DataFrame([rollup(T + 5 * MIN, 20.0, 19.5, 20.5, 21.0), rollup(T + 10 * MIN, 20.5, 20.0, 21.0, 22.0)])
     changes = pd.DataFrame([change(T + 8 * MIN + pd.Timedelta(seconds=17), 20.0, 21.0),   # 11:38:17
                             change(T + 12 * MIN + pd.Timedelta(seconds=20), 21.0, 22.0)])  # 11:42:20
@@ -56,6 +66,10 @@ def test_set_points_are_steps_at_their_change_times_and_windows_hold_their_value
 
 def test_a_single_window_gets_an_axis_of_that_window():
     """Before: one window gave an x-axis from 2025-01 to 2029-01, the data invisible."""
+    import pandas as pd
+
+    from pipeline.report import thermostat_figure
+
     rollups = pd.DataFrame([rollup(T, 20.0, 20.0, 20.0, 21.0)])
     ax = thermostat_figure(rollups, pd.DataFrame([change(T + MIN, None, 21.0)]), "t1").axes[0]
     assert axis_ms(ax) == (ms(T), ms(T + 5 * MIN))
@@ -63,6 +77,10 @@ def test_a_single_window_gets_an_axis_of_that_window():
 
 
 def test_latency_of_a_gateway_whose_clock_is_ahead_is_drawn_corrected():
+    import pandas as pd
+
+    from pipeline.report import corrected, latency_figure
+
     latency = pd.DataFrame([{"gateway_id": "gw1", "priority": 5, "window_start": T, "window_end": T + 5 * MIN,
                              "delivered": 3, "latency_p50_ms": -599_000, "latency_p95_ms": -598_000,
                              "latency_p99_ms": -598_000, "latency_max_ms": -598_000, "clock_offset_ms": -599_500,
@@ -74,6 +92,8 @@ def test_latency_of_a_gateway_whose_clock_is_ahead_is_drawn_corrected():
 
 @pytest.mark.slow  # the batch outputs over the sample
 def test_the_thermostat_plots_draw_the_batch_outputs(batch_outputs):
+    from pipeline.report import read_output, thermostat_figure
+
     settings, _ = batch_outputs
     rollups, changes = read_output(settings.out, "rollups"), read_output(settings.out, "setpoint_changes")
     for (gateway, device), rows in rollups.groupby(["gateway_id", "device_id"]):

@@ -3,12 +3,13 @@
 from datetime import UTC, datetime
 
 from pipeline.envelope import land
-from pipeline.jobs import rollups, telemetry
-from pipeline.jobs.bronze import from_records
 from tests.pipeline.pipeline_data import at, reading
 
 
 def test_windows_are_half_open_and_epoch_aligned_and_aggregate_as_documented(spark):
+    from pipeline.jobs import rollups, telemetry
+    from pipeline.jobs.bronze import from_records
+
     taken = [  # (minute, temperature, set point, heater)
         (0.0, 19.0, 20.0, True),
         (2.0, 20.0, 20.0, True),

@@ -17,10 +17,11 @@ import math
 from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
-from pipeline.jobs import setpoints
 from testing.campaigns import campaign
 
-BUCKET = setpoints.BUCKET_MS
+#: ``setpoints.BUCKET_MS``, written out: the examples and strategies below are built at collection, which
+#: every test worker does, and ``pipeline.jobs.setpoints`` imports pyspark and pandas. The test holds it equal.
+BUCKET = 60 * 60_000
 COLUMNS = "gateway_id string, device_id string, reading_ms long, message_id string, set_point double, temperature double"
 # Reading times cluster on bucket edges so that runs cross them and readings tie there.
 EDGES = [-BUCKET - 1, -BUCKET, -1, 0, 1, BUCKET - 1, BUCKET, BUCKET + 1, 2 * BUCKET - 1, 2 * BUCKET, 5 * BUCKET + 17]
@@ -92,6 +93,9 @@ def union_of_zones(zones: list[list[tuple]]) -> list[tuple]:
 @campaign(EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(zones=st.lists(readings(), min_size=ZONES[0], max_size=ZONES[1]))
 def test_the_batch_change_log_is_lag_over_every_reading(spark, zones):
+    from pipeline.jobs import setpoints
+
+    assert setpoints.BUCKET_MS == BUCKET, "the edges the readings cluster on are not the job's buckets"
     rows = union_of_zones(zones)
     logged = setpoints.changes(spark.createDataFrame(rows, COLUMNS)).select(
         "gateway_id", "device_id", "changed_ms", "previous_set_point", "set_point", "temperature", "message_id")

@@ -1,11 +1,11 @@
 """The set-point change log step (pure pandas), fed all at once or in pieces."""
 
-import pandas as pd
 
-from pipeline.jobs.setpoints import step
 
 
 def rows(*readings):
+    import pandas as pd
+
     return pd.DataFrame(
         [(ts, f"m{ts}", sp, 20.0) for ts, sp in readings],
         columns=["reading_ms", "message_id", "set_point", "temperature"],
@@ -13,6 +13,8 @@ def rows(*readings):
 
 
 def test_logs_the_first_reading_and_every_change():
+    from pipeline.jobs.setpoints import step
+
     out, last = step(("gw1", "t1"), None, rows((1, 20.0), (2, 20.0), (3, 21.0), (4, 21.0), (5, 20.0)))
     assert out[["changed_ms", "previous_set_point", "set_point"]].fillna(-1).values.tolist() == [
         [1, -1, 20.0], [3, 20.0, 21.0], [5, 21.0, 20.0]]
@@ -21,6 +23,10 @@ def test_logs_the_first_reading_and_every_change():
 
 
 def test_pieces_give_the_same_log_as_the_whole():
+    import pandas as pd
+
+    from pipeline.jobs.setpoints import step
+
     whole = rows((1, 20.0), (2, 21.0), (3, 21.0), (4, 22.0))
     at_once, _ = step(("g", "d"), None, whole)
     first, last = step(("g", "d"), None, whole.iloc[:2].reset_index(drop=True))

@@ -6,18 +6,17 @@ runs below end with a flush of every key of the sample a day later, and a tick o
 it that brings the receive horizon past the flush; they compare the sample's day."""
 
 import pytest
-from pyspark.sql import functions as F
-from pyspark.testing import assertDataFrameEqual
 
-from pipeline.jobs import batch, stream
 from pipeline.jobs.settings import JobSettings
-from pipeline.jobs.source import StreamOptions
 from tests.pipeline.pipeline_data import FLUSH_GATEWAY, SAMPLE_LATENESS, metrics, reading, write_batch, write_sample
 
 pytestmark = pytest.mark.slow  # Spark jobs over the sample: seconds each
 
 
 def run_stream(spark, landing, out, checkpoint, lateness=SAMPLE_LATENESS):
+    from pipeline.jobs import stream
+    from pipeline.jobs.source import StreamOptions
+
     settings = JobSettings(str(landing), str(out), lateness=lateness)
     # One landing file per micro-batch, so the watermark moves between files as it would live.
     stream.run_stream(spark, settings, str(checkpoint), StreamOptions(max_files_per_trigger=1), once=True,
@@ -42,6 +41,8 @@ def flush_every_key(landing, index):
 
 def sample_day(frame):
     """``frame``'s rows of the sample's day, the flush gateway's left out, ``date`` as text."""
+    from pyspark.sql import functions as F
+
     if "gateway_id" in frame.columns:  # the flush rows are in open windows in streaming
         frame = frame.where(~F.col("gateway_id").eqNullSafe(FLUSH_GATEWAY))
     if "date" in frame.columns:  # a date when read back from the partition folders
@@ -55,6 +56,10 @@ def comparable(frame):
 
 
 def test_streaming_in_two_runs_gives_the_batch_result(spark, tmp_path):
+    from pyspark.testing import assertDataFrameEqual
+
+    from pipeline.jobs import batch
+
     landing = tmp_path / "landing"
     write_sample(landing, range(0, 2))
     run_stream(spark, landing, tmp_path / "out", tmp_path / "checkpoint")
@@ -76,6 +81,8 @@ def test_streaming_in_two_runs_gives_the_batch_result(spark, tmp_path):
 
 
 def test_late_rows_are_dropped_by_streaming_and_counted_by_batch(spark, tmp_path):
+    from pipeline.jobs import batch
+
     landing = tmp_path / "landing"
     write_batch(landing, [reading("gw1", "t1", m, m, 20.0, 20.0, True) for m in range(10)], 0)
     write_batch(landing, [reading("gw1", "t1", 12, 12, 20.0, 20.0, True)], 1)

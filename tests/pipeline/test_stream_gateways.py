@@ -3,15 +3,19 @@ its own times, so a gateway draining a day-old backlog beside on-time ones loses
 message count once, the earliest received, whatever micro-batch brings them. Held equal to batch and to
 the independent DuckDB computation on every closed window, cron style, in several trigger sizes."""
 
-import pandas as pd
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import pytest
 
 from pipeline.envelope import Incoming
-from pipeline.jobs import batch, stream
 from pipeline.jobs.settings import JobSettings
-from pipeline.jobs.source import StreamOptions
 from tests.pipeline import duckdb_reference
 from tests.pipeline.pipeline_data import MINUTE, T0, metrics, reading, write_batch
+
+if TYPE_CHECKING:  # imported where used: every `make test` worker collects this folder and runs no Spark
+    import pandas as pd
 
 pytestmark = pytest.mark.slow  # several streaming runs: a minute or more on the 2-core machine
 
@@ -77,10 +81,14 @@ def closed(frame: pd.DataFrame, keys: list[str], end: str, progress: pd.DataFram
 
 
 def ms(series: pd.Series) -> pd.Series:
+    import pandas as pd
+
     return (series - pd.Timestamp(0)) // pd.Timedelta(milliseconds=1)
 
 
 def comparable(frame: pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd
+
     frame["date"] = frame["date"].astype(str)  # a date when read back from the partition folders
     for column in frame.columns:
         if pd.api.types.is_datetime64_any_dtype(frame[column]):
@@ -129,6 +137,11 @@ def expected_closed(name: str, frame: pd.DataFrame, progress: dict) -> pd.DataFr
 @pytest.mark.timeout(600)  # one landing file per trigger: ~100 compaction and ~50x5 output micro-batches, 2-5 min
 @pytest.mark.parametrize("files_per_trigger", [1, 5, None])
 def test_cron_style_runs_agree_with_batch_and_duckdb_on_every_closed_window(spark, tmp_path, files_per_trigger):
+    import pandas as pd
+
+    from pipeline.jobs import batch, stream
+    from pipeline.jobs.source import StreamOptions
+
     messages = two_days()
     day_one = [m for m in messages if m.received_ms < T0 + DAY * MINUTE]
     day_two = [m for m in messages if m.received_ms >= T0 + DAY * MINUTE]

@@ -3,17 +3,21 @@ stream can no longer be missing (the receive horizon, ``ordered.py``), so a back
 whose files are sealed at different times keeps every reading; and a silent thermostat's last windows
 are written after ``--idle-timeout`` of the fleet's receive time. Streaming rows always equal batch's."""
 
-import json
+from __future__ import annotations
 
-import pandas as pd
+import json
+from typing import TYPE_CHECKING
+
 import pytest
 
 from pipeline.envelope import land
-from pipeline.jobs import batch, stream
 from pipeline.jobs.settings import JobSettings
 from pipeline.landing import INPROGRESS_SUFFIX, LandingWriter, partition_of
 from tests.pipeline.pipeline_data import MINUTE, T0, at, reading
 from tests.pipeline.test_stream_gateways import comparable
+
+if TYPE_CHECKING:  # imported where used: every `make test` worker collects this folder and runs no Spark
+    import pandas as pd
 
 HOUR_MS = 60 * MINUTE
 DRAIN_MS = T0 + 2 * HOUR_MS  # 02:00: minutes 60-119 come in a burst
@@ -47,11 +51,17 @@ def land_open(landing, writer, messages):
 
 
 def run(spark, settings, checkpoint):
+    from pipeline.jobs import stream
+
     stream.run_stream(spark, settings, str(checkpoint), once=True, progress=lambda _: None)
 
 
 def streamed_equal_batch(spark, settings, name="rollups") -> pd.DataFrame:
     """Every row streaming wrote is batch's row for that window; returns the streamed rows."""
+    import pandas as pd
+
+    from pipeline.jobs import batch
+
     streamed = comparable(spark.read.parquet(settings.output(name)).toPandas())
     whole = comparable(batch.build(spark, settings)[name].toPandas())
     keys = ["gateway_id", "device_id", "window_start"] if name == "rollups" else list(streamed.columns)

@@ -5,13 +5,12 @@ import json
 import pytest
 
 from pipeline.envelope import land
-from pipeline.jobs import telemetry
-from pipeline.jobs.bronze import from_records
-from pipeline.jobs.dedup import first_copies
 from tests.pipeline.pipeline_data import at, reading
 
 
 def events_frame(spark, messages):
+    from pipeline.jobs.bronze import from_records
+
     return from_records(spark, [land(m).record for m in messages])
 
 
@@ -39,6 +38,8 @@ CASES = [
 
 
 def test_each_malformed_payload_gets_its_reason(spark):
+    from pipeline.jobs import telemetry
+
     messages = [reading("gw1", "t1", n, 0, 0, 0, False, payload=body, content_type=None)
                 for n, (body, _) in enumerate(CASES)]
     rows = telemetry.parse(events_frame(spark, messages)).select("message_id", "reason").collect()
@@ -47,6 +48,8 @@ def test_each_malformed_payload_gets_its_reason(spark):
 
 
 def test_readings_and_rejects_split_the_telemetry(spark):
+    from pipeline.jobs import telemetry
+
     messages = [reading("gw1", "t1", n, 0, 0, 0, False, payload=body, content_type=None)
                 for n, (body, _) in enumerate(CASES)]
     alert = reading("gw1", "t1", 99, 0, 0, 0, False)  # another output: not telemetry, neither
@@ -63,6 +66,8 @@ def test_readings_and_rejects_split_the_telemetry(spark):
 
 @pytest.mark.parametrize("order", [(0, 1, 2), (2, 0, 1)])
 def test_batch_dedup_keeps_the_earliest_received_copy(spark, order):
+    from pipeline.jobs.dedup import first_copies
+
     copies = [reading("gw1", "t1", 7, 0, 20.0, 20.0, False, received_ms=at(0) + delay, redelivered=delay > 0)
               for delay in (1_000, 30_000, 90_000)]
     frame = events_frame(spark, [copies[i] for i in order] + [reading("gw1", "t1", 8, 1, 20.0, 20.0, False)])
