@@ -157,11 +157,16 @@ class Side:
             else:
                 client.send(data)
         elif kind == "together":
+            # Two reads the loop finds ready in one turn: both were sent before the broker answered either, so
+            # the second is made before the first arrives (it cannot acknowledge what the first one's
+            # answer delivers, which the short path may write at once and the general path at the turn's end).
             _, _, other_index, publishes, ack_first = step
-            client.arrive(self._publishes(client, publishes, 0))
             other = self.current.get(other_index)
-            if other is not None and not other.closed:
-                other.arrive(self._publishes(other, publishes, ack_first))
+            first = self._publishes(client, publishes, 0)
+            second = self._publishes(other, publishes, ack_first) if other is not None and not other.closed else None
+            client.arrive(first)
+            if other is not None and second is not None and not other.closed:
+                other.arrive(second)
             self.pair.runtime.run()
         elif kind == "ack":
             packets = self._acks(client, step[2])
