@@ -230,11 +230,7 @@ class SocketTurns:
         self.pending_acks += b"".join(encode(pk.PubAck(packet_id), pk.MQTT_5) for packet_id in ids)
         acknowledged = len(self.pending_acks) // 4
         if acknowledged < self.per_read:
-            self.retries += 1
-            self.counting = self.turn >= SOCKET_WARMUP_TURNS and self.measure == "publish"
-            if self.counting:
-                self.toggle()
-            self.loop.call_soon(self.delivered)
+            self._look_again("publish", self.delivered)
             return
         while True:  # the publisher's PUBACKs, not looked at
             try:
@@ -244,15 +240,20 @@ class SocketTurns:
         acks, self.pending_acks = self.pending_acks, b""
         self._send(self.subscriber, acks, "puback", self.acknowledged)
 
+    def _look_again(self, kind: str, callback: Callable[[], None]) -> None:
+        """The broker's answer is not all there yet: count on (if this turn counts ``kind`` reads) and look
+        again in the loop's next iteration."""
+        self.retries += 1
+        self.counting = self.turn >= SOCKET_WARMUP_TURNS and self.measure == kind
+        if self.counting:
+            self.toggle()
+        self.loop.call_soon(callback)
+
     def acknowledged(self) -> None:
         """The PUBACK read's effect: nothing in flight to the subscriber any more."""
         self._stop_counting()
         if not self.settled():
-            self.retries += 1
-            self.counting = self.turn >= SOCKET_WARMUP_TURNS and self.measure == "puback"
-            if self.counting:
-                self.toggle()
-            self.loop.call_soon(self.acknowledged)
+            self._look_again("puback", self.acknowledged)
             return
         self.turn += 1
         self.loop.call_soon(self.publish)
