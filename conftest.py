@@ -250,7 +250,7 @@ class CollectedTest(NamedTuple):
 
 
 #: Every test of a run that collected all of pyproject's ``testpaths`` (`collects_every_test_path`), so the
-#: check that each runs in exactly one Makefile target (tests/test_worker_groups.py) costs ``make test``
+#: check that each runs in exactly one Makefile target (tests/test_make_targets.py) costs ``make test``
 #: nothing: its workers collect the whole suite anyway.
 COLLECTED = pytest.StashKey[list[CollectedTest]]()
 

@@ -168,4 +168,3 @@ def test_the_rigs_own_tests_take_no_fixture_of_the_bench_the_scenarios_share() -
         tree = ast.parse(path.read_text())
         taken[path.name] = sorted((_fixtures_requested(tree) - _fixtures_defined(tree)) & bench_fixtures)
     assert not any(taken.values()), f"rig tests that take the bench's fixtures: {taken}"
-
