@@ -146,7 +146,7 @@ def reader_outcome(version: int, chunks: list[bytes]) -> dict[str, Any]:
         return {"error": exc.reason_code}
     if not packets:
         return {"incomplete": True}
-    assert len(packets) == 1 and reader.buffered == 0, "a vector holds exactly one packet"
+    assert len(packets) == 1 and len(reader.pending) == 0, "a vector holds exactly one packet"
     return {"packet": host_to_canonical(packets[0], version)}
 
 

@@ -124,16 +124,13 @@ class PacketReader:
         self.max_topic_levels: int | None = None
         #: The broker's ``max_user_properties`` (``properties.decode_properties``; None: no cap).
         self.max_user_properties: int | None = None
-        #: The bytes of a packet not complete yet (empty between packets): the broker's short path reads
-        #: it directly for every read, as a property would be one more Python frame entered from C.
+        #: The bytes of a packet not complete yet (empty between packets). An attribute, not a property over
+        #: a private one: the broker's short path reads it for every read, and a property is one more
+        #: Python frame entered from C.
         self.pending = bytearray()
         self._need = 0
         self._topics: dict[bytes, str] = {}
         self._topic_bytes = 0
-
-    @property
-    def buffered(self) -> int:
-        return len(self.pending)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Add ``data`` and return every packet now complete, in order."""
