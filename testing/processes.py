@@ -8,6 +8,7 @@ accepting a TCP connection), never a fixed sleep.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -26,11 +27,49 @@ READY_PATTERN = re.compile(r"appliance ready.*?(?:tcp|tls)://([0-9.]+):(\d+)")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def ephemeral_ports() -> range:
+    """The range the kernel picks from for ``bind(0)`` and for every outgoing connection's local port."""
+    try:
+        low, high = (int(bound) for bound in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def _own_ports() -> range:
+    """The ports this test process picks from: below the ephemeral range, one block per xdist worker.
+
+    A port the kernel handed out by ``bind(0)`` and that was closed again goes straight back to the
+    ephemeral pool, where any of the suite's thousands of client connections may get it as its local
+    port before the peer binds it (CI saw our gateway's config port taken that way). Outside that pool
+    only another ``free_port`` caller can take it, and the other workers pick from other blocks.
+    """
+    floor, ceiling = 10000, min(ephemeral_ports().start, 65536)
+    if ceiling - floor < 2000:
+        return range(0)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
+    blocks = 32
+    size = (ceiling - floor) // blocks
+    start = floor + (index % blocks) * size
+    return range(start, start + size)
+
+
 def free_port() -> int:
-    """A port that was free a moment ago; only for peers (mosquitto) that cannot bind port 0 and report it."""
+    """A port nothing is bound to, for peers that must be told their port before they start (mosquitto,
+    a gateway config file, QEMU's forwarding); readiness still has to be checked where the peer starts."""
+    candidates = list(_own_ports())
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def password_file(path: Path, users: Mapping[str, str], iterations: int | None = None) -> Path:
@@ -79,6 +118,7 @@ class GatewayProcess:
         self.process: subprocess.Popen[str] | None = None
         self.log_lines: list[str] = []
         self._log_lock = threading.Lock()
+        self._ready = False
 
     @property
     def host(self) -> str:
@@ -97,24 +137,31 @@ class GatewayProcess:
         self.process = subprocess.Popen(
             self.command(), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        ready = threading.Event()
-        threading.Thread(target=self._pump_output, args=(self.process, ready), daemon=True).start()
-        if not ready.wait(timeout) or self.process.poll() is not None:
+        settled = threading.Event()
+        self._ready = False
+        threading.Thread(target=self._pump_output, args=(self.process, settled), daemon=True).start()
+        settled.wait(timeout)
+        if not self._ready or self.process.poll() is not None:
             output = self.output()
             self.kill9()
-            raise RuntimeError(f"gateway did not become ready within {timeout}s:\n{output}")
+            why = "stopped before it was ready" if settled.is_set() else f"did not become ready within {timeout}s"
+            raise RuntimeError(f"gateway {why}:\n{output}")
         return self
 
-    def _pump_output(self, process: subprocess.Popen[str], ready: threading.Event) -> None:
+    def _pump_output(self, process: subprocess.Popen[str], settled: threading.Event) -> None:
+        """Collect the log; ``settled`` on the ready line or when the output closes. Only the ready line
+        makes the start good: a process whose output has closed is exiting, yet may not be reaped, so
+        ``poll()`` can still say it runs (a gateway that failed to bind its port passed for started)."""
         assert process.stdout is not None
         for line in process.stdout:
             with self._log_lock:
                 self.log_lines.append(line)
             match = READY_PATTERN.search(line)
-            if match and not ready.is_set():
+            if match and not self._ready:
                 self.port = int(match.group(2))
-                ready.set()
-        ready.set()
+                self._ready = True
+                settled.set()
+        settled.set()
 
     def output(self) -> str:
         with self._log_lock:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from appliance import run_state
-from testing.processes import ROOT, GatewayProcess
+from testing.processes import ROOT, GatewayProcess, free_port
 from testing.waiting import wait_until
 from tests.forwarding.rig import manifest
 from tests.hardware.modem_emulator import ModemEmulator
@@ -67,9 +66,7 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def page_of_a_gateway_with_everything(tmp_path: Path) -> str:
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        cloud_port = closed.getsockname()[1]  # nothing listens: the link exists and is down
+    cloud_port = free_port()  # nothing listens: the link exists and is down
     (tmp_path / "manifest.json").write_text(manifest({"all": "FROM /messages/* INTO $upstream"}))
     modem = ModemEmulator().start()
     try:

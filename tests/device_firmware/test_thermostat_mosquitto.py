@@ -5,10 +5,9 @@ tested: heating and telemetry must not wait for the store.
 """
 
 import json
-import socket
 import time
 
-from testing.processes import MosquittoProcess
+from testing.processes import MosquittoProcess, free_port
 from tests.device_firmware.thermostat_rig import start_thermostat, thermostat_config
 
 
@@ -57,9 +56,7 @@ def test_alerts_on_the_alerts_output(tmp_path, mosquitto, micropython, paho_peer
 
 
 def test_boots_offline_on_the_set_point_in_flash_then_connects_with_backoff(tmp_path, micropython, paho_peer):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nothing listens there yet
     workdir = tmp_path / "t-03"
     workdir.mkdir()
     (workdir / "setpoint.json").write_text(json.dumps({"set_point": 26.0, "version": None}))

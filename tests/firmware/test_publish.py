@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,17 +22,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from appliance.firmware.repository import Repository
 from appliance.firmware.signing import load_signing_key, public_key_hex, verifies
-from testing.processes import ROOT, password_file
+from testing.processes import ROOT, free_port, password_file
 from tests.broker.clients import FileConfiguredGateway
 from tests.firmware.test_firmware_gateway import bundle_file
 
 PASSWORD = "op-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def write_key(path: Path) -> ec.EllipticCurvePrivateKey:

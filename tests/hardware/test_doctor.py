@@ -26,6 +26,7 @@ from appliance.doctor import (
 from appliance.forwarding.queues import MessageStore
 from appliance.hardware.config import ModemConfig
 from testing.certificates import valid_for
+from testing.processes import free_port
 from tests.hardware.modem_emulator import ModemEmulator
 
 
@@ -37,14 +38,8 @@ def listening() -> Iterator[int]:
         yield server.getsockname()[1]
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_ports_open_and_closed(listening: int) -> None:
-    port = closed_port()
+    port = free_port()
     up, down = check_ports([ListenerConfig("tcp", "0.0.0.0", listening), ListenerConfig("tcp", "127.0.0.1", port)])
     assert up.verdict is Verdict.OK
     assert down.verdict is Verdict.PROBLEM and f"127.0.0.1:{port}" in down.message and "gateway running" in down.message
@@ -228,7 +223,7 @@ def test_cli_exits_non_zero_and_says_why(
     tmp_path: Path, listening: int, capsys: pytest.CaptureFixture[str], stand_in: Callable[[str, str], None]
 ) -> None:
     stand_in("timedatectl", "echo yes\n")  # the host's own clock state is not under test
-    port = closed_port()
+    port = free_port()
     data_dir = tmp_path / "data"
     data_dir.mkdir(mode=0o750)
     assert main(["doctor", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir)]) == 1

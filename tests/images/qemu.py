@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from testing.processes import free_port
 from tests.images.gateway_checks import PROJECT, round_trip, write_provisioning
 
 SECTOR = 512
@@ -173,12 +174,6 @@ def provisioned_machine(work: Path, gateway_id: str) -> VirtMachine:
     machine = VirtMachine.from_image(image, work)
     machine.provision(gateway_id)
     return machine
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class VirtMachine:
