@@ -50,7 +50,7 @@ class OutputClosedStillRunning(GatewayProcess):
     closed, and the process is not reaped yet."""
 
     def command(self) -> list[str]:
-        return [sys.executable, "-c", "import os, time; print('cannot bind', flush=True); os.close(1); time.sleep(30)"]
+        return [sys.executable, "-c", "import os, time; print('cannot bind', flush=True); os.close(1); os.close(2); time.sleep(30)"]
 
 
 def test_output_closing_before_the_ready_line_is_never_taken_for_a_start(tmp_path):
