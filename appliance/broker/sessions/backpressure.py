@@ -95,6 +95,8 @@ class Backpressure:
             else:
                 self.holding.pop(publisher, None)
                 publisher.hold_reading("backpressure", False)
+                # Not read while held: its keep-alive counts from now (``lifecycle.keepalive_expired``).
+                publisher.connection.last_received = self.runtime.monotonic()
 
     def acknowledged(self, connection: ClientConnection, session: Session) -> None:
         """After an acknowledgement: release publishers held back for this client's queue once it drained."""

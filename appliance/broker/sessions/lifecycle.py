@@ -207,6 +207,14 @@ def keepalive_expired(context: HandlerContext, link: Link) -> None:
     connection = link.connection
     if connection.state == CLOSED:
         return
+    if link in context.backpressure.holding:
+        # Held back for a congested subscriber, the client is not read: whatever it sent (its PINGREQs)
+        # waits unread in the socket, so the silence is the broker's, not the client's. Its period starts
+        # again (and again from when it is read again: ``Backpressure.release``). A subscriber slow but
+        # making progress holds its publishers for as long as that lasts, far past a keep-alive.
+        connection.last_received = context.runtime.monotonic()
+        context.keepalive.watch(link, connection.keep_alive * 1.5, connection.last_received)
+        return
     log.info("client %s: keep-alive timeout", connection.client_id or connection.peer)
     close(context, link, rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout", context.runtime.now())  # a timer: its own reading
     context.schedule_flush()

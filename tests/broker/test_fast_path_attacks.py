@@ -1,0 +1,74 @@
+"""The broker's fast paths (``short_path``: ``ShortPath.take`` and ``ShortPath.lone_puback``) attacked
+from outside, as a hostile device, a slow one and an operator would: what each attack found and what held
+is written up in docs/broker.md, "The short path under attack". The differential test
+(``tests/broker/test_short_path.py``) holds the short path to the general one; these hold both to what
+the MQTT spec and the issue 30 guarantees say, on the fake clock (``tests/broker/pair.py``) or on real
+sockets (``testing.inprocess``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from appliance.broker.codec import packets as pk
+from appliance.broker.codec import properties as pr
+from appliance.broker.codec import reasons as rc
+from appliance.broker.routing.router import QUEUE_HIGH_WATER
+from appliance.broker.sessions.backpressure import SLOW_CONSUMER_GRACE
+from tests.broker.pair import BrokerPair, FakeClient
+from tests.broker.versions import LEVELS
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[BrokerPair]:
+    pair = BrokerPair(tmp_path)
+    yield pair
+    pair.stop()
+
+
+def publishes(packets: list[pk.Packet]) -> list[pk.Publish]:
+    return [p for p in packets if isinstance(p, pk.Publish)]
+
+
+# -- keep-alive ----------------------------------------------------------------------------------------
+
+
+def hold_back_by_a_slow_subscriber(pair: BrokerPair, level: int) -> tuple[FakeClient, FakeClient]:
+    """``pub`` (keep-alive 10 s) has published plain QoS 1 messages (the short path's) past what the
+    subscriber ``sub`` queues before the broker stops reading ``pub`` (``router.QUEUE_HIGH_WATER``)."""
+    subscriber = pair.connected("sub", level, properties={pr.RECEIVE_MAXIMUM: 10} if level == pk.MQTT_5 else {})
+    subscriber.subscribe("t", 1)
+    publisher = pair.connected("pub", level, keep_alive=10)
+    for start in range(1, QUEUE_HIGH_WATER + 200, 100):
+        publisher.send(*[pk.Publish("t", b"m", qos=1, packet_id=i) for i in range(start, start + 100)])
+    assert "backpressure" in publisher.holds
+    return subscriber, publisher
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_publisher_the_broker_does_not_read_is_not_closed_for_keep_alive(pair: BrokerPair, level: int) -> None:
+    """A publisher held back for a subscriber that is slow but makes progress (``backpressure``: held as
+    long as the subscriber acknowledges something every ``SLOW_CONSUMER_GRACE``) is not read, so its
+    PINGREQs wait unread in the socket: the broker must not call that silence. Its keep-alive counts
+    again from the moment the broker reads it again."""
+    subscriber, publisher = hold_back_by_a_slow_subscriber(pair, level)
+    for _ in range(20):  # 30 s, two keep-alive periods of the publisher
+        pair.advance(SLOW_CONSUMER_GRACE * 0.75)
+        subscriber.send(pk.PubAck(next(iter(pair.broker.sessions["sub"].inflight))))  # the oldest in flight
+        assert "backpressure" in publisher.holds
+        assert not publisher.closed, "closed for a keep-alive the broker itself kept from being read"
+    # The subscriber catches up: the publisher is read again and, silent from then on, closed after
+    # one and a half keep-alives.
+    inflight = pair.broker.sessions["sub"].inflight
+    while inflight:
+        subscriber.send(*[pk.PubAck(packet_id) for packet_id in list(inflight)])
+    assert "backpressure" not in publisher.holds
+    pair.advance(14.9)
+    assert not publisher.closed
+    pair.advance(0.2)
+    assert publisher.closed
+    if level == pk.MQTT_5:
+        disconnect = publisher.received()[-1]
+        assert isinstance(disconnect, pk.Disconnect) and disconnect.reason_code == rc.KEEP_ALIVE_TIMEOUT
