@@ -24,6 +24,9 @@ class BrokerStats:
     bytes_received: int = 0
     bytes_sent: int = 0
     publish_dropped: int = 0
+    #: Deliveries dropped for sessions that have ended since (``lifecycle.end_session``): ``publish_dropped``
+    #: is these plus what the live sessions dropped, so a counter never goes down when a session ends.
+    dropped_by_ended_sessions: int = 0
     #: QoS 1/2 deliveries dropped at a full queue (``max_queued_bytes``, ``max_queued_messages``); also in
     #: ``publish_dropped``. Not in mosquitto, which counts them only there.
     queue_full: int = 0

@@ -72,3 +72,36 @@ def test_a_publisher_the_broker_does_not_read_is_not_closed_for_keep_alive(pair:
     if level == pk.MQTT_5:
         disconnect = publisher.received()[-1]
         assert isinstance(disconnect, pk.Disconnect) and disconnect.reason_code == rc.KEEP_ALIVE_TIMEOUT
+
+
+# -- what was dropped ------------------------------------------------------------------------------------
+
+
+def dropped_total(pair: BrokerPair) -> float:
+    [family] = [f for f in pair.broker.metrics() if f.name == "appliance_broker_messages_dropped_total"]
+    return family.samples[0][1]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_drops_stay_counted_after_the_session_that_lost_them_ends(pair: BrokerPair, level: int) -> None:
+    """A stuck subscriber (a slow consumer: its QoS 0 messages are dropped) that then leaves: the drops
+    it caused stay in the counter (a Prometheus counter never goes down), or the drops a hostile client
+    made would vanish from the figures with it."""
+    subscriber = pair.connected("stuck", level)
+    subscriber.subscribe("t", 0)
+    publisher = pair.connected("pub", level)
+    subscriber.congest(True)
+    publisher.send(pk.Publish("t", b"held"))
+    pair.advance(SLOW_CONSUMER_GRACE + 0.1)  # a slow consumer from now on
+    publisher.send(*[pk.Publish("t", b"dropped") for _ in range(5)])
+    assert dropped_total(pair) == 5
+    subscriber.drop()  # a session without expiry: it ends here
+    assert "stuck" not in pair.broker.sessions
+    assert dropped_total(pair) == 5
+    again = pair.connected("stuck", level)  # a new session of the same client id counts on from there
+    again.subscribe("t", 0)
+    again.congest(True)
+    publisher.send(pk.Publish("t", b"held"))
+    pair.advance(SLOW_CONSUMER_GRACE + 0.1)
+    publisher.send(pk.Publish("t", b"dropped"))
+    assert dropped_total(pair) == 6

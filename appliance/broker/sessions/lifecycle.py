@@ -121,6 +121,8 @@ def disconnected(context: HandlerContext, connection: ClientConnection, now: flo
 
 def end_session(context: HandlerContext, session: Session) -> None:
     context.tree.remove_client(session.client_id)
+    context.stats.dropped_by_ended_sessions += session.dropped  # what it lost stays counted (``count_drops``)
+    session.dropped = 0
     if context.sessions.get(session.client_id) is session:
         del context.sessions[session.client_id]
     if context.store is not None and (session.journal is not None or session.durable):
@@ -190,7 +192,8 @@ def tick(context: HandlerContext, now: float) -> None:
 
 def count_drops(context: HandlerContext) -> None:
     """Bring the drop counters of ``broker.stats`` up to date (``$SYS``, the metrics endpoint)."""
-    context.stats.publish_dropped = sum(s.dropped for s in context.sessions.values())
+    stats = context.stats
+    stats.publish_dropped = stats.dropped_by_ended_sessions + sum(s.dropped for s in context.sessions.values())
     context.stats.queue_full = context.router.queue_full
 
 
