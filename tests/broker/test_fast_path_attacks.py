@@ -18,7 +18,7 @@ from appliance.broker.codec import reasons as rc
 from appliance.broker.routing.router import QUEUE_HIGH_WATER
 from appliance.broker.sessions.backpressure import SLOW_CONSUMER_GRACE
 from tests.broker.pair import BrokerPair, FakeClient
-from tests.broker.versions import LEVELS
+from tests.broker.versions import LEVELS, durable
 
 
 @pytest.fixture
@@ -74,6 +74,27 @@ def test_a_publisher_the_broker_does_not_read_is_not_closed_for_keep_alive(pair:
         assert isinstance(disconnect, pk.Disconnect) and disconnect.reason_code == rc.KEEP_ALIVE_TIMEOUT
 
 
+@pytest.mark.parametrize("level", LEVELS)
+def test_short_path_traffic_keeps_a_connection_alive_and_silence_does_not(pair: BrokerPair, level: int) -> None:
+    """A publisher that only sends plain QoS 0/1 PUBLISHes and a subscriber that only sends PUBACKs
+    (``ShortPath.take`` and ``ShortPath.lone_puback``, which never build a packet object) are alive as
+    long as they send; each is closed 1.5 keep-alives after its last packet."""
+    subscriber = pair.connected("sub", level, keep_alive=10)
+    subscriber.subscribe("t", 1)
+    publisher = pair.connected("pub", level, keep_alive=10)
+    for packet_id in range(1, 6):  # 45 s, three keep-alive periods of each
+        pair.advance(4.5)
+        publisher.send(pk.Publish("t", b"0", qos=0), pk.Publish("t", b"1", qos=1, packet_id=packet_id))
+        assert publisher.expect(pk.PubAck).packet_id == packet_id
+        [at_most_once, at_least_once] = publishes(subscriber.received())
+        pair.advance(4.5)
+        subscriber.send(pk.PubAck(at_least_once.packet_id or 0))  # a lone PUBACK read
+        assert not pair.broker.sessions["sub"].inflight
+        assert not publisher.closed and not subscriber.closed
+    pair.advance(15.1)
+    assert publisher.closed and subscriber.closed
+
+
 # -- what was dropped ------------------------------------------------------------------------------------
 
 
@@ -105,3 +126,32 @@ def test_drops_stay_counted_after_the_session_that_lost_them_ends(pair: BrokerPa
     pair.advance(SLOW_CONSUMER_GRACE + 0.1)
     publisher.send(pk.Publish("t", b"dropped"))
     assert dropped_total(pair) == 6
+
+
+# -- commit before acknowledgement ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_message_acknowledged_beside_a_durable_subscriber_survives_a_power_cut(tmp_path: Path, level: int) -> None:
+    """A durable subscriber online beside one the short path could serve: every PUBLISH the publisher got
+    its PUBACK for is in ``broker.db``, so after a kill -9 it reaches the durable session (with DUP:
+    it was sent before the cut), in order, each once."""
+    pair = BrokerPair(tmp_path)
+    keeper = pair.connected("keeper", level, **durable(level, 600))
+    keeper.subscribe("t", 1)
+    plain = pair.connected("plain", level)
+    plain.subscribe("t", 1)
+    publisher = pair.connected("pub", level)
+    for packet_id in range(1, 6):
+        publisher.send(pk.Publish("t", str(packet_id).encode(), qos=1, packet_id=packet_id))
+        assert publisher.expect(pk.PubAck).packet_id == packet_id
+    assert [p.payload for p in publishes(keeper.received())] == [b"1", b"2", b"3", b"4", b"5"]  # never acknowledged
+    restarted = pair.killed(1.0)
+    try:
+        again = restarted.client(level)
+        again.send(pk.Connect(level, "keeper", **durable(level, 600)))
+        [connack, *redelivered] = again.received()
+        assert isinstance(connack, pk.Connack) and connack.session_present
+        assert [(p.payload, p.dup) for p in publishes(redelivered)] == [(str(i).encode(), True) for i in range(1, 6)]
+    finally:
+        restarted.stop()
