@@ -72,7 +72,7 @@ from appliance.broker.sessions.session import (
     Session,
 )
 from appliance.broker.sessions.will import PendingWills
-from appliance.broker.short_path import ShortPath
+from appliance.broker.short_path import ROUTE_CACHE_BYTES, ShortPath
 from appliance.broker.sys_topics import BrokerStats
 from appliance.broker.transport.link import Link
 from appliance.prometheus import Family
@@ -385,8 +385,10 @@ class Broker:
         (``cache_bounds``; docs/broker-security.md): a cache near its budget under a normal load means the
         gateway sees more distinct topics than the budget was made for."""
         acl_bytes = self.acl.cache_bytes if self.acl is not None else 0
+        route_bytes = self.short_path.route_cache.held_bytes if self.short_path is not None else 0
         caches = (("topic_match", self.tree.cache_bytes, MATCH_CACHE_BYTES),
-                  ("acl_decisions", acl_bytes, DECISION_CACHE_BYTES))
+                  ("acl_decisions", acl_bytes, DECISION_CACHE_BYTES),
+                  ("short_path_routes", route_bytes, ROUTE_CACHE_BYTES))
         return [
             Family("appliance_broker_cache_bytes", "gauge", "estimated bytes held by a cache keyed by client input",
                    [({"cache": name}, held) for name, held, _ in caches]),

@@ -45,14 +45,16 @@ unsubscribe and session end bumps (``end_session`` removes the session's subscri
 the first miss after a change, so that no stale entry holds on to an ended session; what can change
 without one (a subscriber going offline, its window, its queue, the ACL, the store's health) is read
 live for every message. The cache holds at most ``ROUTE_CACHE_TOPICS`` topics of at most
-``ROUTE_CACHE_TOPIC_BYTES`` each and starts over when full, so a client publishing to random or long
-topics cannot grow it.
+``ROUTE_CACHE_TOPIC_BYTES`` each and at most ``ROUTE_CACHE_BYTES`` of estimated size with their
+subscribers (``cache_bounds``), and starts over when full, so a client publishing to random or long
+topics cannot grow it, however many sessions subscribe to them.
 """
 
 from __future__ import annotations
 
 import struct
 
+from appliance.broker.cache_bounds import MAX_CACHED_KEY_CHARS, BoundedCache
 from appliance.broker.codec.packets import MQTT_5
 from appliance.broker.codec.reader import PacketReader, remaining_length
 from appliance.broker.codec.reasons import MqttProtocolError
@@ -69,7 +71,17 @@ from appliance.broker.transport.link import Link
 ROUTE_CACHE_TOPICS = 4096
 #: Longer topic names go the general path, so the cache's keys hold at most 4 MiB (a topic name may have
 #: 65,535 bytes: 4,096 of those would be 256 MiB).
-ROUTE_CACHE_TOPIC_BYTES = 1024
+ROUTE_CACHE_TOPIC_BYTES = MAX_CACHED_KEY_CHARS
+#: Estimated bytes of cached routes (keys, names and subscribers, ``cache_bounds``) before the cache
+#: starts over: an entry holds every subscriber of its topic, so with 300 sessions subscribed to ``#`` a
+#: publisher sending to 4,096 new topics made it 90 MB (the topic tree's match cache, which holds the
+#: same subscribers, has the same budget).
+ROUTE_CACHE_BYTES = 16 * 1024 * 1024
+#: What a cached route costs besides its topic's bytes and subscribers (measured with tracemalloc: the
+#: dict slot, the ``RouteEntry``, the key's bytes and the name's str headers, the targets tuple's header).
+ROUTE_ENTRY_BYTES = 320
+#: What each subscriber adds to a cached route: its ``Target`` tuple and the pointer to it.
+ROUTE_TARGET_BYTES = 72
 
 _U16 = struct.Struct(">H")
 
@@ -98,7 +110,9 @@ class ShortPath:
 
     def __init__(self, context: HandlerContext) -> None:
         self.context = context
-        self.routes: dict[bytes, RouteEntry] = {}
+        #: Bounded in entries and in bytes (``cache_bounds``); ``take`` reads ``routes``, its dict.
+        self.route_cache: BoundedCache[bytes, RouteEntry] = BoundedCache(ROUTE_CACHE_TOPICS, ROUTE_CACHE_BYTES)
+        self.routes = self.route_cache.entries
         #: The tree's generation the cache was last emptied at: the first miss after a change empties it,
         #: so no stale entry keeps an ended session alive.
         self.generation = 0
@@ -290,9 +304,9 @@ class ShortPath:
             return None
         context = self.context
         tree = context.tree
-        routes = self.routes
+        cache = self.route_cache
         if self.generation != tree.generation:
-            routes.clear()
+            cache.clear()
             self.generation = tree.generation
         match = tree.match(topic)
         targets: tuple[Target, ...] | None = None
@@ -308,7 +322,8 @@ class ShortPath:
                 found.append((session, granted, max(own) if own else -1))
             else:
                 targets = tuple(found)
-        if len(routes) >= ROUTE_CACHE_TOPICS:
-            routes.clear()
-        entry = routes[raw_topic] = RouteEntry(tree.generation, topic, raw_topic, targets)
+        entry = RouteEntry(tree.generation, topic, raw_topic, targets)
+        size = len(raw_topic)
+        # The key's bytes, then the name's (a str as long, ASCII), the entry and its subscribers.
+        cache.put(raw_topic, entry, size, size + ROUTE_ENTRY_BYTES + (ROUTE_TARGET_BYTES * len(targets) if targets else 0))
         return entry

@@ -271,8 +271,10 @@ def test_the_prometheus_page_shows_what_the_caches_hold_against_their_budgets() 
         page = render(pair.broker.metrics())
         held = dict(re.findall(r'^appliance_broker_cache_bytes\{cache="(\w+)"\} (\d+)$', page, re.MULTILINE))
         limits = dict(re.findall(r'^appliance_broker_cache_limit_bytes\{cache="(\w+)"\} (\d+)$', page, re.MULTILINE))
-        assert held == {"topic_match": str(pair.broker.tree.cache_bytes), "acl_decisions": str(pair.broker.acl.cache_bytes)}
+        routes = pair.broker.short_path.route_cache  # type: ignore[union-attr]
+        assert held == {"topic_match": str(pair.broker.tree.cache_bytes), "acl_decisions": str(pair.broker.acl.cache_bytes),
+                        "short_path_routes": str(routes.held_bytes)}
         assert int(held["topic_match"]) >= 3 * 500 and int(held["acl_decisions"]) >= 3 * 300  # keys plus estimates
-        assert limits == {"topic_match": str(16 * MB), "acl_decisions": str(8 * MB)}
+        assert limits == {"topic_match": str(16 * MB), "acl_decisions": str(8 * MB), "short_path_routes": str(16 * MB)}
     finally:
         pair.stop()

@@ -7,6 +7,7 @@ sockets (``testing.inprocess``)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,9 @@ from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
 from appliance.broker.routing.router import QUEUE_HIGH_WATER
+from appliance.broker.security.acl import Acl
 from appliance.broker.sessions.backpressure import SLOW_CONSUMER_GRACE
+from appliance.broker.short_path import ROUTE_CACHE_BYTES, RouteEntry
 from tests.broker.pair import BrokerPair, FakeClient
 from tests.broker.versions import LEVELS, durable
 
@@ -155,3 +158,40 @@ def test_a_message_acknowledged_beside_a_durable_subscriber_survives_a_power_cut
         assert [(p.payload, p.dup) for p in publishes(redelivered)] == [(str(i).encode(), True) for i in range(1, 6)]
     finally:
         restarted.stop()
+
+
+# -- bounded memory --------------------------------------------------------------------------------------
+
+
+def held_by(routes: dict[bytes, RouteEntry]) -> int:
+    """The bytes the route cache's own objects take (``sys.getsizeof``: the dict, its keys, each entry,
+    its topic name, its targets tuple and each target's tuple; not the sessions they name)."""
+    held = sys.getsizeof(routes)
+    for key, entry in routes.items():
+        held += sys.getsizeof(key) + sys.getsizeof(entry) + sys.getsizeof(entry.topic)
+        if entry.targets is not None:
+            held += sys.getsizeof(entry.targets) + sum(sys.getsizeof(target) for target in entry.targets)
+    return held
+
+
+def test_the_route_cache_stays_in_its_byte_budget_with_many_subscribers() -> None:
+    """A publisher that sends each message to a new topic (one per read: the short path caches each)
+    while many sessions subscribe to ``#``: a cached route keeps each of its topic's subscribers, so the
+    cache grew with topics times subscribers; it must stay within ``ROUTE_CACHE_BYTES``. The subscribers
+    may no longer read what is published (an ACL reload after they subscribed), so the messages cost no
+    deliveries and the test stays fast; the route cache is filled all the same."""
+    subscribers = 100
+    topics = 3000  # without the budget: 3,000 routes of 100 targets of 72 bytes, 21.6 MB
+    pair = BrokerPair()
+    for index in range(subscribers):
+        pair.connected(f"s{index}").subscribe("#")
+    publisher = pair.connected("pub")
+    pair.broker.reload_security(pair.broker.authenticator, Acl.parse("topic write #\ntopic read other/#\n"))
+    routes = pair.broker.short_path.routes  # type: ignore[union-attr]
+    peak = 0
+    for index in range(topics):
+        publisher.send(pk.Publish(f"dev/{index:05d}/t", b"1"))
+        if index % 100 == 99:
+            peak = max(peak, held_by(routes))
+    assert routes, "the short path took none of it"
+    assert peak <= ROUTE_CACHE_BYTES, f"{peak / 1e6:.1f} MB held after {topics} topics"
