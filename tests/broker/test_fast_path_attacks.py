@@ -77,6 +77,17 @@ def test_a_publisher_the_broker_does_not_read_is_not_closed_for_keep_alive(pair:
         assert isinstance(disconnect, pk.Disconnect) and disconnect.reason_code == rc.KEEP_ALIVE_TIMEOUT
 
 
+def test_a_held_back_publisher_that_left_is_closed_at_its_keep_alive(pair: BrokerPair) -> None:
+    """Held back and gone (its FIN unread, as the broker does not read it): closed at the keep-alive as
+    before, not kept for as long as the hold lasts."""
+    subscriber, publisher = hold_back_by_a_slow_subscriber(pair, pk.MQTT_5)
+    publisher.left_unnoticed = True
+    for _ in range(10):  # 15 s
+        pair.advance(SLOW_CONSUMER_GRACE * 0.75)
+        subscriber.send(pk.PubAck(next(iter(pair.broker.sessions["sub"].inflight))))
+    assert publisher.closed
+
+
 @pytest.mark.parametrize("level", LEVELS)
 def test_short_path_traffic_keeps_a_connection_alive_and_silence_does_not(pair: BrokerPair, level: int) -> None:
     """A publisher that only sends plain QoS 0/1 PUBLISHes and a subscriber that only sends PUBACKs

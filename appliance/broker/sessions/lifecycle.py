@@ -210,11 +210,12 @@ def keepalive_expired(context: HandlerContext, link: Link) -> None:
     connection = link.connection
     if connection.state == CLOSED:
         return
-    if link in context.backpressure.holding:
+    if link in context.backpressure.holding and not link.peer_closed():
         # Held back for a congested subscriber, the client is not read: whatever it sent (its PINGREQs)
         # waits unread in the socket, so the silence is the broker's, not the client's. Its period starts
         # again (and again from when it is read again: ``Backpressure.release``). A subscriber slow but
-        # making progress holds its publishers for as long as that lasts, far past a keep-alive.
+        # making progress holds its publishers for as long as that lasts, far past a keep-alive. (A client
+        # that has closed its side, which the broker notices only when it reads, is closed here.)
         connection.last_received = context.runtime.monotonic()
         context.keepalive.watch(link, connection.keep_alive * 1.5, connection.last_received)
         return
