@@ -57,7 +57,7 @@ from appliance.broker.routing.retain import RetainedMessages
 from appliance.broker.routing.retained_feed import RetainedFeeds
 from appliance.broker.routing.router import Router
 from appliance.broker.routing.topic_tree import MATCH_CACHE_BYTES, SubscriptionTree, topic_matches
-from appliance.broker.security.acl import DECISION_CACHE_BYTES, Acl
+from appliance.broker.security.acl import DECISION_CACHE_BYTES, Acl, reserved_for_the_broker
 from appliance.broker.security.auth import Authenticator
 from appliance.broker.security.login_gate import LoginGate
 from appliance.broker.sessions import lifecycle
@@ -506,6 +506,8 @@ class Broker:
         self.schedule_flush()
 
     def may_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        if topic[:1] == "$" and reserved_for_the_broker(topic):
+            return False
         acl = self.acl
         return acl is None or acl.can_publish(client_id, username, topic)
 

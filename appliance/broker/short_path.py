@@ -64,6 +64,7 @@ from appliance.broker.handlers.dispatch import TURN_PACKET_BUDGET
 from appliance.broker.handlers.publish import services_for
 from appliance.broker.routing.delivery import Delivery
 from appliance.broker.routing.message import BrokerMessage
+from appliance.broker.security.acl import reserved_for_the_broker
 from appliance.broker.sessions.session import ClientConnection, Session
 from appliance.broker.transport.link import Link
 
@@ -310,7 +311,8 @@ class ShortPath:
             self.generation = tree.generation
         match = tree.match(topic)
         targets: tuple[Target, ...] | None = None
-        if not match.shared and not (context.service_filters and services_for(context, topic)):
+        if not match.shared and not (context.service_filters and services_for(context, topic)) and not (
+                topic[0] == "$" and reserved_for_the_broker(topic)):  # the general path refuses it
             found: list[Target] = []
             sessions = context.sessions
             for client_id, subscriptions in match.subscribers.items():

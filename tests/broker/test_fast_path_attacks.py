@@ -206,3 +206,39 @@ def test_the_route_cache_stays_in_its_byte_budget_with_many_subscribers() -> Non
             peak = max(peak, held_by(routes))
     assert routes, "the short path took none of it"
     assert peak <= ROUTE_CACHE_BYTES, f"{peak / 1e6:.1f} MB held after {topics} topics"
+
+
+# -- $SYS ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("retain", [False, True])
+def test_a_client_cannot_write_the_brokers_sys_topics(pair: BrokerPair, level: int, retain: bool) -> None:
+    """``$SYS`` is the broker's own report (its counters, what it dropped): a device that publishes
+    ``$SYS/broker/publish/messages/dropped = 0`` must not reach a monitor, nor replace the retained value.
+    As mosquitto (``acl__check_dollar``, with or without an ACL file): a client's PUBLISH to ``$SYS...``
+    or ``$share...`` is not authorized (MQTT 5: 0x87; 3.1.1, which cannot say no: acknowledged, dropped),
+    except a bridge's status topic ``$SYS/broker/connection/+/state``. Plain QoS 0 and 1 are what the
+    short path takes, retained ones the general path."""
+    monitor = pair.connected("monitor", level)
+    monitor.subscribe("$SYS/#", 1)
+    device = pair.connected("device", level)
+    for packet_id, topic in enumerate(("$SYS/broker/publish/messages/dropped", "$SYSTEM/x", "$share/g/t"), 1):
+        device.send(pk.Publish(topic, b"0", qos=1, retain=retain, packet_id=packet_id),
+                    pk.Publish(topic, b"0", qos=0, retain=retain))
+        assert device.expect(pk.PubAck).reason_code == (rc.NOT_AUTHORIZED if level == pk.MQTT_5 else rc.SUCCESS)
+    assert publishes(monitor.received()) == []
+    assert len(pair.broker.retained) == 0
+    bridge_state = "$SYS/broker/connection/cloud/state"
+    device.send(pk.Publish(bridge_state, b"1", qos=1, retain=retain, packet_id=9))
+    assert device.expect(pk.PubAck).reason_code == rc.SUCCESS
+    assert [p.topic for p in publishes(monitor.received())] == [bridge_state]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_will_cannot_write_the_brokers_sys_topics(pair: BrokerPair, level: int) -> None:
+    monitor = pair.connected("monitor", level)
+    monitor.subscribe("$SYS/#", 1)
+    device = pair.connected("device", level, will=pk.Will("$SYS/broker/clients/connected", b"0", 1, True))
+    device.drop()
+    assert publishes(monitor.received()) == [] and len(pair.broker.retained) == 0

@@ -25,6 +25,7 @@ from appliance.broker.context import HandlerContext, Instant, read_clock
 from appliance.broker.persistence import store_failure
 from appliance.broker.routing.message import BrokerMessage
 from appliance.broker.routing.topic_tree import topic_matches
+from appliance.broker.security.acl import reserved_for_the_broker
 from appliance.broker.sessions import lifecycle
 from appliance.broker.sessions.session import CLOSED, CONNECTED, Session
 from appliance.broker.transport.link import Link
@@ -61,8 +62,10 @@ def handle_publish(context: HandlerContext, link: Link, publish: pk.Publish, now
     if qos == 2 and len(session.inbound_qos2) >= context.limits.receive_maximum:
         raise MqttProtocolError(rc.RECEIVE_MAXIMUM_EXCEEDED, "too many unacknowledged QoS 2 messages")
     acl = context.acl
-    if acl is not None and not acl.can_publish(connection.client_id, connection.username, publish.topic):
-        log.info("client %s: publish to %r denied", connection.client_id, publish.topic)
+    topic = publish.topic
+    if (topic[0] == "$" and reserved_for_the_broker(topic)) or (
+            acl is not None and not acl.can_publish(connection.client_id, connection.username, topic)):
+        log.info("client %s: publish to %r denied", connection.client_id, topic)
         if qos:
             connection.out += encode_ack(pk.PUBACK if qos == 1 else pk.PUBREC, packet_id, level, rc.NOT_AUTHORIZED)
         return None

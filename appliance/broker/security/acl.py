@@ -74,6 +74,22 @@ DECISION_ENTRY_BYTES = 200
 NOTIFICATION_SPACE = "clients/statestore/"
 
 
+#: The one ``$SYS`` topic a client may publish to: a bridge's connection status (mosquitto's notifications).
+BRIDGE_STATE_FILTER = "$SYS/broker/connection/+/state"
+
+
+def reserved_for_the_broker(topic: str) -> bool:
+    """Whether clients may not publish to ``topic``, whatever the ACL says (and without one): ``$SYS``
+    is the broker's own report (its counters, what it dropped), which a device must not forge or replace
+    (a retained ``$SYS`` message would stand until the broker's next report); ``$share`` names shared
+    subscriptions, never a topic. mosquitto's ``acl__check_dollar`` (src/security.c) has the same rule,
+    with the same exception for a bridge's ``$SYS/broker/connection/<name>/state``. Callers test
+    ``topic[0] == "$"`` first (the common topic pays nothing more)."""
+    if topic.startswith("$SYS"):
+        return not topic_matches(BRIDGE_STATE_FILTER, topic)
+    return topic.startswith("$share")
+
+
 class AclFileError(StartupError, ValueError):
     """An ACL file that cannot be read, or a malformed line of it (``line``)."""
 

@@ -24,6 +24,7 @@ from appliance.broker.codec.writer import PINGRESP_BYTES, encode
 from appliance.broker.context import HandlerContext, Instant
 from appliance.broker.persistence import storage
 from appliance.broker.routing.message import BrokerMessage
+from appliance.broker.security.acl import reserved_for_the_broker
 from appliance.broker.sessions.session import (
     AWAITING_CONNECT,
     CLOSED,
@@ -137,7 +138,9 @@ def publish_will(context: HandlerContext, client_id: str, will: pk.Will, now: fl
     if context.store is not None and session is not None and session.journal is not None:
         context.store.clear_will(client_id)  # committed with the deliveries below: published once
     acl = context.acl
-    if acl is not None and not acl.can_publish(client_id, session.username if session is not None else None, will.topic):
+    topic = will.topic
+    if (topic[0] == "$" and reserved_for_the_broker(topic)) or (
+            acl is not None and not acl.can_publish(client_id, session.username if session is not None else None, topic)):
         return
     properties = dict(will.properties)
     properties.pop(pr.WILL_DELAY_INTERVAL, None)
