@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
@@ -20,6 +22,7 @@ from appliance.broker.routing.router import QUEUE_HIGH_WATER
 from appliance.broker.security.acl import Acl
 from appliance.broker.sessions.backpressure import SLOW_CONSUMER_GRACE
 from appliance.broker.short_path import ROUTE_CACHE_BYTES, RouteEntry
+from testing.campaigns import campaign
 from tests.broker.pair import BrokerPair, FakeClient
 from tests.broker.versions import LEVELS, durable
 
@@ -242,3 +245,77 @@ def test_a_will_cannot_write_the_brokers_sys_topics(pair: BrokerPair, level: int
     device = pair.connected("device", level, will=pk.Will("$SYS/broker/clients/connected", b"0", 1, True))
     device.drop()
     assert publishes(monitor.received()) == [] and len(pair.broker.retained) == 0
+
+
+# -- hostile acknowledgements ------------------------------------------------------------------------------
+
+
+def ack_fragment(kind: str, packet_id: int, reason: int) -> bytes:
+    """One acknowledgement-like piece of a hostile read (whole, cut short or malformed)."""
+    ident = packet_id.to_bytes(2, "big")
+    return {
+        "puback": b"\x40\x02" + ident,
+        "puback-reason": b"\x40\x03" + ident + bytes([reason]),
+        "puback-properties": b"\x40\x04" + ident + bytes([reason]) + b"\x00",
+        "puback-flags": b"\x41\x02" + ident,
+        "puback-short": b"\x40\x01" + ident[:1],
+        "puback-empty": b"\x40\x00",
+        "puback-long-length": b"\x40\x82\x00" + ident,
+        "pubrec": b"\x50\x02" + ident,
+        "pubcomp": b"\x70\x02" + ident,
+        "pingreq": b"\xc0\x00",
+    }[kind]
+
+
+FRAGMENTS = st.lists(
+    st.tuples(st.sampled_from(["puback"] * 6 + ["puback-reason", "puback-properties", "puback-flags", "puback-short",
+                                                "puback-empty", "puback-long-length", "pubrec", "pubcomp", "pingreq"]),
+              st.sampled_from([1, 2, 3, 4, 0, 9, 65535]), st.sampled_from([0x00, 0x10, 0x80, 0x97])),
+    min_size=1, max_size=8)
+
+
+@campaign(120, deadline=None)
+@given(level=st.sampled_from([pk.MQTT_311, pk.MQTT_5]), qos=st.sampled_from([1, 1, 2]), fragments=FRAGMENTS,
+       cuts=st.lists(st.integers(1, 40), max_size=6))
+def test_hostile_acknowledgements_get_what_the_general_path_gives(level: int, qos: int,
+                                                                   fragments: list[tuple[str, int, int]],
+                                                                   cuts: list[int]) -> None:
+    """A subscriber with four deliveries in flight sends acknowledgements of ids never sent, already
+    acknowledged, of the other QoS, long forms with reason codes, reserved flags, half packets and
+    PINGREQs, cut into reads anywhere (4-byte reads among them: ``ShortPath.lone_puback``). The broker
+    with the short path must answer byte for byte as the one without (a protocol error closes that
+    client only, MQTT 5 with its reason code), leave the same deliveries in flight, and still serve
+    the others (a sentinel published afterwards reaches a second subscriber)."""
+    data = b"".join(ack_fragment(kind, packet_id, reason) for kind, packet_id, reason in fragments)
+    reads: list[bytes] = []
+    start = 0
+    for cut in cuts:
+        if start + cut < len(data):
+            reads.append(data[start : start + cut])
+            start += cut
+    reads.append(data[start:])
+    seen = []
+    for short in (True, False):
+        pair = BrokerPair()
+        if not short:
+            pair.broker.short_path = None
+        try:
+            hostile = pair.connected("hostile", level)
+            hostile.subscribe("t", qos)
+            other = pair.connected("other", level)
+            other.subscribe("t", 1)
+            publisher = pair.connected("pub", level)
+            for packet_id in range(1, 5):
+                publisher.send(pk.Publish("t", b"m", qos, packet_id=packet_id))
+            for read in reads:
+                if hostile.closed:
+                    break
+                hostile.send(read)
+            publisher.send(pk.Publish("t", b"sentinel", 1, packet_id=9))
+            assert publishes(other.received())[-1].payload == b"sentinel"
+            session = pair.broker.sessions.get("hostile")
+            seen.append((bytes(hostile.raw), hostile.closed, bytes(publisher.raw), bytes(other.raw),
+                         None if session is None else (sorted(session.inflight), session.completed, len(session.queue))))
+        finally:
+            pair.stop()
+    assert seen[0] == seen[1]
