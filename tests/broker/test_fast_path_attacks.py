@@ -92,6 +92,24 @@ def test_a_held_back_publisher_that_left_is_closed_at_its_keep_alive(pair: Broke
 
 
 @pytest.mark.parametrize("level", LEVELS)
+def test_a_congested_subscriber_is_not_closed_for_keep_alive_while_the_broker_does_not_read_it(
+        pair: BrokerPair, level: int) -> None:
+    """A subscriber whose socket is congested (its write buffer over ``outbound_buffer_bytes``: a slow link)
+    is not read until it drains, so its PUBACKs and PINGREQs wait unread: as for a held-back publisher,
+    that silence is not the client's. From when it drains, its keep-alive counts again."""
+    subscriber = pair.connected("slow", level, keep_alive=10)
+    subscriber.subscribe("t", 1)
+    subscriber.congest(True)
+    pair.advance(30)
+    assert not subscriber.closed
+    subscriber.congest(False)
+    pair.advance(14.9)
+    assert not subscriber.closed
+    pair.advance(0.2)
+    assert subscriber.closed
+
+
+@pytest.mark.parametrize("level", LEVELS)
 def test_short_path_traffic_keeps_a_connection_alive_and_silence_does_not(pair: BrokerPair, level: int) -> None:
     """A publisher that only sends plain QoS 0/1 PUBLISHes and a subscriber that only sends PUBACKs
     (``ShortPath.take`` and ``ShortPath.lone_puback``, which never build a packet object) are alive as

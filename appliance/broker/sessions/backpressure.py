@@ -49,6 +49,8 @@ class Backpressure:
             self._socket_timers[target] = self.runtime.call_later(SLOW_CONSUMER_GRACE, self._socket_grace_over, target)
 
     def socket_drained(self, target: ClientConnection) -> None:
+        # Not read while congested: its keep-alive counts from now (``lifecycle.keepalive_expired``).
+        target.last_received = self.runtime.monotonic()
         timer = self._socket_timers.pop(target, None)
         if timer is not None:
             timer.cancel()

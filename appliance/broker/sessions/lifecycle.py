@@ -213,12 +213,15 @@ def keepalive_expired(context: HandlerContext, link: Link) -> None:
     connection = link.connection
     if connection.state == CLOSED:
         return
-    if link in context.backpressure.holding and not link.peer_closed():
-        # Held back for a congested subscriber, the client is not read: whatever it sent (its PINGREQs)
-        # waits unread in the socket, so the silence is the broker's, not the client's. Its period starts
-        # again (and again from when it is read again: ``Backpressure.release``). A subscriber slow but
-        # making progress holds its publishers for as long as that lasts, far past a keep-alive. (A client
-        # that has closed its side, which the broker notices only when it reads, is closed here.)
+    if (connection.congested or link in context.backpressure.holding) and not link.peer_closed():
+        # Not read - held back for a congested subscriber, or congested itself (a slow link) - the client's
+        # PUBACKs and PINGREQs wait unread in the socket, so the silence is the broker's, not the client's.
+        # Its period starts again (and again from when it is read again: ``Backpressure.release`` and
+        # ``socket_drained``). A subscriber slow but making progress holds its publishers for as long as
+        # that lasts, far past a keep-alive. A client that has closed its side, which the broker notices
+        # only when it reads, is closed here; one that is gone without a word is reset by TCP once its
+        # unacknowledged bytes time out. (A client that wants to stay connected without reading can ask
+        # for keep-alive 0 anyway.)
         connection.last_received = context.runtime.monotonic()
         context.keepalive.watch(link, connection.keep_alive * 1.5, connection.last_received)
         return
