@@ -7,7 +7,9 @@ sockets (``testing.inprocess``)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,11 +20,14 @@ from hypothesis import strategies as st
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
+from appliance.broker.codec.writer import encode
 from appliance.broker.routing.router import QUEUE_HIGH_WATER
 from appliance.broker.security.acl import Acl
 from appliance.broker.sessions.backpressure import SLOW_CONSUMER_GRACE
 from appliance.broker.short_path import ROUTE_CACHE_BYTES, RouteEntry
 from testing.campaigns import campaign
+from testing.inprocess import InProcessBroker
+from tests.broker.clients import RawClient
 from tests.broker.pair import BrokerPair, FakeClient
 from tests.broker.versions import LEVELS, durable
 
@@ -78,6 +83,37 @@ def test_a_publisher_the_broker_does_not_read_is_not_closed_for_keep_alive(pair:
     if level == pk.MQTT_5:
         disconnect = publisher.received()[-1]
         assert isinstance(disconnect, pk.Disconnect) and disconnect.reason_code == rc.KEEP_ALIVE_TIMEOUT
+
+
+@pytest.mark.slow
+def test_a_held_back_publisher_stays_connected_on_real_sockets() -> None:
+    """The attack as found, on real sockets: a publisher (keep-alive 2 s, a PINGREQ every second) is held
+    back by a subscriber that acknowledges one message a second; before the fix the broker closed the
+    publisher at 3 s with 0x8D. Six seconds, three keep-alive periods."""
+    with InProcessBroker(None) as hosted:
+        subscriber = RawClient(hosted.port, pk.MQTT_5)
+        subscriber.connect("slow", keep_alive=0, properties={pr.RECEIVE_MAXIMUM: 10})
+        subscriber.subscribe("t", 1)
+        publisher = RawClient(hosted.port, pk.MQTT_5)
+        publisher.connect("pub", keep_alive=2)
+        publisher.sock.sendall(b"".join(encode(pk.Publish("t", b"m", 1, packet_id=i), pk.MQTT_5)
+                                        for i in range(1, QUEUE_HIGH_WATER + 300)))
+        try:
+            for _ in range(6):
+                delivery = subscriber.expect(pk.Publish)
+                publisher.send(pk.PingReq())
+                time.sleep(1.0)  # the pace of a slow subscriber is the test's subject, not a synchronisation
+                subscriber.send(pk.PubAck(delivery.packet_id or 0))
+            publisher.sock.settimeout(0.5)
+            received = b""
+            with contextlib.suppress(TimeoutError):
+                while chunk := publisher.sock.recv(1 << 20):
+                    received += chunk
+            assert b"keep alive timeout" not in received
+            publisher.send(pk.PingReq())  # still open: no reset
+        finally:
+            subscriber.close()
+            publisher.close()
 
 
 def test_a_held_back_publisher_that_left_is_closed_at_its_keep_alive(pair: BrokerPair) -> None:
