@@ -23,7 +23,8 @@ and off and compares every byte each client gets and the broker's state):
   no topic alias, no expiry, no subscription identifier, nothing to forward but the frame), a non-empty
   topic of at most ``ROUTE_CACHE_TOPIC_BYTES``, a packet id that is not 0, at most the reader's maximum
   packet size; the publisher may publish to the topic (the ACL, asked for every message when there is
-  one); the store is not failing; no retained feed is running (``Router.live_topics``).
+  one; never a topic only the broker writes, ``acl.reserved_for_the_broker``: its route says general);
+  the store is not failing; no retained feed is running (``Router.live_topics``).
 * A PUBACK it takes: the two-byte form (reason code 0, no properties), for a QoS 1 delivery not kept in
   the store, or for an id nothing is in flight with (ignored, as the general path ignores it). A read
   that is only such a PUBACK, with nothing to refill or release after it, goes to ``lone_puback`` before

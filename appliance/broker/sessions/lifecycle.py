@@ -197,7 +197,7 @@ def count_drops(context: HandlerContext) -> None:
     """Bring the drop counters of ``broker.stats`` up to date (``$SYS``, the metrics endpoint)."""
     stats = context.stats
     stats.publish_dropped = stats.dropped_by_ended_sessions + sum(s.dropped for s in context.sessions.values())
-    context.stats.queue_full = context.router.queue_full
+    stats.queue_full = context.router.queue_full
 
 
 # -- keep-alive -------------------------------------------------------------------------------------------
