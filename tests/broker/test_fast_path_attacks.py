@@ -203,10 +203,10 @@ def test_drops_stay_counted_after_the_session_that_lost_them_ends(pair: BrokerPa
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_a_message_acknowledged_beside_a_durable_subscriber_survives_a_power_cut(tmp_path: Path, level: int) -> None:
+def test_a_message_acknowledged_beside_a_durable_subscriber_survives_kill_9(tmp_path: Path, level: int) -> None:
     """A durable subscriber online beside one the short path could serve: every PUBLISH the publisher got
-    its PUBACK for is in ``broker.db``, so after a kill -9 it reaches the durable session (with DUP:
-    it was sent before the cut), in order, each once."""
+    its PUBACK for is in ``broker.db``, so after a kill -9 (``BrokerPair.killed``) it reaches the durable
+    session (with DUP: it was sent before the cut), in order, each once."""
     pair = BrokerPair(tmp_path)
     keeper = pair.connected("keeper", level, **durable(level, 600))
     keeper.subscribe("t", 1)
@@ -251,16 +251,19 @@ def test_the_route_cache_stays_in_its_byte_budget_with_many_subscribers() -> Non
     subscribers = 100
     topics = 3000  # without the budget: 3,000 routes of 100 targets of 72 bytes, 21.6 MB
     pair = BrokerPair()
-    for index in range(subscribers):
-        pair.connected(f"s{index}").subscribe("#")
-    publisher = pair.connected("pub")
-    pair.broker.reload_security(pair.broker.authenticator, Acl.parse("topic write #\ntopic read other/#\n"))
-    routes = pair.broker.short_path.routes  # type: ignore[union-attr]
-    peak = 0
-    for index in range(topics):
-        publisher.send(pk.Publish(f"dev/{index:05d}/t", b"1"))
-        if index % 100 == 99:
-            peak = max(peak, held_by(routes))
+    try:
+        for index in range(subscribers):
+            pair.connected(f"s{index}").subscribe("#")
+        publisher = pair.connected("pub")
+        pair.broker.reload_security(pair.broker.authenticator, Acl.parse("topic write #\ntopic read other/#\n"))
+        routes = pair.broker.short_path.routes  # type: ignore[union-attr]
+        peak = 0
+        for index in range(topics):
+            publisher.send(pk.Publish(f"dev/{index:05d}/t", b"1"))
+            if index % 100 == 99:
+                peak = max(peak, held_by(routes))
+    finally:
+        pair.stop()
     assert routes, "the short path took none of it"
     assert peak <= ROUTE_CACHE_BYTES, f"{peak / 1e6:.1f} MB held after {topics} topics"
 
