@@ -7,6 +7,7 @@ sockets (``testing.inprocess``)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from appliance.broker.api import ACCEPTED, BrokerHandle, InboundPublish, PublishVerdict
 from appliance.broker.codec import packets as pk
 from appliance.broker.codec import properties as pr
 from appliance.broker.codec import reasons as rc
@@ -113,6 +115,52 @@ def test_a_held_back_publisher_stays_connected_on_real_sockets() -> None:
             publisher.send(pk.PingReq())  # still open: no reset
         finally:
             subscriber.close()
+            publisher.close()
+
+
+class SlowService:
+    """A service whose ``on_publish`` for ``svc/#`` waits until the test releases it (a store write stalled
+    on a busy disk): the publisher's later packets wait in its backlog, its socket not read."""
+
+    topic_filters = ("svc/#",)
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def start(self, broker: BrokerHandle) -> None:
+        pass
+
+    async def on_publish(self, message: InboundPublish) -> PublishVerdict:
+        await self.release.wait()
+        return ACCEPTED
+
+    def on_client_disconnected(self, client_id: str) -> None:
+        pass
+
+    def reload(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+def test_a_publisher_waiting_for_a_service_is_not_closed_for_keep_alive(tmp_path: Path) -> None:
+    """While a service's ``on_publish`` is awaited the publisher is not read (its backlog keeps the
+    order), so its PINGREQs wait unread: not its silence either. Keep-alive 1 s (closed at 1.5 s before
+    the fix), the service answers after 2.5 s, a PINGREQ every half second meanwhile."""
+    service = SlowService()
+    with InProcessBroker(tmp_path, [service]) as hosted:
+        publisher = RawClient(hosted.port, pk.MQTT_5)
+        try:
+            publisher.connect("pub", keep_alive=1)
+            publisher.send(pk.Publish("svc/x", b"m", 1, packet_id=1))
+            for _ in range(5):
+                time.sleep(0.5)  # the client's own pace (its PINGREQs), not a synchronisation
+                publisher.send(pk.PingReq())
+            hosted.loop.call_soon_threadsafe(service.release.set)
+            assert publisher.expect(pk.PubAck).packet_id == 1
+            assert isinstance(publisher.expect(pk.PingResp), pk.PingResp)  # then the PINGREQs, read at last
+        finally:
             publisher.close()
 
 
