@@ -220,10 +220,10 @@ def keepalive_expired(context: HandlerContext, link: Link) -> None:
         # socket, so the silence is the broker's, not the client's. Its period starts again (and again
         # from when a hold for another client ends: ``Backpressure.release``, ``socket_drained``; a
         # backlog's awaited step is short, and what waited is read at once after it). A subscriber slow
-        # but making progress holds its publishers for as long as that lasts, far past a keep-alive. A client that has closed its side, which the broker notices
-        # only when it reads, is closed here; one that is gone without a word is reset by TCP once its
-        # unacknowledged bytes time out. (A client that wants to stay connected without reading can ask
-        # for keep-alive 0 anyway.)
+        # but making progress holds its publishers for as long as that lasts, far past a keep-alive. A
+        # client that has closed its side, which the broker notices only when it reads, is closed here;
+        # one gone without a word is reset by TCP once its unacknowledged bytes time out. (A client that
+        # wants to stay connected without reading can ask for keep-alive 0 anyway.)
         connection.last_received = context.runtime.monotonic()
         context.keepalive.watch(link, connection.keep_alive * 1.5, connection.last_received)
         return
