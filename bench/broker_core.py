@@ -97,6 +97,9 @@ class MemoryLink:
     def peer_closed(self) -> bool:
         return False
 
+    def unread_input(self) -> bool:
+        return False
+
     def take(self) -> bytes:
         data = b"".join(self.written)
         self.written.clear()

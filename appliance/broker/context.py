@@ -26,7 +26,7 @@ no adapter object and no extra call on the per-message path.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from appliance.broker.api import BrokerService
@@ -94,13 +94,6 @@ class CommitPort(Protocol):
     def hold(self, connection: ClientConnection, revision: int, start: int) -> None: ...
 
 
-class BacklogPort(Protocol):
-    """The connections whose packets wait in a backlog (``sessions/backlog``): their sockets are not read."""
-
-    @property
-    def waiting(self) -> Mapping[ClientConnection, object]: ...
-
-
 class RetainedFeedPort(Protocol):
     """The retained messages a new subscription gets, handed over a slice per loop turn."""
 
@@ -159,8 +152,6 @@ class HandlerContext(Output, Protocol):
     def keepalive(self) -> KeepAlive: ...
     @property
     def backpressure(self) -> Backpressure: ...
-    @property
-    def backlogs(self) -> BacklogPort: ...
     @property
     def stats(self) -> BrokerStats: ...
 

@@ -48,6 +48,9 @@ class FakeClient:
         self.closed = False
         #: The client closed its socket but the broker, not reading, has not noticed (``peer_closed``).
         self.left_unnoticed = False
+        #: Bytes the client sent wait unread in its socket (the broker holds its reading; ``send`` hands
+        #: bytes to the broker whatever the holds, so a test says this itself).
+        self.unread = False
         self.writes_after_close = 0
         #: Calls of ``write`` (the broker writes a connection's bytes of one flush in one call).
         self.writes = 0
@@ -76,6 +79,9 @@ class FakeClient:
 
     def peer_closed(self) -> bool:
         return self.closed or self.left_unnoticed
+
+    def unread_input(self) -> bool:
+        return self.unread and not self.peer_closed()
 
     # -- the test's side -------------------------------------------------------------------------------
 

@@ -67,23 +67,27 @@ def test_a_publisher_the_broker_does_not_read_is_not_closed_for_keep_alive(pair:
     PINGREQs wait unread in the socket: the broker must not call that silence. Its keep-alive counts
     again from the moment the broker reads it again."""
     subscriber, publisher = hold_back_by_a_slow_subscriber(pair, level)
+    publisher.unread = True  # its PINGREQs, in the socket the broker does not read
     for _ in range(20):  # 30 s, two keep-alive periods of the publisher
         pair.advance(SLOW_CONSUMER_GRACE * 0.75)
         subscriber.send(pk.PubAck(next(iter(pair.broker.sessions["sub"].inflight))))  # the oldest in flight
         assert "backpressure" in publisher.holds
         assert not publisher.closed, "closed for a keep-alive the broker itself kept from being read"
-    # The subscriber catches up: the publisher is read again and, silent from then on, closed after
-    # one and a half keep-alives.
+    # The subscriber catches up: the publisher is read again (its last PINGREQ) and, silent from then on,
+    # closed after one and a half keep-alives.
     inflight = pair.broker.sessions["sub"].inflight
     while inflight:
         subscriber.send(*[pk.PubAck(packet_id) for packet_id in list(inflight)])
     assert "backpressure" not in publisher.holds
+    publisher.unread = False
+    publisher.send(pk.PingReq())
+    publisher.received()
     pair.advance(14.9)
     assert not publisher.closed
     pair.advance(0.2)
     assert publisher.closed
     if level == pk.MQTT_5:
-        disconnect = publisher.received()[-1]
+        [disconnect] = publisher.received()
         assert isinstance(disconnect, pk.Disconnect) and disconnect.reason_code == rc.KEEP_ALIVE_TIMEOUT
 
 
@@ -164,11 +168,12 @@ def test_a_publisher_waiting_for_a_service_is_not_closed_for_keep_alive(tmp_path
             publisher.close()
 
 
-def test_a_held_back_publisher_that_left_is_closed_at_its_keep_alive(pair: BrokerPair) -> None:
-    """Held back and gone (its FIN unread, as the broker does not read it): closed at the keep-alive as
-    before, not kept for as long as the hold lasts."""
+@pytest.mark.parametrize("left", [False, True])
+def test_a_held_back_publisher_that_sends_nothing_is_closed_at_its_keep_alive(pair: BrokerPair, left: bool) -> None:
+    """Held back and silent (nothing waits unread: it sent nothing, or only its FIN): closed at its
+    keep-alive as any silent client, not kept for as long as the hold lasts."""
     subscriber, publisher = hold_back_by_a_slow_subscriber(pair, pk.MQTT_5)
-    publisher.left_unnoticed = True
+    publisher.left_unnoticed = left
     for _ in range(10):  # 15 s
         pair.advance(SLOW_CONSUMER_GRACE * 0.75)
         subscriber.send(pk.PubAck(next(iter(pair.broker.sessions["sub"].inflight))))
@@ -176,21 +181,30 @@ def test_a_held_back_publisher_that_left_is_closed_at_its_keep_alive(pair: Broke
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_a_congested_subscriber_is_not_closed_for_keep_alive_while_the_broker_does_not_read_it(
+def test_a_congested_subscriber_that_sends_is_not_closed_for_keep_alive_one_that_does_not_is(
         pair: BrokerPair, level: int) -> None:
-    """A subscriber whose socket is congested (its write buffer over ``outbound_buffer_bytes``: a slow link)
-    is not read until it drains, so its PUBACKs and PINGREQs wait unread: as for a held-back publisher,
-    that silence is not the client's. From when it drains, its keep-alive counts again."""
-    subscriber = pair.connected("slow", level, keep_alive=10)
-    subscriber.subscribe("t", 1)
-    subscriber.congest(True)
+    """A subscriber whose socket is congested (its write buffer over ``outbound_buffer_bytes``) is not read
+    until it drains. On a slow link it still sends (its PUBACKs and PINGREQs wait unread): not silent, not
+    closed. One that neither reads nor sends (a hostile device, a stuck one) is closed at its keep-alive,
+    as mosquitto closes it."""
+    slow = pair.connected("slow", level, keep_alive=10)
+    slow.subscribe("t", 1)
+    stuck = pair.connected("stuck", level, keep_alive=10)
+    stuck.subscribe("t", 1)
+    slow.congest(True)
+    stuck.congest(True)
+    slow.unread = True
+    pair.advance(15.1)
+    assert stuck.closed and not slow.closed
     pair.advance(30)
-    assert not subscriber.closed
-    subscriber.congest(False)
+    assert not slow.closed
+    slow.unread = False
+    slow.congest(False)
+    slow.send(pk.PingReq())  # what waited, read once it drained
     pair.advance(14.9)
-    assert not subscriber.closed
+    assert not slow.closed
     pair.advance(0.2)
-    assert subscriber.closed
+    assert slow.closed
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -49,6 +49,9 @@ class IdleLink:
     def peer_closed(self) -> bool:
         return False
 
+    def unread_input(self) -> bool:
+        return False
+
 
 def connect_idle(pair: BrokerPair, connects: list[bytes]) -> list[IdleLink]:
     broker = pair.broker

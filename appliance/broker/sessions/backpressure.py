@@ -49,8 +49,6 @@ class Backpressure:
             self._socket_timers[target] = self.runtime.call_later(SLOW_CONSUMER_GRACE, self._socket_grace_over, target)
 
     def socket_drained(self, target: ClientConnection) -> None:
-        # Not read while congested: its keep-alive counts from now (``lifecycle.keepalive_expired``).
-        target.last_received = self.runtime.monotonic()
         timer = self._socket_timers.pop(target, None)
         if timer is not None:
             timer.cancel()
@@ -97,8 +95,6 @@ class Backpressure:
             else:
                 self.holding.pop(publisher, None)
                 publisher.hold_reading("backpressure", False)
-                # Not read while held: its keep-alive counts from now (``lifecycle.keepalive_expired``).
-                publisher.connection.last_received = self.runtime.monotonic()
 
     def acknowledged(self, connection: ClientConnection, session: Session) -> None:
         """After an acknowledgement: release publishers held back for this client's queue once it drained."""

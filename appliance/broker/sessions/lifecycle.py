@@ -213,17 +213,13 @@ def keepalive_expired(context: HandlerContext, link: Link) -> None:
     connection = link.connection
     if connection.state == CLOSED:
         return
-    if (connection.congested or link in context.backpressure.holding or connection in context.backlogs.waiting) \
-            and not link.peer_closed():
-        # Not read - held back for a congested subscriber, congested itself (a slow link), or waiting for a
-        # service's ``on_publish`` (its backlog) - the client's PUBACKs and PINGREQs wait unread in the
-        # socket, so the silence is the broker's, not the client's. Its period starts again (and again
-        # from when a hold for another client ends: ``Backpressure.release``, ``socket_drained``; a
-        # backlog's awaited step is short, and what waited is read at once after it). A subscriber slow
-        # but making progress holds its publishers for as long as that lasts, far past a keep-alive. A
-        # client that has closed its side, which the broker notices only when it reads, is closed here;
-        # one gone without a word is reset by TCP once its unacknowledged bytes time out. (A client that
-        # wants to stay connected without reading can ask for keep-alive 0 anyway.)
+    if link.unread_input():
+        # Bytes from the client wait unread in its socket: the broker holds its reading (held back for a
+        # congested subscriber, which lasts as long as that one makes progress, far past a keep-alive; its
+        # own socket congested, a slow link; its packets waiting for a service's ``on_publish``). It sent
+        # them, so the silence is the broker's: its period starts again, and what waits is read once the
+        # hold ends. A client that sent nothing is closed as ever, held or not (as mosquitto, which reads
+        # every socket, closes a client that neither reads nor sends).
         connection.last_received = context.runtime.monotonic()
         context.keepalive.watch(link, connection.keep_alive * 1.5, connection.last_received)
         return

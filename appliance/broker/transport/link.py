@@ -27,6 +27,11 @@ class Link(Protocol):
         """Whether the client has closed its side, even while reading is held (when the connection would
         only notice once it reads again): a waiting password check of a client that left is skipped."""
 
+    def unread_input(self) -> bool:
+        """Whether bytes from the client wait unread in the socket (reading held: the broker holds it back
+        for a congested subscriber, its own socket is congested, or its packets wait for a service): it
+        sent something, so it is not silent for its keep-alive, whatever the broker has read."""
+
 
 class BrokerCore(Protocol):
     """What the socket layer tells the broker core about its connections, and the limits it reads."""

@@ -182,20 +182,29 @@ class ClientProtocol(asyncio.BufferedProtocol):
     def peer_closed(self) -> bool:
         """A peek at the socket: held reading means the transport has not seen a FIN or reset yet. An
         empty peek is a FIN with nothing unread before it, an error a reset; data or nothing yet means the
-        client may still be there. (A duplicate descriptor, since uvloop's socket object cannot recv.)"""
+        client may still be there."""
+        return self._peek() in ("eof", "gone")
+
+    def unread_input(self) -> bool:
+        return self._peek() == "data"
+
+    def _peek(self) -> str:
+        """What waits in the socket, without taking it: "data", "eof" (a FIN with nothing unread before
+        it), "gone" (closed or reset) or "nothing". (A duplicate descriptor, since uvloop's socket object
+        cannot recv.)"""
         transport = self.transport
         if transport is None or transport.is_closing():
-            return True
+            return "gone"
         sock = transport.get_extra_info("socket")
         if sock is None:
-            return False
+            return "nothing"
         try:
             with socket.fromfd(sock.fileno(), sock.family, sock.type) as probe:
-                return probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                return "data" if probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) else "eof"
         except BlockingIOError:
-            return False
+            return "nothing"
         except OSError:
-            return True
+            return "gone"
 
     def hold_reading(self, reason: str, held: bool) -> None:
         """Stop (or resume) reading for one ``reason``; reading resumes when no reason is left."""
