@@ -276,13 +276,18 @@ def test_the_sweep_notifies_delete_at_the_deadline(harness: Harness) -> None:
     """Expiry on the fake clock: nothing 1 ms before the deadline, the DELETE notification at it."""
     harness.request(KeyNotifyCommand(b"k").encode(), client_id="watcher")
     harness.request(SetCommand(b"k", b"v", expire_ms=50).encode())
+    deadline = harness.runtime.time + 0.05
 
     def deletes() -> list[Published]:
         return [item for item in harness.broker.published if item.payload.endswith(b"DELETE\r\n")]
 
+    # The SET woke the sweep, which asks the store (a real thread) when the next entry expires and then
+    # sleeps until then. Wait for that sleep before moving the clock: moved first, the store read the
+    # moved clock, and the sweep slept from there past a clock that moves no more (1 run in 5).
+    run(harness, waiting.until(lambda: deadline in harness.runtime.deadlines(), what="the sweep asleep until the deadline"))
     run(harness, harness.runtime.elapse(0.049))
     assert deletes() == []
-    run(harness, harness.runtime.elapse(0.001))  # the SET woke the sweep, which now sleeps until the deadline
+    run(harness, harness.runtime.elapse(0.001))
     run(harness, waiting.until(lambda: bool(deletes()), what="the DELETE notification"))  # a store thread trip
     assert [note.topic for note in deletes()] == [notification_topic("watcher", b"k")]
 
