@@ -123,14 +123,21 @@ class FaultyEndpoint(RecordingEndpoint):
 class DroppingEndpoint(RecordingEndpoint):
     """A server that closes the connection when a message whose ``n`` is in ``poison`` reaches it, as
     mosquitto does on a control character or an oversized packet: the messages before it in the batch are
-    acknowledged, it and those after it were in flight when the link dropped."""
+    acknowledged, it and those after it were in flight when the link dropped.
 
-    def __init__(self, poison: set[int], batch_size: int = 10) -> None:
+    ``hold_after``: after that many drops the next batch stays in flight until the pump is stopped, so a
+    test that waits for a count of drops sees that count and no more (the pump retries within 10-20 ms,
+    sooner than a poll on a loaded machine looks again)."""
+
+    def __init__(self, poison: set[int], batch_size: int = 10, hold_after: int | None = None) -> None:
         super().__init__(batch_size=batch_size)
         self.poison = poison
+        self.hold_after = hold_after
         self.drops: list[list[int]] = []  # the messages in flight at each drop
 
     async def send(self, batch: list[QueuedMessage], preempt: asyncio.Event) -> int:
+        if self.hold_after is not None and len(self.drops) >= self.hold_after:
+            await asyncio.Event().wait()  # in flight until the pump's stop cancels it
         for index, item in enumerate(batch):
             if n_of(item) in self.poison:
                 acked = batch[:index]

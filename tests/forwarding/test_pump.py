@@ -233,7 +233,7 @@ def test_an_exception_on_one_message_dead_letters_it_and_the_pump_goes_on(
 def test_a_message_the_link_drops_on_is_dead_lettered_and_its_count_survives_a_restart(tmp_path: Path) -> None:
     """A server closes the connection on one message: before, the gateway reconnected and sent it again
     forever, and everything behind it at that priority waited for the TTL."""
-    endpoint = DroppingEndpoint({2}, batch_size=5)
+    endpoint = DroppingEndpoint({2}, batch_size=5, hold_after=2)
 
     async def first_run(pump: Pump, add, store: MessageStore, thread) -> None:
         seqs = [await add(n, 2) for n in range(5)]
@@ -244,6 +244,7 @@ def test_a_message_the_link_drops_on_is_dead_lettered_and_its_count_survives_a_r
 
     asyncio.run(_with_pump(tmp_path, endpoint, first_run, max_link_drops=3))
     assert endpoint.drops == [[2, 3, 4], [2]]
+    endpoint.hold_after = None
 
     async def after_restart(pump: Pump, add, store: MessageStore, thread) -> None:
         pump.start()
