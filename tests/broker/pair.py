@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from appliance.broker.broker import Broker
 from appliance.broker.codec import packets as pk
+from appliance.broker.codec import reasons as rc
 from appliance.broker.codec.reader import PacketReader
 from appliance.broker.codec.writer import encode
 from appliance.broker.config import BrokerConfig, LimitsConfig, ListenerConfig
@@ -189,3 +190,18 @@ def subscriber_and_publisher(pair: BrokerPair, level: int, qos: int, **session: 
     subscriber = pair.connected("sub", level, **session)
     subscriber.subscribe("t", qos)
     return subscriber, pair.connected("pub", level)
+
+
+def closed_after_one_and_a_half_keep_alives(pair: BrokerPair, client: FakeClient, keep_alive: int, level: int) -> None:
+    """``client``, silent from now on, is open until just before 1.5 ``keep_alive`` and closed just after:
+    with DISCONNECT 0x8D on MQTT 5, with nothing on 3.1.1 (which has no server DISCONNECT)."""
+    pair.advance(keep_alive * 1.5 - 0.1)
+    assert not client.closed
+    pair.advance(0.2)
+    assert client.closed
+    received = client.received()
+    if level == pk.MQTT_5:
+        [disconnect] = received
+        assert isinstance(disconnect, pk.Disconnect) and disconnect.reason_code == rc.KEEP_ALIVE_TIMEOUT
+    else:
+        assert received == []
