@@ -163,6 +163,7 @@ def test_order_and_bytes_survive_a_stalling_link(tmp_path: Path, mosquitto: Mosq
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(SLOW_RUNS * 20)  # 25 repetitions of about 8 s each: over pytest's default 120 s of the suite
 @pytest.mark.parametrize("upstream_format", ["message", "batch"])
 def test_order_and_bytes_survive_a_stalling_link_many_times(tmp_path: Path, mosquitto: MosquittoProcess, relay: RelayThread,
                                                             upstream_format: str) -> None:
